@@ -1,0 +1,162 @@
+#include "plan/config.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardline::plan {
+namespace {
+
+absl::Status Positive(absl::string_view field, int64_t value) {
+  if (value >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, "=", value, " is invalid; ", field, " must be >= 1"));
+}
+
+// Upper bound on any single size, so products of two sizes cannot overflow
+// int64 (2^31 * 2^31 = 2^62).
+constexpr int64_t kMaxDimension = int64_t{1} << 31;
+
+absl::Status Bounded(absl::string_view field, int64_t value) {
+  if (value <= kMaxDimension) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, "=", value,
+                                                 " is too large; the limit is ", kMaxDimension));
+}
+
+}  // namespace
+
+absl::string_view ScheduleName(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGpipe:
+      return "gpipe";
+    case ScheduleKind::kOneFOneB:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ScheduleKind> ParseSchedule(absl::string_view name) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kGpipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved}) {
+    if (name == ScheduleName(kind)) return kind;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "schedule='", name, "' is not a schedule; choose one of gpipe, 1f1b, interleaved"));
+}
+
+absl::string_view PrecisionName(Precision precision) {
+  return precision == Precision::kFp32 ? "fp32" : "mixed";
+}
+
+absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "mixed") return Precision::kMixed;
+  return absl::InvalidArgumentError(
+      absl::StrCat("precision='", name, "' is not a precision; choose fp32 or mixed"));
+}
+
+std::string DivisorsOf(int64_t n) {
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    low.push_back(d);
+    if (d != n / d) high.push_back(n / d);
+  }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return absl::StrCat("{", absl::StrJoin(low, ", "), "}");
+}
+
+absl::Status ValidateGptConfig(const GptConfig& m) {
+  const std::pair<absl::string_view, int64_t> sizes[] = {
+      {"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
+      {"num_heads", m.num_heads},   {"vocab_size", m.vocab_size},
+      {"seq_length", m.seq_length}};
+  for (const auto& [field, value] : sizes) {
+    if (absl::Status s = Positive(field, value); !s.ok()) return s;
+    if (absl::Status s = Bounded(field, value); !s.ok()) return s;
+  }
+  if (m.ffn_hidden_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ffn_hidden_size=", m.ffn_hidden_size,
+        " is invalid; use a positive width, or 0 for the default 4 * hidden_size"));
+  }
+  if (absl::Status s = Bounded("ffn_hidden_size", m.ffn()); !s.ok()) return s;
+  if (m.hidden_size % m.num_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_heads=", m.num_heads, " does not divide hidden_size=", m.hidden_size,
+                     "; choose num_heads in ", DivisorsOf(m.hidden_size)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateParallelConfig(const ParallelConfig& p) {
+  const std::pair<absl::string_view, int64_t> degrees[] = {
+      {"tp", p.tp},
+      {"pp", p.pp},
+      {"dp", p.dp},
+      {"vpp", p.vpp},
+      {"micro_batches", p.micro_batches},
+      {"micro_batch_size", p.micro_batch_size},
+      {"zero_alignment", p.zero_alignment}};
+  for (const auto& [field, value] : degrees) {
+    if (absl::Status s = Positive(field, value); !s.ok()) return s;
+  }
+  // World and micro-batch counts are bounded so every rank- and action-indexed
+  // table stays small enough to build (2^20 ranks, 2^16 micro-batches).
+  if (int64_t{p.tp} * p.pp * p.dp > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size=tp*pp*dp=", int64_t{p.tp} * p.pp * p.dp,
+                     " is too large; the planner supports up to 1048576 ranks"));
+  }
+  if (int64_t{p.micro_batches} * p.vpp > (int64_t{1} << 16)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro_batches*vpp=", int64_t{p.micro_batches} * p.vpp,
+                     " is too large; the planner supports up to 65536 actions per rank"));
+  }
+  if (p.zero_stage < 0 || p.zero_stage > 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_stage=", p.zero_stage, " is invalid; choose zero_stage in {0, 1, 2, 3}"));
+  }
+  if (p.vpp > 1 && p.schedule != ScheduleKind::kInterleaved) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "vpp=", p.vpp, " needs schedule=interleaved (schedule=", ScheduleName(p.schedule),
+        " runs one chunk per pp rank); use vpp=1 or schedule=interleaved"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateConfig(const GptConfig& m, const ParallelConfig& p) {
+  if (absl::Status s = ValidateGptConfig(m); !s.ok()) return s;
+  if (absl::Status s = ValidateParallelConfig(p); !s.ok()) return s;
+  // Megatron-LM tensor parallelism: attention heads, the hidden and MLP widths
+  // and the vocabulary (vocab-parallel embedding) are split evenly over tp.
+  const int64_t all = std::gcd(std::gcd(m.num_heads, m.hidden_size),
+                               std::gcd(m.ffn(), m.vocab_size));
+  const std::pair<absl::string_view, int64_t> split[] = {{"num_heads", m.num_heads},
+                                                         {"hidden_size", m.hidden_size},
+                                                         {"ffn_hidden_size", m.ffn()},
+                                                         {"vocab_size", m.vocab_size}};
+  for (const auto& [field, value] : split) {
+    if (value % p.tp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tp=", p.tp, " does not divide ", field, "=", value, "; choose tp in ",
+          DivisorsOf(all), " (tp must divide num_heads, hidden_size, ffn_hidden_size and ",
+          "vocab_size)"));
+    }
+  }
+  const int64_t chunks = int64_t{p.pp} * p.vpp;
+  if (m.num_layers < chunks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_layers=", m.num_layers, " is fewer than pp*vpp=", p.pp, "*", p.vpp, "=", chunks,
+        " pipeline chunks; every chunk needs at least one layer, so use pp*vpp <= ",
+        m.num_layers));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardline::plan
