@@ -159,4 +159,16 @@ absl::Status ValidateConfig(const GptConfig& m, const ParallelConfig& p) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateWorldSize(int64_t world_size, const ParallelConfig& p) {
+  const int64_t expected = int64_t{p.tp} * p.pp * p.dp;
+  if (world_size == expected) return absl::OkStatus();
+  const int64_t model_parallel = int64_t{p.tp} * p.pp;
+  std::string hint =
+      world_size >= 1 && world_size % model_parallel == 0
+          ? absl::StrCat("use dp=", world_size / model_parallel)
+          : absl::StrCat("world_size must be a multiple of tp*pp=", model_parallel);
+  return absl::InvalidArgumentError(absl::StrCat("world_size=", world_size, " != tp*pp*dp=", p.tp,
+                                                 "*", p.pp, "*", p.dp, "=", expected, "; ", hint));
+}
+
 }  // namespace shardline::plan

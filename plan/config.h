@@ -80,6 +80,10 @@ absl::Status ValidateParallelConfig(const ParallelConfig& parallel);
 // hidden_size, ffn_hidden_size and vocab_size; num_layers >= pp * vpp.
 absl::Status ValidateConfig(const GptConfig& model, const ParallelConfig& parallel);
 
+// Checks a world size given alongside the degrees: world_size must equal
+// tp * pp * dp. InvalidArgument says which dp would fit, if any.
+absl::Status ValidateWorldSize(int64_t world_size, const ParallelConfig& parallel);
+
 // Divisors of n in increasing order, rendered "{1, 2, 4}"; used in messages
 // that say which values would be valid.
 std::string DivisorsOf(int64_t n);

@@ -80,7 +80,10 @@ struct Simulation {
 };
 
 struct RankSchedule {
-  // Forward actions this rank runs before its first backward.
+  // Warmup forwards (Megatron-LM's num_warmup_microbatches): the forwards
+  // run before the steady one-forward-one-backward phase. Unless every
+  // forward is warmup (warmup == m * vpp), the first B comes after
+  // warmup + 1 forwards.
   int warmup = 0;
   std::vector<Action> actions;  // 2 * m * vpp of them, in execution order
 };
