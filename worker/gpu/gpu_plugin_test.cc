@@ -1,0 +1,30 @@
+// The loader's error paths; runs on every machine (no CUDA needed).
+#include "worker/gpu/gpu_plugin.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardline::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(GpuPluginTest, MissingPluginIsUnavailableSoTheWorkerFallsBackToGloo) {
+  const auto plugin = GpuPlugin::Load("/nonexistent/libshardline_gpu.so");
+  EXPECT_EQ(plugin.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(plugin.status().message()), HasSubstr("/nonexistent/libshardline_gpu.so"));
+  EXPECT_THAT(std::string(plugin.status().message()), HasSubstr("Gloo is used"));
+}
+
+TEST(GpuPluginTest, ALibraryThatIsNotAPluginIsRejected) {
+  const auto plugin = GpuPlugin::Load("libm.so.6");
+  EXPECT_EQ(plugin.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(plugin.status().message()), HasSubstr("shardline_gpu_probe"));
+}
+
+TEST(GpuPluginTest, DefaultPathIsNextToTheExecutable) {
+  EXPECT_THAT(GpuPlugin::DefaultPath(), HasSubstr("/worker/gpu/libshardline_gpu.so"));
+}
+
+}  // namespace
+}  // namespace shardline::worker
