@@ -196,11 +196,10 @@ std::string Summary(const plan::Plan& p) {
   absl::StrAppend(&out, "Groups     tp: ", GroupList(t.tp_groups()), "\n");
   absl::StrAppend(&out, "           dp: ", GroupList(t.dp_groups()), "\n");
   absl::StrAppend(&out, "           pp: ", GroupList(t.pp_groups()), "\n");
-  size_t units_per_slice = 0;
-  for (const plan::Unit& u : p.zero.units) units_per_slice += u.tp_rank == 0 && u.pp_rank == 0;
   absl::StrAppend(&out, "ZeRO       stage ", p.zero.zero_stage, ", alignment ", p.zero.alignment,
-                  " elements: ", p.zero.units.size(), " units (", units_per_slice,
-                  " on stage 0 per tp rank), each sharded over dp=", p.zero.dp, "\n");
+                  " elements: ", p.zero.units.size(),
+                  " units (embedding, one per layer, head; per tp rank), each sharded over dp=",
+                  p.zero.dp, "\n");
   absl::StrAppend(&out, "Memory     per rank, largest (rank ", p.max_memory_rank, "): ",
                   MemoryLine(p.memory[p.max_memory_rank]), "\n");
   absl::StrAppend(&out, "           model states only (no activations); --json lists every rank\n");
@@ -294,18 +293,15 @@ absl::Status RunPlanCommand(const std::vector<std::string>& args, std::ostream& 
           << "\n";
       return absl::OkStatus();
     }
-    out << absl::StrFormat("%-10s %5s %4s %4s %4s  %-10s %-17s %s\n", "KIND", "RANK", "TP", "DP",
+    out << absl::StrFormat("%-10s %5s %4s %4s %4s  %-10s %-18s %s\n", "KIND", "RANK", "TP", "DP",
                            "PP", "UNIT", "UNIT RANGE", "ELEMENTS (tp-local)");
     for (const plan::Holder& h : *holders) {
-      out << absl::StrFormat("%-10s %5d %4d %4d %4d  %-10s [%d,%d)%*s[%d,%d)%s\n",
-                             std::string(plan::StateKindName(h.kind)), h.rank,
-                             h.coordinates.tp_rank, h.coordinates.dp_rank, h.coordinates.pp_rank,
-                             h.unit, h.unit_range.begin, h.unit_range.end,
-                             std::max<int>(1, 16 - static_cast<int>(
-                                                      absl::StrCat(h.unit_range.begin,
-                                                                   h.unit_range.end).size() + 3)),
-                             "", h.local_range.begin, h.local_range.end,
-                             h.tied_copy ? "  (tied head copy)" : "");
+      out << absl::StrFormat(
+          "%-10s %5d %4d %4d %4d  %-10s %-18s %s%s\n", std::string(plan::StateKindName(h.kind)),
+          h.rank, h.coordinates.tp_rank, h.coordinates.dp_rank, h.coordinates.pp_rank, h.unit,
+          absl::StrCat("[", h.unit_range.begin, ",", h.unit_range.end, ")"),
+          absl::StrCat("[", h.local_range.begin, ",", h.local_range.end, ")"),
+          h.tied_copy ? "  (tied head copy)" : "");
     }
     if (holders->empty()) out << "(no holders: the parameter has no elements)\n";
     return absl::OkStatus();

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs, from Debian 12's archive, what building and testing Shardline
+# needs. Idempotent: does nothing when every package is already there.
+# Needs root (or sudo) only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap          # Bazel 4.2.3, runs offline (docs/BUILDING.md)
+  g++ pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev              # Abseil 20220623: Status, strings, synchronization, time
+  libgtest-dev libgmock-dev
+  libgloo-dev              # CPU collectives (TCP transport)
+  nlohmann-json3-dev       # shardctl --json
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  [[ "$p" == \#* ]] && continue
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install_deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=(sudo)
+fi
+echo "install_deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update -qq
+"${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The test command (README): on a fresh Debian 12 machine it installs what it
+# needs, builds and runs every test with Bazel in batch mode (no Bazel server
+# is left behind), and ends with the line "N passed, N failed, N skipped"
+# (one gtest case each; a test binary that dies counts as one failure).
+#
+#   tests/run.sh                 # everything
+#   tests/run.sh //plan/...      # a subset (Bazel target patterns)
+#
+# Without a CUDA toolkit at /usr/local/cuda the GPU parts are compiled out
+# (--config=nocuda); GPU tests skip themselves on machines without a GPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+bash deploy/install_deps.sh || { echo "tests/run.sh: installing dependencies failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
+
+CONFIG=(--config=ci)
+[ -x /usr/local/cuda/bin/nvcc ] || CONFIG+=(--config=nocuda)
+TARGETS=("$@")
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(//...)
+
+# Count only this run's results: stale logs of removed targets must not count.
+logs=$(readlink -f bazel-testlogs 2>/dev/null || true)
+[ -n "$logs" ] && [ -d "$logs" ] && rm -rf "$logs"
+
+bazel --batch test "${CONFIG[@]}" -- "${TARGETS[@]}"
+rc=$?
+
+passed=0; failed=0; skipped=0
+if [ -d bazel-testlogs ]; then
+  while IFS= read -r xml; do
+    read -r p f s < <(awk '
+      /<testcase / { open = 1; bad = 0; skip = 0 }
+      open && /<failure|<error/ { bad = 1 }
+      open && /result="skipped"|<skipped/ { skip = 1 }
+      open && (/<testcase [^>]*\/>/ || /<\/testcase>/) {
+        if (bad) f++; else if (skip) s++; else p++
+        open = 0
+      }
+      END { print p + 0, f + 0, s + 0 }' "$xml")
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  done < <(find -L bazel-testlogs -name test.xml)
+fi
+if [ $rc -ne 0 ] && [ $failed -eq 0 ]; then
+  echo "tests/run.sh: bazel exited $rc before any test failed (build error?)"
+  failed=1
+fi
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+exit $rc
