@@ -16,14 +16,10 @@ absl::Status Positive(absl::string_view field, int64_t value) {
       absl::StrCat(field, "=", value, " is invalid; ", field, " must be >= 1"));
 }
 
-// Upper bound on any single size, so products of two sizes cannot overflow
-// int64 (2^31 * 2^31 = 2^62).
-constexpr int64_t kMaxDimension = int64_t{1} << 31;
-
-absl::Status Bounded(absl::string_view field, int64_t value) {
-  if (value <= kMaxDimension) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, "=", value,
-                                                 " is too large; the limit is ", kMaxDimension));
+absl::Status AtMost(absl::string_view field, int64_t value, int64_t limit) {
+  if (value <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, "=", value, " is too large; the limit is ", limit));
 }
 
 }  // namespace
@@ -72,20 +68,36 @@ std::string DivisorsOf(int64_t n) {
 }
 
 absl::Status ValidateGptConfig(const GptConfig& m) {
-  const std::pair<absl::string_view, int64_t> sizes[] = {
-      {"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
-      {"num_heads", m.num_heads},   {"vocab_size", m.vocab_size},
-      {"seq_length", m.seq_length}};
-  for (const auto& [field, value] : sizes) {
-    if (absl::Status s = Positive(field, value); !s.ok()) return s;
-    if (absl::Status s = Bounded(field, value); !s.ok()) return s;
+  struct Size {
+    absl::string_view field;
+    int64_t value;
+    int64_t limit;
+  };
+  const Size sizes[] = {{"num_layers", m.num_layers, kMaxLayers},
+                        {"hidden_size", m.hidden_size, kMaxWidth},
+                        {"num_heads", m.num_heads, kMaxWidth},
+                        {"vocab_size", m.vocab_size, kMaxVocab},
+                        {"seq_length", m.seq_length, kMaxSeqLength}};
+  for (const Size& size : sizes) {
+    if (absl::Status s = Positive(size.field, size.value); !s.ok()) return s;
+    if (absl::Status s = AtMost(size.field, size.value, size.limit); !s.ok()) return s;
   }
   if (m.ffn_hidden_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ffn_hidden_size=", m.ffn_hidden_size,
         " is invalid; use a positive width, or 0 for the default 4 * hidden_size"));
   }
-  if (absl::Status s = Bounded("ffn_hidden_size", m.ffn()); !s.ok()) return s;
+  if (absl::Status s = AtMost("ffn_hidden_size", m.ffn(), kMaxWidth); !s.ok()) return s;
+  // The parameter count, in 128-bit arithmetic so the check itself cannot
+  // overflow; every later int64 product of sizes is below it.
+  const __int128 h = m.hidden_size, f = m.ffn();
+  const __int128 count = __int128{m.vocab_size} * h + __int128{m.seq_length} * h +
+                         __int128{m.num_layers} * (4 * h * h + 2 * h * f + 9 * h + f) + 2 * h;
+  if (count > kMaxParameters) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model has more than ", kMaxParameters,
+        " parameters (2^50); check num_layers, hidden_size, ffn_hidden_size and vocab_size"));
+  }
   if (m.hidden_size % m.num_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_heads=", m.num_heads, " does not divide hidden_size=", m.hidden_size,
@@ -107,16 +119,33 @@ absl::Status ValidateParallelConfig(const ParallelConfig& p) {
     if (absl::Status s = Positive(field, value); !s.ok()) return s;
   }
   // World and micro-batch counts are bounded so every rank- and action-indexed
-  // table stays small enough to build (2^20 ranks, 2^16 micro-batches).
-  if (int64_t{p.tp} * p.pp * p.dp > (int64_t{1} << 20)) {
+  // table stays small enough to build.
+  if (int64_t{p.tp} * p.pp * p.dp > kMaxWorldSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("world_size=tp*pp*dp=", int64_t{p.tp} * p.pp * p.dp,
-                     " is too large; the planner supports up to 1048576 ranks"));
+                     " is too large; the planner supports up to ", kMaxWorldSize, " ranks"));
   }
-  if (int64_t{p.micro_batches} * p.vpp > (int64_t{1} << 16)) {
+  if (int64_t{p.micro_batches} * p.vpp > kMaxActionsPerRank) {
     return absl::InvalidArgumentError(
         absl::StrCat("micro_batches*vpp=", int64_t{p.micro_batches} * p.vpp,
-                     " is too large; the planner supports up to 65536 actions per rank"));
+                     " is too large; the planner supports up to ", kMaxActionsPerRank,
+                     " forward passes per rank and iteration"));
+  }
+  if (int64_t{p.pp} * p.vpp * p.micro_batches > kMaxScheduleActions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pp*vpp*micro_batches=", int64_t{p.pp} * p.vpp * p.micro_batches,
+        " is too large; the planner simulates up to ", kMaxScheduleActions,
+        " forward passes per iteration"));
+  }
+  if (p.micro_batch_size > kMaxMicroBatchSize) {
+    return absl::InvalidArgumentError(absl::StrCat("micro_batch_size=", p.micro_batch_size,
+                                                   " is too large; the limit is ",
+                                                   kMaxMicroBatchSize, " samples"));
+  }
+  if (p.zero_alignment > kMaxAlignment) {
+    return absl::InvalidArgumentError(absl::StrCat("zero_alignment=", p.zero_alignment,
+                                                   " is too large; the limit is ", kMaxAlignment,
+                                                   " elements"));
   }
   if (p.zero_stage < 0 || p.zero_stage > 3) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -148,6 +177,13 @@ absl::Status ValidateConfig(const GptConfig& m, const ParallelConfig& p) {
           DivisorsOf(all), " (tp must divide num_heads, hidden_size, ffn_hidden_size and ",
           "vocab_size)"));
     }
+  }
+  const int64_t shard_ranges = int64_t{p.tp} * p.dp * (m.num_layers + 2);
+  if (shard_ranges > kMaxShardRanges) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the plan would list tp*dp*(num_layers+2)=", shard_ranges, " ZeRO shard ranges, more than ",
+        kMaxShardRanges, "; plan a smaller layout, or estimate memory alone from the parameter "
+        "count (shardctl plan --params)"));
   }
   const int64_t chunks = int64_t{p.pp} * p.vpp;
   if (m.num_layers < chunks) {

@@ -85,6 +85,23 @@ TEST(ConfigTest, EveryFieldIsCheckedAndNamed) {
       {[](GptConfig& m, ParallelConfig&) { m.seq_length = 0; }, "seq_length=0"},
       {[](GptConfig& m, ParallelConfig&) { m.ffn_hidden_size = -4; }, "ffn_hidden_size=-4"},
       {[](GptConfig& m, ParallelConfig&) { m.hidden_size = int64_t{1} << 40; }, "too large"},
+      {[](GptConfig& m, ParallelConfig&) { m.num_layers = 70000; }, "num_layers=70000 is too large"},
+      {[](GptConfig& m, ParallelConfig&) { m.seq_length = int64_t{1} << 25; }, "seq_length=33554432"},
+      {[](GptConfig& m, ParallelConfig&) { m.ffn_hidden_size = int64_t{1} << 23; }, "ffn_hidden_size=8388608"},
+      {[](GptConfig& m, ParallelConfig&) {
+         m.num_layers = 60000;
+         m.hidden_size = 1 << 20;
+         m.num_heads = 1;
+       },
+       "more than 1125899906842624 parameters"},
+      {[](GptConfig&, ParallelConfig& p) {
+         p.pp = 128;
+         p.micro_batches = 1 << 16;
+       },
+       "pp*vpp*micro_batches=8388608"},
+      {[](GptConfig&, ParallelConfig& p) { p.micro_batch_size = int64_t{1} << 30; }, "micro_batch_size=1073741824"},
+      {[](GptConfig&, ParallelConfig& p) { p.zero_alignment = int64_t{1} << 30; }, "zero_alignment=1073741824"},
+      {[](GptConfig&, ParallelConfig& p) { p.dp = 1 << 20; }, "ZeRO shard ranges"},
       {[](GptConfig&, ParallelConfig& p) { p.tp = 0; }, "tp=0"},
       {[](GptConfig&, ParallelConfig& p) { p.pp = -2; }, "pp=-2"},
       {[](GptConfig&, ParallelConfig& p) { p.dp = 0; }, "dp=0"},

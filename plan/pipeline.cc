@@ -20,10 +20,12 @@ absl::Status CheckDegrees(int pp, int vpp, int micro_batches) {
           absl::StrCat(field, "=", value, " is invalid; ", field, " must be >= 1"));
     }
   }
-  if (int64_t{micro_batches} * vpp > (int64_t{1} << 16) || pp > (1 << 20)) {
+  if (int64_t{micro_batches} * vpp > kMaxActionsPerRank ||
+      int64_t{pp} * vpp * micro_batches > kMaxScheduleActions) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "micro_batches*vpp=", int64_t{micro_batches} * vpp, " with pp=", pp,
-        " is too large to plan; the limits are 65536 actions per rank and 1048576 stages"));
+        "pp=", pp, ", vpp=", vpp, ", micro_batches=", micro_batches,
+        " is too large to plan; the limits are micro_batches*vpp <= ", kMaxActionsPerRank,
+        " and pp*vpp*micro_batches <= ", kMaxScheduleActions));
   }
   return absl::OkStatus();
 }
@@ -90,7 +92,8 @@ absl::Status CheckCoverage(const std::vector<RankSchedule>& ranks, int pp, int v
   }
   const int chunks = pp * vpp;
   for (int r = 0; r < pp; ++r) {
-    std::vector<int> seen(2 * m * chunks, 0);
+    // One slot per (kind, micro-batch, this rank's chunk k = chunk / pp).
+    std::vector<char> seen(2 * m * vpp, 0);
     for (const Action& a : ranks[r].actions) {
       if (a.micro_batch < 0 || a.micro_batch >= m || a.chunk < 0 || a.chunk >= chunks ||
           a.chunk % pp != r) {
@@ -98,8 +101,8 @@ absl::Status CheckCoverage(const std::vector<RankSchedule>& ranks, int pp, int v
             "rank ", r, " has action ", a.ToString(), " it cannot run: micro_batch must be in [0, ",
             m, ") and chunk in [0, ", chunks, ") with chunk % pp == ", r));
       }
-      const int slot = (a.kind == Kind::kForward ? 0 : m * chunks) + a.micro_batch * chunks + a.chunk;
-      if (++seen[slot] > 1) {
+      const int slot = (a.kind == Kind::kForward ? 0 : m * vpp) + a.micro_batch * vpp + a.chunk / pp;
+      if (seen[slot]++) {
         return absl::InvalidArgumentError(
             absl::StrCat("rank ", r, " runs ", a.ToString(), " more than once"));
       }
@@ -180,47 +183,65 @@ absl::StatusOr<Simulation> Simulate(const std::vector<RankSchedule>& ranks, int 
   for (const RankSchedule& rs : ranks) remaining += rs.actions.size();
 
   // Fixed-order list scheduling: each rank runs its next action as soon as
-  // the rank is free and the action's inputs exist. Start times depend only
-  // on end times already fixed, so the sweep order does not change them.
-  while (remaining > 0) {
-    bool progress = false;
+  // the rank is free and the action's inputs exist; start times depend only
+  // on end times already fixed, so the order ranks are visited in does not
+  // change them. A rank that cannot proceed waits until an action it may
+  // depend on finishes (F(mb, c) wakes the rank of chunk c + 1, B(mb, c) the
+  // rank of chunk c - 1), so the whole run is O(actions).
+  std::vector<int> ready_ranks;
+  std::vector<char> queued(pp, 1);
+  for (int r = pp - 1; r >= 0; --r) ready_ranks.push_back(r);
+  auto wake = [&](int chunk) {
+    const int r = chunk % pp;
+    if (!queued[r]) {
+      queued[r] = 1;
+      ready_ranks.push_back(r);
+    }
+  };
+  while (!ready_ranks.empty()) {
+    const int r = ready_ranks.back();
+    ready_ranks.pop_back();
+    queued[r] = 0;
+    while (next[r] < ranks[r].actions.size()) {
+      const Action& a = ranks[r].actions[next[r]];
+      int64_t ready = free_at[r];
+      bool runnable = true;
+      auto need = [&](int64_t end) {
+        if (end < 0) runnable = false;
+        ready = std::max(ready, end);
+      };
+      if (a.kind == Kind::kForward) {
+        if (a.chunk > 0) need(f_end[slot(a) - 1]);
+      } else {
+        need(f_end[slot(a)]);
+        if (a.chunk < chunks - 1) need(b_end[slot(a) + 1]);
+      }
+      if (!runnable) break;
+      const int64_t end = ready + (a.kind == Kind::kForward ? t_forward : t_backward);
+      (a.kind == Kind::kForward ? f_end : b_end)[slot(a)] = end;
+      sim.timeline[r].push_back({a, ready, end});
+      free_at[r] = end;
+      sim.makespan = std::max(sim.makespan, end);
+      ++next[r];
+      --remaining;
+      if (a.kind == Kind::kForward && a.chunk < chunks - 1) wake(a.chunk + 1);
+      if (a.kind == Kind::kBackward && a.chunk > 0) wake(a.chunk - 1);
+    }
+  }
+  if (remaining > 0) {
+    std::vector<std::string> stuck;
     for (int r = 0; r < pp; ++r) {
-      while (next[r] < ranks[r].actions.size()) {
-        const Action& a = ranks[r].actions[next[r]];
-        int64_t ready = free_at[r];
-        bool runnable = true;
-        auto need = [&](int64_t end) {
-          if (end < 0) runnable = false;
-          ready = std::max(ready, end);
-        };
-        if (a.kind == Kind::kForward) {
-          if (a.chunk > 0) need(f_end[slot(a) - 1]);
-        } else {
-          need(f_end[slot(a)]);
-          if (a.chunk < chunks - 1) need(b_end[slot(a) + 1]);
-        }
-        if (!runnable) break;
-        const int64_t end = ready + (a.kind == Kind::kForward ? t_forward : t_backward);
-        (a.kind == Kind::kForward ? f_end : b_end)[slot(a)] = end;
-        sim.timeline[r].push_back({a, ready, end});
-        free_at[r] = end;
-        sim.makespan = std::max(sim.makespan, end);
-        ++next[r];
-        --remaining;
-        progress = true;
+      if (next[r] < ranks[r].actions.size()) {
+        stuck.push_back(absl::StrCat("rank ", r, " at ", ranks[r].actions[next[r]].ToString()));
+      }
+      if (stuck.size() == 8 && r + 1 < pp) {
+        stuck.push_back("...");
+        break;
       }
     }
-    if (!progress) {
-      std::vector<std::string> stuck;
-      for (int r = 0; r < pp; ++r) {
-        if (next[r] < ranks[r].actions.size()) {
-          stuck.push_back(absl::StrCat("rank ", r, " at ", ranks[r].actions[next[r]].ToString()));
-        }
-      }
-      return absl::FailedPreconditionError(
-          absl::StrCat("pipeline schedule deadlocks: every rank waits on another (",
-                       absl::StrJoin(stuck, ", "), ")"));
-    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("pipeline schedule deadlocks: every rank waits on another (",
+                     absl::StrJoin(stuck, ", "), ")"));
   }
   sim.ideal = int64_t{m} * vpp * (t_forward + t_backward);
   sim.bubble_ratio = static_cast<double>(sim.makespan - sim.ideal) / static_cast<double>(sim.ideal);

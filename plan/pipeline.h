@@ -106,7 +106,9 @@ struct PipelineSchedule {
 //     group through chunk 0, 1, ... (B in reverse chunk order); warmup
 //     min((pp - r - 1) * 2 + (vpp - 1) * pp, m * vpp), all F first when
 //     m == pp.
-// Errors: InvalidArgument for degrees < 1, vpp > 1 with GPipe or 1F1B, or an
+// Errors: InvalidArgument for degrees < 1, sizes over kMaxActionsPerRank or
+// kMaxScheduleActions (config.h), vpp > 1
+// with GPipe or 1F1B, or an
 // interleaved schedule that cannot complete for this (pp, vpp, m) (the
 // message says which m would work).
 absl::StatusOr<PipelineSchedule> BuildSchedule(ScheduleKind kind, int pp, int vpp,

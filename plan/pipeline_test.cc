@@ -210,6 +210,20 @@ TEST(ScheduleTest, ExhaustivePropertiesAndBubbleFormulas) {
   EXPECT_GT(rejected, 0);
 }
 
+// A deep pipeline at scale: the simulator is linear in the number of
+// actions, and the formulas still hold exactly.
+TEST(ScheduleTest, DeepPipelineAtScale) {
+  const auto s = BuildSchedule(ScheduleKind::kOneFOneB, 256, 1, 1024);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_DOUBLE_EQ(s->simulation.bubble_ratio, 255.0 / 1024);
+  EXPECT_EQ(s->simulation.makespan, 3 * (1024 + 255));
+  const auto i = BuildSchedule(ScheduleKind::kInterleaved, 64, 4, 256);
+  ASSERT_TRUE(i.ok()) << i.status();
+  EXPECT_DOUBLE_EQ(i->simulation.bubble_ratio, 63.0 / (4 * 256));
+  EXPECT_EQ(BuildSchedule(ScheduleKind::kOneFOneB, 1 << 20, 1, 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ScheduleTest, InterleavedThatCannotCompleteIsRejectedWithAdvice) {
   const auto s = BuildSchedule(ScheduleKind::kInterleaved, 4, 3, 5);
   ASSERT_FALSE(s.ok());

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "plan/config.h"
 
 namespace shardline::plan {
 
@@ -28,9 +29,10 @@ absl::StatusOr<Topology> Topology::Create(int tp, int pp, int dp) {
           absl::StrCat(field, "=", value, " is invalid; ", field, " must be >= 1"));
     }
   }
-  if (int64_t{tp} * pp * dp > (int64_t{1} << 20)) {
+  if (int64_t{tp} * pp * dp > kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat("world_size=tp*pp*dp=", int64_t{tp} * pp * dp,
-                                                   " is too large; the limit is 1048576 ranks"));
+                                                   " is too large; the limit is ", kMaxWorldSize,
+                                                   " ranks"));
   }
   return Topology(tp, pp, dp);
 }

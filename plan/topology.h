@@ -43,7 +43,7 @@ struct Group {
 
 class Topology {
  public:
-  // InvalidArgument when a degree is < 1 or tp*pp*dp exceeds 2^20.
+  // InvalidArgument when a degree is < 1 or tp*pp*dp exceeds kMaxWorldSize.
   static absl::StatusOr<Topology> Create(int tp, int pp, int dp);
 
   int tp() const { return tp_; }
