@@ -65,6 +65,19 @@ TEST(ShardTest, C2FewerElementsThanRanks) {
   for (int r = 0; r < 2048; ++r) EXPECT_EQ(big[r].size(), r < 32 ? 1 : 0) << r;
   EXPECT_EQ(big[31], (ShardRange{31, 32}));
   EXPECT_EQ(PaddedNumel(32, 2048, 1), 2048);
+  // Planning with empty shards: rank 3 of N=3, D=4 holds no piece; the
+  // others one element each; the padded shard (1 element) is the same on all.
+  const Unit small = MakeUnit("u", {{"p", 3}}, 4, 1);
+  EXPECT_EQ(small.padded, 4);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(OwnedPieces(small, r).size(), 1u);
+    EXPECT_EQ(OwnedPieces(small, r)[0].local_range, (ShardRange{r, r + 1}));
+  }
+  EXPECT_TRUE(OwnedPieces(small, 3).empty());
+  const Unit wide = MakeUnit("u", {{"p", 32}}, 2048, 1);
+  EXPECT_EQ(OwnedPieces(wide, 31)[0].local_range, (ShardRange{31, 32}));
+  EXPECT_TRUE(OwnedPieces(wide, 32).empty());
+  EXPECT_TRUE(OwnedPieces(wide, 2047).empty());
   // An empty unit: every rank empty, nothing padded.
   EXPECT_EQ(PaddedNumel(0, 4, 8), 0);
   EXPECT_EQ(Shards(0, 4, 8), (std::vector<ShardRange>(4, ShardRange{0, 0})));
