@@ -22,11 +22,16 @@ namespace {
 constexpr char kUsage[] =
     "Usage:\n"
     "  shardctl plan --layers L --hidden H --heads A --vocab V --seq S [--ffn F]\n"
-    "                --tp T --pp P --dp D [--vpp V] [--zero Z] [--micro-batches M]\n"
+    "                --tp T --pp P --dp D [--vpp V] [--zero Z] [--alignment A]\n"
+    "                [--micro-batches M] [--micro-batch-size B] [--world N]\n"
     "                [--schedule gpipe|1f1b|interleaved] [--precision fp32|mixed]\n"
     "                [--json] [--schedule-svg FILE]\n"
-    "  shardctl plan --params N --tp T --pp P --dp D [--zero Z] [--precision P] [--json]\n"
+    "  shardctl plan --params N --tp T --pp P --dp D [--zero Z] [--alignment A]\n"
+    "                [--precision fp32|mixed] [--world N] [--json]\n"
     "  shardctl plan owner PARAMETER [--element I] <model and layout flags>\n";
+
+// Larger schedules make SVGs of many megabytes that no viewer shows usefully.
+constexpr int64_t kMaxSvgForwardPasses = 1 << 14;
 
 struct Flags {
   int64_t layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0, ffn = 0;
@@ -62,6 +67,40 @@ void Register(ArgParser& p, Flags& f) {
   p.AddBool("help", &f.help, "show this help");
 }
 
+// The planner names configuration fields (hidden_size=...); the user typed
+// flags (--hidden). Rewrites "field=" at the start of a word to "--flag=".
+absl::Status InFlagTerms(const absl::Status& s) {
+  if (s.ok()) return s;
+  static const std::pair<const char*, const char*> kNames[] = {
+      {"num_layers=", "--layers="},       {"ffn_hidden_size=", "--ffn="},
+      {"hidden_size=", "--hidden="},      {"num_heads=", "--heads="},
+      {"vocab_size=", "--vocab="},        {"seq_length=", "--seq="},
+      {"zero_stage=", "--zero="},         {"zero_alignment=", "--alignment="},
+      {"micro_batch_size=", "--micro-batch-size="}, {"micro_batches=", "--micro-batches="},
+      {"world_size=", "--world="},        {"tp=", "--tp="},
+      {"pp=", "--pp="},                   {"dp=", "--dp="},
+      {"vpp=", "--vpp="},                 {"schedule=", "--schedule="},
+      {"precision=", "--precision="},     {"params=", "--params="},
+      {"element=", "--element="}};
+  const std::string in(s.message());
+  std::string out;
+  for (size_t i = 0; i < in.size();) {
+    const bool word_start = i == 0 || in[i - 1] == ' ' || in[i - 1] == '(';
+    bool replaced = false;
+    for (const auto& [field, flag] : kNames) {
+      const size_t n = std::strlen(field);
+      if (word_start && in.compare(i, n, field) == 0) {
+        out += flag;
+        i += n;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += in[i++];
+  }
+  return absl::Status(s.code(), out);
+}
+
 absl::StatusOr<int> ToInt(const char* flag, int64_t v) {
   if (v < INT_MIN || v > INT_MAX) {
     return absl::InvalidArgumentError(
@@ -70,7 +109,8 @@ absl::StatusOr<int> ToInt(const char* flag, int64_t v) {
   return static_cast<int>(v);
 }
 
-absl::StatusOr<plan::ParallelConfig> Parallel(const Flags& f, bool vpp_given) {
+absl::StatusOr<plan::ParallelConfig> Parallel(const Flags& f, const ArgParser& parser) {
+  const bool vpp_given = parser.WasSet("vpp");
   plan::ParallelConfig p;
   const std::pair<const char*, std::pair<int64_t, int*>> ints[] = {
       {"tp", {f.tp, &p.tp}},
@@ -96,11 +136,8 @@ absl::StatusOr<plan::ParallelConfig> Parallel(const Flags& f, bool vpp_given) {
   absl::StatusOr<plan::Precision> precision = plan::ParsePrecision(f.precision);
   if (!precision.ok()) return precision.status();
   p.precision = *precision;
-  // Re-word the planner's field names as the flags the user typed.
-  if (absl::Status s = plan::ValidateParallelConfig(p); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid layout: ", s.message()));
-  }
-  if (f.world != 0) {
+  if (absl::Status s = plan::ValidateParallelConfig(p); !s.ok()) return s;
+  if (parser.WasSet("world")) {
     if (absl::Status s = plan::ValidateWorldSize(f.world, p); !s.ok()) return s;
   }
   return p;
@@ -184,6 +221,13 @@ std::string Summary(const plan::Plan& p) {
   absl::StrAppendFormat(&out, "Schedule   %s: bubble ratio %.4f (makespan %d, ideal %d, t_F=1, t_B=2)\n",
                         std::string(plan::ScheduleName(p.schedule.kind)), sim.bubble_ratio,
                         sim.makespan, sim.ideal);
+  if (p.schedule.kind == plan::ScheduleKind::kInterleaved && l.micro_batches % l.pp != 0) {
+    const int m = (l.micro_batches + l.pp - 1) / l.pp * l.pp;
+    absl::StrAppendFormat(&out,
+                          "           note: micro-batches %d is not a multiple of pp %d; the "
+                          "interleaved bubble (pp-1)/(vpp*m) holds for m = %d, %d, ...\n",
+                          l.micro_batches, l.pp, m, m + l.pp);
+  }
   for (int r = 0; r < p.schedule.pp && r < 8; ++r) {
     std::vector<std::string> actions;
     const auto& list = p.schedule.ranks[r].actions;
@@ -218,7 +262,9 @@ absl::Status WriteFile(const std::string& path, const std::string& content) {
 
 }  // namespace
 
-absl::Status RunPlanCommand(const std::vector<std::string>& args, std::ostream& out) {
+namespace {
+
+absl::Status RunPlan(const std::vector<std::string>& args, std::ostream& out) {
   Flags f;
   ArgParser parser("shardctl plan");
   Register(parser, f);
@@ -229,6 +275,10 @@ absl::Status RunPlanCommand(const std::vector<std::string>& args, std::ostream& 
     return absl::OkStatus();
   }
   const bool owner = !positional->empty() && (*positional)[0] == "owner";
+  if (!positional->empty() && !owner && (*positional)[0].size() > 1 && (*positional)[0][0] == '-') {
+    return absl::InvalidArgumentError(absl::StrCat("unknown option '", (*positional)[0],
+                                                   "'; flags take two dashes, e.g. --tp 2"));
+  }
   if (!positional->empty() && !owner) {
     return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", (*positional)[0],
                                                    "'; the only plan subcommand is 'owner'\n",
@@ -243,7 +293,14 @@ absl::Status RunPlanCommand(const std::vector<std::string>& args, std::ostream& 
     return absl::InvalidArgumentError("--element only applies to 'shardctl plan owner'");
   }
 
-  absl::StatusOr<plan::ParallelConfig> parallel = Parallel(f, parser.WasSet("vpp"));
+  if (parser.WasSet("schedule-svg") && (f.schedule_svg.empty() || f.schedule_svg == "-")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--schedule-svg needs a file path to write (got '", f.schedule_svg, "')"));
+  }
+  if (parser.WasSet("schedule-svg") && owner) {
+    return absl::InvalidArgumentError("--schedule-svg does not apply to 'shardctl plan owner'");
+  }
+  absl::StatusOr<plan::ParallelConfig> parallel = Parallel(f, parser);
   if (!parallel.ok()) return parallel.status();
 
   const char* model_flags[] = {"layers", "hidden", "heads", "vocab", "seq", "ffn"};
@@ -256,6 +313,13 @@ absl::Status RunPlanCommand(const std::vector<std::string>& args, std::ostream& 
           "--params gives a memory-only estimate; drop it to plan a model from --layers, "
           "--hidden, --heads, --vocab and --seq (owner queries and --schedule-svg need the "
           "model)");
+    }
+    for (const char* flag : {"vpp", "schedule", "micro-batches", "micro-batch-size"}) {
+      if (parser.WasSet(flag)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", flag, " does not apply to a memory-only estimate (--params); it needs the "
+            "model flags"));
+      }
     }
     absl::StatusOr<plan::MemoryEstimate> m = plan::EstimateFromParameterCount(f.params, *parallel);
     if (!m.ok()) return m.status();
@@ -308,12 +372,25 @@ absl::Status RunPlanCommand(const std::vector<std::string>& args, std::ostream& 
   }
 
   if (!f.schedule_svg.empty()) {
+    const int64_t actions = int64_t{p->parallel.pp} * p->parallel.vpp * p->parallel.micro_batches;
+    if (actions > kMaxSvgForwardPasses) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--schedule-svg draws at most ", kMaxSvgForwardPasses,
+          " forward passes (pp*vpp*micro_batches); this schedule has ", actions,
+          ", too many to read in a picture: draw it with fewer --micro-batches"));
+    }
     if (absl::Status s = WriteFile(f.schedule_svg, plan::ScheduleSvg(p->schedule)); !s.ok()) {
       return s;
     }
   }
   out << (f.json ? PlanToJson(*p).dump(2) + "\n" : Summary(*p));
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunPlanCommand(const std::vector<std::string>& args, std::ostream& out) {
+  return InFlagTerms(RunPlan(args, out));
 }
 
 }  // namespace shardline::client

@@ -71,6 +71,14 @@ TEST(PlanCommandTest, JsonContractFields) {
   EXPECT_EQ(j["parallel"]["world_size"], 8);
 }
 
+TEST(PlanCommandTest, InterleavedWithUnevenMicroBatchesSaysSo) {
+  const auto out = RunPlan({"--layers", "8", "--hidden", "64", "--heads", "4", "--vocab", "256",
+                            "--seq", "16", "--pp", "4", "--vpp", "2", "--micro-batches", "6"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, HasSubstr("note: micro-batches 6 is not a multiple of pp 4"));
+  EXPECT_THAT(*out, HasSubstr("holds for m = 8, 12"));
+}
+
 TEST(PlanCommandTest, ReadableSummary) {
   const auto out = RunPlan(With({"--pp", "2", "--micro-batches", "2"}));
   ASSERT_TRUE(out.ok());
@@ -95,6 +103,10 @@ TEST(PlanCommandTest, MemoryOnlyFromParams) {
   const auto text = RunPlan({"--params", "1000", "--zero", "3", "--dp", "4"});
   ASSERT_TRUE(text.ok());
   EXPECT_THAT(*text, HasSubstr("(4,000 bytes)"));  // 250 elements x 16 bytes
+  // Alignment pads the shard: ceil(100 / (3 * 7)) * 21 / 3 = 35 elements.
+  const json aligned = RunJson({"--params", "100", "--dp", "3", "--zero", "3", "--alignment", "7",
+                                "--json"});
+  EXPECT_EQ(aligned["memory"]["per_rank_bytes"]["params"], 35 * 4);
 }
 
 TEST(PlanCommandTest, OwnerQuery) {
@@ -130,16 +142,26 @@ TEST(PlanCommandTest, WritesScheduleSvg) {
 
 TEST(PlanCommandTest, BadInputGetsAClearError) {
   const std::pair<Args, std::string> cases[] = {
-      {With({"--tp", "3"}), "tp=3 does not divide num_heads=4; choose tp in {1, 2, 4}"},
+      {With({"--tp", "3"}), "--tp=3 does not divide --heads=4; choose tp in {1, 2, 4}"},
       {{"--layers", "4", "--heads", "4", "--vocab", "256", "--seq", "64"}, "--hidden is required"},
-      {With({"--pp", "8"}), "num_layers=4 is fewer than pp*vpp=8*1=8"},
-      {With({"--zero", "5"}), "choose zero_stage in {0, 1, 2, 3}"},
+      {With({"--pp", "8"}), "--layers=4 is fewer than pp*vpp=8*1=8"},
+      {With({"--zero", "5"}), "--zero=5 is invalid; choose zero_stage in {0, 1, 2, 3}"},
       {With({"--schedule", "zigzag"}), "choose one of gpipe, 1f1b, interleaved"},
       {With({"--precision", "fp8"}), "choose fp32 or mixed"},
-      {With({"--vpp", "2", "--schedule", "1f1b"}), "vpp=2 needs schedule=interleaved"},
-      {With({"--tp", "0"}), "tp=0 is invalid"},
+      {With({"--vpp", "2", "--schedule", "1f1b"}), "--vpp=2 needs --schedule=interleaved"},
+      {With({"--tp", "0"}), "--tp=0 is invalid"},
       {With({"--tp", "4294967296"}), "--tp=4294967296 is out of range"},
-      {With({"--world", "6", "--tp", "2"}), "world_size=6 != tp*pp*dp=2*1*1=2; use dp=3"},
+      {With({"--world", "6", "--tp", "2"}), "--world=6 != tp*pp*dp=2*1*1=2; use --dp=3"},
+      {With({"--world", "0"}), "--world=0 is invalid; choose world_size in [1, 262144]"},
+      {{"--layers", "4", "--hidden", "8388608", "--heads", "1", "--vocab", "256", "--seq", "64"},
+       "--hidden=8388608 is too large"},
+      {With({"-tp", "2"}), "unknown option '-tp'; flags take two dashes"},
+      {With({"--schedule-svg", ""}), "--schedule-svg needs a file path"},
+      {With({"--schedule-svg", "-"}), "--schedule-svg needs a file path"},
+      {With({"owner", "final_layernorm.bias", "--schedule-svg", "x.svg"}), "does not apply to 'shardctl plan owner'"},
+      {{"--params", "100", "--micro-batches", "4"}, "--micro-batches does not apply to a memory-only estimate"},
+      {{"--params", "100", "--vpp", "2"}, "--vpp does not apply"},
+      {With({"--pp", "4", "--micro-batches", "8192", "--schedule-svg", "x.svg"}), "--schedule-svg draws at most 16384 forward passes"},
       {With({"--params", "10"}), "--params gives a memory-only estimate"},
       {With({"--element", "3"}), "--element only applies to 'shardctl plan owner'"},
       {With({"owner"}), "plan owner takes exactly one parameter name"},

@@ -3,7 +3,8 @@
 namespace shardline::client {
 namespace {
 
-using nlohmann::json;
+// Keys keep the order written here (model first), not alphabetical.
+using json = nlohmann::ordered_json;
 
 json Range(const plan::ShardRange& r) { return {{"begin", r.begin}, {"end", r.end}}; }
 

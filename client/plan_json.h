@@ -2,7 +2,7 @@
 // The field names are a contract that scripts use; see README.md
 // ("shardctl plan --json"). Integers are JSON numbers (never strings).
 //
-//   nlohmann::json j = PlanToJson(plan);
+//   nlohmann::ordered_json j = PlanToJson(plan);
 //   j["schedule"]["bubble_ratio"];
 //
 // Pure functions; thread-safe.
@@ -23,14 +23,14 @@ namespace shardline::client {
 
 // The full plan: model, parallel, parameters, topology, pipeline, schedule,
 // zero, memory.
-nlohmann::json PlanToJson(const plan::Plan& plan);
+nlohmann::ordered_json PlanToJson(const plan::Plan& plan);
 
 // A memory-only estimate from a parameter count (`--params N`).
-nlohmann::json MemoryEstimateToJson(int64_t parameters, const plan::ParallelConfig& parallel,
+nlohmann::ordered_json MemoryEstimateToJson(int64_t parameters, const plan::ParallelConfig& parallel,
                                     const plan::MemoryEstimate& memory);
 
 // The answer to `shardctl plan owner`: one entry per holder.
-nlohmann::json OwnersToJson(const std::string& parameter, std::optional<int64_t> element,
+nlohmann::ordered_json OwnersToJson(const std::string& parameter, std::optional<int64_t> element,
                             int zero_stage, const std::vector<plan::Holder>& holders);
 
 }  // namespace shardline::client

@@ -1,7 +1,8 @@
 // shardctl: the operator CLI. Subcommands:
 //   plan    offline planning (no coordinator): layouts, schedules, ZeRO
 //           shards, owners, memory.
-// Exit codes: 0 success, 1 the command failed (message on stderr), 2 usage.
+// Exit codes: 0 success; 2 bad input (usage, a flag, a value, an unknown
+// name); 1 any other failure. Messages go to stderr.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -37,7 +38,10 @@ int main(int argc, char** argv) {
     const absl::Status s = shardline::client::RunPlanCommand(args, std::cout);
     if (!s.ok()) {
       std::cerr << "shardctl plan: " << s.message() << "\n";
-      return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+      // 2: the input was wrong (a flag, a value, a name); 1: anything else.
+      const bool bad_input = s.code() == absl::StatusCode::kInvalidArgument ||
+                             s.code() == absl::StatusCode::kNotFound;
+      return bad_input ? 2 : 1;
     }
     return 0;
   }

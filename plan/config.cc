@@ -196,6 +196,11 @@ absl::Status ValidateConfig(const GptConfig& m, const ParallelConfig& p) {
 }
 
 absl::Status ValidateWorldSize(int64_t world_size, const ParallelConfig& p) {
+  if (world_size < 1 || world_size > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size=", world_size,
+                                                   " is invalid; choose world_size in [1, ",
+                                                   kMaxWorldSize, "]"));
+  }
   const int64_t expected = int64_t{p.tp} * p.pp * p.dp;
   if (world_size == expected) return absl::OkStatus();
   const int64_t model_parallel = int64_t{p.tp} * p.pp;

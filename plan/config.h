@@ -21,15 +21,15 @@ namespace shardline::plan {
 
 // Limits that keep every plan small enough to build in memory and every
 // product of sizes inside int64. Violations are InvalidArgument.
-inline constexpr int64_t kMaxLayers = int64_t{1} << 16;
+inline constexpr int64_t kMaxLayers = int64_t{1} << 14;
 inline constexpr int64_t kMaxWidth = int64_t{1} << 22;      // hidden, heads, ffn (elements)
 inline constexpr int64_t kMaxVocab = int64_t{1} << 31;      // tokens
 inline constexpr int64_t kMaxSeqLength = int64_t{1} << 24;  // tokens
 inline constexpr int64_t kMaxParameters = int64_t{1} << 50;
-inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;          // tp * pp * dp
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 18;          // tp * pp * dp
 inline constexpr int64_t kMaxActionsPerRank = int64_t{1} << 16;     // micro_batches * vpp
 inline constexpr int64_t kMaxScheduleActions = int64_t{1} << 22;    // pp * vpp * micro_batches
-inline constexpr int64_t kMaxShardRanges = int64_t{1} << 22;        // tp * dp * (num_layers + 2)
+inline constexpr int64_t kMaxShardRanges = int64_t{1} << 20;        // tp * dp * (num_layers + 2)
 inline constexpr int64_t kMaxMicroBatchSize = int64_t{1} << 24;     // samples
 inline constexpr int64_t kMaxAlignment = int64_t{1} << 20;          // elements
 

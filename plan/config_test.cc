@@ -89,8 +89,9 @@ TEST(ConfigTest, EveryFieldIsCheckedAndNamed) {
       {[](GptConfig& m, ParallelConfig&) { m.seq_length = int64_t{1} << 25; }, "seq_length=33554432"},
       {[](GptConfig& m, ParallelConfig&) { m.ffn_hidden_size = int64_t{1} << 23; }, "ffn_hidden_size=8388608"},
       {[](GptConfig& m, ParallelConfig&) {
-         m.num_layers = 60000;
-         m.hidden_size = 1 << 20;
+         m.num_layers = 16000;
+         m.hidden_size = 1 << 22;
+         m.ffn_hidden_size = 1;
          m.num_heads = 1;
        },
        "more than 1125899906842624 parameters"},
@@ -101,7 +102,7 @@ TEST(ConfigTest, EveryFieldIsCheckedAndNamed) {
        "pp*vpp*micro_batches=8388608"},
       {[](GptConfig&, ParallelConfig& p) { p.micro_batch_size = int64_t{1} << 30; }, "micro_batch_size=1073741824"},
       {[](GptConfig&, ParallelConfig& p) { p.zero_alignment = int64_t{1} << 30; }, "zero_alignment=1073741824"},
-      {[](GptConfig&, ParallelConfig& p) { p.dp = 1 << 20; }, "ZeRO shard ranges"},
+      {[](GptConfig&, ParallelConfig& p) { p.dp = 1 << 18; }, "ZeRO shard ranges"},
       {[](GptConfig&, ParallelConfig& p) { p.tp = 0; }, "tp=0"},
       {[](GptConfig&, ParallelConfig& p) { p.pp = -2; }, "pp=-2"},
       {[](GptConfig&, ParallelConfig& p) { p.dp = 0; }, "dp=0"},

@@ -29,8 +29,10 @@ absl::StatusOr<MemoryEstimate> EstimateFromParameterCount(int64_t parameters,
   }
   if (absl::Status s = ValidateParallelConfig(parallel); !s.ok()) return s;
   const int64_t slice = CeilDiv(parameters, int64_t{parallel.tp} * parallel.pp);
+  // A sharded kind holds one padded shard, as in EstimatePerRank.
+  const int64_t shard = PaddedNumel(slice, parallel.dp, parallel.zero_alignment) / parallel.dp;
   auto elems = [&](StateKind kind) {
-    return IsSharded(kind, parallel.zero_stage) ? CeilDiv(slice, parallel.dp) : slice;
+    return IsSharded(kind, parallel.zero_stage) ? shard : slice;
   };
   return Bytes(elems(StateKind::kParam), elems(StateKind::kGrad),
                elems(StateKind::kOptimizerState), parallel.precision);

@@ -39,8 +39,9 @@ struct MemoryEstimate {
 };
 
 // For a model known only by its parameter count: the parameters are spread
-// evenly over tp * pp model-parallel ranks (rounded up), then the sharded
-// kinds over dp (rounded up). Uses tp, pp, dp, zero_stage and precision of
+// evenly over tp * pp model-parallel ranks (rounded up) as one unit, and a
+// kind the stage shards holds PaddedNumel(slice, dp, zero_alignment) / dp
+// elements. Uses tp, pp, dp, zero_stage, zero_alignment and precision of
 // `parallel`. Errors: InvalidArgument when parameters < 1 or the parallel
 // config is invalid.
 absl::StatusOr<MemoryEstimate> EstimateFromParameterCount(int64_t parameters,

@@ -34,11 +34,12 @@ check "json bubble" 0 '"bubble_ratio": 0.25' "" -- plan "${MODEL[@]}" --pp 2 --m
 check "json groups" 0 '"parameters": 834304' "" -- plan "${MODEL[@]}" --pp 2 --json
 check "memory only" 0 "total 29.25 GiB (31,406,250,000 bytes)" "" -- plan --params 7500000000 --dp 64 --zero 1 --precision mixed
 check "owner" 0 "optimizer" "" -- plan owner layers.3.mlp.fc1.weight --element 7 "${MODEL[@]}" --pp 2 --dp 2 --zero 1
-check "bad tp" 2 "" "tp=3 does not divide num_heads=4; choose tp in {1, 2, 4}" -- plan "${MODEL[@]}" --tp 3
+check "bad tp" 2 "" "--tp=3 does not divide --heads=4; choose tp in {1, 2, 4}" -- plan "${MODEL[@]}" --tp 3
 check "missing flag" 2 "" "--seq is required" -- plan --layers 4 --hidden 128 --heads 4 --vocab 256
 check "not a number" 2 "" "--pp='two' is not an integer" -- plan "${MODEL[@]}" --pp two
-check "unknown owner" 1 "" "no parameter named 'layers.99.x'" -- plan owner layers.99.x "${MODEL[@]}"
+check "unknown owner" 2 "" "no parameter named 'layers.99.x'" -- plan owner layers.99.x "${MODEL[@]}"
 check "deadlocking interleaved" 2 "" "multiple of pp" -- plan --layers 12 --hidden 64 --heads 4 --vocab 256 --seq 16 --pp 4 --vpp 3 --micro-batches 5
+check "unwritable svg" 1 "" "cannot write --schedule-svg file" -- plan "${MODEL[@]}" --schedule-svg /nonexistent-dir/x.svg
 check "svg" 0 "Schedule" "" -- plan "${MODEL[@]}" --pp 4 --micro-batches 8 --schedule-svg "$TMP/pipe.svg"
 if grep -q "1f1b schedule: pp=4, vpp=1, m=8" "$TMP/pipe.svg" && [ "$(grep -c '<title>F' "$TMP/pipe.svg")" -eq 32 ]; then
   echo "[  OK  ] svg content"
