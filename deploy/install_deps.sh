@@ -12,6 +12,9 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libgloo-dev              # CPU collectives (TCP transport)
   nlohmann-json3-dev       # shardctl --json
+  libsqlite3-dev           # the coordinator's durable state
+  libyaml-cpp-dev          # job spec files in YAML
+  openssl                  # tests make TLS certificates
 )
 
 missing=()

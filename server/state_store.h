@@ -1,0 +1,72 @@
+// Durable storage for the coordinator's state: jobs, members, generations,
+// committed checkpoints. A small record store (kind, key) → bytes with
+// atomic, durable batches; the coordinator serializes its own records
+// (protobuf) into the values.
+//
+//   absl::StatusOr<std::unique_ptr<StateStore>> store = OpenSqliteStore("/var/lib/shardline/state.db");
+//   (*store)->Write({Mutation::Put("job", "j1", bytes), Mutation::Delete("kv", "old")});
+//   absl::StatusOr<std::vector<Record>> jobs = (*store)->Scan("job");
+//
+// Implementations are thread-safe.
+#ifndef SHARDLINE_SERVER_STATE_STORE_H_
+#define SHARDLINE_SERVER_STATE_STORE_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace shardline::server {
+
+struct Record {
+  std::string kind;   // record type, e.g. "job", "member", "checkpoint"
+  std::string key;    // unique within kind
+  std::string value;  // opaque bytes
+};
+
+struct Mutation {
+  std::string kind;
+  std::string key;
+  std::optional<std::string> value;  // nullopt deletes (deleting a missing key is OK)
+
+  static Mutation Put(std::string kind, std::string key, std::string value) {
+    return {std::move(kind), std::move(key), std::move(value)};
+  }
+  static Mutation Delete(std::string kind, std::string key) {
+    return {std::move(kind), std::move(key), std::nullopt};
+  }
+};
+
+class StateStore {
+ public:
+  virtual ~StateStore() = default;
+
+  // Applies every mutation, in order, as one atomic transaction that is
+  // durable (on stable storage, surviving kill -9 and power loss for the
+  // SQLite store) when this returns OK. Errors:
+  //   Unavailable: the storage could not be written (disk full, I/O error,
+  //     database locked past its busy timeout); nothing was applied.
+  //   InvalidArgument: an empty kind or key.
+  virtual absl::Status Write(const std::vector<Mutation>& mutations) = 0;
+
+  // Every record of `kind`, ordered by key (bytewise). Errors: Unavailable
+  // as above; DataLoss if the storage is corrupt.
+  virtual absl::StatusOr<std::vector<Record>> Scan(absl::string_view kind) const = 0;
+};
+
+// SQLite (Debian's libsqlite3) at `path`, created if missing: WAL journal,
+// synchronous=FULL, one table. Errors: Unavailable when the file cannot be
+// opened or created (the message names the path and SQLite's reason);
+// DataLoss when it is not a Shardline state database or is corrupt.
+absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStore(const std::string& path);
+
+// In memory, for tests and `--state memory`; nothing survives the process.
+std::unique_ptr<StateStore> NewMemoryStore();
+
+}  // namespace shardline::server
+
+#endif  // SHARDLINE_SERVER_STATE_STORE_H_
