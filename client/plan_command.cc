@@ -68,10 +68,9 @@ void Register(ArgParser& p, Flags& f) {
 }
 
 // The planner names configuration fields (hidden_size=...); the user typed
-// flags (--hidden). Rewrites "field=" at the start of a word to "--flag=".
+// flags (--hidden).
 absl::Status InFlagTerms(const absl::Status& s) {
-  if (s.ok()) return s;
-  static const std::pair<const char*, const char*> kNames[] = {
+  static const auto* const kNames = new std::vector<std::pair<std::string, std::string>>{
       {"num_layers=", "--layers="},       {"ffn_hidden_size=", "--ffn="},
       {"hidden_size=", "--hidden="},      {"num_heads=", "--heads="},
       {"vocab_size=", "--vocab="},        {"seq_length=", "--seq="},
@@ -82,23 +81,7 @@ absl::Status InFlagTerms(const absl::Status& s) {
       {"vpp=", "--vpp="},                 {"schedule=", "--schedule="},
       {"precision=", "--precision="},     {"params=", "--params="},
       {"element=", "--element="}};
-  const std::string in(s.message());
-  std::string out;
-  for (size_t i = 0; i < in.size();) {
-    const bool word_start = i == 0 || in[i - 1] == ' ' || in[i - 1] == '(';
-    bool replaced = false;
-    for (const auto& [field, flag] : kNames) {
-      const size_t n = std::strlen(field);
-      if (word_start && in.compare(i, n, field) == 0) {
-        out += flag;
-        i += n;
-        replaced = true;
-        break;
-      }
-    }
-    if (!replaced) out += in[i++];
-  }
-  return absl::Status(s.code(), out);
+  return plan::RenameFields(s, *kNames);
 }
 
 absl::StatusOr<int> ToInt(const char* flag, int64_t v) {

@@ -56,6 +56,27 @@ absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
       absl::StrCat("precision='", name, "' is not a precision; choose fp32 or mixed"));
 }
 
+absl::Status RenameFields(const absl::Status& status,
+                          const std::vector<std::pair<std::string, std::string>>& names) {
+  if (status.ok()) return status;
+  const absl::string_view in = status.message();
+  std::string out;
+  for (size_t i = 0; i < in.size();) {
+    const bool word_start = i == 0 || in[i - 1] == ' ' || in[i - 1] == '(';
+    bool replaced = false;
+    for (const auto& [from, to] : names) {
+      if (word_start && in.substr(i, from.size()) == from) {
+        out += to;
+        i += from.size();
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += in[i++];
+  }
+  return absl::Status(status.code(), out);
+}
+
 std::string DivisorsOf(int64_t n) {
   std::vector<int64_t> low, high;
   for (int64_t d = 1; d * d <= n; ++d) {

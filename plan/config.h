@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -97,6 +99,14 @@ absl::Status ValidateConfig(const GptConfig& model, const ParallelConfig& parall
 // Checks a world size given alongside the degrees: world_size must equal
 // tp * pp * dp. InvalidArgument says which dp would fit, if any.
 absl::Status ValidateWorldSize(int64_t world_size, const ParallelConfig& parallel);
+
+// Rewrites field names in a validation message for another audience: each
+// "from" that starts a word (at the start, or after ' ' or '(') becomes "to",
+// e.g. {"hidden_size=", "--hidden="} for a CLI or {"hidden_size=",
+// "spec.model.hidden_size="} for an API. Longer names must come before names
+// they end with ("ffn_hidden_size=" before "hidden_size="). OK stays OK.
+absl::Status RenameFields(const absl::Status& status,
+                          const std::vector<std::pair<std::string, std::string>>& names);
 
 // Divisors of n in increasing order, rendered "{1, 2, 4}"; used in messages
 // that say which values would be valid.

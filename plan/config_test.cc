@@ -151,3 +151,23 @@ TEST(ConfigTest, DivisorsAreAscending) {
 
 }  // namespace
 }  // namespace shardline::plan
+
+namespace shardline::plan {
+namespace {
+
+TEST(RenameFieldsTest, RewritesOnlyWholeFieldNamesAtWordStarts) {
+  const absl::Status s = absl::InvalidArgumentError(
+      "tp=3 does not divide ffn_hidden_size=100 (hidden_size=8, pp*vpp=4); choose tp in {1}");
+  const absl::Status r = RenameFields(s, {{"ffn_hidden_size=", "spec.model.ffn_hidden_size="},
+                                          {"hidden_size=", "spec.model.hidden_size="},
+                                          {"tp=", "spec.parallel.tp="},
+                                          {"vpp=", "spec.parallel.vpp="}});
+  EXPECT_EQ(r.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.message(),
+            "spec.parallel.tp=3 does not divide spec.model.ffn_hidden_size=100 "
+            "(spec.model.hidden_size=8, pp*vpp=4); choose tp in {1}");
+  EXPECT_TRUE(RenameFields(absl::OkStatus(), {{"a", "b"}}).ok());
+}
+
+}  // namespace
+}  // namespace shardline::plan
