@@ -1,0 +1,1148 @@
+#include "server/coordinator.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "google/protobuf/util/time_util.h"
+#include "plan/zero.h"
+#include "server/job_spec.h"
+#include "server/plan_proto.h"
+
+namespace shardline::server {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+constexpr size_t kMaxOutbox = 256;  // session messages waiting for a slow stream
+
+google::protobuf::Timestamp ToProto(absl::Time t) {
+  return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+absl::Time FromProto(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixNanos(TimeUtil::TimestampToNanoseconds(t));
+}
+absl::Duration FromProto(const google::protobuf::Duration& d) {
+  return absl::Nanoseconds(TimeUtil::DurationToNanoseconds(d));
+}
+
+bool IsTerminal(v1::JobPhase phase) {
+  return phase == v1::JOB_PHASE_COMPLETED || phase == v1::JOB_PHASE_FAILED ||
+         phase == v1::JOB_PHASE_CANCELLED;
+}
+
+// Members that count as alive: they hold (or wait for) a place in the job.
+bool IsLive(v1::MemberState s) {
+  return s == v1::MEMBER_STATE_JOINING || s == v1::MEMBER_STATE_ACTIVE ||
+         s == v1::MEMBER_STATE_SPARE || s == v1::MEMBER_STATE_FENCED;
+}
+
+std::string PhaseName(v1::JobPhase phase) {
+  std::string name = v1::JobPhase_Name(phase);
+  return name.substr(std::string("JOB_PHASE_").size());
+}
+
+absl::Status ValidJobId(const std::string& id) {
+  bool ok = !id.empty() && id.size() <= 63 && absl::ascii_islower(id[0]);
+  for (char c : id) ok = ok && (absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-');
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "job_id='", id, "' is invalid; use 1..63 characters of a-z, 0-9 and '-', starting with a "
+      "letter (e.g. 'shakespeare-1')"));
+}
+
+absl::Status ValidIdentity(const v1::WorkerIdentity& w, absl::string_view field) {
+  if (w.job_id().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".job_id is empty; name the job"));
+  }
+  bool printable = !w.worker_id().empty() && w.worker_id().size() <= 128;
+  for (char c : w.worker_id()) printable = printable && c > ' ' && c < 127;
+  if (!printable) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".worker_id='", w.worker_id(),
+        "' is invalid; use 1..128 printable ASCII characters without spaces, e.g. 'node3:cuda:1'"));
+  }
+  if (w.incarnation() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".incarnation must be non-zero; use a random 64-bit number per process start"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Backend> ResolveBackend(const std::string& device, v1::Backend backend) {
+  const bool cuda = absl::StartsWith(device, "cuda:");
+  int index = 0;
+  if (!(device == "cpu" || (cuda && absl::SimpleAtoi(device.substr(5), &index) && index >= 0))) {
+    return absl::InvalidArgumentError(absl::StrCat("device='", device,
+                                                   "' is invalid; use \"cpu\" or \"cuda:<index>\""));
+  }
+  if (backend == v1::BACKEND_UNSPECIFIED) return cuda ? v1::BACKEND_NCCL : v1::BACKEND_GLOO;
+  if (backend == v1::BACKEND_NCCL && !cuda) {
+    return absl::InvalidArgumentError("backend=NCCL needs a device \"cuda:<index>\"");
+  }
+  return backend;
+}
+
+std::string NewToken() {
+  std::random_device rd;
+  std::string token;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&token, absl::Hex(rd(), absl::kZeroPad8));
+  return token;
+}
+
+std::string MemberKey(const std::string& job_id, const std::string& worker_id) {
+  return absl::StrCat(job_id, "/", worker_id);
+}
+
+v1::Directive Restart(uint64_t generation, const std::string& reason) {
+  v1::Directive d;
+  d.mutable_restart_at_generation()->set_generation(generation);
+  d.mutable_restart_at_generation()->set_reason(reason);
+  return d;
+}
+
+v1::Directive Stop(v1::JobPhase phase, const std::string& reason) {
+  v1::Directive d;
+  d.mutable_stop()->set_phase(phase);
+  d.mutable_stop()->set_reason(reason);
+  return d;
+}
+
+}  // namespace
+
+struct Coordinator::Session {
+  uint64_t id = 0;
+  std::deque<v1::SessionMessage> outbox;
+};
+
+struct Coordinator::MemberRecord {
+  v1::Member member;  // persisted
+  absl::Time last_heartbeat;
+  std::optional<Session> session;
+  int previous_rank = -1;  // rank in the last generation it was ACTIVE in
+};
+
+struct Coordinator::JobRecord {
+  v1::Job job;  // persisted
+  std::string worker_token;  // persisted
+  std::map<std::string, MemberRecord> members;  // by worker_id; never erased
+  std::optional<plan::Plan> plan;               // the current generation, once formed
+  absl::Time waiting_since;                     // entered PENDING / RECOVERING
+  std::optional<absl::Time> last_call_deadline;
+  v1::FormationReason pending_reason = v1::FORMATION_REASON_INITIAL;
+  std::deque<v1::JobEvent> events;
+  uint64_t next_sequence = 1;
+  uint64_t progress_step = 0;  // last StepProgress emitted
+};
+
+Coordinator::Coordinator(Clock* clock, StateStore* store, CoordinatorOptions options)
+    : clock_(clock), store_(store), options_(options) {}
+
+Coordinator::~Coordinator() = default;
+
+// ---------------------------------------------------------------------------
+// Persistence and recovery.
+
+absl::Status Coordinator::PersistLocked(const JobRecord& job,
+                                        const std::vector<const MemberRecord*>& members) {
+  std::vector<Mutation> batch;
+  batch.push_back(Mutation::Put("job", job.job.job_id(), job.job.SerializeAsString()));
+  for (const MemberRecord* m : members) {
+    batch.push_back(Mutation::Put("member", MemberKey(job.job.job_id(), m->member.worker_id()),
+                                  m->member.SerializeAsString()));
+  }
+  absl::Status s = store_->Write(batch);
+  if (!s.ok()) {
+    std::fprintf(stderr, "coordinator: job %s generation %llu: state not saved: %s\n",
+                 job.job.job_id().c_str(), static_cast<unsigned long long>(job.job.generation()),
+                 std::string(s.message()).c_str());
+  }
+  return s;
+}
+
+absl::Status Coordinator::PersistAllMembersLocked(const JobRecord& job) {
+  std::vector<const MemberRecord*> all;
+  for (const auto& [id, m] : job.members) all.push_back(&m);
+  return PersistLocked(job, all);
+}
+
+absl::Status Coordinator::Recover() {
+  absl::StatusOr<std::vector<Record>> jobs = store_->Scan("job");
+  if (!jobs.ok()) return jobs.status();
+  absl::StatusOr<std::vector<Record>> tokens = store_->Scan("token");
+  if (!tokens.ok()) return tokens.status();
+  absl::StatusOr<std::vector<Record>> members = store_->Scan("member");
+  if (!members.ok()) return members.status();
+
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  for (const Record& r : *jobs) {
+    auto record = std::make_unique<JobRecord>();
+    if (!record->job.ParseFromString(r.value)) {
+      return absl::DataLossError(absl::StrCat("stored job '", r.key, "' cannot be parsed"));
+    }
+    record->waiting_since = now;
+    jobs_[r.key] = std::move(record);
+  }
+  for (const Record& r : *tokens) {
+    if (auto it = jobs_.find(r.key); it != jobs_.end()) it->second->worker_token = r.value;
+  }
+  for (const Record& r : *members) {
+    const size_t slash = r.key.find('/');
+    auto it = jobs_.find(r.key.substr(0, slash));
+    if (slash == std::string::npos || it == jobs_.end()) continue;
+    MemberRecord m;
+    if (!m.member.ParseFromString(r.value)) {
+      return absl::DataLossError(absl::StrCat("stored member '", r.key, "' cannot be parsed"));
+    }
+    m.last_heartbeat = now;  // a fresh heartbeat clock after a restart
+    if (m.member.has_rank()) m.previous_rank = static_cast<int>(m.member.rank());
+    it->second->members[m.member.worker_id()] = std::move(m);
+  }
+  for (auto& [id, job] : jobs_) {
+    if (job->job.phase() == v1::JOB_PHASE_RUNNING) {
+      absl::StatusOr<plan::Plan> p = PlanGeneration(job->job.spec(), job->job.dp());
+      if (!p.ok()) {
+        return absl::DataLossError(absl::StrCat("stored job '", id,
+                                                "' cannot be planned again: ", p.status().message()));
+      }
+      job->plan = *std::move(p);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Helpers under the lock.
+
+Coordinator::JobRecord* Coordinator::FindJobLocked(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+const Coordinator::JobRecord* Coordinator::FindJobLocked(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+void Coordinator::EmitLocked(JobRecord& job, v1::JobEvent event) {
+  event.set_sequence(job.next_sequence++);
+  *event.mutable_time() = ToProto(clock_->Now());
+  event.set_job_id(job.job.job_id());
+  event.set_generation(job.job.generation());
+  job.events.push_back(std::move(event));
+  while (job.events.size() > static_cast<size_t>(options_.max_events_per_job)) {
+    job.events.pop_front();
+  }
+}
+
+void Coordinator::SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::string& reason) {
+  const v1::JobPhase old = job.job.phase();
+  job.job.set_phase(phase);
+  job.job.set_phase_reason(reason);
+  *job.job.mutable_update_time() = ToProto(clock_->Now());
+  if (old == phase) return;
+  v1::JobEvent e;
+  e.mutable_phase_changed()->set_old_phase(old);
+  e.mutable_phase_changed()->set_new_phase(phase);
+  e.mutable_phase_changed()->set_reason(reason);
+  EmitLocked(job, std::move(e));
+  std::fprintf(stderr, "coordinator: job %s generation %llu: %s -> %s%s%s\n",
+               job.job.job_id().c_str(), static_cast<unsigned long long>(job.job.generation()),
+               PhaseName(old).c_str(), PhaseName(phase).c_str(), reason.empty() ? "" : ": ",
+               reason.c_str());
+}
+
+void Coordinator::PushLocked(MemberRecord& member, v1::SessionMessage message) {
+  if (!member.session.has_value()) return;
+  auto& outbox = member.session->outbox;
+  if (outbox.size() >= kMaxOutbox) outbox.pop_front();  // a stuck stream loses the oldest
+  outbox.push_back(std::move(message));
+}
+
+void Coordinator::StopAllLocked(JobRecord& job) {
+  for (auto& [id, m] : job.members) {
+    if (!IsLive(m.member.state())) continue;
+    v1::SessionMessage msg;
+    *msg.mutable_directive() = Stop(job.job.phase(), job.job.phase_reason());
+    PushLocked(m, std::move(msg));
+  }
+}
+
+void Coordinator::EndGenerationLocked(JobRecord& job, v1::FormationReason reason,
+                                      const std::string& why,
+                                      std::vector<GenerationEnded>* ended) {
+  const uint64_t old_generation = job.job.generation();
+  if (ended != nullptr) ended->push_back({job.job.job_id(), old_generation, why});
+  job.job.set_generation(old_generation + 1);
+  job.plan.reset();
+  job.last_call_deadline.reset();
+  job.waiting_since = clock_->Now();
+  job.pending_reason = reason;
+  job.job.set_world_size(0);
+  job.job.set_dp(0);
+  job.job.set_num_spares(0);
+  for (auto& [id, m] : job.members) {
+    const v1::MemberState s = m.member.state();
+    if (s != v1::MEMBER_STATE_ACTIVE && s != v1::MEMBER_STATE_SPARE &&
+        s != v1::MEMBER_STATE_JOINING) {
+      continue;
+    }
+    if (m.member.has_rank()) m.previous_rank = static_cast<int>(m.member.rank());
+    m.member.clear_rank();
+    m.member.set_state(v1::MEMBER_STATE_FENCED);
+    v1::SessionMessage msg;
+    *msg.mutable_directive() = Restart(job.job.generation(), why);
+    PushLocked(m, std::move(msg));
+  }
+  SetPhaseLocked(job, v1::JOB_PHASE_RECOVERING, why);
+  PersistAllMembersLocked(job).IgnoreError();  // logged inside
+}
+
+void Coordinator::LoseMemberLocked(JobRecord& job, MemberRecord& m, v1::LossReason reason,
+                                   const std::string& detail,
+                                   std::vector<GenerationEnded>* ended) {
+  const v1::MemberState was = m.member.state();
+  if (!IsLive(was)) return;
+  std::optional<uint32_t> rank;
+  if (m.member.has_rank()) rank = m.member.rank();
+  m.member.set_state(v1::MEMBER_STATE_LOST);
+  m.member.set_loss_reason(reason);
+  m.member.set_detail(detail);
+  m.member.clear_rank();
+  // If the process is still there (a SIGSTOP'd worker keeps its TCP stream),
+  // it learns on waking that it must re-join.
+  v1::SessionMessage msg;
+  *msg.mutable_directive() = Restart(job.job.generation() + (was == v1::MEMBER_STATE_ACTIVE ? 1 : 0),
+                                     absl::StrCat("this worker was declared lost: ", detail));
+  PushLocked(m, std::move(msg));
+
+  v1::JobEvent e;
+  v1::WorkerLost* lost = e.mutable_worker_lost();
+  lost->set_worker_id(m.member.worker_id());
+  lost->set_incarnation(m.member.incarnation());
+  if (rank.has_value()) lost->set_rank(*rank);
+  lost->set_reason(reason);
+  lost->set_detail(detail);
+  EmitLocked(job, std::move(e));
+  std::fprintf(stderr, "coordinator: job %s generation %llu: worker %s%s lost: %s\n",
+               job.job.job_id().c_str(), static_cast<unsigned long long>(job.job.generation()),
+               m.member.worker_id().c_str(),
+               rank.has_value() ? absl::StrCat(" (rank ", *rank, ")").c_str() : "",
+               detail.c_str());
+
+  if (was == v1::MEMBER_STATE_ACTIVE && job.job.phase() == v1::JOB_PHASE_RUNNING) {
+    EndGenerationLocked(job,
+                        reason == v1::LOSS_REASON_ERROR_REPORTED
+                            ? v1::FORMATION_REASON_ERROR_REPORTED
+                            : v1::FORMATION_REASON_WORKER_LOST,
+                        absl::StrCat("rank ", rank.value_or(0), " (", m.member.worker_id(),
+                                     ") lost: ", detail),
+                        ended);
+  } else {
+    PersistLocked(job, {&m}).IgnoreError();
+  }
+}
+
+void Coordinator::MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* ended) {
+  const v1::JobPhase phase = job.job.phase();
+  if (phase != v1::JOB_PHASE_PENDING && phase != v1::JOB_PHASE_RECOVERING) return;
+  const v1::ElasticPolicy& elastic = job.job.spec().elastic();
+  const absl::Time now = clock_->Now();
+  std::vector<MemberRecord*> candidates;
+  bool anyone_fenced = false;
+  for (auto& [id, m] : job.members) {
+    if (m.member.state() == v1::MEMBER_STATE_JOINING &&
+        m.member.generation() == job.job.generation()) {
+      candidates.push_back(&m);
+    }
+    anyone_fenced |= m.member.state() == v1::MEMBER_STATE_FENCED;
+  }
+  const int count = static_cast<int>(candidates.size());
+  const std::optional<int> dp = ChooseDp(job.job.spec(), count);
+  if (dp.has_value()) {
+    if (!job.last_call_deadline.has_value()) {
+      job.last_call_deadline = now + FromProto(elastic.last_call());
+    }
+    // Initial formation waits for max_workers or the last call; a recovery
+    // also forms as soon as every survivor has re-joined.
+    const bool ready = count >= static_cast<int>(elastic.max_workers()) ||
+                       (phase == v1::JOB_PHASE_RECOVERING && !anyone_fenced) ||
+                       now >= *job.last_call_deadline;
+    if (ready) FormGenerationLocked(job, *dp, std::move(candidates));
+    return;
+  }
+  job.last_call_deadline.reset();
+  if (now - job.waiting_since > FromProto(elastic.join_timeout())) {
+    const uint32_t model_parallel = job.job.spec().parallel().tp() * job.job.spec().parallel().pp();
+    SetPhaseLocked(
+        job, v1::JOB_PHASE_FAILED,
+        absl::StrCat("only ", count, " workers joined within join_timeout ",
+                     TimeUtil::ToString(elastic.join_timeout()), "; the job needs min_workers=",
+                     elastic.min_workers(), " (tp*pp=", model_parallel,
+                     ", and a dp dividing the global batch)"));
+    StopAllLocked(job);
+    PersistAllMembersLocked(job).IgnoreError();
+    (void)ended;
+  }
+}
+
+void Coordinator::FormGenerationLocked(JobRecord& job, int dp,
+                                       std::vector<MemberRecord*> candidates) {
+  absl::StatusOr<plan::Plan> p = PlanGeneration(job.job.spec(), dp);
+  if (!p.ok()) {  // ChooseDp checked this; an error here is a broken invariant.
+    SetPhaseLocked(job, v1::JOB_PHASE_FAILED,
+                   absl::StrCat("internal: cannot plan dp=", dp, ": ", p.status().message()));
+    StopAllLocked(job);
+    PersistAllMembersLocked(job).IgnoreError();
+    return;
+  }
+  // Survivors keep their relative order (their previous ranks), then the
+  // others in the order they joined.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const MemberRecord* a, const MemberRecord* b) {
+                     const bool ar = a->previous_rank >= 0, br = b->previous_rank >= 0;
+                     if (ar != br) return ar;
+                     if (ar) return a->previous_rank < b->previous_rank;
+                     const absl::Time ta = FromProto(a->member.join_time());
+                     const absl::Time tb = FromProto(b->member.join_time());
+                     if (ta != tb) return ta < tb;
+                     return a->member.worker_id() < b->member.worker_id();
+                   });
+  const int world = p->parallel.world_size();
+  job.plan = *std::move(p);
+  job.job.set_world_size(world);
+  job.job.set_dp(dp);
+  job.job.set_num_spares(static_cast<uint32_t>(candidates.size()) - world);
+  job.last_call_deadline.reset();
+
+  v1::JobEvent e;
+  v1::GenerationFormed* formed = e.mutable_generation_formed();
+  formed->set_generation(job.job.generation());
+  formed->set_reason(job.pending_reason);
+  formed->set_world_size(world);
+  formed->set_dp(dp);
+  if (job.job.has_last_checkpoint()) *formed->mutable_restore() = job.job.last_checkpoint();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    v1::Member& m = candidates[i]->member;
+    if (static_cast<int>(i) < world) {
+      m.set_state(v1::MEMBER_STATE_ACTIVE);
+      m.set_rank(static_cast<uint32_t>(i));
+      candidates[i]->previous_rank = static_cast<int>(i);
+      formed->add_worker_ids(m.worker_id());
+    } else {
+      m.set_state(v1::MEMBER_STATE_SPARE);
+      m.clear_rank();
+      formed->add_spares(m.worker_id());
+    }
+  }
+  SetPhaseLocked(job, v1::JOB_PHASE_RUNNING,
+                 absl::StrCat("generation ", job.job.generation(), " formed: world ", world,
+                              ", dp ", dp, ", ", job.job.num_spares(), " spares"));
+  EmitLocked(job, std::move(e));
+  for (MemberRecord* m : candidates) {
+    v1::SessionMessage msg;
+    absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(job, *m);
+    if (a.ok()) *msg.mutable_assignment() = *std::move(a);
+    PushLocked(*m, std::move(msg));
+  }
+  PersistAllMembersLocked(job).IgnoreError();
+}
+
+absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord& job,
+                                                                const MemberRecord& m) const {
+  if (!job.plan.has_value() || m.member.generation() != job.job.generation() ||
+      (m.member.state() != v1::MEMBER_STATE_ACTIVE && m.member.state() != v1::MEMBER_STATE_SPARE)) {
+    return absl::FailedPreconditionError("no assignment yet");
+  }
+  v1::Assignment a;
+  const v1::JobSpec& spec = job.job.spec();
+  if (m.member.state() == v1::MEMBER_STATE_ACTIVE) {
+    a = AssignmentFor(*job.plan, static_cast<int>(m.member.rank()));
+    std::vector<std::string> by_rank(job.plan->parallel.world_size());
+    for (const auto& [id, other] : job.members) {
+      if (other.member.state() == v1::MEMBER_STATE_ACTIVE && other.member.has_rank() &&
+          other.member.rank() < by_rank.size()) {
+        by_rank[other.member.rank()] = id;
+      }
+    }
+    for (std::string& id : by_rank) a.add_worker_ids(std::move(id));
+    if (job.job.has_last_checkpoint()) *a.mutable_restore() = job.job.last_checkpoint();
+    const uint64_t start = job.job.has_last_checkpoint() ? job.job.last_checkpoint().step() : 0;
+    a.set_start_step(start);
+    a.set_data_cursor(start * spec.training().global_batch());
+  } else {
+    a.set_spare(true);
+    a.set_world_size(job.plan->parallel.world_size());
+    a.set_dp(job.plan->parallel.dp);
+    *a.mutable_parallel() = AssignmentFor(*job.plan, 0).parallel();
+  }
+  a.set_generation(job.job.generation());
+  return a;
+}
+
+absl::StatusOr<Coordinator::MemberRecord*> Coordinator::CheckFenceLocked(const v1::Fence& fence,
+                                                                         JobRecord** job_out) {
+  if (!fence.has_worker()) {
+    return absl::InvalidArgumentError("fence is missing; every worker call carries one");
+  }
+  if (absl::Status s = ValidIdentity(fence.worker(), "fence.worker"); !s.ok()) return s;
+  if (fence.generation() == 0) {
+    return absl::InvalidArgumentError(
+        "fence.generation must be the generation JoinJob returned (>= 1)");
+  }
+  JobRecord* job = FindJobLocked(fence.worker().job_id());
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no job '", fence.worker().job_id(), "'"));
+  }
+  *job_out = job;
+  if (IsTerminal(job->job.phase())) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", job->job.job_id(), "' is ",
+                                                      PhaseName(job->job.phase()), ": stop (",
+                                                      job->job.phase_reason(), ")"));
+  }
+  auto it = job->members.find(fence.worker().worker_id());
+  if (it == job->members.end()) {
+    return absl::NotFoundError(absl::StrCat("worker '", fence.worker().worker_id(),
+                                            "' never joined job '", job->job.job_id(),
+                                            "'; call JoinJob first"));
+  }
+  MemberRecord& m = it->second;
+  if (m.member.incarnation() != fence.worker().incarnation()) {
+    return absl::AbortedError(absl::StrCat(
+        "incarnation ", fence.worker().incarnation(), " of worker '", m.member.worker_id(),
+        "' was replaced by incarnation ", m.member.incarnation(), "; this process is fenced off"));
+  }
+  const v1::MemberState state = m.member.state();
+  if (state == v1::MEMBER_STATE_LOST || state == v1::MEMBER_STATE_LEFT) {
+    return absl::AbortedError(absl::StrCat(
+        "worker '", m.member.worker_id(), "' was declared ",
+        state == v1::MEMBER_STATE_LOST ? "lost (" + m.member.detail() + ")" : "gone (it left)",
+        "; re-join with JoinJob"));
+  }
+  // Any fenced call proves the process is alive, even a stale one.
+  m.last_heartbeat = clock_->Now();
+  if (state == v1::MEMBER_STATE_FENCED || fence.generation() != job->job.generation()) {
+    return absl::AbortedError(absl::StrCat(
+        "generation ", fence.generation(), " is over (current ", job->job.generation(), "): ",
+        job->job.phase_reason(), "; abort communicators and re-join with JoinJob"));
+  }
+  return &m;
+}
+
+// ---------------------------------------------------------------------------
+// JobService.
+
+absl::StatusOr<v1::CreateJobResponse> Coordinator::CreateJob(const v1::CreateJobRequest& request) {
+  if (absl::Status s = ValidJobId(request.job_id()); !s.ok()) return s;
+  absl::StatusOr<v1::JobSpec> spec = ResolveJobSpec(request.spec());
+  if (!spec.ok()) return spec.status();
+  absl::MutexLock lock(&mu_);
+  if (JobRecord* existing = FindJobLocked(request.job_id())) {
+    if (!google::protobuf::util::MessageDifferencer::Equals(existing->job.spec(), *spec)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "job '", request.job_id(), "' exists with a different spec; choose another job_id"));
+    }
+    v1::CreateJobResponse response;
+    *response.mutable_job() = existing->job;
+    response.set_worker_token(existing->worker_token);
+    return response;
+  }
+  if (jobs_.size() >= static_cast<size_t>(options_.max_jobs)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the coordinator holds its maximum of ", options_.max_jobs, " jobs; cancel old ones"));
+  }
+  auto job = std::make_unique<JobRecord>();
+  const absl::Time now = clock_->Now();
+  job->job.set_job_id(request.job_id());
+  *job->job.mutable_spec() = *spec;
+  job->job.set_phase(v1::JOB_PHASE_PENDING);
+  job->job.set_phase_reason("waiting for workers");
+  job->job.set_generation(1);
+  *job->job.mutable_create_time() = ToProto(now);
+  *job->job.mutable_update_time() = ToProto(now);
+  job->worker_token = NewToken();
+  job->waiting_since = now;
+  std::vector<Mutation> batch = {
+      Mutation::Put("job", request.job_id(), job->job.SerializeAsString()),
+      Mutation::Put("token", request.job_id(), job->worker_token)};
+  if (absl::Status s = store_->Write(batch); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("job not created, state store: ", s.message()));
+  }
+  v1::JobEvent e;
+  e.mutable_phase_changed()->set_new_phase(v1::JOB_PHASE_PENDING);
+  e.mutable_phase_changed()->set_reason("created");
+  EmitLocked(*job, std::move(e));
+  v1::CreateJobResponse response;
+  *response.mutable_job() = job->job;
+  response.set_worker_token(job->worker_token);
+  jobs_[request.job_id()] = std::move(job);
+  return response;
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  const JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return job->job;
+}
+
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) const {
+  if (request.page_size() > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size=", request.page_size(),
+                                                   " is too large; use at most 1000"));
+  }
+  const size_t page_size = request.page_size() == 0 ? 100 : request.page_size();
+  absl::MutexLock lock(&mu_);
+  v1::ListJobsResponse response;
+  // The page token is the last job_id of the previous page (ids sort).
+  for (auto it = jobs_.upper_bound(request.page_token()); it != jobs_.end(); ++it) {
+    const v1::Job& job = it->second->job;
+    if (!request.phases().empty() &&
+        std::find(request.phases().begin(), request.phases().end(), job.phase()) ==
+            request.phases().end()) {
+      continue;
+    }
+    if (static_cast<size_t>(response.jobs_size()) == page_size) {
+      response.set_next_page_token(response.jobs(response.jobs_size() - 1).job_id());
+      break;
+    }
+    *response.add_jobs() = job;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Job> Coordinator::CancelJob(const v1::CancelJobRequest& request) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(request.job_id());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", request.job_id(), "'"));
+  const v1::JobPhase phase = job->job.phase();
+  if (phase == v1::JOB_PHASE_CANCELLED) return job->job;
+  if (IsTerminal(phase)) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", request.job_id(), "' already ",
+                                                      PhaseName(phase), "; nothing to cancel"));
+  }
+  SetPhaseLocked(*job, v1::JOB_PHASE_CANCELLED,
+                 request.reason().empty() ? "cancelled" : absl::StrCat("cancelled: ", request.reason()));
+  StopAllLocked(*job);
+  PersistLocked(*job, {}).IgnoreError();
+  return job->job;
+}
+
+absl::StatusOr<v1::ListMembersResponse> Coordinator::ListMembers(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  const JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  std::vector<const v1::Member*> active, others;
+  for (const auto& [id, m] : job->members) {
+    (m.member.state() == v1::MEMBER_STATE_ACTIVE && m.member.has_rank() ? active : others)
+        .push_back(&m.member);
+  }
+  std::sort(active.begin(), active.end(),
+            [](const v1::Member* a, const v1::Member* b) { return a->rank() < b->rank(); });
+  v1::ListMembersResponse response;
+  response.set_generation(job->job.generation());
+  for (const auto* list : {&active, &others}) {
+    for (const v1::Member* m : *list) *response.add_members() = *m;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Plan> Coordinator::GetPlan(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  const JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (!job->plan.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_id, "' has no formed generation (phase ", PhaseName(job->job.phase()),
+        ", generation ", job->job.generation(), "): ", job->job.phase_reason()));
+  }
+  return PlanToProto(*job->plan, job_id, job->job.generation());
+}
+
+absl::StatusOr<v1::GetShardOwnerResponse> Coordinator::GetShardOwner(
+    const v1::GetShardOwnerRequest& request) const {
+  absl::MutexLock lock(&mu_);
+  const JobRecord* job = FindJobLocked(request.job_id());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", request.job_id(), "'"));
+  if (!job->plan.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", request.job_id(), "' has no formed generation yet; shard owners exist once it runs"));
+  }
+  const plan::Plan& p = *job->plan;
+  std::optional<int64_t> element;
+  if (request.has_element_index()) {
+    if (request.element_index() > static_cast<uint64_t>(INT64_MAX)) {
+      return absl::InvalidArgumentError("element_index is out of range");
+    }
+    element = static_cast<int64_t>(request.element_index());
+  }
+  absl::StatusOr<std::vector<plan::Holder>> holders =
+      plan::FindOwners(p.zero, p.topology, p.parameters, request.parameter(), element);
+  if (!holders.ok()) return holders.status();
+  const plan::ParameterSpec* spec = nullptr;
+  for (const plan::ParameterSpec& s : p.parameters) {
+    if (s.name == request.parameter()) spec = &s;
+  }
+  v1::GetShardOwnerResponse response;
+  response.set_parameter(request.parameter());
+  for (int64_t d : spec->shape) response.add_global_shape(d);
+  response.set_numel(spec->numel());
+  response.set_zero_stage(p.parallel.zero_stage);
+  response.set_generation(job->job.generation());
+  for (const plan::Holder& h : *holders) {
+    *response.add_holders() = HolderToProto(h, *spec, p.parallel.tp);
+  }
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitEvents(
+    const std::string& job_id, std::optional<uint64_t> after, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  const JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  const uint64_t from = after.value_or(0);
+  auto has_new = [job, from]() { return job->next_sequence > from + 1; };
+  mu_.AwaitWithDeadline(absl::Condition(&has_new), deadline);
+  std::vector<v1::JobEvent> out;
+  for (const v1::JobEvent& e : job->events) {
+    if (e.sequence() > from) out.push_back(e);
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> Coordinator::WorkerToken(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  const JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return job->worker_token;
+}
+
+// ---------------------------------------------------------------------------
+// WorkerService.
+
+absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobRequest& request) {
+  if (absl::Status s = ValidIdentity(request.worker(), "worker"); !s.ok()) return s;
+  const std::string device = request.device().empty() ? "cpu" : request.device();
+  absl::StatusOr<v1::Backend> backend = ResolveBackend(device, request.backend());
+  if (!backend.ok()) return backend.status();
+  const v1::WorkerIdentity& w = request.worker();
+
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(w.job_id());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", w.job_id(), "'"));
+  if (IsTerminal(job->job.phase())) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", w.job_id(), "' is ",
+                                                      PhaseName(job->job.phase()), ": ",
+                                                      job->job.phase_reason()));
+  }
+  for (const auto& [id, other] : job->members) {
+    if (id != w.worker_id() && IsLive(other.member.state()) && other.member.backend() != *backend) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "backend ", v1::Backend_Name(*backend), " differs from worker '", id, "' (",
+          v1::Backend_Name(other.member.backend()), "); every worker of a job uses one backend"));
+    }
+  }
+  const absl::Time now = clock_->Now();
+  std::vector<GenerationEnded> ended;
+  auto [it, inserted] = job->members.try_emplace(w.worker_id());
+  MemberRecord& m = it->second;
+  bool rejoined = !inserted;
+  if (!inserted && m.member.incarnation() == w.incarnation()) {
+    const v1::MemberState s = m.member.state();
+    if ((s == v1::MEMBER_STATE_JOINING || s == v1::MEMBER_STATE_ACTIVE ||
+         s == v1::MEMBER_STATE_SPARE) &&
+        m.member.generation() == job->job.generation()) {
+      // A repeated join of the current generation: nothing changes.
+      v1::JoinJobResponse response;
+      response.set_generation(job->job.generation());
+      response.set_state(s);
+      *response.mutable_spec() = job->job.spec();
+      response.set_phase(job->job.phase());
+      return response;
+    }
+  } else if (!inserted) {
+    // A new process for this slot replaces the old one, which is fenced off.
+    if (IsLive(m.member.state())) {
+      LoseMemberLocked(*job, m, v1::LOSS_REASON_STREAM_BROKEN,
+                       absl::StrCat("replaced by a new process (incarnation ", w.incarnation(), ")"),
+                       &ended);
+    }
+    m.session.reset();
+    m.previous_rank = -1;
+    m.member.clear_loss_reason();
+    rejoined = false;
+  }
+  if (inserted || m.member.incarnation() != w.incarnation()) {
+    *m.member.mutable_join_time() = ToProto(now);
+  }
+  m.member.set_worker_id(w.worker_id());
+  m.member.set_incarnation(w.incarnation());
+  m.member.set_host(request.host());
+  m.member.set_device(device);
+  m.member.set_backend(*backend);
+  m.member.clear_rank();
+  m.member.set_detail("");
+  m.member.set_generation(job->job.generation());
+  m.last_heartbeat = now;  // a fresh heartbeat clock
+  if (job->job.phase() == v1::JOB_PHASE_RUNNING) {
+    // The world is formed: a newcomer waits as a spare (growing the job at a
+    // checkpoint boundary is the elastic-restart work).
+    m.member.set_state(v1::MEMBER_STATE_SPARE);
+    job->job.set_num_spares(job->job.num_spares() + 1);
+  } else {
+    m.member.set_state(v1::MEMBER_STATE_JOINING);
+  }
+  if (absl::Status s = PersistLocked(*job, {&m}); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("join not recorded, state store: ", s.message()));
+  }
+  v1::JobEvent e;
+  v1::WorkerJoined* joined = e.mutable_worker_joined();
+  joined->set_worker_id(w.worker_id());
+  joined->set_incarnation(w.incarnation());
+  joined->set_host(request.host());
+  joined->set_device(device);
+  joined->set_rejoined(rejoined);
+  EmitLocked(*job, std::move(e));
+  if (m.member.state() == v1::MEMBER_STATE_SPARE) {
+    v1::SessionMessage msg;
+    absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(*job, m);
+    if (a.ok()) *msg.mutable_assignment() = *std::move(a);
+    PushLocked(m, std::move(msg));
+  }
+  MaybeFormLocked(*job, &ended);
+  pending_ended_.insert(pending_ended_.end(), ended.begin(), ended.end());
+  v1::JoinJobResponse response;
+  response.set_generation(job->job.generation());
+  response.set_state(m.member.state());
+  *response.mutable_spec() = job->job.spec();
+  response.set_phase(job->job.phase());
+  return response;
+}
+
+absl::StatusOr<uint64_t> Coordinator::OpenSession(const v1::WorkerIdentity& w) {
+  if (absl::Status s = ValidIdentity(w, "worker"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(w.job_id());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", w.job_id(), "'"));
+  auto it = job->members.find(w.worker_id());
+  if (it == job->members.end()) {
+    return absl::NotFoundError(absl::StrCat("worker '", w.worker_id(), "' never joined job '",
+                                            w.job_id(), "'; call JoinJob first"));
+  }
+  MemberRecord& m = it->second;
+  if (m.member.incarnation() != w.incarnation()) {
+    return absl::AbortedError(absl::StrCat("incarnation ", w.incarnation(), " of worker '",
+                                           w.worker_id(), "' was replaced; re-join"));
+  }
+  if (!IsLive(m.member.state())) {
+    return absl::AbortedError(absl::StrCat("worker '", w.worker_id(), "' is ",
+                                           v1::MemberState_Name(m.member.state()),
+                                           "; re-join with JoinJob"));
+  }
+  m.session = Session{next_session_id_++, {}};
+  m.last_heartbeat = clock_->Now();
+  v1::SessionMessage opened;
+  opened.mutable_opened()->set_generation(job->job.generation());
+  opened.mutable_opened()->set_state(m.member.state());
+  PushLocked(m, std::move(opened));
+  if (absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(*job, m); a.ok()) {
+    v1::SessionMessage msg;
+    *msg.mutable_assignment() = *std::move(a);
+    PushLocked(m, std::move(msg));
+  } else if (m.member.state() == v1::MEMBER_STATE_FENCED) {
+    v1::SessionMessage msg;
+    *msg.mutable_directive() = Restart(job->job.generation(), job->job.phase_reason());
+    PushLocked(m, std::move(msg));
+  }
+  return m.session->id;
+}
+
+absl::StatusOr<std::optional<v1::SessionMessage>> Coordinator::NextSessionMessage(
+    const v1::WorkerIdentity& w, uint64_t session_id, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(w.job_id());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", w.job_id(), "'"));
+  auto it = job->members.find(w.worker_id());
+  if (it == job->members.end()) return absl::NotFoundError("unknown worker");
+  MemberRecord* m = &it->second;
+  auto ready = [m, session_id]() {
+    return !m->session.has_value() || m->session->id != session_id || !m->session->outbox.empty();
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  if (!m->session.has_value() || m->session->id != session_id ||
+      m->member.incarnation() != w.incarnation()) {
+    return absl::AbortedError("this session was replaced or closed");
+  }
+  if (m->session->outbox.empty()) return std::optional<v1::SessionMessage>();
+  v1::SessionMessage msg = std::move(m->session->outbox.front());
+  m->session->outbox.pop_front();
+  return std::optional<v1::SessionMessage>(std::move(msg));
+}
+
+std::vector<GenerationEnded> Coordinator::CloseSession(const v1::WorkerIdentity& w,
+                                                       uint64_t session_id) {
+  std::vector<GenerationEnded> ended;
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(w.job_id());
+  if (job == nullptr) return ended;
+  auto it = job->members.find(w.worker_id());
+  if (it == job->members.end()) return ended;
+  MemberRecord& m = it->second;
+  // A late close of an older session or incarnation changes nothing.
+  if (m.member.incarnation() != w.incarnation() || !m.session.has_value() ||
+      m.session->id != session_id) {
+    return ended;
+  }
+  m.session.reset();
+  if (!IsTerminal(job->job.phase())) {
+    LoseMemberLocked(*job, m, v1::LOSS_REASON_STREAM_BROKEN, "its session stream broke", &ended);
+    MaybeFormLocked(*job, &ended);
+  }
+  return ended;
+}
+
+absl::StatusOr<FencedWorker> Coordinator::CheckFence(const v1::Fence& fence) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = nullptr;
+  absl::StatusOr<MemberRecord*> m = CheckFenceLocked(fence, &job);
+  if (!m.ok()) return m.status();
+  FencedWorker out;
+  out.job_id = job->job.job_id();
+  out.worker_id = (*m)->member.worker_id();
+  out.incarnation = (*m)->member.incarnation();
+  out.generation = job->job.generation();
+  out.active = (*m)->member.state() == v1::MEMBER_STATE_ACTIVE;
+  out.rank = out.active ? static_cast<int>((*m)->member.rank()) : -1;
+  out.world_size = static_cast<int>(job->job.world_size());
+  return out;
+}
+
+absl::StatusOr<v1::Assignment> Coordinator::GetAssignment(const v1::Fence& fence, bool wait,
+                                                          absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = nullptr;
+  absl::StatusOr<MemberRecord*> m = CheckFenceLocked(fence, &job);
+  if (!m.ok()) return m.status();
+  const uint64_t generation = fence.generation();
+  MemberRecord* member = *m;
+  const uint64_t incarnation = member->member.incarnation();
+  auto settled = [job, member, generation, incarnation]() {
+    const v1::MemberState s = member->member.state();
+    return job->job.generation() != generation || IsTerminal(job->job.phase()) ||
+           member->member.incarnation() != incarnation ||
+           (job->plan.has_value() &&
+            (s == v1::MEMBER_STATE_ACTIVE || s == v1::MEMBER_STATE_SPARE)) ||
+           !IsLive(s);
+  };
+  if (wait) mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
+  absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(*job, *member);
+  if (a.ok() && member->member.incarnation() == incarnation) return a;
+  // Re-check the fence: the generation may have ended while waiting.
+  m = CheckFenceLocked(fence, &job);
+  if (!m.ok()) return m.status();
+  if (!wait) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "generation ", generation, " has not formed yet (", job->job.phase_reason(),
+        "); call again with wait=true"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("generation ", generation,
+                                                  " did not form before the deadline (",
+                                                  job->job.phase_reason(), ")"));
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  v1::HeartbeatResponse response;
+  if (JobRecord* job = FindJobLocked(request.fence().worker().job_id());
+      job != nullptr && IsTerminal(job->job.phase())) {
+    auto it = job->members.find(request.fence().worker().worker_id());
+    if (it != job->members.end() &&
+        it->second.member.incarnation() == request.fence().worker().incarnation()) {
+      *response.mutable_directive() = Stop(job->job.phase(), job->job.phase_reason());
+      return response;
+    }
+  }
+  JobRecord* job = nullptr;
+  absl::StatusOr<MemberRecord*> m = CheckFenceLocked(request.fence(), &job);
+  if (!m.ok()) return m.status();
+  v1::Member& member = (*m)->member;
+  member.set_step(std::max(member.step(), request.step()));
+  member.set_worker_state(request.state());
+  *member.mutable_last_heartbeat_time() = ToProto(clock_->Now());
+  if (member.state() == v1::MEMBER_STATE_ACTIVE) {
+    job->job.set_step(std::max(job->job.step(), request.step()));
+    if (request.has_metrics() && request.metrics().step() > job->progress_step &&
+        request.metrics().has_loss()) {
+      job->progress_step = request.metrics().step();
+      v1::JobEvent e;
+      v1::StepProgress* p = e.mutable_step_progress();
+      p->set_step(request.metrics().step());
+      p->set_loss(request.metrics().loss());
+      if (request.metrics().has_tokens_per_second()) {
+        p->set_tokens_per_second(request.metrics().tokens_per_second());
+      }
+      EmitLocked(*job, std::move(e));
+    }
+  }
+  // The job completes when every rank has finished its steps.
+  bool all_done = job->job.phase() == v1::JOB_PHASE_RUNNING;
+  for (const auto& [id, other] : job->members) {
+    if (other.member.state() == v1::MEMBER_STATE_ACTIVE) {
+      all_done = all_done && other.member.worker_state() == v1::WORKER_STATE_DONE;
+    }
+  }
+  if (all_done) {
+    SetPhaseLocked(*job, v1::JOB_PHASE_COMPLETED,
+                   absl::StrCat("all ", job->job.world_size(), " ranks finished ",
+                                job->job.spec().training().train_steps(), " steps"));
+    StopAllLocked(*job);
+    PersistAllMembersLocked(*job).IgnoreError();
+    *response.mutable_directive() = Stop(job->job.phase(), job->job.phase_reason());
+    return response;
+  }
+  response.mutable_directive()->mutable_continue_training();
+  return response;
+}
+
+absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
+    const v1::ReportErrorRequest& request, std::vector<GenerationEnded>* ended) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = nullptr;
+  absl::StatusOr<MemberRecord*> m = CheckFenceLocked(request.fence(), &job);
+  if (!m.ok()) return m.status();
+  const std::string reporter = (*m)->member.worker_id();
+  const std::string what = absl::StrCat(
+      "rank ", (*m)->member.has_rank() ? absl::StrCat((*m)->member.rank()) : "?", " (", reporter,
+      ") reported ", absl::StatusCodeToString(static_cast<absl::StatusCode>(request.code())),
+      request.operation().empty() ? "" : absl::StrCat(" in ", request.operation()), ": ",
+      request.message());
+  if (request.has_peer_rank()) {
+    // Declare the peer lost only if it also looks dead from here.
+    const absl::Duration grace =
+        2 * FromProto(job->job.spec().elastic().heartbeat_interval());
+    for (auto& [id, peer] : job->members) {
+      if (peer.member.state() == v1::MEMBER_STATE_ACTIVE && peer.member.has_rank() &&
+          peer.member.rank() == request.peer_rank() && id != reporter &&
+          (!peer.session.has_value() || clock_->Now() - peer.last_heartbeat > grace)) {
+        LoseMemberLocked(*job, peer, v1::LOSS_REASON_ERROR_REPORTED, what, ended);
+        break;
+      }
+    }
+  }
+  if (job->job.phase() == v1::JOB_PHASE_RUNNING &&
+      job->job.generation() == request.fence().generation()) {
+    EndGenerationLocked(*job, v1::FORMATION_REASON_ERROR_REPORTED, what, ended);
+  }
+  MaybeFormLocked(*job, ended);
+  v1::ReportErrorResponse response;
+  *response.mutable_directive() =
+      IsTerminal(job->job.phase()) ? Stop(job->job.phase(), job->job.phase_reason())
+                                   : Restart(job->job.generation(), what);
+  return response;
+}
+
+absl::Status Coordinator::LeaveJob(const v1::LeaveJobRequest& request,
+                                   std::vector<GenerationEnded>* ended) {
+  const v1::WorkerIdentity& w = request.fence().worker();
+  if (absl::Status s = ValidIdentity(w, "fence.worker"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(w.job_id());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", w.job_id(), "'"));
+  auto it = job->members.find(w.worker_id());
+  if (it == job->members.end()) {
+    return absl::NotFoundError(absl::StrCat("worker '", w.worker_id(), "' never joined"));
+  }
+  MemberRecord& m = it->second;
+  if (m.member.incarnation() != w.incarnation()) {
+    return absl::AbortedError("this incarnation was replaced; nothing to leave");
+  }
+  const v1::MemberState was = m.member.state();
+  if (was == v1::MEMBER_STATE_LEFT || was == v1::MEMBER_STATE_LOST) return absl::OkStatus();
+  std::optional<uint32_t> rank;
+  if (m.member.has_rank()) rank = m.member.rank();
+  m.member.set_state(v1::MEMBER_STATE_LEFT);
+  m.member.set_detail(request.reason());
+  m.member.clear_rank();
+  m.session.reset();
+  v1::JobEvent e;
+  v1::WorkerLeft* left = e.mutable_worker_left();
+  left->set_worker_id(w.worker_id());
+  left->set_incarnation(w.incarnation());
+  if (rank.has_value()) left->set_rank(*rank);
+  left->set_reason(request.reason());
+  EmitLocked(*job, std::move(e));
+  if (was == v1::MEMBER_STATE_SPARE && job->job.num_spares() > 0) {
+    job->job.set_num_spares(job->job.num_spares() - 1);
+  }
+  if (was == v1::MEMBER_STATE_ACTIVE && job->job.phase() == v1::JOB_PHASE_RUNNING) {
+    EndGenerationLocked(*job, v1::FORMATION_REASON_WORKER_LEFT,
+                        absl::StrCat("rank ", rank.value_or(0), " (", w.worker_id(), ") left: ",
+                                     request.reason()),
+                        ended);
+  } else {
+    PersistLocked(*job, {&m}).IgnoreError();
+  }
+  MaybeFormLocked(*job, ended);
+  return absl::OkStatus();
+}
+
+std::vector<GenerationEnded> Coordinator::Tick() {
+  std::vector<GenerationEnded> ended;
+  absl::MutexLock lock(&mu_);
+  ended.swap(pending_ended_);
+  const absl::Time now = clock_->Now();
+  for (auto& [id, job] : jobs_) {
+    if (IsTerminal(job->job.phase())) continue;
+    const absl::Duration timeout = FromProto(job->job.spec().elastic().heartbeat_timeout());
+    for (auto& [worker_id, m] : job->members) {
+      if (IsLive(m.member.state()) && now - m.last_heartbeat > timeout) {
+        LoseMemberLocked(*job, m, v1::LOSS_REASON_HEARTBEAT_TIMEOUT,
+                         absl::StrCat("no heartbeat for ",
+                                      absl::FormatDuration(now - m.last_heartbeat),
+                                      " (heartbeat_timeout ", absl::FormatDuration(timeout), ")"),
+                         &ended);
+      }
+    }
+    MaybeFormLocked(*job, &ended);
+  }
+  return ended;
+}
+
+absl::Status Coordinator::NoteCheckpointCommitted(const std::string& job_id,
+                                                  const v1::CheckpointRef& ref,
+                                                  uint64_t total_bytes) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (!job->job.has_last_checkpoint() || ref.step() >= job->job.last_checkpoint().step()) {
+    *job->job.mutable_last_checkpoint() = ref;
+  }
+  v1::JobEvent e;
+  e.mutable_checkpoint_committed()->set_checkpoint_id(ref.checkpoint_id());
+  e.mutable_checkpoint_committed()->set_step(ref.step());
+  e.mutable_checkpoint_committed()->set_total_bytes(total_bytes);
+  EmitLocked(*job, std::move(e));
+  return PersistLocked(*job, {});
+}
+
+void Coordinator::NoteCheckpointAborted(const std::string& job_id,
+                                        const std::string& checkpoint_id, uint64_t step,
+                                        const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return;
+  v1::JobEvent e;
+  e.mutable_checkpoint_aborted()->set_checkpoint_id(checkpoint_id);
+  e.mutable_checkpoint_aborted()->set_step(step);
+  e.mutable_checkpoint_aborted()->set_reason(reason);
+  EmitLocked(*job, std::move(e));
+}
+
+}  // namespace shardline::server

@@ -1,0 +1,258 @@
+// The coordinator's state machine: jobs, membership, generations and
+// fencing, failure detection, assignments. No gRPC in it (grpc_service.h
+// adapts it); requests and answers are v1 API messages. Rendezvous and
+// checkpoint state live in their own components; this class validates the
+// fence, then the adapter calls them.
+//
+//   FakeClock clock;
+//   std::unique_ptr<StateStore> store = NewMemoryStore();
+//   Coordinator coordinator(&clock, store.get(), CoordinatorOptions{});
+//   coordinator.CreateJob(request);            // PENDING at generation 1
+//   coordinator.JoinJob(join);                 // JOINING
+//   ... min_workers joined and (max_workers joined or last_call passed) ...
+//   coordinator.Tick();                        // RUNNING(1), assignments out
+//
+// Job phases (DESIGN.md "Lifecycle"):
+//
+//   PENDING --min workers--> RUNNING(g) --rank lost/left/error--> RECOVERING(g+1)
+//      |                        |    ^                                 |
+//      |                        |    +-------- re-formed --------------+
+//      +--cancel--> CANCELLED <-+--> COMPLETED (every rank DONE)   FAILED (below
+//                                                                  min_workers past
+//                                                                  join_timeout)
+//
+// Member states are v1::MemberState (JOINING, ACTIVE, SPARE, FENCED, LOST,
+// LEFT). When a generation ends every ACTIVE and SPARE member becomes FENCED
+// and is told RESTART_AT_GENERATION; it re-joins with JoinJob (same
+// incarnation) and waits for the new assignment.
+//
+// Failure detection, three ways: CloseSession (the worker's Session stream
+// broke: noticed at once), Tick() finding no heartbeat for heartbeat_timeout
+// (hangs, partitions, SIGSTOP), and ReportError from a worker.
+//
+// Durability: every change of a job, a member or a generation is written to
+// the StateStore before the call returns; heartbeats are not (a restarted
+// coordinator gives every member a fresh heartbeat clock). After a restart
+// (Recover), workers reconnect their sessions and carry on in the same
+// generation when nothing else changed.
+//
+// Thread-safety: thread-safe. One mutex guards all state; store writes happen
+// under it (ordering), nothing else is called while holding it.
+#ifndef SHARDLINE_SERVER_COORDINATOR_H_
+#define SHARDLINE_SERVER_COORDINATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/clock.h"
+#include "server/state_store.h"
+#include "shardline/v1/events.pb.h"
+#include "shardline/v1/job.pb.h"
+#include "shardline/v1/plan.pb.h"
+#include "shardline/v1/session.pb.h"
+
+namespace shardline::server {
+
+struct CoordinatorOptions {
+  int max_jobs = 1024;
+  // Events kept per job for WatchJob replays.
+  int max_events_per_job = 10000;
+  // Longest wait any blocking call accepts.
+  absl::Duration max_wait = absl::Hours(1);
+};
+
+// What a valid fence resolves to.
+struct FencedWorker {
+  std::string job_id;
+  std::string worker_id;
+  uint64_t incarnation = 0;
+  uint64_t generation = 0;
+  bool active = false;     // has a rank (else a spare or still joining)
+  int rank = -1;           // when active
+  int world_size = 0;      // of the generation, once formed
+};
+
+// Something that happens to the job's workers or checkpoints when a
+// generation ends; the adapter passes these to the rendezvous and checkpoint
+// components (outside the coordinator's lock).
+struct GenerationEnded {
+  std::string job_id;
+  uint64_t generation = 0;  // the generation that ended
+  std::string reason;
+};
+
+class Coordinator {
+ public:
+  // `clock` and `store` are not owned and must outlive the coordinator.
+  Coordinator(Clock* clock, StateStore* store, CoordinatorOptions options = {});
+  ~Coordinator();
+
+  // Loads every job and member from the store (after a restart). Members
+  // keep their states and ranks; each gets a fresh heartbeat clock and no
+  // open session. Errors: Unavailable / DataLoss from the store.
+  absl::Status Recover();
+
+  // --- JobService --------------------------------------------------------
+
+  // Creates a job in PENDING at generation 1 and a fresh worker token.
+  // InvalidArgument: malformed job_id (1..63 of [a-z0-9-], starting with a
+  //   letter) or spec (ResolveJobSpec's message names the field).
+  // AlreadyExists: job_id exists with another spec (same spec: returns it).
+  // ResourceExhausted: max_jobs reached.
+  absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::CreateJobRequest& request);
+  // NotFound: no such job.
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
+  // InvalidArgument: bad page_token or page_size > 1000.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) const;
+  // Moves the job to CANCELLED (idempotent); every worker gets STOP.
+  // NotFound. FailedPrecondition: already COMPLETED or FAILED.
+  absl::StatusOr<v1::Job> CancelJob(const v1::CancelJobRequest& request);
+  absl::StatusOr<v1::ListMembersResponse> ListMembers(const std::string& job_id) const;
+  // The plan of the current generation. FailedPrecondition: not formed yet.
+  absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id) const;
+  // NotFound: job or parameter. InvalidArgument: element outside the tensor.
+  // FailedPrecondition: no generation formed yet.
+  absl::StatusOr<v1::GetShardOwnerResponse> GetShardOwner(
+      const v1::GetShardOwnerRequest& request) const;
+  // Events with sequence > after_sequence (all kept ones when unset), waiting
+  // until `deadline` for at least one. Returns an empty list at the deadline.
+  // NotFound.
+  absl::StatusOr<std::vector<v1::JobEvent>> WaitEvents(const std::string& job_id,
+                                                       std::optional<uint64_t> after_sequence,
+                                                       absl::Time deadline) const;
+  // The job's worker token. NotFound.
+  absl::StatusOr<std::string> WorkerToken(const std::string& job_id) const;
+
+  // --- WorkerService -----------------------------------------------------
+
+  // Joins (or re-joins) the job's current generation.
+  // InvalidArgument: empty worker_id, incarnation 0, bad device.
+  // NotFound: no job. FailedPrecondition: job COMPLETED, FAILED or
+  //   CANCELLED, or a backend different from the job's other workers.
+  // A new incarnation of a worker_id replaces the old one, which is fenced
+  // off (its calls fail with Aborted); if the old one held a rank, the
+  // generation ends (returned by the next Tick()). A repeated join of the
+  // current generation by the same incarnation changes nothing. A worker
+  // joining a RUNNING job becomes a SPARE of the current generation.
+  // Unavailable: the join could not be recorded in the state store.
+  absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& request);
+
+  // Opens the worker's Session stream; returns a session id for
+  // NextSessionMessage and CloseSession. The first message queued is
+  // SessionOpened, then the current assignment if one exists. A new session
+  // replaces an older one of the same incarnation (the old one ends).
+  // NotFound: unknown job or worker. Aborted: the incarnation was replaced or
+  //   is LOST/LEFT (re-join with JoinJob first).
+  absl::StatusOr<uint64_t> OpenSession(const v1::WorkerIdentity& worker);
+  // The next message for the session, waiting until `deadline`; nullopt at
+  // the deadline. Aborted: the session was replaced or closed, or the member
+  // is gone; the stream should end.
+  absl::StatusOr<std::optional<v1::SessionMessage>> NextSessionMessage(
+      const v1::WorkerIdentity& worker, uint64_t session_id, absl::Time deadline);
+  // The stream broke (client gone): if `session_id` is the member's current
+  // session and it is live, it is LOST (STREAM_BROKEN) at once. Ended
+  // generations are returned for the adapter to pass on.
+  std::vector<GenerationEnded> CloseSession(const v1::WorkerIdentity& worker,
+                                            uint64_t session_id);
+
+  // Validates a fence (see coordinator.proto "Fencing"). Counts as a sign of
+  // life for the member.
+  // InvalidArgument: fence incomplete. NotFound: no job / worker never
+  // joined. FailedPrecondition: job finished. Aborted: stale generation,
+  // replaced incarnation, or member LOST/LEFT/FENCED (re-join).
+  absl::StatusOr<FencedWorker> CheckFence(const v1::Fence& fence);
+
+  // The assignment for fence.generation, waiting up to `deadline` when
+  // `wait`. Errors: CheckFence's; FailedPrecondition when not formed and not
+  // waiting; DeadlineExceeded when the wait ends first; Aborted when the
+  // generation ends while waiting.
+  absl::StatusOr<v1::Assignment> GetAssignment(const v1::Fence& fence, bool wait,
+                                               absl::Time deadline);
+
+  // Records a heartbeat and answers with a directive (CONTINUE, CHECKPOINT
+  // or STOP). Errors: CheckFence's (a stale generation is Aborted).
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+
+  // A worker reports a failure. The generation ends (the caller's
+  // communicators are broken); the named peer is declared LOST if it is also
+  // late or disconnected. Answers RESTART_AT_GENERATION (or STOP).
+  // Errors: CheckFence's.
+  absl::StatusOr<v1::ReportErrorResponse> ReportError(const v1::ReportErrorRequest& request,
+                                                      std::vector<GenerationEnded>* ended);
+
+  // Graceful leave; an ACTIVE member's leave ends the generation. The fence's
+  // generation is not checked. NotFound: no job or worker; Aborted: a
+  // replaced incarnation.
+  absl::Status LeaveJob(const v1::LeaveJobRequest& request, std::vector<GenerationEnded>* ended);
+
+  // Periodic work at clock->Now(): heartbeat timeouts, last-call windows,
+  // join timeouts. Call every ~100 ms (the server does; tests call it after
+  // advancing a FakeClock). Returns the generations that ended.
+  std::vector<GenerationEnded> Tick();
+
+  // Records a committed checkpoint as the job's latest (the restore point of
+  // the next generation) and its step as the job's progress. NotFound.
+  absl::Status NoteCheckpointCommitted(const std::string& job_id, const v1::CheckpointRef& ref,
+                                       uint64_t total_bytes);
+  void NoteCheckpointAborted(const std::string& job_id, const std::string& checkpoint_id,
+                             uint64_t step, const std::string& reason);
+
+ private:
+  struct Session;
+  struct MemberRecord;
+  struct JobRecord;
+
+  JobRecord* FindJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const JobRecord* FindJobLocked(const std::string& job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<MemberRecord*> CheckFenceLocked(const v1::Fence& fence, JobRecord** job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FormGenerationLocked(JobRecord& job, int dp, std::vector<MemberRecord*> candidates)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndGenerationLocked(JobRecord& job, v1::FormationReason reason, const std::string& why,
+                           std::vector<GenerationEnded>* ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoseMemberLocked(JobRecord& job, MemberRecord& member, v1::LossReason reason,
+                        const std::string& detail, std::vector<GenerationEnded>* ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopAllLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushLocked(MemberRecord& member, v1::SessionMessage message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EmitLocked(JobRecord& job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the job record and the given members; logs and keeps serving on
+  // failure (the state in memory stays authoritative until the next write).
+  absl::Status PersistLocked(const JobRecord& job, const std::vector<const MemberRecord*>& members)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PersistAllMembersLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::Assignment> GetAssignmentLocked(const JobRecord& job,
+                                                     const MemberRecord& member) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Clock* const clock_;
+  StateStore* const store_;
+  const CoordinatorOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Generations ended inside calls that do not return them (JoinJob replacing
+  // a live incarnation); the next Tick() returns them.
+  std::vector<GenerationEnded> pending_ended_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardline::server
+
+#endif  // SHARDLINE_SERVER_COORDINATOR_H_

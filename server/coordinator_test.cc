@@ -1,0 +1,528 @@
+// The coordinator's state machine with a fake clock: formation (min, max,
+// last call, spares, constant global batch), failure detection three ways,
+// fencing, case C9, durability across a restart.
+#include "server/coordinator.h"
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/util/time_util.h"
+#include "gtest/gtest.h"
+
+namespace shardline::server {
+namespace {
+
+using ::testing::HasSubstr;
+using google::protobuf::util::TimeUtil;
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  CoordinatorTest() : store_(NewMemoryStore()) { Restart(); }
+
+  void Restart() {
+    coordinator_ = std::make_unique<Coordinator>(&clock_, store_.get());
+    ASSERT_TRUE(coordinator_->Recover().ok());
+  }
+
+  // L=2, h=8, 2 heads, V=16, s=4; global batch 12 samples of micro-batch 1.
+  static v1::JobSpec Spec(int min_workers, int max_workers, int pp = 1, int global_batch = 12) {
+    v1::JobSpec spec;
+    spec.set_name("test");
+    v1::ModelConfig* m = spec.mutable_model();
+    m->set_num_layers(2);
+    m->set_hidden_size(8);
+    m->set_num_heads(2);
+    m->set_vocab_size(16);
+    m->set_seq_length(4);
+    spec.mutable_parallel()->set_tp(1);
+    spec.mutable_parallel()->set_pp(pp);
+    spec.mutable_training()->set_global_batch(global_batch);
+    spec.mutable_training()->set_micro_batch(1);
+    spec.mutable_training()->set_train_steps(100);
+    v1::ElasticPolicy* e = spec.mutable_elastic();
+    e->set_min_workers(min_workers);
+    e->set_max_workers(max_workers);
+    *e->mutable_heartbeat_interval() = TimeUtil::SecondsToDuration(1);
+    *e->mutable_heartbeat_timeout() = TimeUtil::SecondsToDuration(10);
+    *e->mutable_last_call() = TimeUtil::SecondsToDuration(5);
+    *e->mutable_join_timeout() = TimeUtil::SecondsToDuration(60);
+    return spec;
+  }
+
+  void Create(const v1::JobSpec& spec, const std::string& id = "job") {
+    v1::CreateJobRequest r;
+    r.set_job_id(id);
+    *r.mutable_spec() = spec;
+    auto created = coordinator_->CreateJob(r);
+    ASSERT_TRUE(created.ok()) << created.status();
+    EXPECT_EQ(created->job().phase(), v1::JOB_PHASE_PENDING);
+    EXPECT_EQ(created->job().generation(), 1u);
+    EXPECT_EQ(created->worker_token().size(), 32u);
+  }
+
+  static v1::WorkerIdentity Id(const std::string& worker, uint64_t incarnation = 7,
+                               const std::string& job = "job") {
+    v1::WorkerIdentity w;
+    w.set_job_id(job);
+    w.set_worker_id(worker);
+    w.set_incarnation(incarnation);
+    return w;
+  }
+
+  static v1::Fence Fence(const std::string& worker, uint64_t generation, uint64_t incarnation = 7) {
+    v1::Fence f;
+    *f.mutable_worker() = Id(worker, incarnation);
+    f.set_generation(generation);
+    return f;
+  }
+
+  absl::StatusOr<v1::JoinJobResponse> Join(const std::string& worker, uint64_t incarnation = 7) {
+    v1::JoinJobRequest r;
+    *r.mutable_worker() = Id(worker, incarnation);
+    r.set_host("host-" + worker);
+    r.set_device("cpu");
+    return coordinator_->JoinJob(r);
+  }
+
+  absl::StatusOr<v1::HeartbeatResponse> Beat(const std::string& worker, uint64_t generation,
+                                             uint64_t step = 0,
+                                             v1::WorkerState state = v1::WORKER_STATE_TRAINING,
+                                             uint64_t incarnation = 7) {
+    v1::HeartbeatRequest r;
+    *r.mutable_fence() = Fence(worker, generation, incarnation);
+    r.set_step(step);
+    r.set_state(state);
+    return coordinator_->Heartbeat(r);
+  }
+
+  v1::Job Job() { return *coordinator_->GetJob("job"); }
+
+  std::map<std::string, v1::Member> Members() {
+    std::map<std::string, v1::Member> out;
+    const absl::StatusOr<v1::ListMembersResponse> list = coordinator_->ListMembers("job");
+    EXPECT_TRUE(list.ok()) << list.status();
+    for (const v1::Member& m : list->members()) out[m.worker_id()] = m;
+    return out;
+  }
+
+  v1::Assignment AssignmentOf(const std::string& worker, uint64_t generation) {
+    auto a = coordinator_->GetAssignment(Fence(worker, generation), false, absl::Now());
+    EXPECT_TRUE(a.ok()) << worker << ": " << a.status();
+    return a.ok() ? *a : v1::Assignment{};
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+TEST_F(CoordinatorTest, FormsAtOnceWhenMaxWorkersJoin) {
+  Create(Spec(2, 3));
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_PENDING);
+  auto c = Join("c");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->state(), v1::MEMBER_STATE_ACTIVE);
+  const v1::Job job = Job();
+  EXPECT_EQ(job.phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(job.world_size(), 3u);
+  EXPECT_EQ(job.dp(), 3u);
+  // Ranks in join order; dp 3 divides the 12 micro-batches per step.
+  EXPECT_EQ(AssignmentOf("a", 1).rank(), 0u);
+  EXPECT_EQ(AssignmentOf("b", 1).rank(), 1u);
+  const v1::Assignment a = AssignmentOf("c", 1);
+  EXPECT_EQ(a.rank(), 2u);
+  EXPECT_EQ(a.world_size(), 3u);
+  EXPECT_EQ(a.gradient_accumulation_steps(), 4u);
+  EXPECT_EQ(std::vector<std::string>(a.worker_ids().begin(), a.worker_ids().end()),
+            (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_FALSE(a.has_restore());
+}
+
+TEST_F(CoordinatorTest, FormsAtMinWorkersAfterTheLastCall) {
+  Create(Spec(2, 4));
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  coordinator_->Tick();
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_PENDING);
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(Beat("a", 1).status().code() == absl::StatusCode::kOk);
+  coordinator_->Tick();
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_PENDING);  // last call is 5 s
+  clock_.Advance(absl::Seconds(2));
+  coordinator_->Tick();
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(Job().world_size(), 2u);
+}
+
+TEST_F(CoordinatorTest, SparesAndAConstantGlobalBatch) {
+  // pp=2: worlds are multiples of 2. 7 workers, 12 micro-batches per step:
+  // dp 3 (world 6) divides 12, so 1 spare.
+  Create(Spec(2, 7, /*pp=*/2, /*global_batch=*/12));
+  for (const char* w : {"a", "b", "c", "d", "e", "f", "g"}) ASSERT_TRUE(Join(w).ok());
+  EXPECT_EQ(Job().world_size(), 6u);
+  EXPECT_EQ(Job().num_spares(), 1u);
+  EXPECT_EQ(Members()["g"].state(), v1::MEMBER_STATE_SPARE);
+  EXPECT_TRUE(AssignmentOf("g", 1).spare());
+  EXPECT_EQ(AssignmentOf("f", 1).gradient_accumulation_steps(), 4u);  // 12 / 3
+
+  // 10 micro-batches per step: dp 3 does not divide 10, so dp 2 (world 4).
+  Create(Spec(2, 7, /*pp=*/2, /*global_batch=*/10), "job2");
+  for (const char* w : {"a", "b", "c", "d", "e", "f", "g"}) {
+    v1::JoinJobRequest r;
+    *r.mutable_worker() = Id(w, 7, "job2");
+    r.set_device("cpu");
+    ASSERT_TRUE(coordinator_->JoinJob(r).ok());
+  }
+  const v1::Job job2 = *coordinator_->GetJob("job2");
+  EXPECT_EQ(job2.world_size(), 4u);
+  EXPECT_EQ(job2.dp(), 2u);
+  EXPECT_EQ(job2.num_spares(), 3u);
+}
+
+// Case C9: 3 workers, min 2; one is frozen (no clean leave).
+TEST_F(CoordinatorTest, C9FrozenRankIsLostByHeartbeatTimeoutAndFencedOnWaking) {
+  Create(Spec(2, 3));
+  for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
+  ASSERT_EQ(Job().generation(), 1u);
+  ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  // a and b heartbeat every second; c is frozen from t=0.
+  for (int t = 1; t <= 10; ++t) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(Beat("a", 1, t).ok());
+    ASSERT_TRUE(Beat("b", 1, t).ok());
+    coordinator_->Tick();
+    ASSERT_EQ(Job().generation(), 1u) << "declared lost too early, t=" << t;
+  }
+  // Within heartbeat_timeout + one interval.
+  clock_.Advance(absl::Seconds(1));
+  const std::vector<GenerationEnded> ended = coordinator_->Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].generation, 1u);
+  EXPECT_THAT(ended[0].reason, HasSubstr("rank 2 (c) lost"));
+  EXPECT_EQ(Job().generation(), 2u);
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
+  EXPECT_EQ(Members()["c"].state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(Members()["c"].loss_reason(), v1::LOSS_REASON_HEARTBEAT_TIMEOUT);
+
+  // Survivors: stale fences are aborted; they re-join and re-form at once.
+  const auto stale = Beat("a", 1);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(stale.status().message()), HasSubstr("generation 1 is over (current 2)"));
+  ASSERT_EQ(Join("a")->generation(), 2u);
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);  // b has not re-joined yet
+  ASSERT_TRUE(Join("b").ok());
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(Job().world_size(), 2u);
+  EXPECT_EQ(AssignmentOf("a", 2).rank(), 0u);
+  EXPECT_EQ(AssignmentOf("b", 2).rank(), 1u);
+
+  // c wakes (SIGCONT): everything it sends carries generation 1 and is refused.
+  const auto woken = Beat("c", 1);
+  EXPECT_EQ(woken.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(woken.status().message()), HasSubstr("re-join"));
+  EXPECT_EQ(Job().generation(), 2u);  // nothing changed
+  // It must re-join; the job is running, so it becomes a spare.
+  auto rejoin = Join("c");
+  ASSERT_TRUE(rejoin.ok());
+  EXPECT_EQ(rejoin->state(), v1::MEMBER_STATE_SPARE);
+  EXPECT_EQ(Job().generation(), 2u);
+}
+
+// Case C9, second part: with min 2 and one survivor, the job stops.
+TEST_F(CoordinatorTest, C9OneSurvivorBelowMinWorkersFailsWithAReason) {
+  Create(Spec(2, 2));
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  for (int t = 1; t <= 11; ++t) {
+    clock_.Advance(absl::Seconds(1));
+    (void)Beat("a", Job().generation());
+    coordinator_->Tick();
+  }
+  ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
+  ASSERT_TRUE(Join("a").ok());
+  for (int t = 0; t < 61; ++t) {
+    clock_.Advance(absl::Seconds(1));
+    (void)Beat("a", 2);
+    coordinator_->Tick();
+  }
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_FAILED);
+  EXPECT_THAT(Job().phase_reason(), HasSubstr("only 1 workers joined within join_timeout 60s"));
+  EXPECT_THAT(Job().phase_reason(), HasSubstr("min_workers=2"));
+  const auto stop = Beat("a", 2);
+  ASSERT_TRUE(stop.ok());
+  EXPECT_TRUE(stop->directive().has_stop());
+  EXPECT_EQ(stop->directive().stop().phase(), v1::JOB_PHASE_FAILED);
+}
+
+TEST_F(CoordinatorTest, SessionStreamBreakIsNoticedAtOnce) {
+  Create(Spec(2, 2));
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  auto sa = coordinator_->OpenSession(Id("a"));
+  auto sb = coordinator_->OpenSession(Id("b"));
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  const absl::Time soon = absl::Now() + absl::Milliseconds(50);
+  auto opened = coordinator_->NextSessionMessage(Id("a"), *sa, soon);
+  ASSERT_TRUE(opened.ok() && opened->has_value());
+  EXPECT_EQ((*opened)->opened().state(), v1::MEMBER_STATE_ACTIVE);
+  auto assignment = coordinator_->NextSessionMessage(Id("a"), *sa, soon);
+  ASSERT_TRUE(assignment.ok() && assignment->has_value());
+  EXPECT_EQ((*assignment)->assignment().rank(), 0u);
+  auto nothing = coordinator_->NextSessionMessage(Id("a"), *sa, absl::Now() + absl::Milliseconds(20));
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_FALSE(nothing->has_value());
+
+  // b's process dies: its stream breaks. No clock advance needed.
+  const std::vector<GenerationEnded> ended = coordinator_->CloseSession(Id("b"), *sb);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(Members()["b"].loss_reason(), v1::LOSS_REASON_STREAM_BROKEN);
+  EXPECT_EQ(Job().generation(), 2u);
+  // a is told on its stream.
+  auto restart = coordinator_->NextSessionMessage(Id("a"), *sa, soon);
+  ASSERT_TRUE(restart.ok() && restart->has_value());
+  EXPECT_EQ((*restart)->directive().restart_at_generation().generation(), 2u);
+  EXPECT_THAT((*restart)->directive().restart_at_generation().reason(), HasSubstr("rank 1 (b) lost"));
+  // A late close of the same session changes nothing more.
+  EXPECT_TRUE(coordinator_->CloseSession(Id("b"), *sb).empty());
+  EXPECT_EQ(Job().generation(), 2u);
+}
+
+TEST_F(CoordinatorTest, FencingRejectsBadStaleAndReplacedCallers) {
+  Create(Spec(1, 1));
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  v1::Fence no_incarnation = Fence("a", 1, 0);
+  EXPECT_THAT(std::string(coordinator_->CheckFence(no_incarnation).status().message()),
+              HasSubstr("fence.worker.incarnation must be non-zero"));
+  EXPECT_EQ(coordinator_->CheckFence(Fence("a", 0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator_->CheckFence(Fence("zz", 1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->CheckFence(Fence("a", 3)).status().code(), absl::StatusCode::kAborted);
+  auto ok = coordinator_->CheckFence(Fence("a", 1));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->rank, 0);
+  EXPECT_EQ(ok->world_size, 1);
+
+  // The same slot restarts with a new incarnation: the old one is fenced off
+  // and, since it held a rank, the generation ends.
+  auto session = coordinator_->OpenSession(Id("a"));
+  ASSERT_TRUE(session.ok());
+  auto rejoin = Join("a", /*incarnation=*/8);
+  ASSERT_TRUE(rejoin.ok());
+  EXPECT_EQ(rejoin->generation(), 2u);
+  const auto ended = coordinator_->Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].generation, 1u);
+  const auto old = coordinator_->CheckFence(Fence("a", 1, 7));
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(old.status().message()), HasSubstr("was replaced by incarnation 8"));
+  // A late message about the old incarnation (its stream closing) changes nothing.
+  EXPECT_TRUE(coordinator_->CloseSession(Id("a", 7), *session).empty());
+  EXPECT_EQ(Members()["a"].incarnation(), 8u);
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);  // re-formed with the new process
+  EXPECT_EQ(Job().generation(), 2u);
+}
+
+TEST_F(CoordinatorTest, DuplicateJoinsAreIdempotent) {
+  Create(Spec(2, 3));
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("a").ok());
+  EXPECT_EQ(Members().size(), 1u);
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_PENDING);
+}
+
+TEST_F(CoordinatorTest, ErrorReportLosesADeadPeerAndRestartsTheGeneration) {
+  Create(Spec(3, 3));
+  for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
+  auto sa = coordinator_->OpenSession(Id("a"));
+  auto sb = coordinator_->OpenSession(Id("b"));
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  // c never opened a session and has been quiet for 3 s (> 2 intervals).
+  clock_.Advance(absl::Seconds(3));
+  v1::ReportErrorRequest r;
+  *r.mutable_fence() = Fence("a", 1);
+  r.set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  r.set_message("all_reduce timed out waiting for rank 2");
+  r.set_operation("all_reduce dp/0");
+  r.set_peer_rank(2);
+  std::vector<GenerationEnded> ended;
+  auto response = coordinator_->ReportError(r, &ended);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->directive().restart_at_generation().generation(), 2u);
+  EXPECT_EQ(ended.size(), 1u);
+  EXPECT_EQ(Members()["c"].state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(Members()["c"].loss_reason(), v1::LOSS_REASON_ERROR_REPORTED);
+  EXPECT_EQ(Members()["b"].state(), v1::MEMBER_STATE_FENCED);
+  // A second report of the same failure from b is stale: ABORTED, nothing more.
+  *r.mutable_fence() = Fence("b", 1);
+  EXPECT_EQ(coordinator_->ReportError(r, &ended).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Job().generation(), 2u);
+}
+
+TEST_F(CoordinatorTest, LeavingActiveEndsTheGenerationLeavingSpareDoesNot) {
+  Create(Spec(2, 3, /*pp=*/2));  // world 2, one spare
+  for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
+  ASSERT_EQ(Members()["c"].state(), v1::MEMBER_STATE_SPARE);
+  std::vector<GenerationEnded> ended;
+  v1::LeaveJobRequest leave;
+  *leave.mutable_fence() = Fence("c", 1);
+  leave.set_reason("draining node");
+  ASSERT_TRUE(coordinator_->LeaveJob(leave, &ended).ok());
+  EXPECT_TRUE(ended.empty());
+  EXPECT_EQ(Job().generation(), 1u);
+  *leave.mutable_fence() = Fence("b", 1);
+  ASSERT_TRUE(coordinator_->LeaveJob(leave, &ended).ok());
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_THAT(ended[0].reason, HasSubstr("rank 1 (b) left: draining node"));
+  EXPECT_EQ(Members()["b"].state(), v1::MEMBER_STATE_LEFT);
+  ASSERT_TRUE(coordinator_->LeaveJob(leave, &ended).ok());  // idempotent
+}
+
+TEST_F(CoordinatorTest, SpareReplacesALostRank) {
+  Create(Spec(2, 3, /*pp=*/2));  // world 2 + spare c
+  for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
+  auto sb = coordinator_->OpenSession(Id("b"));
+  ASSERT_TRUE(sb.ok());
+  ASSERT_EQ(coordinator_->CloseSession(Id("b"), *sb).size(), 1u);
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("c").ok());  // the spare re-joins too
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(Job().world_size(), 2u);
+  EXPECT_EQ(AssignmentOf("a", 2).rank(), 0u);  // survivor keeps its place
+  EXPECT_EQ(AssignmentOf("c", 2).rank(), 1u);  // the spare takes the lost rank
+}
+
+TEST_F(CoordinatorTest, CompletesWhenEveryRankIsDone) {
+  Create(Spec(2, 2));
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  ASSERT_TRUE(Beat("a", 1, 100, v1::WORKER_STATE_DONE)->directive().has_continue_training());
+  const auto last = Beat("b", 1, 100, v1::WORKER_STATE_DONE);
+  ASSERT_TRUE(last.ok());
+  EXPECT_TRUE(last->directive().has_stop());
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_COMPLETED);
+  EXPECT_EQ(Job().step(), 100u);
+  EXPECT_TRUE(Beat("a", 1)->directive().has_stop());
+}
+
+TEST_F(CoordinatorTest, RestartFromTheStoreLosesNothingAndDoesNotReform) {
+  Create(Spec(2, 2));
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  v1::CheckpointRef ref;
+  ref.set_checkpoint_id("g1-s10");
+  ref.set_step(10);
+  ASSERT_TRUE(coordinator_->NoteCheckpointCommitted("job", ref, 1234).ok());
+  clock_.Advance(absl::Seconds(8));
+  Restart();  // a new coordinator on the same store ("kill -9" of the old one)
+  const v1::Job job = Job();
+  EXPECT_EQ(job.phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(job.generation(), 1u);
+  EXPECT_EQ(job.last_checkpoint().step(), 10u);
+  EXPECT_EQ(Members()["b"].rank(), 1u);
+  // Workers carry on with the same fence; a fresh heartbeat clock means no
+  // one is lost for the time the coordinator was down.
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_TRUE(coordinator_->Tick().empty());
+  ASSERT_TRUE(Beat("a", 1, 11).ok());
+  ASSERT_TRUE(Beat("b", 1, 11).ok());
+  EXPECT_EQ(Job().generation(), 1u);
+  EXPECT_EQ(AssignmentOf("b", 1).restore().step(), 10u);
+  EXPECT_EQ(AssignmentOf("b", 1).data_cursor(), 10u * 12);
+  EXPECT_EQ(*coordinator_->WorkerToken("job"), coordinator_->WorkerToken("job").value());
+}
+
+TEST_F(CoordinatorTest, CreateJobValidatesTheSpecNamingFields) {
+  v1::CreateJobRequest r;
+  r.set_job_id("Bad_Id");
+  *r.mutable_spec() = Spec(1, 1);
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("job_id='Bad_Id' is invalid"));
+  r.set_job_id("ok");
+  r.mutable_spec()->mutable_parallel()->set_tp(3);
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("spec.parallel.tp=3 does not divide spec.model.num_heads=2"));
+  *r.mutable_spec() = Spec(1, 1, /*pp=*/2);
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("spec.elastic.min_workers=1 < tp*pp=2"));
+  *r.mutable_spec() = Spec(1, 1);
+  r.mutable_spec()->mutable_training()->set_global_batch(7);
+  r.mutable_spec()->mutable_training()->set_micro_batch(2);
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("spec.training.global_batch=7 is not a positive multiple of "
+                        "spec.training.micro_batch=2"));
+  *r.mutable_spec() = Spec(5, 5, 1, /*global_batch=*/7);  // dp 5 does not divide 7
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("no data-parallel degree fits"));
+  *r.mutable_spec() = Spec(1, 1);
+  *r.mutable_spec()->mutable_elastic()->mutable_heartbeat_timeout() = TimeUtil::SecondsToDuration(1);
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("spec.elastic.heartbeat_timeout=1s must be longer"));
+  // Same id and spec: the same job and token; another spec: AlreadyExists.
+  *r.mutable_spec() = Spec(1, 1);
+  auto first = coordinator_->CreateJob(r);
+  auto again = coordinator_->CreateJob(r);
+  ASSERT_TRUE(first.ok() && again.ok());
+  EXPECT_EQ(first->worker_token(), again->worker_token());
+  r.mutable_spec()->set_name("other");
+  EXPECT_EQ(coordinator_->CreateJob(r).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(CoordinatorTest, PlanAndOwnersExistOnceFormed) {
+  Create(Spec(2, 2));
+  EXPECT_EQ(coordinator_->GetPlan("job").status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  auto plan = coordinator_->GetPlan("job");
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->world_size(), 2u);
+  EXPECT_EQ(plan->groups(0).name(), "tp/0");
+  v1::GetShardOwnerRequest r;
+  r.set_job_id("job");
+  r.set_parameter("final_layernorm.bias");
+  r.set_element_index(3);
+  auto owners = coordinator_->GetShardOwner(r);
+  ASSERT_TRUE(owners.ok()) << owners.status();
+  EXPECT_EQ(owners->numel(), 8u);
+  EXPECT_EQ(owners->holders_size(), 2 * 3);  // zero_stage 0: both dp ranks, 3 kinds
+  r.set_parameter("nope");
+  EXPECT_EQ(coordinator_->GetShardOwner(r).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, AssignmentWaitEndsWhenTheGenerationForms) {
+  Create(Spec(2, 2));
+  ASSERT_TRUE(Join("a").ok());
+  absl::StatusOr<v1::Assignment> waited;
+  std::thread waiter([&] {
+    waited = coordinator_->GetAssignment(Fence("a", 1), true, absl::Now() + absl::Seconds(10));
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(Join("b").ok());
+  waiter.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->rank(), 0u);
+  EXPECT_EQ(coordinator_->GetAssignment(Fence("a", 1), true, absl::Now()).value().rank(), 0u);
+}
+
+TEST_F(CoordinatorTest, EventsReplayAndWait) {
+  Create(Spec(1, 1));
+  ASSERT_TRUE(Join("a").ok());
+  auto events = coordinator_->WaitEvents("job", std::nullopt, absl::Now());
+  ASSERT_TRUE(events.ok());
+  // created → joined → RUNNING → generation formed
+  ASSERT_GE(events->size(), 4u);
+  EXPECT_TRUE((*events)[0].has_phase_changed());
+  EXPECT_TRUE((*events)[1].has_worker_joined());
+  EXPECT_TRUE(events->back().has_generation_formed());
+  EXPECT_EQ(events->back().generation_formed().worker_ids(0), "a");
+  const uint64_t last = events->back().sequence();
+  auto none = coordinator_->WaitEvents("job", last, absl::Now() + absl::Milliseconds(20));
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+}
+
+}  // namespace
+}  // namespace shardline::server

@@ -1,0 +1,58 @@
+// Job specs: validation with errors that name the spec field, defaults, and
+// the planner's view of one generation.
+//
+//   absl::StatusOr<v1::JobSpec> spec = ResolveJobSpec(request.spec());
+//   std::optional<int> dp = ChooseDp(*spec, /*available_workers=*/7);
+//   absl::StatusOr<plan::Plan> plan = PlanGeneration(*spec, *dp);
+//
+// Pure functions; thread-safe.
+#ifndef SHARDLINE_SERVER_JOB_SPEC_H_
+#define SHARDLINE_SERVER_JOB_SPEC_H_
+
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "plan/plan.h"
+#include "shardline/v1/job.pb.h"
+
+namespace shardline::server {
+
+// Defaults applied to unset (zero) fields.
+inline constexpr absl::Duration kDefaultHeartbeatInterval = absl::Seconds(1);
+inline constexpr absl::Duration kDefaultHeartbeatTimeout = absl::Seconds(10);
+inline constexpr absl::Duration kDefaultJoinTimeout = absl::Minutes(5);
+inline constexpr absl::Duration kDefaultLastCall = absl::Seconds(5);
+inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
+
+// Validates `spec` and returns it with defaults filled in:
+//   model.ffn_hidden_size 0 → 4 * hidden_size; parallel.vpp 0 → 1;
+//   parallel.schedule UNSPECIFIED → 1F1B (INTERLEAVED when vpp > 1);
+//   parallel.zero_alignment 0 → 1; training.precision → FP32;
+//   elastic.min_workers 0 → tp * pp; elastic.max_workers 0 → min_workers;
+//   elastic durations unset → the defaults above.
+// InvalidArgument names the field with its full path and what would be valid,
+// e.g. "spec.parallel.tp=3 does not divide spec.model.num_heads=8; choose tp
+// in {1, 2, 4, 8}", "spec.elastic.min_workers=2 < tp*pp=4",
+// "spec.training.global_batch=10 is not a multiple of
+// spec.training.micro_batch=4", or no dp in [min, max] workers that divides
+// global_batch / micro_batch.
+absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec);
+
+// The largest dp the job can run with `available` healthy workers:
+// world = dp * tp * pp <= min(available, max_workers), world >= min_workers,
+// dp divides global_batch / micro_batch (the global batch stays constant)
+// and the pipeline schedule can run the resulting micro-batch count.
+// nullopt when no dp fits. `spec` must be resolved.
+std::optional<int> ChooseDp(const v1::JobSpec& spec, int available);
+
+// The plan of a generation with `dp`: micro_batches = global_batch /
+// (micro_batch * dp) per dp rank. `spec` must be resolved.
+absl::StatusOr<plan::Plan> PlanGeneration(const v1::JobSpec& spec, int dp);
+
+// The planner's configuration for a resolved spec at `dp`.
+plan::GptConfig ModelOf(const v1::JobSpec& spec);
+plan::ParallelConfig ParallelOf(const v1::JobSpec& spec, int dp);
+
+}  // namespace shardline::server
+
+#endif  // SHARDLINE_SERVER_JOB_SPEC_H_
