@@ -21,6 +21,7 @@ namespace {
 using google::protobuf::util::TimeUtil;
 
 constexpr size_t kMaxOutbox = 256;  // session messages waiting for a slow stream
+constexpr size_t kMaxMembersPerJob = 65536;  // coordinator.proto
 
 google::protobuf::Timestamp ToProto(absl::Time t) {
   return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
@@ -751,6 +752,10 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   }
   const absl::Time now = clock_->Now();
   std::vector<GenerationEnded> ended;
+  if (job->members.size() >= kMaxMembersPerJob && !job->members.count(w.worker_id())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", w.job_id(), "' already has ", kMaxMembersPerJob, " worker_ids"));
+  }
   auto [it, inserted] = job->members.try_emplace(w.worker_id());
   MemberRecord& m = it->second;
   bool rejoined = !inserted;
@@ -972,6 +977,15 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   JobRecord* job = nullptr;
   absl::StatusOr<MemberRecord*> m = CheckFenceLocked(request.fence(), &job);
   if (!m.ok()) return m.status();
+  if (request.state() == v1::WORKER_STATE_UNSPECIFIED) {
+    return absl::InvalidArgumentError("state is UNSPECIFIED; say what the worker is doing");
+  }
+  const uint64_t steps = job->job.spec().training().train_steps();
+  if (request.step() > steps || request.metrics().step() > steps) {
+    return absl::InvalidArgumentError(absl::StrCat("step=", request.step(), " (metrics.step=",
+                                                   request.metrics().step(),
+                                                   ") is beyond train_steps=", steps));
+  }
   v1::Member& member = (*m)->member;
   member.set_step(std::max(member.step(), request.step()));
   member.set_worker_state(request.state());
@@ -1017,6 +1031,20 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
   JobRecord* job = nullptr;
   absl::StatusOr<MemberRecord*> m = CheckFenceLocked(request.fence(), &job);
   if (!m.ok()) return m.status();
+  if (request.code() <= 0 || request.code() > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "code=", request.code(), " is not a failure; give a canonical status code in 1..16"));
+  }
+  if ((*m)->member.state() != v1::MEMBER_STATE_ACTIVE) {
+    return absl::FailedPreconditionError(
+        "only a rank of the current generation reports errors; a spare or joining worker has "
+        "no communicators to fail");
+  }
+  if (request.has_peer_rank() && request.peer_rank() >= job->job.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("peer_rank=", request.peer_rank(),
+                                                   " is not a rank; world_size is ",
+                                                   job->job.world_size()));
+  }
   const std::string reporter = (*m)->member.worker_id();
   const std::string what = absl::StrCat(
       "rank ", (*m)->member.has_rank() ? absl::StrCat((*m)->member.rank()) : "?", " (", reporter,

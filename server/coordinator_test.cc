@@ -349,6 +349,15 @@ TEST_F(CoordinatorTest, ErrorReportLosesADeadPeerAndRestartsTheGeneration) {
   r.set_operation("all_reduce dp/0");
   r.set_peer_rank(2);
   std::vector<GenerationEnded> ended;
+  v1::ReportErrorRequest bad = r;
+  bad.set_code(0);
+  EXPECT_EQ(coordinator_->ReportError(bad, &ended).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = r;
+  bad.set_peer_rank(3);
+  EXPECT_THAT(std::string(coordinator_->ReportError(bad, &ended).status().message()),
+              HasSubstr("peer_rank=3 is not a rank; world_size is 3"));
+  EXPECT_TRUE(ended.empty());
   auto response = coordinator_->ReportError(r, &ended);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->directive().restart_at_generation().generation(), 2u);
@@ -400,6 +409,9 @@ TEST_F(CoordinatorTest, CompletesWhenEveryRankIsDone) {
   ASSERT_TRUE(Join("a").ok());
   ASSERT_TRUE(Join("b").ok());
   ASSERT_TRUE(Beat("a", 1, 100, v1::WORKER_STATE_DONE)->directive().has_continue_training());
+  EXPECT_EQ(Beat("b", 1, 101).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Beat("b", 1, 1, v1::WORKER_STATE_UNSPECIFIED).status().code(),
+            absl::StatusCode::kInvalidArgument);
   const auto last = Beat("b", 1, 100, v1::WORKER_STATE_DONE);
   ASSERT_TRUE(last.ok());
   EXPECT_TRUE(last->directive().has_stop());
