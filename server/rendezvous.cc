@@ -1,0 +1,640 @@
+#include "server/rendezvous.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace shardline::server {
+namespace {
+
+// Keys, scopes and values are caller bytes: escape them and show at most
+// kShown bytes in messages.
+std::string Quote(absl::string_view s, size_t shown = 64) {
+  if (s.size() <= shown) return absl::StrCat("\"", absl::CHexEscape(s), "\"");
+  return absl::StrCat("\"", absl::CHexEscape(s.substr(0, shown)), "...\" (", s.size(), " bytes)");
+}
+
+std::string Where(absl::string_view job_id, uint64_t generation, absl::string_view scope) {
+  return absl::StrCat("scope ", Quote(scope), " of job ", Quote(job_id), " generation ",
+                      generation);
+}
+
+std::string EndedMessage(absl::string_view job_id, uint64_t generation) {
+  return absl::StrCat("generation ", generation, " of job ", Quote(job_id),
+                      " has ended; its rendezvous keys and barriers are dropped. Abort "
+                      "communicators and re-join (JoinJob) to get the current generation");
+}
+
+std::string DroppedMessage(absl::string_view job_id) {
+  return absl::StrCat("job ", Quote(job_id),
+                      " has been dropped (cancelled, completed or failed); its rendezvous keys "
+                      "and barriers are gone");
+}
+
+absl::Status ValidateJobAndScope(absl::string_view job_id, absl::string_view scope) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty; pass the fence's job_id");
+  if (scope.size() > kMaxScopeBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scope is ", scope.size(), " bytes; at most ", kMaxScopeBytes,
+                     " (kMaxScopeBytes) are allowed, e.g. a ProcessGroup name like \"tp/3\""));
+  }
+  return absl::OkStatus();
+}
+
+// A key or barrier name: 1..kMaxKeyBytes bytes.
+absl::Status ValidateName(absl::string_view field, absl::string_view name) {
+  if (name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is empty; it needs 1..", kMaxKeyBytes, " bytes"));
+  }
+  if (name.size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", name.size(), " bytes; at most ",
+                                                   kMaxKeyBytes, " (kMaxKeyBytes) are allowed"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateValue(absl::string_view field, absl::string_view value) {
+  if (value.size() > kMaxValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", value.size(), " bytes; at most ",
+                                                   kMaxValueBytes,
+                                                   " (1 MiB, kMaxValueBytes) are allowed"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Duration> ResolveTimeout(std::optional<absl::Duration> timeout) {
+  if (!timeout.has_value()) return kDefaultWaitTimeout;
+  if (*timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("timeout is ", absl::FormatDuration(*timeout),
+                                                   "; it must be >= 0 (0 checks once)"));
+  }
+  if (*timeout > kMaxWaitTimeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timeout is ", absl::FormatDuration(*timeout), "; at most ",
+        absl::FormatDuration(kMaxWaitTimeout), " (kMaxWaitTimeout) is allowed; leave it unset for ",
+        absl::FormatDuration(kDefaultWaitTimeout)));
+  }
+  return *timeout;
+}
+
+// When a blocking call gives up, in real time, and how to say so.
+struct Deadline {
+  absl::Time start;
+  absl::Time at;
+  bool rpc_bound = false;  // the RPC deadline comes first
+
+  static Deadline From(absl::Duration timeout, absl::Time rpc_deadline) {
+    Deadline d;
+    d.start = absl::Now();
+    d.at = d.start + timeout;
+    if (rpc_deadline < d.at) {
+      d.at = rpc_deadline;
+      d.rpc_bound = true;
+    }
+    return d;
+  }
+  std::string Describe() const {
+    return rpc_bound
+               ? absl::StrCat("before the RPC deadline (",
+                              absl::FormatDuration(std::max(at - start, absl::ZeroDuration())), ")")
+               : absl::StrCat("within the timeout of ", absl::FormatDuration(at - start));
+  }
+};
+
+// Strict decimal text of an int64: an optional '-' and 1+ digits.
+bool ParseCounter(absl::string_view text, int64_t* out) {
+  absl::string_view digits = text;
+  if (!digits.empty() && digits.front() == '-') digits.remove_prefix(1);
+  if (digits.empty()) return false;
+  for (char c : digits) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return absl::SimpleAtoi(text, out);
+}
+
+}  // namespace
+
+Rendezvous::Rendezvous(Clock* clock) : clock_(clock) {}
+
+Rendezvous::~Rendezvous() = default;
+
+// ---------------------------------------------------------------------------
+// State helpers (mu_ held).
+
+absl::Status Rendezvous::CheckLiveLocked(absl::string_view job_id, uint64_t generation) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::OkStatus();
+  if (it->second.dropped) return absl::AbortedError(DroppedMessage(job_id));
+  if (generation < it->second.first_live_generation) {
+    return absl::AbortedError(EndedMessage(job_id, generation));
+  }
+  return absl::OkStatus();
+}
+
+Rendezvous::GenerationState* Rendezvous::FindGenerationLocked(absl::string_view job_id,
+                                                              uint64_t generation) const {
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return nullptr;
+  auto gen = job->second.generations.find(generation);
+  return gen == job->second.generations.end() ? nullptr : gen->second.get();
+}
+
+Rendezvous::Scope* Rendezvous::FindScopeLocked(absl::string_view job_id, uint64_t generation,
+                                               absl::string_view scope) const {
+  GenerationState* gen = FindGenerationLocked(job_id, generation);
+  if (gen == nullptr) return nullptr;
+  auto it = gen->scopes.find(scope);
+  return it == gen->scopes.end() ? nullptr : it->second.get();
+}
+
+Rendezvous::Scope* Rendezvous::EnsureScopeLocked(absl::string_view job_id, uint64_t generation,
+                                                 absl::string_view scope) {
+  std::unique_ptr<GenerationState>& gen = jobs_[job_id].generations[generation];
+  if (gen == nullptr) gen = std::make_unique<GenerationState>();
+  std::unique_ptr<Scope>& sc = gen->scopes[scope];
+  if (sc == nullptr) sc = std::make_unique<Scope>();
+  return sc.get();
+}
+
+void Rendezvous::MaybeEraseScopeLocked(absl::string_view job_id, uint64_t generation,
+                                       absl::string_view scope) {
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return;
+  JobState& js = job->second;
+  auto gen_it = js.generations.find(generation);
+  if (gen_it != js.generations.end()) {
+    GenerationState& gen = *gen_it->second;
+    auto sc_it = gen.scopes.find(scope);
+    if (sc_it != gen.scopes.end()) {
+      const Scope& sc = *sc_it->second;
+      if (sc.kv.empty() && sc.key_waiters.empty() && sc.barriers.empty()) gen.scopes.erase(sc_it);
+    }
+    if (gen.scopes.empty() && gen.waiters == 0) js.generations.erase(gen_it);
+  }
+  // A job that never ended a generation needs no record once it holds nothing.
+  if (js.generations.empty() && js.first_live_generation == 0 && !js.dropped) jobs_.erase(job);
+}
+
+absl::Status Rendezvous::StoreLocked(GenerationState* gen, Scope* sc, absl::string_view job_id,
+                                     uint64_t generation, absl::string_view scope,
+                                     absl::string_view key, std::string value, absl::Time now) {
+  auto it = sc->kv.find(key);
+  const bool is_new = it == sc->kv.end();
+  const int64_t delta_bytes =
+      is_new ? static_cast<int64_t>(key.size() + value.size())
+             : static_cast<int64_t>(value.size()) - static_cast<int64_t>(it->second.size());
+  if (is_new && sc->kv.size() >= kMaxKeysPerScope) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(Where(job_id, generation, scope), " already holds ", sc->kv.size(),
+                     " keys (kMaxKeysPerScope); cannot add key ", Quote(key),
+                     ". Delete keys no longer needed (KvDelete) or use another scope"));
+  }
+  if (gen->bytes + delta_bytes > kMaxBytesPerGeneration) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("generation ", generation, " of job ", Quote(job_id), " holds ", gen->bytes,
+                     " bytes of keys and values; storing key ", Quote(key), " (", value.size(),
+                     " value bytes) would pass kMaxBytesPerGeneration = ", kMaxBytesPerGeneration,
+                     ". Delete keys no longer needed (KvDelete)"));
+  }
+  if (is_new) {
+    sc->kv.emplace(std::string(key), std::move(value));
+    ++gen->keys;
+    auto waiting = sc->key_waiters.find(key);
+    if (waiting != sc->key_waiters.end()) {
+      for (Waiter* w : waiting->second) {
+        w->notified = true;
+        w->cv.Signal();
+      }
+      gen->waiters -= static_cast<int64_t>(waiting->second.size());
+      sc->key_waiters.erase(waiting);
+    }
+  } else {
+    it->second = std::move(value);
+  }
+  gen->bytes += delta_bytes;
+  gen->last_write = std::max(gen->last_write, now);
+  return absl::OkStatus();
+}
+
+bool Rendezvous::SleepLocked(Waiter* w, absl::Time deadline) {
+  while (!w->notified) {
+    if (absl::Now() >= deadline) return false;
+    w->cv.WaitWithDeadline(&mu_, deadline);
+  }
+  return true;
+}
+
+Rendezvous::WaitResult Rendezvous::AwaitKeyLocked(absl::string_view job_id, uint64_t generation,
+                                                  absl::string_view scope, absl::string_view key,
+                                                  Waiter* w, absl::Time deadline) {
+  Scope* sc = EnsureScopeLocked(job_id, generation, scope);
+  w->notified = false;
+  sc->key_waiters[key].insert(w);
+  ++FindGenerationLocked(job_id, generation)->waiters;
+  if (SleepLocked(w, deadline)) {
+    if (!w->abort_message.empty()) return WaitResult::kAborted;
+    // The key was created; the generation may have ended since.
+    if (absl::Status live = CheckLiveLocked(job_id, generation); !live.ok()) {
+      w->abort_message = std::string(live.message());
+      return WaitResult::kAborted;
+    }
+    return WaitResult::kNotified;
+  }
+  // Timed out while still registered, so the generation and scope are alive.
+  sc = FindScopeLocked(job_id, generation, scope);
+  auto waiting = sc->key_waiters.find(key);
+  waiting->second.erase(w);
+  if (waiting->second.empty()) sc->key_waiters.erase(waiting);
+  --FindGenerationLocked(job_id, generation)->waiters;
+  return WaitResult::kTimedOut;
+}
+
+void Rendezvous::OpenBarrierLocked(GenerationState* gen, BarrierState* b) {
+  std::vector<std::pair<uint64_t, Arrival*>> order;
+  order.reserve(b->arrived.size());
+  for (auto& [id, arrival] : b->arrived) order.emplace_back(arrival.seq, &arrival);
+  std::sort(order.begin(), order.end(),
+            [](const auto& x, const auto& y) { return x.first < y.first; });
+  for (size_t i = 0; i < order.size(); ++i) order[i].second->position = static_cast<uint32_t>(i);
+  b->open = true;
+  for (Waiter* w : b->waiters) {
+    w->notified = true;
+    w->cv.Signal();
+  }
+  gen->waiters -= static_cast<int64_t>(b->waiters.size());
+  b->waiters.clear();
+}
+
+void Rendezvous::AbortWaitersLocked(GenerationState* gen, const std::string& message) {
+  auto wake = [&](Waiter* w) {
+    w->notified = true;
+    w->abort_message = message;
+    w->cv.Signal();
+  };
+  for (auto& [name, sc] : gen->scopes) {
+    for (auto& [key, waiters] : sc->key_waiters) {
+      for (Waiter* w : waiters) wake(w);
+    }
+    sc->key_waiters.clear();
+    for (auto& [barrier_name, b] : sc->barriers) {
+      for (Waiter* w : b->waiters) wake(w);
+      b->waiters.clear();
+    }
+  }
+  gen->waiters = 0;
+}
+
+// ---------------------------------------------------------------------------
+// Public API.
+
+absl::Status Rendezvous::Set(absl::string_view job_id, uint64_t generation, absl::string_view scope,
+                             absl::string_view key, absl::string_view value) {
+  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return s;
+  if (absl::Status s = ValidateName("key", key); !s.ok()) return s;
+  if (absl::Status s = ValidateValue("value", value); !s.ok()) return s;
+  const absl::Time now = clock_->Now();
+  std::string copy(value);  // copied before taking the lock
+
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
+  Scope* sc = EnsureScopeLocked(job_id, generation, scope);
+  absl::Status s = StoreLocked(FindGenerationLocked(job_id, generation), sc, job_id, generation,
+                               scope, key, std::move(copy), now);
+  if (!s.ok()) MaybeEraseScopeLocked(job_id, generation, scope);
+  return s;
+}
+
+absl::StatusOr<std::optional<std::string>> Rendezvous::Get(
+    absl::string_view job_id, uint64_t generation, absl::string_view scope, absl::string_view key,
+    bool wait, std::optional<absl::Duration> timeout, absl::Time rpc_deadline) {
+  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return s;
+  if (absl::Status s = ValidateName("key", key); !s.ok()) return s;
+  absl::StatusOr<absl::Duration> resolved = ResolveTimeout(timeout);
+  if (!resolved.ok()) return resolved.status();
+  const Deadline deadline = Deadline::From(*resolved, rpc_deadline);
+
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
+  if (const Scope* sc = FindScopeLocked(job_id, generation, scope); sc != nullptr) {
+    if (auto it = sc->kv.find(key); it != sc->kv.end())
+      return std::optional<std::string>(it->second);
+  }
+  if (!wait) return std::optional<std::string>();
+
+  Waiter w;
+  for (;;) {
+    switch (AwaitKeyLocked(job_id, generation, scope, key, &w, deadline.at)) {
+      case WaitResult::kAborted:
+        return absl::AbortedError(w.abort_message);
+      case WaitResult::kTimedOut:
+        MaybeEraseScopeLocked(job_id, generation, scope);
+        return absl::DeadlineExceededError(absl::StrCat("key ", Quote(key), " in ",
+                                                        Where(job_id, generation, scope),
+                                                        " was not set ", deadline.Describe()));
+      case WaitResult::kNotified:
+        if (const Scope* sc = FindScopeLocked(job_id, generation, scope); sc != nullptr) {
+          if (auto it = sc->kv.find(key); it != sc->kv.end())
+            return std::optional<std::string>(it->second);
+        }
+        break;  // deleted again before this call woke up: keep waiting
+    }
+  }
+}
+
+absl::StatusOr<int64_t> Rendezvous::Add(absl::string_view job_id, uint64_t generation,
+                                        absl::string_view scope, absl::string_view key,
+                                        int64_t delta) {
+  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return s;
+  if (absl::Status s = ValidateName("key", key); !s.ok()) return s;
+  const absl::Time now = clock_->Now();
+
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
+  int64_t current = 0;
+  if (const Scope* sc = FindScopeLocked(job_id, generation, scope); sc != nullptr) {
+    if (auto it = sc->kv.find(key); it != sc->kv.end() && !ParseCounter(it->second, &current)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key ", Quote(key), " in ", Where(job_id, generation, scope), " holds ",
+          Quote(it->second, 32),
+          ", which is not the decimal text of an int64 (e.g. \"-12\"); KvAdd works only on "
+          "counters. Use another key, or KvDelete this one first"));
+    }
+  }
+  int64_t result = 0;
+  if (__builtin_add_overflow(current, delta, &result)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "counter ", Quote(key), " in ", Where(job_id, generation, scope), " = ", current,
+        "; adding ", delta, " overflows int64 (range ", std::numeric_limits<int64_t>::min(), "..",
+        std::numeric_limits<int64_t>::max(), "). The counter is unchanged"));
+  }
+  Scope* sc = EnsureScopeLocked(job_id, generation, scope);
+  absl::Status s = StoreLocked(FindGenerationLocked(job_id, generation), sc, job_id, generation,
+                               scope, key, absl::StrCat(result), now);
+  if (!s.ok()) {
+    MaybeEraseScopeLocked(job_id, generation, scope);
+    return s;
+  }
+  return result;
+}
+
+absl::StatusOr<Rendezvous::CasResult> Rendezvous::CompareAndSet(
+    absl::string_view job_id, uint64_t generation, absl::string_view scope, absl::string_view key,
+    std::optional<absl::string_view> expected, absl::string_view desired) {
+  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return s;
+  if (absl::Status s = ValidateName("key", key); !s.ok()) return s;
+  if (expected.has_value()) {
+    if (absl::Status s = ValidateValue("expected", *expected); !s.ok()) return s;
+  }
+  if (absl::Status s = ValidateValue("desired", desired); !s.ok()) return s;
+  const absl::Time now = clock_->Now();
+  std::string copy(desired);
+
+  CasResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
+    const std::string* current = nullptr;
+    if (const Scope* sc = FindScopeLocked(job_id, generation, scope); sc != nullptr) {
+      if (auto it = sc->kv.find(key); it != sc->kv.end()) current = &it->second;
+    }
+    const bool holds =
+        expected.has_value() ? (current != nullptr && *current == *expected) : current == nullptr;
+    if (!holds) {
+      if (current != nullptr) result.current = *current;
+      return result;
+    }
+    Scope* sc = EnsureScopeLocked(job_id, generation, scope);
+    absl::Status s = StoreLocked(FindGenerationLocked(job_id, generation), sc, job_id, generation,
+                                 scope, key, std::move(copy), now);
+    if (!s.ok()) {
+      MaybeEraseScopeLocked(job_id, generation, scope);
+      return s;
+    }
+  }
+  result.swapped = true;
+  result.current = std::string(desired);
+  return result;
+}
+
+absl::Status Rendezvous::Wait(absl::string_view job_id, uint64_t generation,
+                              absl::string_view scope, const std::vector<std::string>& keys,
+                              std::optional<absl::Duration> timeout, absl::Time rpc_deadline) {
+  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return s;
+  if (keys.empty() || keys.size() > kMaxKeysPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("keys has ", keys.size(),
+                                                   " entries; KvWait needs 1..", kMaxKeysPerRequest,
+                                                   " (kMaxKeysPerRequest)"));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status s = ValidateName(absl::StrCat("keys[", i, "]"), keys[i]); !s.ok()) return s;
+  }
+  absl::StatusOr<absl::Duration> resolved = ResolveTimeout(timeout);
+  if (!resolved.ok()) return resolved.status();
+  const Deadline deadline = Deadline::From(*resolved, rpc_deadline);
+
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
+  // keys[0..next) were present when last looked at; a final pass confirms
+  // that all are present at once (a key may have been deleted meanwhile).
+  size_t next = 0;
+  Waiter w;
+  for (;;) {
+    const Scope* sc = FindScopeLocked(job_id, generation, scope);
+    if (sc != nullptr) {
+      while (next < keys.size() && sc->kv.contains(keys[next])) ++next;
+    }
+    if (next == keys.size()) {
+      next = 0;
+      while (next < keys.size() && sc->kv.contains(keys[next])) ++next;
+      if (next == keys.size()) return absl::OkStatus();
+    }
+    switch (AwaitKeyLocked(job_id, generation, scope, keys[next], &w, deadline.at)) {
+      case WaitResult::kAborted:
+        return absl::AbortedError(w.abort_message);
+      case WaitResult::kTimedOut: {
+        sc = FindScopeLocked(job_id, generation, scope);
+        std::vector<absl::string_view> missing;
+        size_t missing_count = 0;
+        for (const std::string& k : keys) {
+          if (sc != nullptr && sc->kv.contains(k)) continue;
+          if (++missing_count <= 16) missing.push_back(k);
+        }
+        std::string names;
+        for (absl::string_view k : missing) {
+          absl::StrAppend(&names, names.empty() ? "" : ", ", Quote(k));
+        }
+        if (missing_count > missing.size()) absl::StrAppend(&names, ", ...");
+        MaybeEraseScopeLocked(job_id, generation, scope);
+        return absl::DeadlineExceededError(absl::StrCat(
+            missing_count, " of ", keys.size(), " keys in ", Where(job_id, generation, scope),
+            " were not set ", deadline.Describe(), "; missing: ", names));
+      }
+      case WaitResult::kNotified:
+        break;
+    }
+  }
+}
+
+absl::StatusOr<bool> Rendezvous::Delete(absl::string_view job_id, uint64_t generation,
+                                        absl::string_view scope, absl::string_view key) {
+  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return s;
+  if (absl::Status s = ValidateName("key", key); !s.ok()) return s;
+  const absl::Time now = clock_->Now();
+  std::string freed;  // destroyed after the lock is released
+
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
+  Scope* sc = FindScopeLocked(job_id, generation, scope);
+  if (sc == nullptr) return false;
+  auto it = sc->kv.find(key);
+  if (it == sc->kv.end()) return false;
+  GenerationState* gen = FindGenerationLocked(job_id, generation);
+  gen->bytes -= static_cast<int64_t>(it->first.size() + it->second.size());
+  --gen->keys;
+  gen->last_write = std::max(gen->last_write, now);
+  freed = std::move(it->second);
+  sc->kv.erase(it);
+  MaybeEraseScopeLocked(job_id, generation, scope);
+  return true;
+}
+
+absl::StatusOr<uint32_t> Rendezvous::Barrier(absl::string_view job_id, uint64_t generation,
+                                             absl::string_view scope, absl::string_view name,
+                                             absl::string_view participant_id,
+                                             uint32_t participants,
+                                             std::optional<absl::Duration> timeout,
+                                             absl::Time rpc_deadline) {
+  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return s;
+  if (absl::Status s = ValidateName("name", name); !s.ok()) return s;
+  if (participant_id.empty()) {
+    return absl::InvalidArgumentError(
+        "participant_id is empty; pass the caller's worker_id (fence.worker.worker_id)");
+  }
+  if (participants < 1 || participants > kMaxBarrierParticipants) {
+    return absl::InvalidArgumentError(absl::StrCat("participants is ", participants,
+                                                   "; it must be in 1..", kMaxBarrierParticipants,
+                                                   " (kMaxBarrierParticipants)"));
+  }
+  absl::StatusOr<absl::Duration> resolved = ResolveTimeout(timeout);
+  if (!resolved.ok()) return resolved.status();
+  const Deadline deadline = Deadline::From(*resolved, rpc_deadline);
+  const std::string barrier_desc =
+      absl::StrCat("barrier ", Quote(name), " in ", Where(job_id, generation, scope));
+
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
+  Scope* sc = EnsureScopeLocked(job_id, generation, scope);
+  std::unique_ptr<BarrierState>& slot = sc->barriers[name];
+  if (slot == nullptr) {
+    slot = std::make_unique<BarrierState>();
+    slot->participants = participants;
+  }
+  BarrierState* b = slot.get();
+  if (b->participants != participants) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(barrier_desc, " was created with participants = ", b->participants,
+                     " but this arrival gives participants = ", participants,
+                     "; every arrival must give the same number (or use a new barrier name)"));
+  }
+  auto it = b->arrived.find(participant_id);
+  if (b->open) {
+    if (it != b->arrived.end()) return it->second.position;
+    return absl::FailedPreconditionError(absl::StrCat(
+        barrier_desc, " already opened with its ", b->participants, " participants; ",
+        Quote(participant_id), " is not one of them (more distinct arrivals than participants = ",
+        b->participants, "). Check the participant count, or use a new barrier name"));
+  }
+  if (it == b->arrived.end()) {
+    it = b->arrived.emplace(std::string(participant_id), Arrival{b->next_seq++, 0, 0}).first;
+    if (b->arrived.size() == b->participants) {
+      OpenBarrierLocked(FindGenerationLocked(job_id, generation), b);
+      return b->arrived.find(participant_id)->second.position;
+    }
+  }
+  ++it->second.waiting_calls;
+  Waiter w;
+  b->waiters.insert(&w);
+  ++FindGenerationLocked(job_id, generation)->waiters;
+
+  if (SleepLocked(&w, deadline.at)) {
+    if (!w.abort_message.empty()) return absl::AbortedError(w.abort_message);
+    // Opened; the generation may have ended since.
+    if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
+    b = FindScopeLocked(job_id, generation, scope)->barriers.find(name)->second.get();
+    return b->arrived.find(participant_id)->second.position;
+  }
+  // Timed out while still registered, so the generation and barrier are alive.
+  b = FindScopeLocked(job_id, generation, scope)->barriers.find(name)->second.get();
+  b->waiters.erase(&w);
+  --FindGenerationLocked(job_id, generation)->waiters;
+  const size_t arrived = b->arrived.size();
+  it = b->arrived.find(participant_id);
+  const bool withdrawn = --it->second.waiting_calls == 0;
+  if (withdrawn) b->arrived.erase(it);
+  return absl::DeadlineExceededError(
+      absl::StrCat(barrier_desc, " did not open ", deadline.Describe(), ": ", arrived, " of ",
+                   b->participants, " participants had arrived (this caller included); ",
+                   withdrawn ? "this caller is withdrawn and no longer counts"
+                             : "this participant still counts (another of its calls is waiting)"));
+}
+
+void Rendezvous::EndGeneration(absl::string_view job_id, uint64_t generation) {
+  if (job_id.empty()) return;
+  std::vector<std::unique_ptr<GenerationState>> doomed;  // freed after unlocking
+  absl::MutexLock lock(&mu_);
+  JobState& js = jobs_[job_id];
+  if (js.dropped || generation < js.first_live_generation) return;
+  if (generation == std::numeric_limits<uint64_t>::max()) {
+    js.dropped = true;
+  } else {
+    js.first_live_generation = generation + 1;
+  }
+  for (auto it = js.generations.begin(); it != js.generations.end();) {
+    if (it->first <= generation) {
+      AbortWaitersLocked(it->second.get(), absl::StrCat(EndedMessage(job_id, it->first),
+                                                        " (it ended while this call waited)"));
+      doomed.push_back(std::move(it->second));
+      js.generations.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Rendezvous::DropJob(absl::string_view job_id) {
+  if (job_id.empty()) return;
+  std::vector<std::unique_ptr<GenerationState>> doomed;  // freed after unlocking
+  absl::MutexLock lock(&mu_);
+  JobState& js = jobs_[job_id];
+  js.dropped = true;
+  for (auto& [generation, gen] : js.generations) {
+    AbortWaitersLocked(gen.get(), absl::StrCat(DroppedMessage(job_id),
+                                               " (it was dropped while this call waited in "
+                                               "generation ",
+                                               generation, ")"));
+    doomed.push_back(std::move(gen));
+  }
+  js.generations.clear();
+}
+
+Rendezvous::Usage Rendezvous::GetUsage(absl::string_view job_id, uint64_t generation) const {
+  absl::MutexLock lock(&mu_);
+  Usage usage;
+  const GenerationState* gen = FindGenerationLocked(job_id, generation);
+  if (gen == nullptr) return usage;
+  usage.keys = gen->keys;
+  usage.bytes = gen->bytes;
+  usage.waiters = gen->waiters;
+  usage.last_write = gen->last_write;
+  for (const auto& [name, sc] : gen->scopes) usage.barriers += sc->barriers.size();
+  return usage;
+}
+
+}  // namespace shardline::server

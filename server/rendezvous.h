@@ -1,0 +1,306 @@
+// Rendezvous: the coordinator's key-value store and barriers for
+// control-plane agreement between the workers of one generation (NCCL unique
+// ids, Gloo addresses, commit votes). Serves proto/shardline/v1/rendezvous.proto
+// minus the fence check: the coordinator validates the caller's fence, then
+// calls in with the fence's job_id and generation. No gRPC in here.
+//
+//   RealClock clock;
+//   Rendezvous rv(&clock);
+//   // rank 0 of tp group 3:
+//   rv.Set("j1", /*generation=*/4, /*scope=*/"tp/3", "ncclUniqueId", id);
+//   // ranks 1..7 of it:
+//   absl::StatusOr<std::optional<std::string>> v =
+//       rv.Get("j1", 4, "tp/3", "ncclUniqueId", /*wait=*/true, absl::Seconds(60));
+//   // node lost: the coordinator re-forms the job and ends generation 4;
+//   // every call still blocked on generation <= 4 returns ABORTED.
+//   rv.EndGeneration("j1", 4);
+//
+// Namespacing. Every key and barrier lives in (job_id, generation, scope);
+// different scopes, generations and jobs never see each other's keys. The
+// scope "" is the generation-wide scope.
+//
+// Lifecycle of a generation's state:
+//
+//   (nothing) --first write or wait--> LIVE --EndGeneration(job, g' >= g)--> ENDED
+//                                        |                                   ^
+//                                        +---------- DropJob(job) -----------+
+//
+// A LIVE generation holds keys and barriers; its state is created on demand
+// and freed again when it holds nothing. ENDED is final: its keys and
+// barriers are dropped, every call blocked on it returns ABORTED at once, and
+// every later call for it returns ABORTED. Generations newer than the ended
+// one are untouched. The record that a job's generations ended (job id and
+// one integer) is kept for the life of this object, so a call that passed
+// the coordinator's fence check just before EndGeneration/DropJob can never
+// resurrect dropped state.
+//
+// Time. Timeouts are durations of real time (absl::Now()): a blocked call
+// sleeps on a condition variable until the key appears, the generation ends,
+// or real time passes its deadline. The Clock is used only for timestamps
+// (Usage::last_write); advancing a FakeClock never ends a wait.
+//
+// Errors common to every method that takes (job_id, generation, scope):
+//   InvalidArgument: job_id is empty; scope is longer than kMaxScopeBytes.
+//   Aborted: the generation has ended (EndGeneration of it or a newer one)
+//     or the job was dropped -- before the call or while it was blocked.
+//     The caller aborts its communicators and re-joins (JoinJob).
+// Each method's comment lists its other errors. Argument checks
+// (InvalidArgument) come before state checks (Aborted, then the rest).
+//
+// Thread-safety: thread-safe. One mutex guards all state; blocked calls wait
+// on their own condition variable, registered under the one key (or barrier)
+// they wait for, so a write wakes only the calls waiting for that key. No
+// call-outs (Clock included) while holding the mutex.
+#ifndef SHARDLINE_SERVER_RENDEZVOUS_H_
+#define SHARDLINE_SERVER_RENDEZVOUS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/clock.h"
+
+namespace shardline::server {
+
+// Limits from rendezvous.proto (the coordinator enforces the same numbers).
+inline constexpr size_t kMaxScopeBytes = 256;                 // -> InvalidArgument
+inline constexpr size_t kMaxKeyBytes = 512;                   // >= 1 -> InvalidArgument
+inline constexpr size_t kMaxValueBytes = 1048576;             // 1 MiB -> InvalidArgument
+inline constexpr size_t kMaxKeysPerRequest = 65536;           // Wait -> InvalidArgument
+inline constexpr size_t kMaxKeysPerScope = 65536;             // -> ResourceExhausted
+inline constexpr int64_t kMaxBytesPerGeneration = 268435456;  // 256 MiB -> ResourceExhausted
+inline constexpr uint32_t kMaxBarrierParticipants = 65536;    // -> InvalidArgument
+inline constexpr absl::Duration kDefaultWaitTimeout = absl::Seconds(300);
+inline constexpr absl::Duration kMaxWaitTimeout = absl::Seconds(3600);
+
+class Rendezvous {
+ public:
+  // Result of CompareAndSet (KvCompareAndSetResponse).
+  struct CasResult {
+    bool swapped = false;                // true when `desired` was stored
+    std::optional<std::string> current;  // value after the call; nullopt = key missing
+  };
+
+  // What one generation holds (for operators and tests).
+  struct Usage {
+    int64_t keys = 0;   // keys in all scopes
+    int64_t bytes = 0;  // key bytes + value bytes, all scopes (the kMaxBytesPerGeneration budget)
+    int64_t barriers = 0;  // barriers created (open or not)
+    int64_t waiters = 0;   // calls blocked right now (Get with wait, Wait, Barrier)
+    absl::Time last_write = absl::InfinitePast();  // Clock time of the last successful write
+  };
+
+  // `clock` is not owned and must outlive this object.
+  explicit Rendezvous(Clock* clock);
+  ~Rendezvous();
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+
+  // Timeouts (`timeout` of Get, Wait, Barrier): nullopt (unset in the proto)
+  // means kDefaultWaitTimeout; 0 means check once without blocking. A
+  // blocking call ends with DeadlineExceeded at the earlier of now + timeout
+  // and `rpc_deadline` (the gRPC deadline, absl::Now() time; pass
+  // absl::InfiniteFuture() when there is none). InvalidArgument: timeout < 0
+  // or > kMaxWaitTimeout.
+
+  // Stores `value` under `key`, overwriting any previous value, and wakes
+  // the calls waiting for `key`. Errors:
+  //   InvalidArgument: key empty or longer than kMaxKeyBytes; value longer
+  //     than kMaxValueBytes.
+  //   ResourceExhausted: a new key in a scope that already holds
+  //     kMaxKeysPerScope keys; or the generation's keys + values would pass
+  //     kMaxBytesPerGeneration. Nothing is changed.
+  absl::Status Set(absl::string_view job_id, uint64_t generation, absl::string_view scope,
+                   absl::string_view key, absl::string_view value) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Reads `key`. When it is missing: with wait = false returns nullopt at
+  // once; with wait = true blocks until it is set (then returns its value)
+  // or the timeout passes. Errors:
+  //   InvalidArgument: key as for Set; timeout (see above), checked even
+  //     when wait = false.
+  //   DeadlineExceeded: wait = true and the key was not set in time; the
+  //     message names the key, scope and how long it waited.
+  absl::StatusOr<std::optional<std::string>> Get(
+      absl::string_view job_id, uint64_t generation, absl::string_view scope, absl::string_view key,
+      bool wait, std::optional<absl::Duration> timeout = std::nullopt,
+      absl::Time rpc_deadline = absl::InfiniteFuture()) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Adds `delta` to the counter `key` and returns the new value. A missing
+  // key counts as 0; the result is stored (also when delta = 0, which creates
+  // a missing key as "0") as decimal ASCII text: an optional '-' and digits,
+  // no spaces or '+', e.g. "3". Wakes the calls waiting for a new key.
+  // Errors:
+  //   InvalidArgument: key as for Set.
+  //   FailedPrecondition: the key holds something other than such text of
+  //     an int64 (the message shows the value, escaped, first 32 bytes).
+  //   OutOfRange: value + delta overflows int64; the counter is unchanged.
+  //   ResourceExhausted: as for Set (a new key, or a longer text).
+  absl::StatusOr<int64_t> Add(absl::string_view job_id, uint64_t generation,
+                              absl::string_view scope, absl::string_view key, int64_t delta)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Stores `desired` when `key` holds `expected` (nullopt: when `key` is
+  // missing, i.e. create-if-absent). Returns whether it swapped and the
+  // key's value after the call. Errors:
+  //   InvalidArgument: key as for Set; desired or expected longer than
+  //     kMaxValueBytes (the message names which).
+  //   ResourceExhausted: as for Set, only when the comparison held; nothing
+  //     is changed.
+  absl::StatusOr<CasResult> CompareAndSet(absl::string_view job_id, uint64_t generation,
+                                          absl::string_view scope, absl::string_view key,
+                                          std::optional<absl::string_view> expected,
+                                          absl::string_view desired) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Blocks until every key in `keys` exists at the same time (duplicates are
+  // allowed), or the timeout passes. Errors:
+  //   InvalidArgument: keys is empty or has more than kMaxKeysPerRequest
+  //     entries; keys[i] empty or longer than kMaxKeyBytes (the message
+  //     names i); timeout (see above).
+  //   DeadlineExceeded: some keys still missing; the message names the
+  //     first 16 missing keys and how many are missing.
+  absl::Status Wait(absl::string_view job_id, uint64_t generation, absl::string_view scope,
+                    const std::vector<std::string>& keys,
+                    std::optional<absl::Duration> timeout = std::nullopt,
+                    absl::Time rpc_deadline = absl::InfiniteFuture()) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Deletes `key`; returns true when it existed (deleting a missing key is
+  // not an error). Frees its bytes and its slot in the scope. Errors:
+  //   InvalidArgument: key as for Set.
+  absl::StatusOr<bool> Delete(absl::string_view job_id, uint64_t generation,
+                              absl::string_view scope, absl::string_view key)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Arrives at the single-use barrier `name` as `participant_id` (the
+  // caller's worker_id) and blocks until `participants` distinct
+  // participants have arrived; returns the caller's 0-based arrival
+  // position among them (positions 0..participants-1, in order of
+  // arrival). Once open the barrier stays open: a repeated arrival of a
+  // counted participant returns its position at once. A participant that
+  // arrives again while it waits (an RPC retry) is counted once; a caller
+  // that times out is withdrawn (when it has no other call still waiting)
+  // and no longer counts. Errors:
+  //   InvalidArgument: name empty or longer than kMaxKeyBytes;
+  //     participant_id empty; participants not in 1..kMaxBarrierParticipants;
+  //     timeout (see above).
+  //   FailedPrecondition: `participants` differs from the number the
+  //     barrier was created with (the message names both); or the barrier
+  //     is already open and `participant_id` is not one of its
+  //     participants (more distinct arrivals than `participants`).
+  //   DeadlineExceeded: the barrier did not open in time; the message names
+  //     the barrier and how many of `participants` had arrived.
+  absl::StatusOr<uint32_t> Barrier(absl::string_view job_id, uint64_t generation,
+                                   absl::string_view scope, absl::string_view name,
+                                   absl::string_view participant_id, uint32_t participants,
+                                   std::optional<absl::Duration> timeout = std::nullopt,
+                                   absl::Time rpc_deadline = absl::InfiniteFuture())
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Ends `generation` and every older generation of `job_id`: drops their
+  // keys and barriers, makes every call blocked on them return Aborted
+  // ("generation N ... ended; re-join"), and makes later calls for them
+  // Aborted. Newer generations are untouched. Idempotent; ending an older
+  // generation than one already ended is a no-op. Never fails (an empty
+  // job_id is a no-op).
+  void EndGeneration(absl::string_view job_id, uint64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Ends every generation of `job_id`, present and future (the job was
+  // cancelled, completed or failed). Idempotent; never fails.
+  void DropJob(absl::string_view job_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What (job_id, generation) holds now; all zero for a generation that
+  // holds nothing or has ended.
+  Usage GetUsage(absl::string_view job_id, uint64_t generation) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // A blocked call: lives on its caller's stack, registered (by pointer)
+  // under the key or barrier it waits for. The fields are guarded by mu_.
+  struct Waiter {
+    absl::CondVar cv;
+    bool notified = false;      // set (and deregistered) by whoever woke it
+    std::string abort_message;  // non-empty: its generation ended
+  };
+  struct Arrival {
+    uint64_t seq = 0;       // order of arrival (withdrawn ones leave gaps)
+    int waiting_calls = 0;  // calls of this participant blocked right now
+    uint32_t position = 0;  // valid once the barrier is open
+  };
+  struct BarrierState {
+    uint32_t participants = 0;
+    bool open = false;
+    uint64_t next_seq = 0;
+    absl::flat_hash_map<std::string, Arrival> arrived;  // by participant_id
+    absl::flat_hash_set<Waiter*> waiters;
+  };
+  struct Scope {
+    absl::flat_hash_map<std::string, std::string> kv;
+    // Waiters by the missing key they wait for; an entry is removed whole
+    // when the key is created.
+    absl::flat_hash_map<std::string, absl::flat_hash_set<Waiter*>> key_waiters;
+    absl::flat_hash_map<std::string, std::unique_ptr<BarrierState>> barriers;
+  };
+  struct GenerationState {
+    absl::flat_hash_map<std::string, std::unique_ptr<Scope>> scopes;
+    int64_t keys = 0;
+    int64_t bytes = 0;  // key + value bytes, all scopes
+    int64_t waiters = 0;
+    absl::Time last_write = absl::InfinitePast();
+  };
+  struct JobState {
+    // Generations below this have ended. Meaningless once `dropped`.
+    uint64_t first_live_generation = 0;
+    bool dropped = false;
+    absl::flat_hash_map<uint64_t, std::unique_ptr<GenerationState>> generations;
+  };
+  enum class WaitResult { kNotified, kTimedOut, kAborted };
+
+  // OK, or Aborted when (job_id, generation) has ended or the job was dropped.
+  absl::Status CheckLiveLocked(absl::string_view job_id, uint64_t generation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // nullptr when the generation or scope holds nothing.
+  GenerationState* FindGenerationLocked(absl::string_view job_id, uint64_t generation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Scope* FindScopeLocked(absl::string_view job_id, uint64_t generation,
+                         absl::string_view scope) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Creates the generation and scope when missing. Precondition: live.
+  Scope* EnsureScopeLocked(absl::string_view job_id, uint64_t generation, absl::string_view scope)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the scope, then the generation, when they hold nothing.
+  void MaybeEraseScopeLocked(absl::string_view job_id, uint64_t generation, absl::string_view scope)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores key = value under the limits; wakes the waiters of a new key.
+  absl::Status StoreLocked(GenerationState* gen, Scope* sc, absl::string_view job_id,
+                           uint64_t generation, absl::string_view scope, absl::string_view key,
+                           std::string value, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers `w` for `key` and sleeps until notified, aborted or `deadline`
+  // (real time). Leaves `w` deregistered; on kNotified/kTimedOut the scope
+  // still exists (the caller erases it if empty).
+  WaitResult AwaitKeyLocked(absl::string_view job_id, uint64_t generation, absl::string_view scope,
+                            absl::string_view key, Waiter* w, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sleeps until `w` is notified or `deadline` passes; true when notified.
+  bool SleepLocked(Waiter* w, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Assigns positions and wakes the barrier's waiters.
+  void OpenBarrierLocked(GenerationState* gen, BarrierState* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes every waiter of `gen` with `message` (Aborted) and deregisters them.
+  void AbortWaitersLocked(GenerationState* gen, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Clock* const clock_;  // Not owned.
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardline::server
+
+#endif  // SHARDLINE_SERVER_RENDEZVOUS_H_
