@@ -129,7 +129,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
   if (absl::Status s = InSpecTerms(plan::ValidateConfig(ModelOf(spec), probe)); !s.ok()) return s;
   const uint32_t model_parallel = p.tp() * p.pp();
   if (e.min_workers() == 0) e.set_min_workers(model_parallel);
-  if (e.max_workers() == 0) e.set_max_workers(e.min_workers());
+  if (e.max_workers() == 0) e.set_max_workers(static_cast<uint32_t>(plan::kMaxWorldSize));
   if (e.min_workers() < model_parallel) {
     return Invalid(absl::StrCat("spec.elastic.min_workers=", e.min_workers(), " < tp*pp=",
                                 model_parallel, "; one model replica needs tp*pp workers"));

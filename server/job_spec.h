@@ -18,17 +18,19 @@
 namespace shardline::server {
 
 // Defaults applied to unset (zero) fields.
-inline constexpr absl::Duration kDefaultHeartbeatInterval = absl::Seconds(1);
-inline constexpr absl::Duration kDefaultHeartbeatTimeout = absl::Seconds(10);
-inline constexpr absl::Duration kDefaultJoinTimeout = absl::Minutes(5);
-inline constexpr absl::Duration kDefaultLastCall = absl::Seconds(5);
+// Defaults applied to unset (zero) fields, as job.proto documents.
+inline constexpr absl::Duration kDefaultHeartbeatInterval = absl::Seconds(5);
+inline constexpr absl::Duration kDefaultHeartbeatTimeout = absl::Seconds(30);
+inline constexpr absl::Duration kDefaultJoinTimeout = absl::Minutes(10);
+inline constexpr absl::Duration kDefaultLastCall = absl::Seconds(10);
 inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
 
 // Validates `spec` and returns it with defaults filled in:
 //   model.ffn_hidden_size 0 → 4 * hidden_size; parallel.vpp 0 → 1;
 //   parallel.schedule UNSPECIFIED → 1F1B (INTERLEAVED when vpp > 1);
 //   parallel.zero_alignment 0 → 1; training.precision → FP32;
-//   elastic.min_workers 0 → tp * pp; elastic.max_workers 0 → min_workers;
+//   elastic.min_workers 0 → tp * pp; elastic.max_workers 0 → no cap
+//   (plan::kMaxWorldSize);
 //   elastic durations unset → the defaults above.
 // InvalidArgument names the field with its full path and what would be valid,
 // e.g. "spec.parallel.tp=3 does not divide spec.model.num_heads=8; choose tp

@@ -1,0 +1,148 @@
+// shardline-coordinator: serves the v1 coordinator API (one per cluster).
+//
+//   shardline-coordinator --listen 127.0.0.1:7070 --state ./shardline-state.db
+//       --admin-token "$TOKEN" --metrics-port 9090   (one command line)
+//
+// Prints "listening on HOST:PORT" on stdout once it serves (tests start it
+// with --listen 127.0.0.1:0 and read the port from there), logs one line per
+// event on stderr, and shuts down cleanly on SIGTERM or SIGINT. Exit codes:
+// 0 after a clean shutdown, 2 for bad flags, 1 when it cannot start.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/args.h"
+#include "server/checkpoint_registry.h"
+#include "server/clock.h"
+#include "server/coordinator.h"
+#include "server/grpc_service.h"
+#include "server/metrics.h"
+#include "server/rendezvous.h"
+#include "server/state_store.h"
+
+namespace shardline::server {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "shardline-coordinator: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+int Main(int argc, char** argv) {
+  std::string listen = "127.0.0.1:7070";
+  std::string state = "./shardline-state.db";
+  std::string admin_token;
+  std::string tls_cert, tls_key, tls_client_ca;
+  int64_t metrics_port = 0;
+  bool help = false;
+  client::ArgParser args("shardline-coordinator");
+  args.AddString("listen", &listen, "HOST:PORT to serve gRPC on (port 0: any free port)");
+  args.AddString("state", &state, "SQLite state file, or 'memory' (nothing survives a restart)");
+  args.AddString("admin-token", &admin_token,
+                 "admin bearer token (default: $SHARDLINE_ADMIN_TOKEN; none: no auth, local "
+                 "tests only)");
+  args.AddString("tls-cert", &tls_cert, "PEM server certificate (enables TLS)");
+  args.AddString("tls-key", &tls_key, "PEM private key of --tls-cert");
+  args.AddString("tls-client-ca", &tls_client_ca,
+                 "PEM CA bundle; when set, clients must present a certificate it signed (mTLS)");
+  args.AddInt("metrics-port", &metrics_port, "Prometheus /metrics port on the listen host (0: off)");
+  args.AddBool("help", &help, "print this help");
+  absl::StatusOr<std::vector<std::string>> positional =
+      args.Parse(std::vector<std::string>(argv + 1, argv + argc));
+  if (!positional.ok() || help) {
+    if (!positional.ok()) {
+      std::fprintf(stderr, "shardline-coordinator: %s\n",
+                   std::string(positional.status().message()).c_str());
+    }
+    std::fprintf(help ? stdout : stderr, "%s", args.Usage().c_str());
+    return help ? 0 : 2;
+  }
+  if (!positional->empty()) {
+    std::fprintf(stderr, "shardline-coordinator: unexpected argument '%s'\n%s",
+                 positional->front().c_str(), args.Usage().c_str());
+    return 2;
+  }
+  if (metrics_port < 0 || metrics_port > 65535) {
+    std::fprintf(stderr, "shardline-coordinator: --metrics-port=%lld is not in 0..65535\n",
+                 static_cast<long long>(metrics_port));
+    return 2;
+  }
+  if (!args.WasSet("admin-token")) {
+    if (const char* env = std::getenv("SHARDLINE_ADMIN_TOKEN"); env != nullptr) admin_token = env;
+  }
+  if (tls_cert.empty() != tls_key.empty() || (!tls_client_ca.empty() && tls_cert.empty())) {
+    std::fprintf(stderr,
+                 "shardline-coordinator: TLS needs --tls-cert and --tls-key together "
+                 "(--tls-client-ca only with them)\n");
+    return 2;
+  }
+
+  // Block the shutdown signals in every thread; the main thread waits for
+  // them with sigwait below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::unique_ptr<StateStore> store;
+  if (state == "memory") {
+    store = NewMemoryStore();
+  } else {
+    absl::StatusOr<std::unique_ptr<StateStore>> opened = OpenSqliteStore(state);
+    if (!opened.ok()) return Fail(opened.status());
+    store = *std::move(opened);
+  }
+  RealClock clock;
+  Coordinator coordinator(&clock, store.get());
+  if (absl::Status s = coordinator.Recover(); !s.ok()) return Fail(s);
+  absl::StatusOr<std::unique_ptr<CheckpointRegistry>> checkpoints =
+      CheckpointRegistry::Create(store.get(), &clock);
+  if (!checkpoints.ok()) return Fail(checkpoints.status());
+  Rendezvous rendezvous(&clock);
+  Metrics metrics([&coordinator] { return SnapshotJobs(coordinator); });
+
+  ServerOptions options;
+  options.listen_address = listen;
+  options.admin_token = admin_token;
+  if (!tls_cert.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        MakeServerCredentials(tls_cert, tls_key, tls_client_ca);
+    if (!credentials.ok()) return Fail(credentials.status());
+    options.credentials = *std::move(credentials);
+  }
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(
+      {&coordinator, &rendezvous, checkpoints->get(), &metrics}, options);
+  if (!server.ok()) return Fail(server.status());
+
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (metrics_port > 0) {
+    const std::string& address = (*server)->address();
+    const std::string host = address.substr(0, address.rfind(':'));
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
+        MetricsHttpServer::Start(host, static_cast<int>(metrics_port), &metrics);
+    if (!started.ok()) return Fail(started.status());
+    metrics_server = *std::move(started);
+    std::fprintf(stdout, "metrics on %s:%d\n", host.c_str(), metrics_server->port());
+  }
+  std::fprintf(stdout, "listening on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  std::fprintf(stderr, "shardline-coordinator: signal %d, shutting down\n", signal_number);
+  if (metrics_server != nullptr) metrics_server->Stop();
+  (*server)->Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardline::server
+
+int main(int argc, char** argv) { return shardline::server::Main(argc, argv); }
