@@ -844,3 +844,131 @@ TEST(GrpcServiceTest, StatusMappingIsOneToOne) {
 
 }  // namespace
 }  // namespace shardline::server
+
+namespace shardline::server {
+namespace {
+
+// Two-phase checkpoint over gRPC: both ranks of a generation begin the same
+// checkpoint, each reports its half of a tensor (C4-style: rank 1's half is
+// shorter), the last report commits, the job's restore point moves, and the
+// next generation's assignment names it. A save that dies half way (one rank
+// reported, then a rank is lost) is never restored.
+TEST(GrpcServiceTest, TwoPhaseCheckpointCommitsAndBecomesTheRestorePoint) {
+  Harness h;
+  auto jobs = v1::JobService::NewStub(h.Channel());
+  auto checkpoints = v1::CheckpointService::NewStub(h.Channel());
+  v1::JobSpec spec = SmallSpec(2, 2, 4);
+  spec.mutable_checkpoint()->set_directory(::testing::TempDir() + "/ckpt");
+  spec.mutable_checkpoint()->set_keep_last(3);
+  CreateJob(jobs.get(), "ckpt", spec);
+  SimWorker w0(h.Channel(), "ckpt", "w0", 1), w1(h.Channel(), "ckpt", "w1", 1);
+  ASSERT_TRUE(w0.Join().ok() && w1.Join().ok());
+  ASSERT_TRUE(w0.OpenSession().ok() && w1.OpenSession().ok());
+  auto a0 = w0.GetAssignment(true, absl::Seconds(10));
+  auto a1 = w1.GetAssignment(true, absl::Seconds(10));
+  ASSERT_TRUE(a0.ok() && a1.ok());
+  const uint64_t generation = a0->generation();
+
+  auto begin = [&](SimWorker& w, uint64_t step, v1::BeginCheckpointResponse* out) {
+    v1::BeginCheckpointRequest req;
+    *req.mutable_fence() = w.fence();
+    req.set_step(step);
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    return checkpoints->BeginCheckpoint(&ctx, req, out);
+  };
+  // A tensor of 100 fp32 elements split [0,50) on rank 0 and [50,100) on rank 1.
+  auto report = [&](SimWorker& w, const std::string& id, uint32_t rank, uint64_t begin_el,
+                    uint64_t end_el, v1::ReportShardResponse* out) {
+    v1::ReportShardRequest req;
+    *req.mutable_fence() = w.fence();
+    req.set_checkpoint_id(id);
+    req.set_data_cursor(40);
+    const std::string file = absl::StrCat("rank", rank, ".bin");
+    v1::ShardFile* f = req.add_files();
+    f->set_path(file);
+    f->set_size_bytes((end_el - begin_el) * 4);
+    f->set_crc32c(0x1234u + rank);
+    v1::SavedTensor* t = req.add_tensors();
+    t->set_name("final_layernorm.weight");
+    t->set_dtype(v1::DTYPE_FLOAT32);
+    t->add_global_shape(100);
+    v1::SavedPiece* p = t->add_pieces();
+    p->set_rank(rank);
+    p->mutable_slice()->add_dims()->set_length(100);
+    p->mutable_range()->set_begin(begin_el);
+    p->mutable_range()->set_end(end_el);
+    p->set_file(file);
+    p->set_byte_length((end_el - begin_el) * 4);
+    p->set_crc32c(0x99u + rank);
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    return checkpoints->ReportShard(&ctx, req, out);
+  };
+
+  v1::BeginCheckpointResponse b0, b1;
+  const grpc::Status began = begin(w0, 10, &b0);
+  ASSERT_TRUE(began.ok()) << began.error_message();
+  ASSERT_TRUE(begin(w1, 10, &b1).ok());
+  EXPECT_EQ(b0.checkpoint_id(), b1.checkpoint_id());  // every rank gets the same id
+  v1::ReportShardResponse r0, r1;
+  ASSERT_TRUE(report(w0, b0.checkpoint_id(), 0, 0, 50, &r0).ok());
+  EXPECT_EQ(r0.checkpoint().state(), v1::CHECKPOINT_STATE_PENDING);
+  EXPECT_EQ(r0.checkpoint().reported_ranks(), 1u);
+  grpc::Status last = report(w1, b0.checkpoint_id(), 1, 50, 100, &r1);
+  ASSERT_TRUE(last.ok()) << last.error_message();
+  EXPECT_EQ(r1.checkpoint().state(), v1::CHECKPOINT_STATE_COMMITTED)
+      << r1.checkpoint().abort_reason();
+
+  {
+    v1::GetManifestRequest req;
+    req.set_job_id("ckpt");  // empty checkpoint_id: the latest committed
+    v1::Manifest m;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    ASSERT_TRUE(checkpoints->GetManifest(&ctx, req, &m).ok());
+    EXPECT_EQ(m.step(), 10u);
+    EXPECT_EQ(m.generation(), generation);
+    EXPECT_EQ(m.data_cursor(), 40u);
+    ASSERT_EQ(m.tensors_size(), 1);
+    EXPECT_EQ(m.tensors(0).pieces_size(), 2);
+  }
+  v1::Job job;
+  ASSERT_TRUE(GetJob(jobs.get(), "ckpt", "", &job).ok());
+  EXPECT_EQ(job.last_checkpoint().step(), 10u);
+  EXPECT_EQ(job.last_checkpoint().checkpoint_id(), b0.checkpoint_id());
+
+  // A save of step 20 dies half way: rank 0 reports, then rank 1 is lost.
+  v1::BeginCheckpointResponse half;
+  ASSERT_TRUE(begin(w0, 20, &half).ok());
+  ASSERT_TRUE(report(w0, half.checkpoint_id(), 0, 0, 50, &r0).ok());
+  w1.KillSession();
+  ASSERT_TRUE(w0.WaitMessage([](const v1::SessionMessage& m) {
+                  return m.directive().has_restart_at_generation();
+                }, absl::Seconds(5)).has_value());
+  ASSERT_TRUE(w0.Join().ok());
+  SimWorker w2(h.Channel(), "ckpt", "w2", 1);  // a replacement node
+  ASSERT_TRUE(w2.Join().ok());
+  auto next = w2.GetAssignment(true, absl::Seconds(10));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->generation(), generation + 1);
+  EXPECT_EQ(next->restore().step(), 10u);  // never the half-done step 20
+  EXPECT_EQ(next->restore().checkpoint_id(), b0.checkpoint_id());
+  EXPECT_EQ(next->data_cursor(), 10u * 4);
+  {
+    v1::ListCheckpointsRequest req;
+    req.set_job_id("ckpt");
+    req.set_include_aborted(true);
+    v1::ListCheckpointsResponse list;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    ASSERT_TRUE(checkpoints->ListCheckpoints(&ctx, req, &list).ok());
+    ASSERT_EQ(list.checkpoints_size(), 2);
+    EXPECT_EQ(list.checkpoints(0).step(), 20u);
+    EXPECT_EQ(list.checkpoints(0).state(), v1::CHECKPOINT_STATE_ABORTED);
+    EXPECT_EQ(list.checkpoints(1).state(), v1::CHECKPOINT_STATE_COMMITTED);
+  }
+}
+
+}  // namespace
+}  // namespace shardline::server
