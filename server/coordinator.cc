@@ -540,11 +540,20 @@ absl::StatusOr<Coordinator::MemberRecord*> Coordinator::CheckFenceLocked(const v
 // ---------------------------------------------------------------------------
 // JobService.
 
-absl::StatusOr<v1::CreateJobResponse> Coordinator::CreateJob(const v1::CreateJobRequest& request) {
-  if (absl::Status s = ValidJobId(request.job_id()); !s.ok()) return s;
+absl::StatusOr<v1::CreateJobResponse> Coordinator::CreateJob(const v1::CreateJobRequest& in) {
+  v1::CreateJobRequest request = in;
+  if (!request.job_id().empty()) {
+    if (absl::Status s = ValidJobId(request.job_id()); !s.ok()) return s;
+  }
   absl::StatusOr<v1::JobSpec> spec = ResolveJobSpec(request.spec());
   if (!spec.ok()) return spec.status();
   absl::MutexLock lock(&mu_);
+  if (request.job_id().empty()) {  // the coordinator picks a fresh id
+    std::random_device rd;
+    do {
+      request.set_job_id(absl::StrCat("job-", absl::Hex(rd(), absl::kZeroPad8)));
+    } while (jobs_.count(request.job_id()) > 0);
+  }
   if (JobRecord* existing = FindJobLocked(request.job_id())) {
     if (!google::protobuf::util::MessageDifferencer::Equals(existing->job.spec(), *spec)) {
       return absl::AlreadyExistsError(absl::StrCat(

@@ -104,7 +104,8 @@ class Coordinator {
 
   // --- JobService --------------------------------------------------------
 
-  // Creates a job in PENDING at generation 1 and a fresh worker token.
+  // Creates a job in PENDING at generation 1 and a fresh worker token. An
+  // empty job_id gets a fresh "job-<8 hex digits>".
   // InvalidArgument: malformed job_id (1..63 of [a-z0-9-], starting with a
   //   letter) or spec (ResolveJobSpec's message names the field).
   // AlreadyExists: job_id exists with another spec (same spec: returns it).

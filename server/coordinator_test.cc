@@ -473,6 +473,13 @@ TEST_F(CoordinatorTest, CreateJobValidatesTheSpecNamingFields) {
   *r.mutable_spec()->mutable_elastic()->mutable_heartbeat_timeout() = TimeUtil::SecondsToDuration(1);
   EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
               HasSubstr("spec.elastic.heartbeat_timeout=1s must be longer"));
+  // No id: the coordinator picks one.
+  r.set_job_id("");
+  *r.mutable_spec() = Spec(1, 1);
+  auto picked = coordinator_->CreateJob(r);
+  ASSERT_TRUE(picked.ok()) << picked.status();
+  EXPECT_THAT(picked->job().job_id(), ::testing::MatchesRegex("job-[0-9a-f]{8}"));
+  r.set_job_id("ok");
   // Same id and spec: the same job and token; another spec: AlreadyExists.
   *r.mutable_spec() = Spec(1, 1);
   auto first = coordinator_->CreateJob(r);

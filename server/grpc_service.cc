@@ -732,6 +732,7 @@ class Services {
     grpc::Status KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
                        v1::KvGetResponse* resp) override {
       return s_->Run("RendezvousService/KvGet", [&]() -> absl::Status {
+        if (!req->has_fence()) return OperatorRead(*ctx, *req, resp);
         absl::StatusOr<FencedWorker> fw = Fence(*ctx, req->fence());
         if (!fw.ok()) return fw.status();
         absl::StatusOr<std::optional<absl::Duration>> timeout =
@@ -754,6 +755,40 @@ class Services {
         if (r->has_value()) resp->set_value(**std::move(r));
         return absl::OkStatus();
       });
+    }
+
+    // KvGet without a fence: an operator's read-only look (admin token), which
+    // proves nobody's liveness and never waits.
+    absl::Status OperatorRead(const grpc::ServerContext& ctx, const v1::KvGetRequest& req,
+                              v1::KvGetResponse* resp) {
+      if (req.job_id().empty()) {
+        return absl::InvalidArgumentError(
+            "KvGet needs a fence, or job_id and generation for an operator read");
+      }
+      if (auto p = s_->Authorize(ctx, Access::kAdminOnly, req.job_id()); !p.ok()) {
+        return p.status();
+      }
+      if (req.wait()) {
+        return absl::InvalidArgumentError("an operator read (no fence) cannot wait; set wait=false");
+      }
+      absl::StatusOr<v1::Job> job = s_->deps_.coordinator->GetJob(req.job_id());
+      if (!job.ok()) return job.status();
+      if (req.generation() < job->generation()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "generation ", req.generation(), " of job ", req.job_id(), " is over (current ",
+            job->generation(), "); its rendezvous keys were dropped when it ended"));
+      }
+      if (req.generation() > job->generation()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "generation=", req.generation(), " does not exist yet; job ", req.job_id(),
+            " is at generation ", job->generation()));
+      }
+      absl::StatusOr<std::optional<std::string>> r = s_->deps_.rendezvous->Get(
+          req.job_id(), req.generation(), req.scope(), req.key(), false, std::nullopt);
+      if (!r.ok()) return r.status();
+      resp->set_found(r->has_value());
+      if (r->has_value()) resp->set_value(**std::move(r));
+      return absl::OkStatus();
     }
 
     grpc::Status KvAdd(grpc::ServerContext* ctx, const v1::KvAddRequest* req,
