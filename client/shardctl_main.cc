@@ -1,12 +1,17 @@
 // shardctl: the operator CLI. Subcommands:
-//   plan    offline planning (no coordinator): layouts, schedules, ZeRO
-//           shards, owners, memory.
+//   plan         offline planning (no coordinator): layouts, schedules, ZeRO
+//                shards, owners, memory.
+//   job, members, topology, owner, checkpoints, watch, kv
+//                a running coordinator's jobs, over the v1 API
+//                (client/job_commands.h).
 // Exit codes: 0 success; 2 bad input (usage, a flag, a value, an unknown
-// name); 1 any other failure. Messages go to stderr.
+// name); 1 any other failure (e.g. the coordinator cannot be reached).
+// Messages go to stderr.
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "client/job_commands.h"
 #include "client/plan_command.h"
 
 namespace {
@@ -16,9 +21,28 @@ constexpr char kUsage[] =
     "\n"
     "Usage: shardctl COMMAND [flags]\n"
     "\n"
-    "Commands:\n"
+    "Offline:\n"
     "  plan      plan a layout offline: topology, pipeline schedule, ZeRO shards, memory\n"
-    "            (shardctl plan --help)\n";
+    "            (shardctl plan --help)\n"
+    "\n"
+    "Against a coordinator (shardctl COMMAND --help for each):\n"
+    "  job create SPEC_FILE [--id ID]      create a job from a YAML/JSON spec; prints its\n"
+    "                                      worker token once\n"
+    "  job get ID                          show a job\n"
+    "  job list [--phase P[,P...]]         list jobs, newest first\n"
+    "  job cancel ID [--reason TEXT]       cancel a job\n"
+    "  members JOB                         the job's workers: state, rank, heartbeat\n"
+    "  topology JOB                        process groups and pipeline stages of the\n"
+    "                                      current generation\n"
+    "  owner JOB PARAMETER [--element I]   which ranks hold a parameter's state\n"
+    "  checkpoints JOB [--all]             the job's checkpoints, newest first\n"
+    "  watch JOB [--after SEQ] [--count N] stream the job's events, one line each\n"
+    "  kv get JOB --generation G [--scope S] KEY\n"
+    "                                      read a rendezvous key (debugging)\n"
+    "\n"
+    "Connection flags: --coordinator HOST:PORT (else $SHARDLINE_COORDINATOR, else\n"
+    "127.0.0.1:7070), --token T (else $SHARDLINE_TOKEN), --tls-ca FILE, --tls-cert FILE\n"
+    "--tls-key FILE, --timeout D (default 10s); --json prints responses as JSON.\n";
 
 }  // namespace
 
@@ -39,9 +63,19 @@ int main(int argc, char** argv) {
     if (!s.ok()) {
       std::cerr << "shardctl plan: " << s.message() << "\n";
       // 2: the input was wrong (a flag, a value, a name); 1: anything else.
-      const bool bad_input = s.code() == absl::StatusCode::kInvalidArgument ||
-                             s.code() == absl::StatusCode::kNotFound;
-      return bad_input ? 2 : 1;
+      return shardline::client::ExitCodeFor(s);
+    }
+    return 0;
+  }
+  if (shardline::client::IsCoordinatorCommand(command)) {
+    const absl::Status s = shardline::client::RunCoordinatorCommand(command, args, std::cout);
+    if (!s.ok()) {
+      std::string name = "shardctl " + command;
+      if ((command == "job" || command == "kv") && !args.empty() && args[0][0] != '-') {
+        name += " " + args[0];
+      }
+      std::cerr << name << ": " << s.message() << "\n";
+      return shardline::client::ExitCodeFor(s);
     }
     return 0;
   }

@@ -1,0 +1,364 @@
+#include "client/coordinator_client.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardline::client {
+namespace {
+
+std::string FormatTimeout(absl::Duration d) { return absl::FormatDuration(d); }
+
+// "HOST:PORT" with a port in 1..65535, "[v6]:PORT", or a gRPC URI target.
+absl::Status CheckAddress(const std::string& address, const std::string& source) {
+  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "dns:") ||
+      absl::StartsWith(address, "ipv4:") || absl::StartsWith(address, "ipv6:")) {
+    return absl::OkStatus();
+  }
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  const bool ok = colon != std::string::npos && colon > 0 &&
+                  absl::SimpleAtoi(address.substr(colon + 1), &port) && port > 0 &&
+                  port <= 65535 && address.find_first_of(" \t/") == std::string::npos &&
+                  (address.find(':') == colon || (address[0] == '[' && address[colon - 1] == ']'));
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, "='", address, "' is not HOST:PORT; give e.g. 127.0.0.1:7070, coord.example:7070 "
+      "or [::1]:7070"));
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read ", flag, " file '", path, "': ", std::strerror(errno)));
+  }
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (!file.good() && !file.eof()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read ", flag, " file '", path, "'"));
+  }
+  if (text.str().find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " file '", path, "' is not PEM (no -----BEGIN line); give a PEM file"));
+  }
+  return text.str();
+}
+
+// The transport's reason in a few words, from gRPC's UNAVAILABLE message,
+// e.g. "failed to connect to all addresses; last error: UNKNOWN:
+// ipv4:127.0.0.1:7070: Failed to connect to remote host: Connection refused".
+// Empty when the message is the coordinator's own (starting, stopping).
+std::string TransportReason(const std::string& message, const ConnectionOptions& o) {
+  const std::string m = absl::AsciiStrToLower(message);
+  if (absl::StrContains(m, "connection refused")) return "connection refused";
+  if (absl::StrContains(m, "dns resolution failed") || absl::StrContains(m, "name not found") ||
+      absl::StrContains(m, "domain name not found") ||
+      absl::StrContains(m, "name or service not known")) {
+    return "the host name does not resolve";
+  }
+  if (absl::StrContains(m, "handshake") || absl::StrContains(m, "ssl") ||
+      absl::StrContains(m, "tls") || absl::StrContains(m, "certificate")) {
+    return absl::StrCat("TLS handshake failed (", message,
+                        "); check --tls-ca, --tls-cert and --tls-key against the coordinator's "
+                        "certificates");
+  }
+  if (absl::StrContains(m, "failed parsing http/2")) {
+    return "the server there does not speak gRPC (is this the coordinator's port?)";
+  }
+  if (absl::StrContains(m, "no route to host")) return "no route to host";
+  if (absl::StrContains(m, "network is unreachable")) return "network is unreachable";
+  if (absl::StrContains(m, "connection reset") || absl::StrContains(m, "socket closed") ||
+      absl::StrContains(m, "connection closed") || absl::StrContains(m, "broken pipe")) {
+    return o.tls() ? "the connection was closed"
+                   : "the connection was closed (if the coordinator serves TLS, pass --tls-ca)";
+  }
+  if (absl::StrContains(m, "timed out") || absl::StrContains(m, "timeout")) {
+    return "connection timed out";
+  }
+  if (absl::StrContains(m, "failed to connect") ||
+      absl::StrContains(m, "connections to all backends failing") ||
+      absl::StrContains(m, "no such file or directory")) {
+    return message;
+  }
+  return "";
+}
+
+}  // namespace
+
+void ConnectionFlags::Register(ArgParser& parser) {
+  parser.AddString("coordinator", &coordinator_,
+                   "coordinator address HOST:PORT (default $SHARDLINE_COORDINATOR, else "
+                   "127.0.0.1:7070)");
+  parser.AddString("token", &token_,
+                   "bearer token (default $SHARDLINE_TOKEN; prefer the variable: flags show "
+                   "in ps)");
+  parser.AddString("tls-ca", &tls_ca_, "PEM file of the CA that signed the coordinator (TLS)");
+  parser.AddString("tls-cert", &tls_cert_, "PEM client certificate for mutual TLS (with --tls-key)");
+  parser.AddString("tls-key", &tls_key_, "PEM client private key for mutual TLS (with --tls-cert)");
+  parser.AddString("timeout", &timeout_, "deadline of each call, e.g. 10s, 500ms (default 10s)");
+}
+
+absl::StatusOr<ConnectionOptions> ConnectionFlags::Resolve(
+    const ArgParser& parser, const std::function<const char*(const char*)>& getenv) const {
+  auto env = [&](const char* name) -> std::string {
+    const char* v = getenv ? getenv(name) : std::getenv(name);
+    return v == nullptr ? "" : v;
+  };
+  ConnectionOptions o;
+  if (parser.WasSet("coordinator")) {
+    o.address = coordinator_;
+    o.address_source = "--coordinator";
+  } else if (std::string a = env(kCoordinatorEnv); !a.empty()) {
+    o.address = a;
+    o.address_source = kCoordinatorEnv;
+  }
+  if (absl::Status s = CheckAddress(o.address, o.address_source); !s.ok()) return s;
+
+  const char* token_source = "--token";
+  if (parser.WasSet("token")) {
+    o.token = token_;
+  } else {
+    o.token = env(kTokenEnv);
+    token_source = kTokenEnv;
+  }
+  o.token = std::string(absl::StripAsciiWhitespace(o.token));
+  for (unsigned char c : o.token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          token_source, " holds a space or control character; a token is printable ASCII "
+          "without spaces (check for a pasted line break)"));
+    }
+  }
+
+  o.tls_ca_file = tls_ca_;
+  o.tls_cert_file = tls_cert_;
+  o.tls_key_file = tls_key_;
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"tls-ca", &tls_ca_},
+                                    {"tls-cert", &tls_cert_},
+                                    {"tls-key", &tls_key_}}) {
+    if (parser.WasSet(flag) && value->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs a file path"));
+    }
+  }
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "mutual TLS needs both --tls-cert and --tls-key (the client certificate and its key)");
+  }
+
+  if (parser.WasSet("timeout")) {
+    absl::Duration d;
+    if (!absl::ParseDuration(timeout_, &d) || d <= absl::ZeroDuration() ||
+        d == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--timeout='", timeout_, "' is not a positive duration; give e.g. --timeout=30s"));
+    }
+    o.timeout = d;
+  }
+  return o;
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions& o,
+                            absl::string_view rpc) {
+  if (status.ok()) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  const std::string& message = status.error_message();
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE: {
+      const std::string reason = TransportReason(message, o);
+      if (!reason.empty()) {
+        return absl::Status(
+            code, absl::StrCat("cannot reach the coordinator at ", o.address, ": ", reason,
+                               "; start shardline-coordinator or set --coordinator / ",
+                               kCoordinatorEnv));
+      }
+      return absl::Status(code, absl::StrCat("the coordinator at ", o.address,
+                                             " is unavailable: ", message, "; retry shortly"));
+    }
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      if (message.empty() || message == "Deadline Exceeded") {
+        return absl::Status(
+            code, absl::StrCat("no answer from the coordinator at ", o.address, " to ", rpc,
+                               " within ", FormatTimeout(o.timeout),
+                               " (--timeout); check that it is running and reachable, or give a "
+                               "longer --timeout"));
+      }
+      return absl::Status(code, message);
+    case grpc::StatusCode::UNAUTHENTICATED:
+      if (o.token.empty()) {
+        return absl::Status(code, absl::StrCat("the coordinator at ", o.address,
+                                               " requires a token (", message,
+                                               "); pass --token or set ", kTokenEnv));
+      }
+      return absl::Status(code, absl::StrCat(message, "; check the token given by --token or ",
+                                             kTokenEnv));
+    case grpc::StatusCode::PERMISSION_DENIED:
+      if (absl::StrContains(message, "admin token")) {
+        return absl::Status(code, absl::StrCat(message, " (--token or ", kTokenEnv, ")"));
+      }
+      return absl::Status(
+          code, absl::StrCat(message, "; ", rpc,
+                             " needs the coordinator's admin token (a job's worker token only "
+                             "reads its own job)"));
+    case grpc::StatusCode::UNIMPLEMENTED:
+      if (absl::StartsWith(message, "Received http2 header with status")) {
+        return absl::Status(code, absl::StrCat("the server at ", o.address,
+                                               " is not a Shardline coordinator (", message,
+                                               "); check --coordinator / ", kCoordinatorEnv));
+      }
+      return absl::Status(code, absl::StrCat("the coordinator at ", o.address,
+                                             " does not implement ", rpc, " (", message,
+                                             "); is it an older version than shardctl?"));
+    case grpc::StatusCode::CANCELLED:
+      return absl::Status(code, absl::StrCat(rpc, " was cancelled",
+                                             message.empty() ? "" : ": " + message));
+    default:
+      if (message.empty()) {
+        return absl::Status(code, absl::StrCat(rpc, " failed with ",
+                                               absl::StatusCodeToString(code),
+                                               " and no message from the coordinator"));
+      }
+      return absl::Status(code, message);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
+    const ConnectionOptions& options) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (options.tls()) {
+    grpc::SslCredentialsOptions ssl;
+    if (!options.tls_ca_file.empty()) {
+      absl::StatusOr<std::string> pem = ReadPem(options.tls_ca_file, "--tls-ca");
+      if (!pem.ok()) return pem.status();
+      ssl.pem_root_certs = *pem;
+    }
+    if (!options.tls_cert_file.empty()) {
+      absl::StatusOr<std::string> cert = ReadPem(options.tls_cert_file, "--tls-cert");
+      if (!cert.ok()) return cert.status();
+      absl::StatusOr<std::string> key = ReadPem(options.tls_key_file, "--tls-key");
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // A CLI makes one attempt: a refused connection is reported, not retried
+  // behind the user's back for the whole deadline.
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.address, credentials, args);
+  return std::make_unique<CoordinatorClient>(std::move(channel), options);
+}
+
+CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::Channel> channel,
+                                     ConnectionOptions options)
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      jobs_(v1::JobService::NewStub(channel_)),
+      checkpoints_(v1::CheckpointService::NewStub(channel_)),
+      rendezvous_(v1::RendezvousService::NewStub(channel_)) {}
+
+void CoordinatorClient::Prepare(grpc::ClientContext* context, bool deadline) const {
+  if (!options_.token.empty()) {
+    context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
+  }
+  if (deadline) context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+}
+
+template <typename Response, typename Call>
+absl::StatusOr<Response> CoordinatorClient::Unary(absl::string_view rpc, Call call) {
+  grpc::ClientContext context;
+  Prepare(&context, /*deadline=*/true);
+  Response response;
+  const grpc::Status status = call(&context, &response);
+  if (!status.ok()) return FromGrpcStatus(status, options_, rpc);
+  return response;
+}
+
+absl::StatusOr<v1::CreateJobResponse> CoordinatorClient::CreateJob(
+    const v1::CreateJobRequest& request) {
+  return Unary<v1::CreateJobResponse>("CreateJob", [&](auto* c, auto* r) {
+    return jobs_->CreateJob(c, request, r);
+  });
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const v1::GetJobRequest& request) {
+  return Unary<v1::Job>("GetJob", [&](auto* c, auto* r) { return jobs_->GetJob(c, request, r); });
+}
+
+absl::StatusOr<v1::ListJobsResponse> CoordinatorClient::ListJobs(
+    const v1::ListJobsRequest& request) {
+  return Unary<v1::ListJobsResponse>("ListJobs", [&](auto* c, auto* r) {
+    return jobs_->ListJobs(c, request, r);
+  });
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::CancelJob(const v1::CancelJobRequest& request) {
+  return Unary<v1::Job>("CancelJob",
+                        [&](auto* c, auto* r) { return jobs_->CancelJob(c, request, r); });
+}
+
+absl::StatusOr<v1::ListMembersResponse> CoordinatorClient::ListMembers(
+    const v1::ListMembersRequest& request) {
+  return Unary<v1::ListMembersResponse>("ListMembers", [&](auto* c, auto* r) {
+    return jobs_->ListMembers(c, request, r);
+  });
+}
+
+absl::StatusOr<v1::Plan> CoordinatorClient::GetPlan(const v1::GetPlanRequest& request) {
+  return Unary<v1::Plan>("GetPlan", [&](auto* c, auto* r) { return jobs_->GetPlan(c, request, r); });
+}
+
+absl::StatusOr<v1::GetShardOwnerResponse> CoordinatorClient::GetShardOwner(
+    const v1::GetShardOwnerRequest& request) {
+  return Unary<v1::GetShardOwnerResponse>("GetShardOwner", [&](auto* c, auto* r) {
+    return jobs_->GetShardOwner(c, request, r);
+  });
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> CoordinatorClient::ListCheckpoints(
+    const v1::ListCheckpointsRequest& request) {
+  return Unary<v1::ListCheckpointsResponse>("ListCheckpoints", [&](auto* c, auto* r) {
+    return checkpoints_->ListCheckpoints(c, request, r);
+  });
+}
+
+absl::StatusOr<v1::KvGetResponse> CoordinatorClient::KvGet(const v1::KvGetRequest& request) {
+  return Unary<v1::KvGetResponse>("KvGet", [&](auto* c, auto* r) {
+    return rendezvous_->KvGet(c, request, r);
+  });
+}
+
+absl::Status CoordinatorClient::WatchJob(
+    const v1::WatchJobRequest& request,
+    const std::function<bool(const v1::JobEvent&)>& on_event) {
+  grpc::ClientContext context;
+  Prepare(&context, /*deadline=*/false);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = jobs_->WatchJob(&context, request);
+  v1::JobEvent event;
+  bool stopped = false;
+  while (reader->Read(&event)) {
+    if (!on_event(event)) {
+      stopped = true;
+      context.TryCancel();
+      break;
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  if (stopped) return absl::OkStatus();
+  return FromGrpcStatus(status, options_, "WatchJob");
+}
+
+}  // namespace shardline::client

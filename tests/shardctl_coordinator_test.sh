@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# End-to-end: shardctl against the real shardline-coordinator binary, as an
+# operator runs them. Starts one coordinator without auth (the job lifecycle
+# and error paths) and one with an admin token (bearer metadata, worker
+# tokens), each on --listen 127.0.0.1:0 --state memory, reading the port from
+# its "listening on HOST:PORT" line. Checks exit codes, that results go to
+# stdout and errors to stderr, and real values in the output.
+#
+#   shardctl_coordinator_test.sh SHARDCTL COORDINATOR SPEC_YAML
+set -uo pipefail
+SHARDCTL="$1"
+COORDINATOR="$2"
+SPEC="$3"
+TMP="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+}
+trap cleanup EXIT
+unset SHARDLINE_COORDINATOR SHARDLINE_TOKEN SHARDLINE_ADMIN_TOKEN
+
+# start_coordinator NAME [FLAGS...]: sets ADDRESS, or fails the test.
+start_coordinator() {
+  local name="$1"; shift
+  "$COORDINATOR" --listen 127.0.0.1:0 --state memory "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" &
+  PIDS+=($!)
+  for _ in $(seq 1 200); do
+    ADDRESS=$(sed -n 's/^listening on //p' "$TMP/$name.out")
+    [ -n "$ADDRESS" ] && return 0
+    kill -0 "${PIDS[-1]}" 2>/dev/null || break
+    sleep 0.05
+  done
+  echo "[FAILED] $name coordinator did not print 'listening on HOST:PORT' within 10 s"
+  cat "$TMP/$name.out" "$TMP/$name.err"
+  exit 1
+}
+
+# check NAME EXPECTED_RC PATTERN_IN_STDOUT PATTERN_IN_STDERR -- ARGS...
+check() {
+  local name="$1" want_rc="$2" out_pat="$3" err_pat="$4"; shift 5
+  timeout 30 "$SHARDCTL" "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  local ok=1
+  [ "$rc" -eq "$want_rc" ] || ok=0
+  [ -z "$out_pat" ] || grep -qF -- "$out_pat" "$TMP/out" || ok=0
+  [ -z "$err_pat" ] || grep -qF -- "$err_pat" "$TMP/err" || ok=0
+  # Errors never print a partial result on stdout, and say it in one line.
+  if [ "$want_rc" -ne 0 ]; then
+    [ -s "$TMP/out" ] && ok=0
+    [ "$(wc -l <"$TMP/err")" -eq 1 ] || ok=0
+  fi
+  if [ $ok -eq 1 ]; then
+    echo "[  OK  ] $name"
+  else
+    echo "[FAILED] $name: rc=$rc (want $want_rc)"; echo "--- stdout"; head -30 "$TMP/out"; echo "--- stderr"; cat "$TMP/err"
+    fails=$((fails + 1))
+  fi
+}
+
+# A port nothing listens on.
+CLOSED=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+
+# ---- without auth -----------------------------------------------------------
+start_coordinator plain
+export SHARDLINE_COORDINATOR="$ADDRESS"
+
+check "create from the example spec" 0 "Job:              shakespeare" "" -- job create "$SPEC" --id shakespeare
+grep -qF "Worker token: none (the coordinator runs without authentication)" "$TMP/out" \
+  && echo "[  OK  ] no auth: no worker token" || { echo "[FAILED] no auth: no worker token"; fails=$((fails + 1)); }
+check "create again with the same spec is idempotent" 0 "Phase:            PENDING" "" -- job create "$SPEC" --id shakespeare
+check "get" 0 "Elastic:          4..5 workers, heartbeat 1s, timeout 10s" "" -- job get shakespeare
+check "get --json" 0 '"job_id": "shakespeare"' "" -- job get shakespeare --json
+check "get --json prints zero fields" 0 '"world_size": 0' "" -- job get shakespeare --json
+check "list" 0 "shakespeare  shakespeare  PENDING    1      -  0/2000" "" -- job list
+check "list --phase filters" 0 "no jobs" "" -- job list --phase running,recovering
+check "members (none yet)" 0 "no workers have joined job shakespeare (generation 1)" "" -- members shakespeare
+check "members --json" 0 '"members": []' "" -- members shakespeare --json
+check "checkpoints (none yet)" 0 "no checkpoints of job shakespeare" "" -- checkpoints shakespeare
+check "topology before the first generation" 1 "" "the topology exists once the first generation forms" -- topology shakespeare
+check "owner before the first generation" 1 "" "shardctl owner: " -- owner shakespeare layers.0.mlp.fc1.weight
+check "kv get of a key nobody set" 0 "Value:       not set" "" -- kv get shakespeare --generation 1 --scope tp/0 k
+check "kv get of a future generation" 2 "" "does not exist yet" -- kv get shakespeare --generation 9 k
+check "cancel" 0 "Phase:            CANCELLED" "" -- job cancel shakespeare --reason "test over"
+check "cancel shows the reason" 0 "test over" "" -- job get shakespeare
+check "watch replays and ends at the terminal phase" 0 "phase_changed PENDING -> CANCELLED" "" -- watch shakespeare --after 0
+check "watch --count" 0 "#1 " "" -- watch shakespeare --after 0 --count 1
+[ "$(wc -l <"$TMP/out")" -eq 1 ] && echo "[  OK  ] watch --count 1 prints one line" \
+  || { echo "[FAILED] watch --count 1 printed $(wc -l <"$TMP/out") lines"; fails=$((fails + 1)); }
+check "watch --json lines" 0 '"phase_changed":' "" -- watch shakespeare --after 0 --json
+
+# Error paths.
+check "unknown job" 2 "" "shardctl job get: no job" -- job get nope
+check "unknown job names the way out" 2 "" "'shardctl job list' lists the jobs" -- members nope
+check "unreachable coordinator" 1 "" "shardctl job list: cannot reach the coordinator at 127.0.0.1:$CLOSED: connection refused; start shardline-coordinator or set --coordinator / SHARDLINE_COORDINATOR" -- job list --coordinator "127.0.0.1:$CLOSED"
+SHARDLINE_COORDINATOR="127.0.0.1:$CLOSED" check "unreachable coordinator from the environment" 1 "" "cannot reach the coordinator at 127.0.0.1:$CLOSED: connection refused" -- job get shakespeare
+printf 'name: bad\nmodel:\n  num_layers: 4\n  colour: blue\n' >"$TMP/unknown.yaml"
+check "bad spec: unknown field" 2 "" "$TMP/unknown.yaml:4:3: unknown field 'model.colour'" -- job create "$TMP/unknown.yaml"
+sed 's/^  tp: 1$/  tp: 3/' "$SPEC" >"$TMP/tp3.yaml"
+check "bad spec: the coordinator names the field" 2 "" "spec.parallel.tp=3" -- job create "$TMP/tp3.yaml" --id tp3
+sed 's/heartbeat_timeout: 10s/heartbeat_timeout: 10/' "$SPEC" >"$TMP/duration.yaml"
+check "bad spec: duration without unit" 2 "" "'elastic.heartbeat_timeout' is a duration and the number 10 has no unit" -- job create "$TMP/duration.yaml"
+check "missing spec file" 2 "" "cannot read spec file '$TMP/none.yaml': No such file or directory" -- job create "$TMP/none.yaml"
+check "bad --id" 2 "" "--id='Shake' is not a job id" -- job create "$SPEC" --id Shake
+check "bad flag" 2 "" "unknown flag --phse" -- job list --phse running
+
+# ---- with an admin token --------------------------------------------------
+start_coordinator auth --admin-token admin-secret
+export SHARDLINE_COORDINATOR="$ADDRESS"
+check "no token" 1 "" "requires a token" -- job list
+check "wrong token" 1 "" "check the token given by --token or SHARDLINE_TOKEN" -- job list --token nope
+SHARDLINE_TOKEN=admin-secret check "create with the admin token" 0 "Worker token (shown only now; give it to this job's workers as SHARDLINE_TOKEN):" "" -- job create "$SPEC" --id shakespeare
+WORKER_TOKEN=$(grep -A1 "^Worker token (shown only now" "$TMP/out" | tail -1 | tr -d ' ')
+if [ -n "$WORKER_TOKEN" ] && [ "$(grep -c -- "$WORKER_TOKEN" "$TMP/out")" -eq 1 ]; then
+  echo "[  OK  ] the worker token is printed once"
+else
+  echo "[FAILED] the worker token is printed once"; fails=$((fails + 1))
+fi
+check "admin token from --token" 0 "shakespeare" "" -- job list --token admin-secret
+SHARDLINE_TOKEN="$WORKER_TOKEN" check "worker token reads its job" 0 "Job:              shakespeare" "" -- job get shakespeare
+SHARDLINE_TOKEN="$WORKER_TOKEN" check "worker token may not list jobs" 1 "" "admin token" -- job list
+SHARDLINE_TOKEN="$WORKER_TOKEN" check "worker token may not cancel" 1 "" "admin token" -- job cancel shakespeare
+SHARDLINE_TOKEN="$WORKER_TOKEN" check "worker token of another job" 1 "" "shardctl job get: " -- job get other
+
+echo "$fails failed"
+[ $fails -eq 0 ]
