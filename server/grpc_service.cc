@@ -366,16 +366,8 @@ class Services {
 
     grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                         v1::Job* resp) override {
-      return s_->Run("JobService/GetJob", [&]() -> absl::Status {
-        if (auto p = s_->Authorize(*ctx, Access::kWorker, req->job_id()); !p.ok()) {
-          return p.status();
-        }
-        if (absl::Status st = RequireJobId(req->job_id(), "job_id"); !st.ok()) return st;
-        absl::StatusOr<v1::Job> r = s_->deps_.coordinator->GetJob(req->job_id());
-        if (!r.ok()) return r.status();
-        *resp = *std::move(r);
-        return absl::OkStatus();
-      });
+      return Read("JobService/GetJob", *ctx, req->job_id(), resp,
+                  [&] { return s_->deps_.coordinator->GetJob(req->job_id()); });
     }
 
     grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
@@ -410,46 +402,21 @@ class Services {
     }
 
     grpc::Status ListMembers(grpc::ServerContext* ctx, const v1::ListMembersRequest* req,
-                             v1::ListMembersResponse* resp) override {
-      return s_->Run("JobService/ListMembers", [&]() -> absl::Status {
-        if (auto p = s_->Authorize(*ctx, Access::kWorker, req->job_id()); !p.ok()) {
-          return p.status();
-        }
-        if (absl::Status st = RequireJobId(req->job_id(), "job_id"); !st.ok()) return st;
-        absl::StatusOr<v1::ListMembersResponse> r =
-            s_->deps_.coordinator->ListMembers(req->job_id());
-        if (!r.ok()) return r.status();
-        *resp = *std::move(r);
-        return absl::OkStatus();
-      });
+                        v1::ListMembersResponse* resp) override {
+      return Read("JobService/ListMembers", *ctx, req->job_id(), resp,
+                  [&] { return s_->deps_.coordinator->ListMembers(req->job_id()); });
     }
 
     grpc::Status GetPlan(grpc::ServerContext* ctx, const v1::GetPlanRequest* req,
-                         v1::Plan* resp) override {
-      return s_->Run("JobService/GetPlan", [&]() -> absl::Status {
-        if (auto p = s_->Authorize(*ctx, Access::kWorker, req->job_id()); !p.ok()) {
-          return p.status();
-        }
-        if (absl::Status st = RequireJobId(req->job_id(), "job_id"); !st.ok()) return st;
-        absl::StatusOr<v1::Plan> r = s_->deps_.coordinator->GetPlan(req->job_id());
-        if (!r.ok()) return r.status();
-        *resp = *std::move(r);
-        return absl::OkStatus();
-      });
+                        v1::Plan* resp) override {
+      return Read("JobService/GetPlan", *ctx, req->job_id(), resp,
+                  [&] { return s_->deps_.coordinator->GetPlan(req->job_id()); });
     }
 
     grpc::Status GetShardOwner(grpc::ServerContext* ctx, const v1::GetShardOwnerRequest* req,
-                               v1::GetShardOwnerResponse* resp) override {
-      return s_->Run("JobService/GetShardOwner", [&]() -> absl::Status {
-        if (auto p = s_->Authorize(*ctx, Access::kWorker, req->job_id()); !p.ok()) {
-          return p.status();
-        }
-        if (absl::Status st = RequireJobId(req->job_id(), "job_id"); !st.ok()) return st;
-        absl::StatusOr<v1::GetShardOwnerResponse> r = s_->deps_.coordinator->GetShardOwner(*req);
-        if (!r.ok()) return r.status();
-        *resp = *std::move(r);
-        return absl::OkStatus();
-      });
+                        v1::GetShardOwnerResponse* resp) override {
+      return Read("JobService/GetShardOwner", *ctx, req->job_id(), resp,
+                  [&] { return s_->deps_.coordinator->GetShardOwner(*req); });
     }
 
     grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
@@ -464,6 +431,20 @@ class Services {
     }
 
    private:
+    // A read of one job's state with the worker token or the admin token.
+    template <typename Response, typename Fn>
+    grpc::Status Read(const char* method, const grpc::ServerContext& ctx,
+                      const std::string& job_id, Response* resp, Fn fn) {
+      return s_->Run(method, [&]() -> absl::Status {
+        if (auto p = s_->Authorize(ctx, Access::kWorker, job_id); !p.ok()) return p.status();
+        if (absl::Status st = RequireJobId(job_id, "job_id"); !st.ok()) return st;
+        absl::StatusOr<Response> r = fn();
+        if (!r.ok()) return r.status();
+        *resp = *std::move(r);
+        return absl::OkStatus();
+      });
+    }
+
     absl::Status Watch(grpc::ServerContext* ctx, const v1::WatchJobRequest& req,
                        grpc::ServerWriter<v1::JobEvent>* writer) {
       Coordinator& c = *s_->deps_.coordinator;
