@@ -972,3 +972,103 @@ TEST(GrpcServiceTest, TwoPhaseCheckpointCommitsAndBecomesTheRestorePoint) {
 
 }  // namespace
 }  // namespace shardline::server
+
+namespace shardline::server {
+namespace {
+
+// Many simulated workers on threads over real loopback gRPC: 48 join a job
+// with pp=2 and a global batch of 48 micro-batches, get unique ranks of
+// world 48; three die at once; the 45 survivors re-join and the job re-forms
+// at generation 2 with the largest world that keeps the global batch
+// constant: dp must divide 48 and 2*dp <= 45, so dp 16, world 32, 13 spares.
+TEST(GrpcServiceTest, ManyWorkersFormLoseThreeAndReform) {
+  Harness h;
+  auto jobs = v1::JobService::NewStub(h.Channel());
+  v1::JobSpec spec = SmallSpec(32, 48, 48);
+  spec.mutable_parallel()->set_pp(2);
+  CreateJob(jobs.get(), "many", spec);
+  constexpr int kWorkers = 48;
+  std::vector<std::unique_ptr<SimWorker>> workers;
+  for (int i = 0; i < kWorkers; ++i) {
+    workers.push_back(std::make_unique<SimWorker>(h.Channel(), "many", absl::StrCat("node", i), 100 + i));
+  }
+  auto join_all = [&](const std::vector<int>& which, bool open_session) {
+    std::vector<absl::StatusOr<v1::Assignment>> got(kWorkers, absl::UnknownError("unset"));
+    std::vector<std::thread> threads;
+    for (int i : which) {
+      threads.emplace_back([&, i] {
+        grpc::Status joined = workers[i]->Join();
+        if (!joined.ok()) {
+          got[i] = absl::InternalError(joined.error_message());
+          return;
+        }
+        if (open_session && !workers[i]->OpenSession().ok()) {
+          got[i] = absl::InternalError("no session");
+          return;
+        }
+        got[i] = workers[i]->GetAssignment(true, absl::Seconds(20));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return got;
+  };
+  std::vector<int> everyone(kWorkers);
+  for (int i = 0; i < kWorkers; ++i) everyone[i] = i;
+  auto first = join_all(everyone, true);
+  std::set<uint32_t> ranks;
+  for (int i = 0; i < kWorkers; ++i) {
+    ASSERT_TRUE(first[i].ok()) << i << ": " << first[i].status();
+    EXPECT_EQ(first[i]->generation(), 1u);
+    EXPECT_EQ(first[i]->world_size(), 48u);
+    EXPECT_EQ(first[i]->gradient_accumulation_steps(), 2u);  // 48 / (1 * 24)
+    ranks.insert(first[i]->rank());
+  }
+  EXPECT_EQ(ranks.size(), 48u);
+  EXPECT_EQ(*ranks.rbegin(), 47u);
+
+  for (int i : {5, 17, 40}) workers[i]->KillSession();
+  // All three are noticed at once; the first loss ends generation 1.
+  v1::Job job;
+  for (int tries = 0; tries < 100; ++tries) {
+    ASSERT_TRUE(GetJob(jobs.get(), "many", "", &job).ok());
+    v1::ListMembersRequest req;
+    req.set_job_id("many");
+    v1::ListMembersResponse members;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    ASSERT_TRUE(jobs->ListMembers(&ctx, req, &members).ok());
+    int lost = 0;
+    for (const v1::Member& m : members.members()) lost += m.state() == v1::MEMBER_STATE_LOST;
+    if (lost == 3) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(job.generation(), 2u);
+  EXPECT_EQ(job.phase(), v1::JOB_PHASE_RECOVERING);
+
+  std::vector<int> survivors;
+  for (int i = 0; i < kWorkers; ++i) {
+    if (i != 5 && i != 17 && i != 40) survivors.push_back(i);
+  }
+  auto second = join_all(survivors, false);
+  ranks.clear();
+  int spares = 0;
+  for (int i : survivors) {
+    ASSERT_TRUE(second[i].ok()) << i << ": " << second[i].status();
+    EXPECT_EQ(second[i]->generation(), 2u);
+    EXPECT_EQ(second[i]->world_size(), 32u);
+    if (second[i]->spare()) {
+      ++spares;
+    } else {
+      ranks.insert(second[i]->rank());
+      EXPECT_EQ(second[i]->gradient_accumulation_steps(), 3u);  // 48 / 16
+    }
+  }
+  EXPECT_EQ(ranks.size(), 32u);
+  EXPECT_EQ(spares, 13);
+  ASSERT_TRUE(GetJob(jobs.get(), "many", "", &job).ok());
+  EXPECT_EQ(job.phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(job.dp(), 16u);
+}
+
+}  // namespace
+}  // namespace shardline::server
