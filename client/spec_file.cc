@@ -8,7 +8,9 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -22,6 +24,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace shardline::client {
@@ -196,7 +199,44 @@ absl::Status SpecParser::FromYaml(const YAML::Node& node, const std::string& pat
   return absl::InternalError("unknown YAML node type");
 }
 
+// Finds the first alias (*name). Job specs have no use for aliases, and
+// expanding them is how a tiny file becomes gigabytes (the "billion laughs")
+// or, aliasing itself, an endless recursion.
+class AliasFinder final : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
+    if (!alias.has_value()) alias = mark;
+  }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+  std::optional<YAML::Mark> alias;
+};
+
 absl::Status SpecParser::LoadYaml(const std::string& text) {
+  try {
+    std::istringstream stream(text);
+    YAML::Parser parser(stream);
+    AliasFinder finder;
+    while (parser.HandleNextDocument(finder) && !finder.alias.has_value()) {
+    }
+    if (finder.alias.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_, ":", Where(*finder.alias),
+          ": YAML aliases (*name) are not allowed in a job spec; write the value out"));
+    }
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ":", Where(e.mark), ": YAML syntax error: ", e.msg));
+  }
   std::vector<YAML::Node> docs;
   try {
     docs = YAML::LoadAll(text);

@@ -227,3 +227,31 @@ TEST(SpecFileTest, FileErrorsNameThePath) {
 
 }  // namespace
 }  // namespace shardline::client
+
+namespace shardline::client {
+namespace {
+
+// Aliases are refused before anything is expanded: a "billion laughs" file
+// (9 levels of 10 aliases) would otherwise grow to gigabytes, and an alias of
+// itself would recurse forever.
+TEST(SpecFileAliasTest, AliasesAreRefusedBeforeExpansion) {
+  std::string bomb = "a0: &a0 [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n";
+  for (int i = 1; i <= 9; ++i) {
+    bomb += absl::StrCat("a", i, ": &a", i, " [");
+    for (int j = 0; j < 10; ++j) bomb += absl::StrCat(j ? "," : "", "*a", i - 1);
+    bomb += "]\n";
+  }
+  const absl::Time start = absl::Now();
+  const absl::StatusOr<v1::JobSpec> r = ParseJobSpec(bomb, SpecFormat::kYaml, "bomb.yaml");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              ::testing::HasSubstr("bomb.yaml:2:10: YAML aliases (*name) are not allowed"));
+  const absl::StatusOr<v1::JobSpec> self =
+      ParseJobSpec("name: &a [*a]\n", SpecFormat::kYaml, "self.yaml");
+  EXPECT_THAT(std::string(self.status().message()), ::testing::HasSubstr("aliases"));
+}
+
+}  // namespace
+}  // namespace shardline::client

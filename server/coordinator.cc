@@ -50,12 +50,12 @@ std::string PhaseName(v1::JobPhase phase) {
 }
 
 absl::Status ValidJobId(const std::string& id) {
-  bool ok = !id.empty() && id.size() <= 63 && absl::ascii_islower(id[0]);
+  bool ok = !id.empty() && id.size() <= 63 && absl::ascii_islower(id[0]) && id.back() != '-';
   for (char c : id) ok = ok && (absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-');
   if (ok) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "job_id='", id, "' is invalid; use 1..63 characters of a-z, 0-9 and '-', starting with a "
-      "letter (e.g. 'shakespeare-1')"));
+      "letter and not ending with '-' (e.g. 'shakespeare-1')"));
 }
 
 absl::Status ValidIdentity(const v1::WorkerIdentity& w, absl::string_view field) {
@@ -564,9 +564,13 @@ absl::StatusOr<v1::CreateJobResponse> Coordinator::CreateJob(const v1::CreateJob
     response.set_worker_token(existing->worker_token);
     return response;
   }
-  if (jobs_.size() >= static_cast<size_t>(options_.max_jobs)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the coordinator holds its maximum of ", options_.max_jobs, " jobs; cancel old ones"));
+  // Finished jobs stay queryable but do not count against the limit.
+  size_t live_jobs = 0;
+  for (const auto& [id, j] : jobs_) live_jobs += !IsTerminal(j->job.phase());
+  if (live_jobs >= static_cast<size_t>(options_.max_jobs)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the coordinator runs its maximum of ", options_.max_jobs,
+                     " unfinished jobs; cancel ones you no longer need"));
   }
   auto job = std::make_unique<JobRecord>();
   const absl::Time now = clock_->Now();

@@ -64,6 +64,7 @@
 namespace shardline::server {
 
 struct CoordinatorOptions {
+  // Unfinished (not COMPLETED, FAILED or CANCELLED) jobs at once.
   int max_jobs = 1024;
   // Events kept per job for WatchJob replays.
   int max_events_per_job = 10000;
@@ -107,9 +108,9 @@ class Coordinator {
   // Creates a job in PENDING at generation 1 and a fresh worker token. An
   // empty job_id gets a fresh "job-<8 hex digits>".
   // InvalidArgument: malformed job_id (1..63 of [a-z0-9-], starting with a
-  //   letter) or spec (ResolveJobSpec's message names the field).
+  //   letter, not ending with '-') or spec (ResolveJobSpec's message names the field).
   // AlreadyExists: job_id exists with another spec (same spec: returns it).
-  // ResourceExhausted: max_jobs reached.
+  // ResourceExhausted: max_jobs unfinished jobs exist.
   absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::CreateJobRequest& request);
   // NotFound: no such job.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;

@@ -3,6 +3,7 @@
 // fencing, case C9, durability across a restart.
 #include "server/coordinator.h"
 
+#include <cmath>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -473,6 +474,28 @@ TEST_F(CoordinatorTest, CreateJobValidatesTheSpecNamingFields) {
   *r.mutable_spec()->mutable_elastic()->mutable_heartbeat_timeout() = TimeUtil::SecondsToDuration(1);
   EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
               HasSubstr("spec.elastic.heartbeat_timeout=1s must be longer"));
+  *r.mutable_spec() = Spec(1, 1);
+  r.mutable_spec()->mutable_training()->set_adam_beta2(1.5);
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("spec.training.adam_beta2=1.5 is invalid; use a value in [0, 1)"));
+  *r.mutable_spec() = Spec(1, 1);
+  r.mutable_spec()->mutable_training()->set_learning_rate(std::nan(""));
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("spec.training.learning_rate=nan is invalid"));
+  *r.mutable_spec() = Spec(1, 1);
+  r.mutable_spec()->mutable_data()->set_validation_fraction(1.5);
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("spec.data.validation_fraction=1.5"));
+  *r.mutable_spec() = Spec(1, 1);
+  r.mutable_spec()->mutable_training()->set_learning_rate(1e-3);
+  r.mutable_spec()->mutable_training()->set_min_learning_rate(5);
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("min_learning_rate=5 exceeds"));
+  r.set_job_id("trailing-");
+  *r.mutable_spec() = Spec(1, 1);
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("not ending with '-'"));
+  r.set_job_id("ok");
   // No id: the coordinator picks one.
   r.set_job_id("");
   *r.mutable_spec() = Spec(1, 1);
@@ -488,6 +511,21 @@ TEST_F(CoordinatorTest, CreateJobValidatesTheSpecNamingFields) {
   EXPECT_EQ(first->worker_token(), again->worker_token());
   r.mutable_spec()->set_name("other");
   EXPECT_EQ(coordinator_->CreateJob(r).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(CoordinatorTest, FinishedJobsDoNotCountAgainstTheJobLimit) {
+  coordinator_ = std::make_unique<Coordinator>(&clock_, store_.get(), CoordinatorOptions{2});
+  Create(Spec(1, 1), "one");
+  Create(Spec(1, 1), "two");
+  v1::CreateJobRequest r;
+  r.set_job_id("three");
+  *r.mutable_spec() = Spec(1, 1);
+  EXPECT_EQ(coordinator_->CreateJob(r).status().code(), absl::StatusCode::kResourceExhausted);
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id("one");
+  ASSERT_TRUE(coordinator_->CancelJob(cancel).ok());
+  EXPECT_TRUE(coordinator_->CreateJob(r).ok());
+  EXPECT_TRUE(coordinator_->GetJob("one").ok());  // still queryable
 }
 
 TEST_F(CoordinatorTest, PlanAndOwnersExistOnceFormed) {

@@ -1138,6 +1138,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Workers may send their own keepalive pings once a second.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  // Two coordinators on one port would split the clients between them.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   server->services_->Register(&builder);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
@@ -1180,8 +1182,10 @@ void CoordinatorServer::Shutdown() {
     if (!stop_tick_.HasBeenNotified()) stop_tick_.Notify();
     if (tick_thread_.joinable()) tick_thread_.join();
     services_->DropAllRendezvous();
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    server_->Wait();
+    if (server_ != nullptr) {  // null when Start failed to listen
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      server_->Wait();
+    }
     Log("shut down");
   });
 }

@@ -1,6 +1,7 @@
 #include "server/job_spec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -120,8 +121,39 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
                                 " is not a positive multiple of spec.training.micro_batch=",
                                 t.micro_batch()));
   }
-  if (t.train_steps() == 0) {
-    return Invalid("spec.training.train_steps=0 is invalid; give the optimizer steps to run");
+  if (t.train_steps() == 0 || t.train_steps() > kMaxTrainSteps) {
+    return Invalid(absl::StrCat("spec.training.train_steps=", t.train_steps(),
+                                " is invalid; give the optimizer steps to run, 1..",
+                                kMaxTrainSteps));
+  }
+  // Optimizer settings: finite and in their ranges (0 means the default).
+  struct Range {
+    const char* field;
+    double value;
+    double low;
+    double high;
+    bool high_open;
+  };
+  const Range ranges[] = {
+      {"training.learning_rate", t.learning_rate(), 0, 1e3, false},
+      {"training.min_learning_rate", t.min_learning_rate(), 0, 1e3, false},
+      {"training.weight_decay", t.weight_decay(), 0, 1e3, false},
+      {"training.grad_clip", t.grad_clip(), 0, 1e12, false},
+      {"training.adam_beta1", t.adam_beta1(), 0, 1, true},
+      {"training.adam_beta2", t.adam_beta2(), 0, 1, true},
+      {"training.adam_epsilon", t.adam_epsilon(), 0, 1, false},
+      {"data.validation_fraction", spec.data().validation_fraction(), 0, 1, true}};
+  for (const Range& r : ranges) {
+    if (!std::isfinite(r.value) || r.value < r.low || r.value > r.high ||
+        (r.high_open && r.value == r.high)) {
+      return Invalid(absl::StrCat("spec.", r.field, "=", r.value, " is invalid; use a value in [",
+                                  r.low, ", ", r.high, r.high_open ? ")" : "]"));
+    }
+  }
+  if (t.learning_rate() > 0 && t.min_learning_rate() > t.learning_rate()) {
+    return Invalid(absl::StrCat("spec.training.min_learning_rate=", t.min_learning_rate(),
+                                " exceeds spec.training.learning_rate=", t.learning_rate(),
+                                "; the cosine schedule decays from the peak to the minimum"));
   }
   // The model and the layout alone (any dp), before the worker range.
   plan::ParallelConfig probe = ParallelOf(spec, 1);

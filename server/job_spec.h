@@ -24,6 +24,8 @@ inline constexpr absl::Duration kDefaultHeartbeatTimeout = absl::Seconds(30);
 inline constexpr absl::Duration kDefaultJoinTimeout = absl::Minutes(10);
 inline constexpr absl::Duration kDefaultLastCall = absl::Seconds(10);
 inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
+// At most this many optimizer steps per job.
+inline constexpr uint64_t kMaxTrainSteps = uint64_t{1} << 40;
 
 // Validates `spec` and returns it with defaults filled in:
 //   model.ffn_hidden_size 0 → 4 * hidden_size; parallel.vpp 0 → 1;
@@ -31,7 +33,10 @@ inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
 //   parallel.zero_alignment 0 → 1; training.precision → FP32;
 //   elastic.min_workers 0 → tp * pp; elastic.max_workers 0 → no cap
 //   (plan::kMaxWorldSize);
-//   elastic durations unset → the defaults above.
+//   elastic durations unset (or "0s", which proto3 cannot tell apart) → the
+//   defaults above. Optimizer settings must be finite and in range
+//   (learning rates, weight decay, grad clip >= 0; betas and
+//   data.validation_fraction in [0, 1); min_learning_rate <= learning_rate).
 // InvalidArgument names the field with its full path and what would be valid,
 // e.g. "spec.parallel.tp=3 does not divide spec.model.num_heads=8; choose tp
 // in {1, 2, 4, 8}", "spec.elastic.min_workers=2 < tp*pp=4",

@@ -10,12 +10,18 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/args.h"
 #include "server/checkpoint_registry.h"
@@ -68,6 +74,21 @@ int Main(int argc, char** argv) {
                  positional->front().c_str(), args.Usage().c_str());
     return 2;
   }
+  {
+    // HOST:PORT with a port in 0..65535 (gRPC would wrap 99999 around, and
+    // take an empty port as 443).
+    const size_t colon = listen.rfind(':');
+    int port = -1;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535 ||
+        listen.substr(colon + 1).find_first_not_of("0123456789") != std::string::npos) {
+      std::fprintf(stderr,
+                   "shardline-coordinator: --listen='%s' is not HOST:PORT with a port in "
+                   "0..65535 (e.g. 127.0.0.1:7070, [::1]:0)\n",
+                   listen.c_str());
+      return 2;
+    }
+  }
   if (metrics_port < 0 || metrics_port > 65535) {
     std::fprintf(stderr, "shardline-coordinator: --metrics-port=%lld is not in 0..65535\n",
                  static_cast<long long>(metrics_port));
@@ -92,9 +113,26 @@ int Main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   std::unique_ptr<StateStore> store;
+  int state_lock = -1;  // held (flock) for the life of the process
   if (state == "memory") {
     store = NewMemoryStore();
   } else {
+    if (state.empty()) {
+      std::fprintf(stderr, "shardline-coordinator: --state needs a file path or \"memory\"\n");
+      return 2;
+    }
+    // One coordinator per state file: a second one would diverge from it.
+    const std::string lock_path = state + ".lock";
+    state_lock = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (state_lock < 0) {
+      return Fail(absl::UnavailableError(absl::StrCat("cannot create the lock file '", lock_path,
+                                                      "': ", std::strerror(errno))));
+    }
+    if (flock(state_lock, LOCK_EX | LOCK_NB) != 0) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          "another shardline-coordinator is using --state '", state, "' (", lock_path,
+          " is locked); stop it first, or give this one another state file")));
+    }
     absl::StatusOr<std::unique_ptr<StateStore>> opened = OpenSqliteStore(state);
     if (!opened.ok()) return Fail(opened.status());
     store = *std::move(opened);
