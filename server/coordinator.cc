@@ -101,6 +101,11 @@ std::string MemberKey(const std::string& job_id, const std::string& worker_id) {
   return absl::StrCat(job_id, "/", worker_id);
 }
 
+// "<job>/<sequence, 20 digits>": keys sort by job, then sequence.
+std::string EventKey(const std::string& job_id, uint64_t sequence) {
+  return absl::StrCat(job_id, "/", absl::Dec(sequence, absl::kZeroPad20));
+}
+
 v1::Directive Restart(uint64_t generation, const std::string& reason) {
   v1::Directive d;
   d.mutable_restart_at_generation()->set_generation(generation);
@@ -180,6 +185,8 @@ absl::Status Coordinator::Recover() {
   if (!tokens.ok()) return tokens.status();
   absl::StatusOr<std::vector<Record>> members = store_->Scan("member");
   if (!members.ok()) return members.status();
+  absl::StatusOr<std::vector<Record>> events = store_->Scan("event");
+  if (!events.ok()) return events.status();
 
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
@@ -205,6 +212,18 @@ absl::Status Coordinator::Recover() {
     m.last_heartbeat = now;  // a fresh heartbeat clock after a restart
     if (m.member.has_rank()) m.previous_rank = static_cast<int>(m.member.rank());
     it->second->members[m.member.worker_id()] = std::move(m);
+  }
+  for (const Record& r : *events) {  // in key order: by job, then sequence
+    auto it = jobs_.find(r.key.substr(0, r.key.rfind('/')));
+    if (it == jobs_.end()) continue;
+    v1::JobEvent e;
+    if (!e.ParseFromString(r.value)) {
+      return absl::DataLossError(absl::StrCat("stored event '", r.key, "' cannot be parsed"));
+    }
+    JobRecord& job = *it->second;
+    job.next_sequence = std::max(job.next_sequence, e.sequence() + 1);
+    job.events.push_back(std::move(e));
+    if (job.events.size() > static_cast<size_t>(options_.max_events_per_job)) job.events.pop_front();
   }
   for (auto& [id, job] : jobs_) {
     if (job->job.phase() == v1::JOB_PHASE_RUNNING) {
@@ -237,6 +256,20 @@ void Coordinator::EmitLocked(JobRecord& job, v1::JobEvent event) {
   *event.mutable_time() = ToProto(clock_->Now());
   event.set_job_id(job.job.job_id());
   event.set_generation(job.job.generation());
+  // The log is durable so that sequence numbers survive a restart without
+  // gaps or repeats (events.proto); an event whose write fails is logged and
+  // kept in memory only.
+  std::vector<Mutation> batch = {
+      Mutation::Put("event", EventKey(job.job.job_id(), event.sequence()), event.SerializeAsString())};
+  if (event.sequence() > static_cast<uint64_t>(options_.max_events_per_job)) {
+    batch.push_back(Mutation::Delete(
+        "event", EventKey(job.job.job_id(), event.sequence() - options_.max_events_per_job)));
+  }
+  if (absl::Status s = store_->Write(batch); !s.ok()) {
+    std::fprintf(stderr, "coordinator: job %s: event %llu not saved: %s\n",
+                 job.job.job_id().c_str(), static_cast<unsigned long long>(event.sequence()),
+                 std::string(s.message()).c_str());
+  }
   job.events.push_back(std::move(event));
   while (job.events.size() > static_cast<size_t>(options_.max_events_per_job)) {
     job.events.pop_front();

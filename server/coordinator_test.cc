@@ -564,6 +564,28 @@ TEST_F(CoordinatorTest, AssignmentWaitEndsWhenTheGenerationForms) {
   EXPECT_EQ(coordinator_->GetAssignment(Fence("a", 1), true, absl::Now()).value().rank(), 0u);
 }
 
+// The event log survives a restart: sequence numbers go on without a gap or
+// a repeat, so a watcher resuming after its last sequence misses nothing.
+TEST_F(CoordinatorTest, EventSequenceSurvivesARestart) {
+  Create(Spec(1, 1));
+  ASSERT_TRUE(Join("a").ok());
+  auto before = coordinator_->WaitEvents("job", std::nullopt, absl::Now());
+  ASSERT_TRUE(before.ok());
+  const uint64_t last = before->back().sequence();
+  Restart();
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id("job");
+  ASSERT_TRUE(coordinator_->CancelJob(cancel).ok());
+  auto after = coordinator_->WaitEvents("job", last, absl::Now());
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after->size(), 1u);
+  EXPECT_EQ((*after)[0].sequence(), last + 1);
+  EXPECT_EQ((*after)[0].phase_changed().new_phase(), v1::JOB_PHASE_CANCELLED);
+  auto all = coordinator_->WaitEvents("job", 0, absl::Now());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), last + 1);  // the history before the restart is still there
+}
+
 TEST_F(CoordinatorTest, EventsReplayAndWait) {
   Create(Spec(1, 1));
   ASSERT_TRUE(Join("a").ok());
