@@ -222,6 +222,8 @@ MetricsHttpServer::~MetricsHttpServer() {
 void MetricsHttpServer::Stop() {
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
+  // Connection threads see stop_ within one 100 ms poll.
+  while (active_.load() > 0) absl::SleepFor(absl::Milliseconds(10));
 }
 
 void MetricsHttpServer::Serve() {
@@ -231,8 +233,20 @@ void MetricsHttpServer::Serve() {
     if (rc <= 0) continue;
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    HandleConnection(fd);
-    ::close(fd);
+    // Each connection on its own thread, so a slow or idle client cannot
+    // hold up a scrape; beyond kMaxConnections at once, answer 503 at once.
+    if (active_.load() >= kMaxConnections) {
+      SendResponse(fd, "503 Service Unavailable", "text/plain; charset=utf-8",
+                   "too many connections\n", false);
+      ::close(fd);
+      continue;
+    }
+    active_.fetch_add(1);
+    std::thread([this, fd] {
+      HandleConnection(fd);
+      ::close(fd);
+      active_.fetch_sub(1);
+    }).detach();
   }
 }
 

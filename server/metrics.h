@@ -128,6 +128,8 @@ class MetricsHttpServer {
   const int port_;
   const Metrics* const metrics_;
   std::atomic<bool> stop_{false};
+  std::atomic<int> active_{0};  // connection threads running
+  static constexpr int kMaxConnections = 16;
   std::thread thread_;
 };
 

@@ -154,3 +154,37 @@ TEST(MetricsHttpServerTest, BadPortIsInvalidArgument) {
 
 }  // namespace
 }  // namespace shardline::server
+
+namespace shardline::server {
+namespace {
+
+// Idle clients each hold their own connection thread: a scrape next to five
+// of them answers at once instead of after their request timeouts.
+TEST(MetricsHttpServerTest, IdleClientsDoNotDelayAScrape) {
+  Metrics metrics([] { return std::vector<JobSnapshot>{}; });
+  metrics.CountHeartbeat();
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start("127.0.0.1", 0, &metrics);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<int> idle;
+  for (int i = 0; i < 5; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    idle.push_back(fd);
+  }
+  absl::SleepFor(absl::Milliseconds(100));  // let the server accept them
+  const absl::Time start = absl::Now();
+  const std::string response = Exchange(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));  // serially: >= 2 s, the idle timeout
+  EXPECT_THAT(response, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(Body(response), ::testing::HasSubstr("shardline_heartbeats_total 1\n"));
+  for (int fd : idle) ::close(fd);
+}
+
+}  // namespace
+}  // namespace shardline::server
