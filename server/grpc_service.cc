@@ -270,6 +270,24 @@ class Services {
     return auth_.Authorize(AuthorizationValues(ctx), access, job_id);
   }
 
+  // A worker-level call on `job_id` (named `field` in errors): the caller
+  // holds the job's worker token or the admin token, and the id is present.
+  absl::Status AuthorizeWorker(const grpc::ServerContext& ctx, const std::string& job_id,
+                               const char* field) {
+    if (auto p = Authorize(ctx, Access::kWorker, job_id); !p.ok()) return p.status();
+    return RequireJobId(job_id, field);
+  }
+
+  // Authentication, then the fence.
+  absl::StatusOr<FencedWorker> AuthorizeFence(const grpc::ServerContext& ctx,
+                                              const v1::Fence& fence) {
+    if (absl::Status st = AuthorizeWorker(ctx, fence.worker().job_id(), "fence.worker.job_id");
+        !st.ok()) {
+      return st;
+    }
+    return deps_.coordinator->CheckFence(fence);
+  }
+
   // A blocking wait cut into slices of at most kWaitSlice so that cancelled
   // callers and shutdown are noticed. `call(remaining, slice_end)` waits
   // until slice_end at most. Returns its first answer that is not
@@ -422,10 +440,10 @@ class Services {
     grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                           grpc::ServerWriter<v1::JobEvent>* writer) override {
       return s_->Run("JobService/WatchJob", [&]() -> absl::Status {
-        if (auto p = s_->Authorize(*ctx, Access::kWorker, req->job_id()); !p.ok()) {
-          return p.status();
+        if (absl::Status st = s_->AuthorizeWorker(*ctx, req->job_id(), "job_id");
+            !st.ok()) {
+          return st;
         }
-        if (absl::Status st = RequireJobId(req->job_id(), "job_id"); !st.ok()) return st;
         return Watch(ctx, *req, writer);
       });
     }
@@ -436,8 +454,7 @@ class Services {
     grpc::Status Read(const char* method, const grpc::ServerContext& ctx,
                       const std::string& job_id, Response* resp, Fn fn) {
       return s_->Run(method, [&]() -> absl::Status {
-        if (auto p = s_->Authorize(ctx, Access::kWorker, job_id); !p.ok()) return p.status();
-        if (absl::Status st = RequireJobId(job_id, "job_id"); !st.ok()) return st;
+        if (absl::Status st = s_->AuthorizeWorker(ctx, job_id, "job_id"); !st.ok()) return st;
         absl::StatusOr<Response> r = fn();
         if (!r.ok()) return r.status();
         *resp = *std::move(r);
@@ -518,8 +535,9 @@ class Services {
                          v1::JoinJobResponse* resp) override {
       return s_->Run("WorkerService/JoinJob", [&]() -> absl::Status {
         const v1::WorkerIdentity& w = req->worker();
-        if (auto p = s_->Authorize(*ctx, Access::kWorker, w.job_id()); !p.ok()) return p.status();
-        if (absl::Status st = RequireJobId(w.job_id(), "worker.job_id"); !st.ok()) return st;
+        if (absl::Status st = s_->AuthorizeWorker(*ctx, w.job_id(), "worker.job_id"); !st.ok()) {
+          return st;
+        }
         absl::StatusOr<v1::JoinJobResponse> r = s_->deps_.coordinator->JoinJob(*req);
         if (!r.ok()) return r.status();
         *resp = *std::move(r);
@@ -534,8 +552,9 @@ class Services {
                          grpc::ServerWriter<v1::SessionMessage>* writer) override {
       return s_->Run("WorkerService/Session", [&]() -> absl::Status {
         const v1::WorkerIdentity& w = req->worker();
-        if (auto p = s_->Authorize(*ctx, Access::kWorker, w.job_id()); !p.ok()) return p.status();
-        if (absl::Status st = RequireJobId(w.job_id(), "worker.job_id"); !st.ok()) return st;
+        if (absl::Status st = s_->AuthorizeWorker(*ctx, w.job_id(), "worker.job_id"); !st.ok()) {
+          return st;
+        }
         return RunSession(ctx, w, writer);
       });
     }
@@ -544,10 +563,7 @@ class Services {
                                v1::Assignment* resp) override {
       return s_->Run("WorkerService/GetAssignment", [&]() -> absl::Status {
         const v1::Fence& fence = req->fence();
-        if (auto p = s_->Authorize(*ctx, Access::kWorker, fence.worker().job_id()); !p.ok()) {
-          return p.status();
-        }
-        if (absl::Status st = RequireJobId(fence.worker().job_id(), "fence.worker.job_id");
+        if (absl::Status st = s_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
             !st.ok()) {
           return st;
         }
@@ -575,10 +591,7 @@ class Services {
                            v1::HeartbeatResponse* resp) override {
       return s_->Run("WorkerService/Heartbeat", [&]() -> absl::Status {
         const v1::Fence& fence = req->fence();
-        if (auto p = s_->Authorize(*ctx, Access::kWorker, fence.worker().job_id()); !p.ok()) {
-          return p.status();
-        }
-        if (absl::Status st = RequireJobId(fence.worker().job_id(), "fence.worker.job_id");
+        if (absl::Status st = s_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
             !st.ok()) {
           return st;
         }
@@ -594,10 +607,7 @@ class Services {
                              v1::ReportErrorResponse* resp) override {
       return s_->Run("WorkerService/ReportError", [&]() -> absl::Status {
         const v1::Fence& fence = req->fence();
-        if (auto p = s_->Authorize(*ctx, Access::kWorker, fence.worker().job_id()); !p.ok()) {
-          return p.status();
-        }
-        if (absl::Status st = RequireJobId(fence.worker().job_id(), "fence.worker.job_id");
+        if (absl::Status st = s_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
             !st.ok()) {
           return st;
         }
@@ -621,10 +631,7 @@ class Services {
                           v1::LeaveJobResponse* resp) override {
       return s_->Run("WorkerService/LeaveJob", [&]() -> absl::Status {
         const v1::Fence& fence = req->fence();
-        if (auto p = s_->Authorize(*ctx, Access::kWorker, fence.worker().job_id()); !p.ok()) {
-          return p.status();
-        }
-        if (absl::Status st = RequireJobId(fence.worker().job_id(), "fence.worker.job_id");
+        if (absl::Status st = s_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
             !st.ok()) {
           return st;
         }
@@ -859,16 +866,8 @@ class Services {
     }
 
    private:
-    // Authentication, then the fence.
     absl::StatusOr<FencedWorker> Fence(const grpc::ServerContext& ctx, const v1::Fence& fence) {
-      if (auto p = s_->Authorize(ctx, Access::kWorker, fence.worker().job_id()); !p.ok()) {
-        return p.status();
-      }
-      if (absl::Status st = RequireJobId(fence.worker().job_id(), "fence.worker.job_id");
-          !st.ok()) {
-        return st;
-      }
-      return s_->deps_.coordinator->CheckFence(fence);
+      return s_->AuthorizeFence(ctx, fence);
     }
 
     Services* const s_;
@@ -1070,14 +1069,7 @@ class Services {
    private:
     absl::StatusOr<FencedWorker> FenceAndJob(const grpc::ServerContext& ctx,
                                              const v1::Fence& fence) {
-      if (auto p = s_->Authorize(ctx, Access::kWorker, fence.worker().job_id()); !p.ok()) {
-        return p.status();
-      }
-      if (absl::Status st = RequireJobId(fence.worker().job_id(), "fence.worker.job_id");
-          !st.ok()) {
-        return st;
-      }
-      return s_->deps_.coordinator->CheckFence(fence);
+      return s_->AuthorizeFence(ctx, fence);
     }
 
     // InvalidArgument for an empty job_id, NotFound for an unknown job.
