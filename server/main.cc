@@ -97,6 +97,12 @@ int Main(int argc, char** argv) {
   if (!args.WasSet("admin-token")) {
     if (const char* env = std::getenv("SHARDLINE_ADMIN_TOKEN"); env != nullptr) admin_token = env;
   }
+  if (admin_token.empty()) {
+    std::fprintf(stderr,
+                 "shardline-coordinator: warning: no admin token, so authentication is off: "
+                 "anyone who can reach --listen can create and cancel jobs (set --admin-token "
+                 "or SHARDLINE_ADMIN_TOKEN outside local tests)\n");
+  }
   if (tls_cert.empty() != tls_key.empty() || (!tls_client_ca.empty() && tls_cert.empty())) {
     std::fprintf(stderr,
                  "shardline-coordinator: TLS needs --tls-cert and --tls-key together "
