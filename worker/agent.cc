@@ -1,0 +1,592 @@
+#include "worker/agent.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace shardline::worker {
+namespace {
+
+// Backoff between retries of UNAVAILABLE and of a broken stream.
+constexpr absl::Duration kMinBackoff = absl::Milliseconds(100);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
+// Longest single GetAssignment wait (the proto allows 1 h).
+constexpr absl::Duration kAssignmentSlice = absl::Seconds(30);
+// Extra gRPC deadline beyond a blocking call's own timeout.
+constexpr absl::Duration kDeadlineSlack = absl::Seconds(5);
+// ElasticPolicy.heartbeat_interval when unset.
+constexpr absl::Duration kDefaultHeartbeatInterval = absl::Seconds(5);
+
+absl::Duration FromProto(const google::protobuf::Duration& d) {
+  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
+}
+
+void ToProto(absl::Duration d, google::protobuf::Duration* out) {
+  const int64_t ns = absl::ToInt64Nanoseconds(d);
+  out->set_seconds(ns / 1000000000);
+  out->set_nanos(static_cast<int32_t>(ns % 1000000000));
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, ": cannot read the file"));
+  }
+  std::ostringstream data;
+  data << in.rdbuf();
+  return data.str();
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+v1::Directive RestartDirective(uint64_t generation, const std::string& reason) {
+  v1::Directive d;
+  d.mutable_restart_at_generation()->set_generation(generation);
+  d.mutable_restart_at_generation()->set_reason(reason);
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
+    const client::ConnectionOptions& o) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (o.tls()) {
+    grpc::SslCredentialsOptions ssl;
+    if (!o.tls_ca_file.empty()) {
+      absl::StatusOr<std::string> pem = ReadPem(o.tls_ca_file, "tls-ca");
+      if (!pem.ok()) return pem.status();
+      ssl.pem_root_certs = *pem;
+    }
+    if (!o.tls_cert_file.empty()) {
+      absl::StatusOr<std::string> cert = ReadPem(o.tls_cert_file, "tls-cert");
+      if (!cert.ok()) return cert.status();
+      absl::StatusOr<std::string> key = ReadPem(o.tls_key_file, "tls-key");
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(client::kMaxMessageBytes);
+  args.SetMaxSendMessageSize(client::kMaxMessageBytes);
+  // The agent retries by itself, with messages; gRPC's transparent retries
+  // would hide an unreachable coordinator for a whole deadline.
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  return grpc::CreateCustomChannel(o.address, credentials, args);
+}
+
+uint64_t RandomIncarnation() {
+  std::random_device rd;
+  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                      static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^
+                      static_cast<uint64_t>(::getpid()));
+  uint64_t v = 0;
+  while (v == 0) v = gen();
+  return v;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerAgent>> WorkerAgent::Create(WorkerAgentOptions options) {
+  if (options.job_id.empty()) return absl::InvalidArgumentError("--job is required");
+  if (options.worker_id.empty()) return absl::InvalidArgumentError("--worker-id is required");
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeCoordinatorChannel(options.connection);
+  if (!channel.ok()) return channel.status();
+  return std::make_unique<WorkerAgent>(*std::move(channel), std::move(options));
+}
+
+WorkerAgent::WorkerAgent(std::shared_ptr<grpc::Channel> channel, WorkerAgentOptions options)
+    : options_(std::move(options)),
+      incarnation_(options_.incarnation != 0 ? options_.incarnation : RandomIncarnation()),
+      channel_(std::move(channel)),
+      workers_(v1::WorkerService::NewStub(channel_)) {}
+
+WorkerAgent::~WorkerAgent() { StopThreads(); }
+
+void WorkerAgent::StopThreads() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (session_ctx_ != nullptr) session_ctx_->TryCancel();
+  }
+  if (session_thread_.joinable()) session_thread_.join();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+}
+
+void WorkerAgent::Prepare(grpc::ClientContext* ctx, absl::Duration deadline) const {
+  if (!options_.connection.token.empty()) {
+    ctx->AddMetadata("authorization", absl::StrCat("Bearer ", options_.connection.token));
+  }
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+}
+
+absl::Status WorkerAgent::ToStatus(const grpc::Status& s, absl::string_view rpc) const {
+  absl::Status status = client::FromGrpcStatus(s, options_.connection, rpc);
+  if (status.code() == absl::StatusCode::kNotFound &&
+      absl::StrContains(status.message(), "no job")) {
+    return absl::NotFoundError(
+        absl::StrCat(status.message(), " on the coordinator at ", options_.connection.address,
+                     "; check --job (create the job first with shardctl job create)"));
+  }
+  return status;
+}
+
+v1::Fence WorkerAgent::FenceLocked() const {
+  v1::Fence f;
+  f.mutable_worker()->set_job_id(options_.job_id);
+  f.mutable_worker()->set_worker_id(options_.worker_id);
+  f.mutable_worker()->set_incarnation(incarnation_);
+  f.set_generation(generation_);
+  return f;
+}
+
+v1::Fence WorkerAgent::fence() const {
+  absl::MutexLock lock(&mu_);
+  return FenceLocked();
+}
+
+uint64_t WorkerAgent::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+bool WorkerAgent::generation_over() const {
+  absl::MutexLock lock(&mu_);
+  return generation_over_;
+}
+
+bool WorkerAgent::stopped() const {
+  absl::MutexLock lock(&mu_);
+  return stopped_;
+}
+
+v1::JobSpec WorkerAgent::spec() const {
+  absl::MutexLock lock(&mu_);
+  return spec_;
+}
+
+void WorkerAgent::SetDirectiveCallback(DirectiveCallback callback) {
+  absl::MutexLock lock(&mu_);
+  callback_ = std::move(callback);
+}
+
+void WorkerAgent::SetProgress(uint64_t step, v1::WorkerState state) {
+  absl::MutexLock lock(&mu_);
+  step_ = step;
+  state_ = state;
+}
+
+bool WorkerAgent::SleepUnlessStopping(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+  return mu_.AwaitWithTimeout(absl::Condition(&stopping), d);
+}
+
+absl::StatusOr<v1::JoinJobResponse> WorkerAgent::JoinWithRetry(absl::Time deadline) {
+  v1::JoinJobRequest req;
+  {
+    absl::MutexLock lock(&mu_);
+    *req.mutable_worker() = FenceLocked().worker();
+  }
+  req.set_host(options_.host.empty() ? HostName() : options_.host);
+  req.set_device(options_.device);
+  req.set_backend(options_.backend);
+  absl::Duration backoff = kMinBackoff;
+  while (true) {
+    v1::JoinJobResponse resp;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, options_.connection.timeout);
+    grpc::Status s = workers_->JoinJob(&ctx, req, &resp);
+    if (s.ok()) {
+      absl::MutexLock lock(&mu_);
+      generation_ = resp.generation();
+      generation_over_ = false;
+      spec_ = resp.spec();
+      assignment_.reset();
+      return resp;
+    }
+    absl::Status status = ToStatus(s, "JoinJob");
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return status;
+    }
+    if (absl::Now() + backoff > deadline) return status;
+    if (SleepUnlessStopping(backoff)) return absl::CancelledError("the agent is shutting down");
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+}
+
+absl::Status WorkerAgent::Connect() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (connected_ || stopping_) {
+      return absl::FailedPreconditionError("WorkerAgent::Connect called twice");
+    }
+  }
+  absl::StatusOr<v1::JoinJobResponse> joined =
+      JoinWithRetry(absl::Now() + options_.connect_timeout);
+  if (!joined.ok()) return joined.status();
+  if (joined->phase() == v1::JOB_PHASE_COMPLETED || joined->phase() == v1::JOB_PHASE_FAILED ||
+      joined->phase() == v1::JOB_PHASE_CANCELLED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", options_.job_id, "' is ", v1::JobPhase_Name(joined->phase())));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    connected_ = true;
+  }
+  session_thread_ = std::thread([this] { SessionLoop(); });
+  absl::Status error;
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return session_opened_ || session_first_error_.has_value();
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), options_.connect_timeout)) {
+      session_first_error_ = absl::UnavailableError(
+          absl::StrCat("the Session stream to the coordinator at ", options_.connection.address,
+                       " did not open within ", absl::FormatDuration(options_.connect_timeout)));
+    }
+    if (!session_opened_) {
+      error = *session_first_error_;
+      connected_ = false;
+    }
+  }
+  if (!error.ok()) {
+    StopThreads();
+    return error;
+  }
+  if (options_.send_heartbeats) heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  return absl::OkStatus();
+}
+
+void WorkerAgent::SessionLoop() {
+  absl::Duration backoff = kMinBackoff;
+  while (true) {
+    grpc::ClientContext ctx;
+    if (!options_.connection.token.empty()) {
+      ctx.AddMetadata("authorization", absl::StrCat("Bearer ", options_.connection.token));
+    }
+    v1::SessionRequest req;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      session_ctx_ = &ctx;
+      *req.mutable_worker() = FenceLocked().worker();
+    }
+    std::unique_ptr<grpc::ClientReader<v1::SessionMessage>> reader = workers_->Session(&ctx, req);
+    v1::SessionMessage msg;
+    while (reader->Read(&msg)) {
+      backoff = kMinBackoff;
+      if (msg.has_opened()) {
+        absl::MutexLock lock(&mu_);
+        session_opened_ = true;
+      } else if (msg.has_assignment()) {
+        absl::MutexLock lock(&mu_);
+        if (msg.assignment().generation() == generation_ && !generation_over_) {
+          assignment_ = msg.assignment();
+        }
+      } else if (msg.has_directive()) {
+        HandleDirective(msg.directive());
+      }
+    }
+    grpc::Status s = reader->Finish();
+    bool first_failure = false;
+    {
+      absl::MutexLock lock(&mu_);
+      session_ctx_ = nullptr;
+      if (stopping_ || left_) return;
+      if (!session_opened_ && !s.ok() && s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+        first_failure = true;
+        session_first_error_ = ToStatus(s, "Session");
+      }
+    }
+    if (first_failure) return;
+    switch (s.error_code()) {
+      case grpc::StatusCode::OK:
+        // Ends OK after STOP or LeaveJob.
+        if (stopped()) return;
+        break;
+      case grpc::StatusCode::FAILED_PRECONDITION:
+        DeliverStop(s.error_message(), v1::JOB_PHASE_UNSPECIFIED);
+        return;
+      case grpc::StatusCode::ABORTED:
+      case grpc::StatusCode::NOT_FOUND: {
+        // LOST or replaced (or the coordinator forgot us): this generation is
+        // over for us; re-join before reopening.
+        if (stopped()) return;
+        uint64_t g = generation();
+        EndGeneration(g, RestartDirective(g + 1, s.error_message()));
+        if (generation_over()) {
+          // The re-join failed (e.g. a newer incarnation replaced us).
+          JoinWithRetry(absl::Now() + options_.connect_timeout).IgnoreError();
+        }
+        // Never spin: a stream refused again right away waits a little.
+        if (SleepUnlessStopping(backoff)) return;
+        backoff = std::min(backoff * 2, kMaxBackoff);
+        break;
+      }
+      default:
+        // UNAVAILABLE (coordinator restarting), ALREADY_EXISTS (our previous
+        // stream is still closing there), CANCELLED...: reopen after a pause.
+        if (SleepUnlessStopping(backoff)) return;
+        backoff = std::min(backoff * 2, kMaxBackoff);
+        break;
+    }
+  }
+}
+
+void WorkerAgent::HandleDirective(const v1::Directive& d) {
+  switch (d.action_case()) {
+    case v1::Directive::kRestartAtGeneration: {
+      uint64_t g;
+      {
+        absl::MutexLock lock(&mu_);
+        g = generation_;
+        // Already re-joined this (or a later) generation: stale repeat.
+        if (d.restart_at_generation().generation() <= g) return;
+      }
+      EndGeneration(g, d);
+      return;
+    }
+    case v1::Directive::kStop:
+      DeliverStop(d.stop().reason(), d.stop().phase());
+      return;
+    case v1::Directive::kCheckpoint: {
+      {
+        absl::MutexLock lock(&mu_);
+        if (d.checkpoint().step() <= last_checkpoint_step_) return;
+        last_checkpoint_step_ = d.checkpoint().step();
+      }
+      Deliver(d);
+      return;
+    }
+    default:
+      return;  // CONTINUE: nothing to do.
+  }
+}
+
+void WorkerAgent::Deliver(const v1::Directive& d) {
+  DirectiveCallback callback;
+  {
+    absl::MutexLock lock(&mu_);
+    directives_.push_back(d);
+    callback = callback_;
+  }
+  if (callback) {
+    std::lock_guard<std::mutex> serial(callback_mu_);
+    callback(d);
+  }
+}
+
+void WorkerAgent::DeliverStop(const std::string& reason, v1::JobPhase phase) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  v1::Directive d;
+  d.mutable_stop()->set_phase(phase);
+  d.mutable_stop()->set_reason(reason);
+  Deliver(d);
+}
+
+void WorkerAgent::EndGeneration(uint64_t old_generation, const v1::Directive& directive) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (old_generation != generation_ || generation_over_ || stopping_ || left_ || stopped_) {
+      return;
+    }
+    generation_over_ = true;
+    assignment_.reset();
+  }
+  Deliver(directive);
+  // Re-join in place (same incarnation): marks this worker ready for the
+  // next generation. A terminal job answers FAILED_PRECONDITION: stop.
+  absl::StatusOr<v1::JoinJobResponse> joined = JoinWithRetry(absl::InfiniteFuture());
+  if (!joined.ok() && joined.status().code() == absl::StatusCode::kFailedPrecondition) {
+    DeliverStop(std::string(joined.status().message()), v1::JOB_PHASE_UNSPECIFIED);
+  }
+}
+
+void WorkerAgent::HeartbeatLoop() {
+  while (true) {
+    v1::HeartbeatRequest req;
+    absl::Duration interval;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_ || left_) return;
+      *req.mutable_fence() = FenceLocked();
+      req.set_step(step_);
+      req.set_state(state_);
+      interval = spec_.elastic().has_heartbeat_interval()
+                     ? FromProto(spec_.elastic().heartbeat_interval())
+                     : kDefaultHeartbeatInterval;
+    }
+    v1::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, std::max(interval, options_.connection.timeout));
+    grpc::Status s = workers_->Heartbeat(&ctx, req, &resp);
+    if (s.ok()) {
+      HandleDirective(resp.directive());
+    } else if (s.error_code() == grpc::StatusCode::ABORTED) {
+      EndGeneration(req.fence().generation(),
+                    RestartDirective(req.fence().generation() + 1, s.error_message()));
+    } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      DeliverStop(s.error_message(), v1::JOB_PHASE_UNSPECIFIED);
+    }
+    // UNAVAILABLE and the rest: try again next interval.
+    if (SleepUnlessStopping(interval)) return;
+  }
+}
+
+std::optional<v1::Directive> WorkerAgent::NextDirective(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !directives_.empty(); };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&any), timeout)) return std::nullopt;
+  v1::Directive d = std::move(directives_.front());
+  directives_.pop_front();
+  return d;
+}
+
+absl::StatusOr<v1::Assignment> WorkerAgent::WaitForAssignment(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = kMinBackoff;
+  while (true) {
+    v1::GetAssignmentRequest req;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !generation_over_ || stopped_ || stopping_ || left_ || !connected_;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+      if (!connected_ || stopping_ || left_) {
+        return absl::FailedPreconditionError("the agent is not connected (Connect first)");
+      }
+      if (stopped_) {
+        return absl::FailedPreconditionError(absl::StrCat("job '", options_.job_id, "' stopped"));
+      }
+      if (generation_over_) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("generation ", generation_, " ended and re-joining did not finish within ",
+                         absl::FormatDuration(timeout)));
+      }
+      if (assignment_.has_value() && assignment_->generation() == generation_) {
+        return *assignment_;
+      }
+      *req.mutable_fence() = FenceLocked();
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat("no assignment for generation ",
+                                                      req.fence().generation(), " within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    const absl::Duration slice = std::min(left, kAssignmentSlice);
+    req.set_wait(true);
+    ToProto(slice, req.mutable_timeout());
+    v1::Assignment a;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, slice + kDeadlineSlack);
+    grpc::Status s = workers_->GetAssignment(&ctx, req, &a);
+    if (s.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (a.generation() == generation_ && !generation_over_) assignment_ = a;
+      return a;
+    }
+    switch (s.error_code()) {
+      case grpc::StatusCode::ABORTED:
+        EndGeneration(req.fence().generation(),
+                      RestartDirective(req.fence().generation() + 1, s.error_message()));
+        break;
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        break;  // the loop checks the overall deadline
+      case grpc::StatusCode::UNAVAILABLE:
+        if (absl::Now() + backoff > deadline) return ToStatus(s, "GetAssignment");
+        SleepUnlessStopping(backoff);
+        backoff = std::min(backoff * 2, kMaxBackoff);
+        break;
+      case grpc::StatusCode::FAILED_PRECONDITION:
+        // The job finished (or a not-formed race without wait): stop.
+        DeliverStop(s.error_message(), v1::JOB_PHASE_UNSPECIFIED);
+        return ToStatus(s, "GetAssignment");
+      default:
+        return ToStatus(s, "GetAssignment");
+    }
+  }
+}
+
+absl::StatusOr<v1::Directive> WorkerAgent::ReportError(absl::StatusCode code,
+                                                       const std::string& message,
+                                                       const std::string& operation,
+                                                       std::optional<uint32_t> peer_rank) {
+  if (code == absl::StatusCode::kOk) {
+    return absl::InvalidArgumentError("ReportError needs a non-OK code");
+  }
+  v1::ReportErrorRequest req;
+  *req.mutable_fence() = fence();
+  req.set_code(static_cast<int32_t>(code));
+  req.set_message(message);
+  req.set_operation(operation);
+  if (peer_rank.has_value()) req.set_peer_rank(*peer_rank);
+  v1::ReportErrorResponse resp;
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.connection.timeout);
+  grpc::Status s = workers_->ReportError(&ctx, req, &resp);
+  const uint64_t g = req.fence().generation();
+  if (s.error_code() == grpc::StatusCode::ABORTED) {
+    EndGeneration(g, RestartDirective(g + 1, s.error_message()));
+  }
+  if (!s.ok()) return ToStatus(s, "ReportError");
+  if (resp.directive().has_restart_at_generation()) {
+    EndGeneration(g, resp.directive());
+  } else {
+    HandleDirective(resp.directive());
+  }
+  return resp.directive();
+}
+
+absl::Status WorkerAgent::Leave(const std::string& reason) {
+  v1::LeaveJobRequest req;
+  {
+    absl::MutexLock lock(&mu_);
+    if (left_) return absl::OkStatus();
+    if (!connected_) {
+      stopping_ = true;
+      return absl::OkStatus();
+    }
+    *req.mutable_fence() = FenceLocked();
+  }
+  req.set_reason(reason);
+  v1::LeaveJobResponse resp;
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.connection.timeout);
+  grpc::Status s = workers_->LeaveJob(&ctx, req, &resp);
+  {
+    absl::MutexLock lock(&mu_);
+    left_ = true;
+  }
+  StopThreads();
+  if (!s.ok() && s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
+    return ToStatus(s, "LeaveJob");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardline::worker

@@ -1,0 +1,238 @@
+// WorkerAgent: a worker process's mirror of its membership in one job. It
+// joins, keeps the Session stream open on its own thread, heartbeats on
+// another, and turns everything the coordinator says into an assignment to
+// wait for and a queue of directives.
+//
+//   WorkerAgentOptions options;  // connection, job_id, worker_id, device...
+//   absl::StatusOr<std::unique_ptr<WorkerAgent>> agent = WorkerAgent::Create(options);
+//   absl::Status s = (*agent)->Connect();          // JoinJob + Session + heartbeats
+//   absl::StatusOr<v1::Assignment> a = (*agent)->WaitForAssignment(absl::Minutes(5));
+//   ... build communicators under (*agent)->fence() ...
+//   std::optional<v1::Directive> d = (*agent)->NextDirective(absl::Seconds(1));
+//
+// Lifecycle (the coordinator's view of this incarnation in brackets):
+//
+//   Create --Connect--> joined [JOINING] --assignment--> running [ACTIVE|SPARE]
+//                          ^                                   |
+//                          |   RESTART_AT_GENERATION (stream) or ABORTED
+//                          |   (heartbeat, GetAssignment, ReportError)
+//                          |                                   v
+//                          +-- JoinJob, same incarnation -- generation over [FENCED]
+//   any --Leave--> left [LEFT]          any --destroy--> stream breaks [LOST]
+//
+// When a generation ends the agent (1) marks it over (generation_over()),
+// (2) queues a RESTART_AT_GENERATION directive and calls the directive
+// callback, so the process can abort its communicators, (3) re-joins the new
+// generation with the same incarnation, after which WaitForAssignment returns
+// the new generation's assignment. A directive synthesized from ABORTED names
+// generation old+1 (a lower bound; the real one is generation() after the
+// re-join).
+//
+// Directives: RESTART_AT_GENERATION, CHECKPOINT and STOP are queued once each
+// as they arrive (CONTINUE, the heartbeat's usual answer, is not queued).
+// The callback, if set, runs on an agent thread with no agent lock held;
+// callbacks are serialized, so it must not block for long (abort and return).
+// A terminal job (FAILED_PRECONDITION, or STOP) is delivered as STOP once.
+//
+// Destroying the agent without Leave() closes its stream like a dying
+// process: the coordinator declares it LOST at once.
+//
+// Thread-safety: thread-safe. One mutex guards the state; no RPC and no
+// callback runs while it is held.
+#ifndef SHARDLINE_WORKER_AGENT_H_
+#define SHARDLINE_WORKER_AGENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/coordinator_client.h"
+#include "shardline/v1/coordinator.grpc.pb.h"
+
+namespace shardline::worker {
+
+namespace v1 = ::shardline::v1;
+
+struct WorkerAgentOptions {
+  // Where the coordinator is, the token (the job's worker token or the admin
+  // token), TLS files, and the deadline of each short unary call.
+  client::ConnectionOptions connection;
+  std::string job_id;
+  // Stable slot name, e.g. "node3:cuda:1"; 1..128 printable ASCII bytes.
+  std::string worker_id;
+  // 0: a random non-zero 64-bit number, new for every agent (process start).
+  uint64_t incarnation = 0;
+  // Host name for listings; empty: gethostname().
+  std::string host;
+  // "cpu" or "cuda:<n>".
+  std::string device = "cpu";
+  // UNSPECIFIED lets the coordinator pick from the device.
+  v1::Backend backend = v1::BACKEND_UNSPECIFIED;
+  // How long Connect keeps retrying an unreachable coordinator.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // False: no heartbeats (tests simulating a hung worker).
+  bool send_heartbeats = true;
+};
+
+// Channel to the coordinator for `connection` (TLS when its files are set).
+// InvalidArgument names the flag whose file cannot be read.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
+    const client::ConnectionOptions& connection);
+
+// A random non-zero 64-bit incarnation.
+uint64_t RandomIncarnation();
+
+class WorkerAgent {
+ public:
+  using DirectiveCallback = std::function<void(const v1::Directive&)>;
+
+  // Opens a channel (lazily; nothing is sent before Connect).
+  // InvalidArgument: job_id or worker_id empty, a TLS file unreadable.
+  static absl::StatusOr<std::unique_ptr<WorkerAgent>> Create(WorkerAgentOptions options);
+  // Uses an existing channel (tests).
+  WorkerAgent(std::shared_ptr<grpc::Channel> channel, WorkerAgentOptions options);
+  ~WorkerAgent();  // Stops the threads; does not Leave (the stream breaks).
+
+  WorkerAgent(const WorkerAgent&) = delete;
+  WorkerAgent& operator=(const WorkerAgent&) = delete;
+
+  // Joins the job, opens the Session stream (waits for SessionOpened) and
+  // starts heartbeating. Possible errors:
+  //   Unavailable: the coordinator could not be reached within
+  //     connect_timeout (the message names the address and --coordinator /
+  //     SHARDLINE_COORDINATOR).
+  //   NotFound: no such job (names it and --job).
+  //   Unauthenticated / PermissionDenied: the token is missing or wrong
+  //     (names --token / SHARDLINE_TOKEN).
+  //   InvalidArgument: worker_id, device or backend refused (coordinator's
+  //     message).
+  //   FailedPrecondition: the job is finished, or the backend differs from
+  //     the job's other workers; also when called twice.
+  absl::Status Connect() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Returns this worker's assignment for the current generation, waiting for
+  // it to form; across a generation change it waits for the re-join and
+  // returns the new generation's. Possible errors:
+  //   DeadlineExceeded: no assignment within `timeout`.
+  //   FailedPrecondition: not connected, left, or the job stopped (STOP).
+  //   Unauthenticated, PermissionDenied, NotFound: as for Connect.
+  absl::StatusOr<v1::Assignment> WaitForAssignment(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The fence to put in every call: (job, worker_id, incarnation,
+  // generation()).
+  v1::Fence fence() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The generation this worker belongs to (its latest JoinJob's).
+  uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
+  // True from the moment the current generation is known to be over until
+  // the re-join succeeds.
+  bool generation_over() const ABSL_LOCKS_EXCLUDED(mu_);
+  // True once STOP was delivered (or the job is terminal).
+  bool stopped() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t incarnation() const { return incarnation_; }
+  const std::string& worker_id() const { return options_.worker_id; }
+  const std::string& job_id() const { return options_.job_id; }
+  // The job spec from the latest JoinJob (heartbeat interval, timeouts...).
+  v1::JobSpec spec() const ABSL_LOCKS_EXCLUDED(mu_);
+  // For stores and other clients of the same coordinator.
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  const client::ConnectionOptions& connection() const { return options_.connection; }
+
+  // The next queued directive, waiting up to `timeout`; nullopt if none.
+  std::optional<v1::Directive> NextDirective(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // Called for every queued directive (see the file comment). Set before
+  // Connect; nullptr clears it.
+  void SetDirectiveCallback(DirectiveCallback callback) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What the next heartbeats report: optimizer steps done and state.
+  void SetProgress(uint64_t step, v1::WorkerState state) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Reports a failure this worker saw (ReportError) and returns the
+  // coordinator's directive (RESTART_AT_GENERATION, or STOP); the generation
+  // is then over as above. `code` must not be OK. Possible errors:
+  //   Aborted: the generation had already ended (handled as a restart).
+  //   FailedPrecondition: this worker is a spare or not assigned.
+  //   InvalidArgument: peer_rank >= world_size.
+  absl::StatusOr<v1::Directive> ReportError(absl::StatusCode code, const std::string& message,
+                                            const std::string& operation,
+                                            std::optional<uint32_t> peer_rank)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Leaves the job for good and stops the threads. Harmless twice. Errors:
+  // Unavailable when the coordinator could not be told (the stream is then
+  // closed anyway, so it sees this worker as lost).
+  absl::Status Leave(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // Unary call plumbing.
+  void Prepare(grpc::ClientContext* ctx, absl::Duration deadline) const;
+  absl::Status ToStatus(const grpc::Status& s, absl::string_view rpc) const;
+
+  // JoinJob until success, a non-retryable error or `deadline` (UNAVAILABLE
+  // is retried with backoff). On success records generation and spec.
+  absl::StatusOr<v1::JoinJobResponse> JoinWithRetry(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+
+  void SessionLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void HandleDirective(const v1::Directive& d) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The generation `old_generation` is over: mark it, deliver `directive`,
+  // re-join. No-op when it is not the current one or is already over.
+  void EndGeneration(uint64_t old_generation, const v1::Directive& directive)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Delivers STOP (once): queue + callback.
+  void DeliverStop(const std::string& reason, v1::JobPhase phase) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `d` and calls the callback, outside mu_.
+  void Deliver(const v1::Directive& d) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Sleeps up to `d`, returning early (true) when stopping.
+  bool SleepUnlessStopping(absl::Duration d) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::Fence FenceLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopThreads() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const WorkerAgentOptions options_;
+  const uint64_t incarnation_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::WorkerService::Stub> workers_;
+
+  // Serializes directive callbacks (never held with mu_).
+  std::mutex callback_mu_;
+
+  mutable absl::Mutex mu_;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // threads must exit
+  bool left_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // STOP delivered
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool generation_over_ ABSL_GUARDED_BY(mu_) = false;
+  v1::JobSpec spec_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::Assignment> assignment_ ABSL_GUARDED_BY(mu_);
+  uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::WorkerState state_ ABSL_GUARDED_BY(mu_) = v1::WORKER_STATE_WAITING;
+  uint64_t last_checkpoint_step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<v1::Directive> directives_ ABSL_GUARDED_BY(mu_);
+  DirectiveCallback callback_ ABSL_GUARDED_BY(mu_);
+  // Session stream: the open call's context (to cancel it), and whether
+  // SessionOpened arrived / the first attempt failed.
+  grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool session_opened_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<absl::Status> session_first_error_ ABSL_GUARDED_BY(mu_);
+
+  std::thread session_thread_;
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace shardline::worker
+
+#endif  // SHARDLINE_WORKER_AGENT_H_

@@ -1,0 +1,168 @@
+// Backend: one communicator group's collectives (c10d-style seam), and Work,
+// the handle of one enqueued operation.
+//
+//   auto backend = CreateGlooBackend(PrefixStore(store, "gen3/dp0/"), rank, size, {});
+//   std::shared_ptr<Work> w = (*backend)->AllReduce(grads, n, DType::kFloat32, ReduceOp::kAvg);
+//   absl::Status s = w->Wait(absl::Minutes(1));
+//
+// Conventions for every collective:
+//   * Every count is in ELEMENTS of the given DType, never bytes.
+//   * Calls return when the operation is enqueued. Operations run one at a time
+//     in issue order on a thread owned by the backend; every rank must issue the
+//     same collectives in the same order. Buffers must stay valid and untouched
+//     until the Work completes.
+//   * 16-bit types (fp16, bf16) are reduced by accumulating in fp32 and rounding
+//     back to the 16-bit type with round-to-nearest-even.
+//   * A count of 0 is valid everywhere (the op still synchronises the group).
+//
+// Errors, reported through Work::Wait (never by exceptions):
+//   InvalidArgument: arguments wrong in themselves; the message names the field
+//     (e.g. "counts.size()=3 != size=4", "root=5 out of range [0,4)",
+//     "peer=2 == rank"). Detected locally, before any communication.
+//   DeadlineExceeded: the operation did not finish within GlooOptions::timeout.
+//   Unavailable: a peer was lost (connection closed/reset, process died); the
+//     message names it ("lost peer rank 3"). The rank that notices a loss
+//     records it in the group's store and closes its own connections, so
+//     ranks not talking to the lost peer also fail at once instead of at
+//     their op timeout; they name the rank they lost and add the group's
+//     first failure ("(first failure in this group: rank 2 lost peer rank 3)").
+//     Rebuild the group (under a new store prefix).
+//   Aborted: Abort() was called before or during the operation.
+//   FailedPrecondition: the ranks disagree (e.g. uneven splits that do not
+//     match between sender and receiver), detected where possible; otherwise a
+//     mismatch surfaces as DeadlineExceeded or Unavailable naming the pair.
+//   After any error other than InvalidArgument the group is unusable: later
+//   operations fail with the same error class; build a new backend.
+//
+// Thread-safety: all methods may be called from any thread; operations are
+// serialised in call order.
+#ifndef SHARDLINE_WORKER_COMM_BACKEND_H_
+#define SHARDLINE_WORKER_COMM_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/comm/store.h"
+
+namespace shardline::worker {
+
+enum class DType { kFloat32, kFloat16, kBFloat16 };
+
+// Bytes per element of `dtype`.
+constexpr size_t ElementSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+const char* DTypeName(DType dtype);
+
+enum class ReduceOp {
+  kSum,
+  kAvg,  // kSum, then divide by size() (in fp32 for 16-bit types).
+  kMax,
+  kMin,
+};
+const char* ReduceOpName(ReduceOp op);
+
+// The handle of one enqueued operation. Thread-safe.
+class Work {
+ public:
+  virtual ~Work() = default;
+
+  // True once the operation has finished (successfully or not). Never blocks.
+  virtual bool IsCompleted() = 0;
+
+  // Blocks until the operation finishes or `timeout` passes, and returns the
+  // operation's status. If `timeout` passes first, returns DeadlineExceeded
+  // without cancelling the operation (it is still bounded by
+  // GlooOptions::timeout). Errors: see the file comment.
+  virtual absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) = 0;
+};
+
+// One communicator group: `size()` ranks, this one being `rank()`.
+// Lifecycle: created connected (by a factory such as CreateGlooBackend) ->
+// runs operations -> Abort() or destruction. Destruction aborts pending work.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place: data[0..count) on every rank becomes op over all ranks.
+  virtual std::shared_ptr<Work> AllReduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;
+
+  // out[r*count .. (r+1)*count) receives rank r's in[0..count); out holds
+  // size()*count elements. `in` may alias out + rank()*count (in-place).
+  virtual std::shared_ptr<Work> AllGather(const void* in, size_t count, void* out, DType dtype) = 0;
+
+  // `in` holds sum(counts) elements laid out as size() consecutive pieces,
+  // piece r of counts[r] elements; out[0..counts[rank()]) receives op over all
+  // ranks of piece rank(). counts.size() must equal size() and be the same on
+  // every rank (counts may be uneven and may be 0). InvalidArgument names
+  // "counts" when its size is wrong.
+  virtual std::shared_ptr<Work> ReduceScatter(const void* in, void* out,
+                                              const std::vector<size_t>& counts, DType dtype,
+                                              ReduceOp op) = 0;
+
+  // `in` holds size() consecutive pieces; piece p of send_counts[p] elements
+  // goes to rank p. `out` receives size() consecutive pieces; piece p of
+  // recv_counts[p] elements comes from rank p. Pieces may be 0. Must hold:
+  // my send_counts[p] == rank p's recv_counts[rank()]; a mismatch fails
+  // (FailedPrecondition naming the pair, or at worst within the op timeout)
+  // and never hangs. `in` and `out` must not overlap.
+  virtual std::shared_ptr<Work> AllToAll(const void* in, const std::vector<size_t>& send_counts,
+                                         void* out, const std::vector<size_t>& recv_counts,
+                                         DType dtype) = 0;
+
+  // data[0..count) on every rank becomes root's. InvalidArgument names "root".
+  virtual std::shared_ptr<Work> Broadcast(void* data, size_t count, DType dtype, int root) = 0;
+
+  // Point-to-point. Matched by (peer, tag); count must equal on both sides.
+  // InvalidArgument names "peer" when it is out of range or equals rank().
+  virtual std::shared_ptr<Work> Send(const void* data, size_t count, DType dtype, int peer,
+                                     uint32_t tag) = 0;
+  virtual std::shared_ptr<Work> Recv(void* data, size_t count, DType dtype, int peer,
+                                     uint32_t tag) = 0;
+
+  // Completes once every rank has entered the barrier.
+  virtual std::shared_ptr<Work> Barrier() = 0;
+
+  // Tears the group down: closes connections so peers see this rank as lost
+  // (they get Unavailable naming this rank), completes the running and queued
+  // operations with Aborted, and returns in bounded time (milliseconds; it
+  // never waits for a peer) even if a peer is dead or silent. Later
+  // operations fail with Aborted. Idempotent. Once sockets are closed no more
+  // data can land in the aborted operation's buffers; its thread may still be
+  // blocked inside Gloo until GlooOptions::timeout, holding only its own
+  // scratch memory.
+  virtual void Abort() = 0;
+};
+
+struct GlooOptions {
+  // IP address of the local interface to bind and advertise (IPv4 dotted quad).
+  std::string interface_address = "127.0.0.1";
+  // Deadline for each collective, from when it starts running.
+  absl::Duration timeout = absl::Minutes(5);
+  // Deadline for bootstrapping: exchanging addresses through the store and
+  // connecting every pair.
+  absl::Duration connect_timeout = absl::Minutes(5);
+};
+
+// Creates a connected Gloo (CPU, TCP) backend. Blocks until every one of
+// `size` ranks has called it with the same `store` namespace, or
+// connect_timeout passes. Keys are written under `store` as given; scope
+// groups with PrefixStore. Possible errors:
+//   InvalidArgument: size < 1, rank outside [0,size), bad interface_address,
+//     or non-positive timeouts (message names the field).
+//   DeadlineExceeded: some rank did not arrive within connect_timeout.
+//   Unavailable: connecting to a peer failed (names the peer rank).
+//   Aborted: the store's generation ended.
+absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store> store, int rank,
+                                                           int size, GlooOptions options);
+
+}  // namespace shardline::worker
+
+#endif  // SHARDLINE_WORKER_COMM_BACKEND_H_

@@ -1,0 +1,908 @@
+// Gloo (CPU, TCP) implementation of Backend.
+//
+// Layout: StoreAdapter (our Store -> gloo::rendezvous::Store), 16-bit float
+// conversion, error mapping (Gloo exceptions -> absl::Status), then the
+// backend: one op thread per backend runs queued operations in order.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/alltoallv.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/address.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "worker/comm/backend.h"
+#include "worker/comm/float16.h"
+
+namespace shardline::worker {
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+  }
+  return "unknown";
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+  }
+  return "unknown";
+}
+
+namespace {
+
+std::chrono::milliseconds ToMs(absl::Duration d) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+// Thrown by StoreAdapter so that a store failure unwinds out of Gloo's
+// connectFullMesh; caught in CreateGlooBackend and turned back into a status.
+struct StoreError : public std::exception {
+  explicit StoreError(absl::Status s) : status(std::move(s)) {}
+  const char* what() const noexcept override { return "store error"; }
+  absl::Status status;
+};
+
+// Our Store as seen by Gloo's rendezvous. Every blocking call is bounded by
+// the connect timeout.
+class StoreAdapter : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(std::shared_ptr<worker::Store> store, absl::Duration timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    absl::Status s = store_->Set(key, std::string(data.begin(), data.end()));
+    if (!s.ok()) throw StoreError(s);
+  }
+  std::vector<char> get(const std::string& key) override {
+    absl::StatusOr<std::string> v = store_->Get(key, timeout_);
+    if (!v.ok()) throw StoreError(v.status());
+    seen_[key] = *v;
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, ToMs(timeout_)); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    absl::Duration t = std::min(timeout_, absl::Milliseconds(timeout.count()));
+    absl::Status s = store_->Wait(keys, t);
+    if (!s.ok()) throw StoreError(s);
+  }
+
+ public:
+  // Values read during rendezvous, by key (only read on the bootstrapping
+  // thread). Used to learn which TCP port belongs to which peer rank.
+  const absl::flat_hash_map<std::string, std::string>& seen() const { return seen_; }
+
+ private:
+  std::shared_ptr<worker::Store> store_;
+  absl::Duration timeout_;
+  absl::flat_hash_map<std::string, std::string> seen_;
+};
+
+// Names Gloo gives the remote end of each pair in its IoException messages
+// ("Read error [127.0.0.1]:41234: ..."), per peer rank. Formatted by Gloo's
+// own tcp::Address::str() so they match its messages exactly (this Gloo
+// prints ports byte-swapped; we never parse them ourselves).
+//
+// Where this rank connected to the peer, Gloo names the peer's pair listener,
+// published in the store under key "<peer rank>" as one tcp::Address::Impl
+// (starting with a sockaddr_storage) per pair. Where this rank accepted the
+// connection, Gloo names the peer's ephemeral port, which only the kernel's
+// socket table (/proc/self/net/tcp{,6}) relates to our listener's port.
+std::string GlooName(const sockaddr_storage& ss) { return gloo::transport::tcp::Address(ss).str(); }
+
+std::vector<std::string> NamesInAddressBlob(const std::string& blob, int size) {
+  std::vector<std::string> out;
+  if (size < 2 || blob.empty() || blob.size() % (size - 1) != 0) return out;
+  const size_t entry = blob.size() / (size - 1);
+  if (entry < sizeof(sockaddr_storage)) return out;
+  for (size_t off = 0; off + entry <= blob.size(); off += entry) {
+    sockaddr_storage ss;
+    std::memcpy(&ss, blob.data() + off, sizeof(ss));
+    if (ss.ss_family == AF_INET || ss.ss_family == AF_INET6) out.push_back(GlooName(ss));
+  }
+  return out;
+}
+
+// One ESTABLISHED socket from /proc/self/net/tcp{,6}.
+struct KernelSocket {
+  uint16_t local_port;  // host order
+  sockaddr_storage remote;
+};
+
+std::vector<KernelSocket> EstablishedSockets() {
+  std::vector<KernelSocket> out;
+  for (int family : {AF_INET, AF_INET6}) {
+    std::FILE* f =
+        std::fopen(family == AF_INET ? "/proc/self/net/tcp" : "/proc/self/net/tcp6", "r");
+    if (f == nullptr) continue;
+    char line[512];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      // "  sl  local_address rem_address   st ..." with addresses "HEX:PORT";
+      // the address is the raw in-memory words printed as %08X each.
+      char local[128], remote[128];
+      unsigned state = 0;
+      if (std::sscanf(line, " %*s %127s %127s %x", local, remote, &state) != 3) continue;
+      if (state != 1) continue;  // TCP_ESTABLISHED
+      const char* lp = std::strrchr(local, ':');
+      const char* rp = std::strrchr(remote, ':');
+      if (lp == nullptr || rp == nullptr) continue;
+      KernelSocket ks{};
+      ks.local_port = static_cast<uint16_t>(std::strtoul(lp + 1, nullptr, 16));
+      const uint16_t remote_port = static_cast<uint16_t>(std::strtoul(rp + 1, nullptr, 16));
+      const std::string hex(remote, rp - remote);
+      if (family == AF_INET && hex.size() == 8) {
+        auto* sin = reinterpret_cast<sockaddr_in*>(&ks.remote);
+        sin->sin_family = AF_INET;
+        sin->sin_port = htons(remote_port);
+        sin->sin_addr.s_addr = static_cast<uint32_t>(std::strtoul(hex.c_str(), nullptr, 16));
+      } else if (family == AF_INET6 && hex.size() == 32) {
+        auto* sin6 = reinterpret_cast<sockaddr_in6*>(&ks.remote);
+        sin6->sin6_family = AF_INET6;
+        sin6->sin6_port = htons(remote_port);
+        for (int w = 0; w < 4; ++w) {
+          const uint32_t word =
+              static_cast<uint32_t>(std::strtoul(hex.substr(8 * w, 8).c_str(), nullptr, 16));
+          std::memcpy(reinterpret_cast<char*>(&sin6->sin6_addr) + 4 * w, &word, 4);
+        }
+      } else {
+        continue;
+      }
+      out.push_back(ks);
+    }
+    std::fclose(f);
+  }
+  return out;
+}
+
+// True if `msg` contains `needle` ("[ip]:port") not followed by another digit.
+bool Mentions(const std::string& msg, const std::string& needle) {
+  for (size_t pos = msg.find(needle); pos != std::string::npos; pos = msg.find(needle, pos + 1)) {
+    const size_t end = pos + needle.size();
+    if (end >= msg.size() || !std::isdigit(static_cast<unsigned char>(msg[end]))) return true;
+  }
+  return false;
+}
+
+// Completed-once handle. The first Complete() wins (Abort may complete the
+// running op before its thread notices).
+class WorkImpl : public Work {
+ public:
+  bool IsCompleted() override {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  absl::Status Wait(absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("Work::Wait: operation not complete after ", absl::FormatDuration(timeout)));
+    }
+    return status_;
+  }
+  void Complete(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    if (done_) return;
+    status_ = std::move(s);
+    done_ = true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+std::shared_ptr<Work> Done(absl::Status s) {
+  auto w = std::make_shared<WorkImpl>();
+  w->Complete(std::move(s));
+  return w;
+}
+
+// --- Reduction helpers (fp32) ---
+
+using ReduceFn = std::function<void(void*, const void*, const void*, size_t)>;
+
+ReduceFn Fp32Reducer(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMax:
+      return [](void* c, const void* a, const void* b, size_t n) {
+        auto* o = static_cast<float*>(c);
+        auto* x = static_cast<const float*>(a);
+        auto* y = static_cast<const float*>(b);
+        for (size_t i = 0; i < n; ++i) o[i] = std::max(x[i], y[i]);
+      };
+    case ReduceOp::kMin:
+      return [](void* c, const void* a, const void* b, size_t n) {
+        auto* o = static_cast<float*>(c);
+        auto* x = static_cast<const float*>(a);
+        auto* y = static_cast<const float*>(b);
+        for (size_t i = 0; i < n; ++i) o[i] = std::min(x[i], y[i]);
+      };
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+    default:
+      return [](void* c, const void* a, const void* b, size_t n) {
+        auto* o = static_cast<float*>(c);
+        auto* x = static_cast<const float*>(a);
+        auto* y = static_cast<const float*>(b);
+        for (size_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+      };
+  }
+}
+
+void ToFloat32(const void* in, DType dtype, size_t n, float* out) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(out, in, n * 4);
+    return;
+  }
+  const auto* h = static_cast<const uint16_t*>(in);
+  if (dtype == DType::kFloat16) {
+    for (size_t i = 0; i < n; ++i) out[i] = HalfToFloat(h[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) out[i] = BFloat16ToFloat(h[i]);
+  }
+}
+
+void FromFloat32(const float* in, size_t n, DType dtype, void* out) {
+  if (dtype == DType::kFloat32) {
+    std::memmove(out, in, n * 4);
+    return;
+  }
+  auto* h = static_cast<uint16_t*>(out);
+  if (dtype == DType::kFloat16) {
+    for (size_t i = 0; i < n; ++i) h[i] = FloatToHalf(in[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) h[i] = FloatToBFloat16(in[i]);
+  }
+}
+
+// Slot prefix for point-to-point operations; Gloo's collectives use small
+// prefixes in the top byte, so this does not collide with them.
+constexpr uint64_t kP2PSlotPrefix = uint64_t{0x5a} << 56;
+constexpr uint64_t kReduceScatterSlotPrefix = uint64_t{0x5b} << 56;
+
+// Store key (under the group's prefix) holding the group's first lost-peer
+// report, e.g. "rank 2 lost peer rank 1". Gloo's own keys are "<rank>" and
+// "rank_<n>", so this cannot collide.
+constexpr char kLostPeerKey[] = "shardline/first_lost_peer";
+
+// Shared between the backend object and its op thread, so the thread may
+// outlive the object (destruction detaches a thread stuck in Gloo).
+struct State {
+  int rank = 0;
+  int size = 1;
+  GlooOptions options;
+  std::shared_ptr<gloo::rendezvous::Context> context;  // null when size == 1
+  std::shared_ptr<Store> store;                        // the group's store
+  // By rank: the names Gloo's errors may give that peer (see GlooName).
+  std::vector<std::vector<std::string>> peer_names;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<std::function<absl::Status()>, std::shared_ptr<WorkImpl>>>
+      queue;                          // guarded by mu
+  std::shared_ptr<WorkImpl> running;  // guarded by mu
+  bool aborted = false;               // guarded by mu
+  bool stopping = false;              // guarded by mu
+  bool exited = false;                // op thread left Loop; guarded by mu
+  absl::Status sticky;                // first fatal error; guarded by mu
+  uint32_t next_tag = 1;              // only touched on the op thread
+
+  // Turns the exception in flight into a status naming the op and, where it
+  // can be identified, the peer rank.
+  absl::Status MapException(const std::string& op) {
+    try {
+      throw;
+    } catch (const gloo::IoException& e) {
+      std::string msg = e.what();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (aborted) return absl::AbortedError(absl::StrCat(op, ": aborted"));
+      }
+      if (absl::StrContains(msg, "Timed out") || absl::StrContains(msg, "timed out") ||
+          absl::StrContains(msg, "Timeout") || absl::StrContains(msg, "timeout")) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(op, " on rank ", rank, " did not finish within ",
+                         absl::FormatDuration(options.timeout), ": ", msg));
+      }
+      int lost = -1;
+      for (int r = 0; r < size && lost < 0; ++r) {
+        for (const std::string& name : peer_names[r]) {
+          if (Mentions(msg, name)) {
+            lost = r;
+            break;
+          }
+        }
+      }
+      const std::string what =
+          lost >= 0 ? absl::StrCat("lost peer rank ", lost)
+                    : absl::StrCat(
+                          "lost a peer (rank unknown; known peer addresses: ", DebugNames(), ")");
+      return absl::UnavailableError(
+          absl::StrCat(op, " on rank ", rank, ": ", what, PropagateLoss(what), ": ", msg));
+    } catch (const gloo::EnforceNotMet& e) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, " on rank ", rank, ": ranks disagree on the operation: ", e.what()));
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat(op, " on rank ", rank, ": ", e.what()));
+    } catch (...) {
+      return absl::InternalError(absl::StrCat(op, " on rank ", rank, ": unknown exception"));
+    }
+  }
+
+  // A lost peer poisons the group. Gloo does not tell the other ranks, and
+  // ranks not talking to the lost peer directly would block until their op
+  // timeout; so record the first loss in the group's store and close our
+  // sockets, which makes our peers fail at once. They then see *this* rank as
+  // lost, and the recorded first report names the root cause. Returns
+  // "; first failure in this group: rank A lost peer rank B" when someone
+  // else reported first, else "". Runs on the op thread.
+  std::string PropagateLoss(const std::string& what) {
+    std::string suffix;
+    absl::StatusOr<std::string> first = store->Get(kLostPeerKey, absl::ZeroDuration());
+    if (first.ok()) {
+      suffix = absl::StrCat(" (first failure in this group: ", *first, ")");
+    } else {
+      (void)store->Set(kLostPeerKey, absl::StrCat("rank ", rank, " ", what));
+    }
+    try {
+      context->closeConnections();
+    } catch (...) {
+    }
+    return suffix;
+  }
+
+  std::string DebugNames() {
+    std::string out;
+    for (int r = 0; r < size; ++r)
+      absl::StrAppend(&out, r, "={", absl::StrJoin(peer_names[r], ","), "} ");
+    return out;
+  }
+
+  void Loop() {
+    for (;;) {
+      std::function<absl::Status()> fn;
+      std::shared_ptr<WorkImpl> work;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) {
+          exited = true;
+          cv.notify_all();
+          return;
+        }
+        fn = std::move(queue.front().first);
+        work = std::move(queue.front().second);
+        queue.pop_front();
+        if (aborted) {
+          work->Complete(absl::AbortedError("backend was aborted"));
+          continue;
+        }
+        if (!sticky.ok()) {
+          work->Complete(sticky);
+          continue;
+        }
+        running = work;
+      }
+      absl::Status s = fn();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        running.reset();
+        if (aborted && !s.ok())
+          s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
+        if (!s.ok() && !absl::IsInvalidArgument(s) && sticky.ok()) sticky = s;
+      }
+      work->Complete(std::move(s));
+    }
+  }
+};
+
+class GlooBackend : public Backend {
+ public:
+  explicit GlooBackend(std::shared_ptr<State> state) : state_(std::move(state)) {
+    std::shared_ptr<State> st = state_;
+    thread_ = std::thread([st] { st->Loop(); });
+  }
+
+  ~GlooBackend() override {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->stopping = true;
+    }
+    state_->cv.notify_all();  // Abort() returns early if it already ran.
+    Abort();
+    // Normally the op thread exits at once (Abort closed the sockets, so a
+    // running op fails fast). If it is stuck in Gloo anyway, it holds its own
+    // reference to the state and finishes by the op timeout: detach it.
+    std::unique_lock<std::mutex> lock(state_->mu);
+    if (state_->cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return state_->exited; })) {
+      lock.unlock();
+      thread_.join();
+    } else {
+      lock.unlock();
+      thread_.detach();
+    }
+  }
+
+  int rank() const override { return state_->rank; }
+  int size() const override { return state_->size; }
+
+  std::shared_ptr<Work> AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    if (data == nullptr && count > 0) return Invalid("all_reduce", "data is null with count > 0");
+    State* st = state_.get();
+    return Enqueue([st, data, count, dtype, op]() -> absl::Status {
+      if (st->size == 1 || count == 0) {
+        if (count == 0 && st->size > 1) return RunBarrier(st, "all_reduce");
+        return absl::OkStatus();
+      }
+      std::vector<float> tmp;
+      float* buf = static_cast<float*>(data);
+      if (dtype != DType::kFloat32) {
+        tmp.resize(count);
+        ToFloat32(data, dtype, count, tmp.data());
+        buf = tmp.data();
+      }
+      try {
+        gloo::AllreduceOptions opts(st->context);
+        opts.setOutput(buf, count);
+        opts.setReduceFunction(Fp32Reducer(op));
+        opts.setTag(st->next_tag++);
+        opts.setTimeout(ToMs(st->options.timeout));
+        gloo::allreduce(opts);
+      } catch (...) {
+        return st->MapException("all_reduce");
+      }
+      if (op == ReduceOp::kAvg) {
+        const float n = static_cast<float>(st->size);
+        for (size_t i = 0; i < count; ++i) buf[i] /= n;
+      }
+      if (dtype != DType::kFloat32) FromFloat32(tmp.data(), count, dtype, data);
+      return absl::OkStatus();
+    });
+  }
+
+  std::shared_ptr<Work> AllGather(const void* in, size_t count, void* out, DType dtype) override {
+    if (count > 0 && (in == nullptr || out == nullptr))
+      return Invalid("all_gather", "in/out is null with count > 0");
+    State* st = state_.get();
+    return Enqueue([st, in, count, out, dtype]() -> absl::Status {
+      const size_t bytes = count * ElementSize(dtype);
+      char* mine = static_cast<char*>(out) + st->rank * bytes;
+      if (count == 0) return st->size > 1 ? RunBarrier(st, "all_gather") : absl::OkStatus();
+      if (in != mine) std::memmove(mine, in, bytes);
+      if (st->size == 1) return absl::OkStatus();
+      try {
+        gloo::AllgatherOptions opts(st->context);
+        // No input: Gloo takes this rank's contribution from its output slot.
+        opts.setOutput(static_cast<char*>(out), bytes * st->size);
+        opts.setTag(st->next_tag++);
+        opts.setTimeout(ToMs(st->options.timeout));
+        gloo::allgather(opts);
+      } catch (...) {
+        return st->MapException("all_gather");
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  std::shared_ptr<Work> ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                                      DType dtype, ReduceOp op) override {
+    if (counts.size() != static_cast<size_t>(size())) {
+      return Invalid("reduce_scatter",
+                     absl::StrCat("counts.size()=", counts.size(), " != size=", size()));
+    }
+    size_t total = 0;
+    for (int r = 0; r < size(); ++r) total += counts[r];
+    const size_t mine = counts[rank()];
+    if ((total > 0 && in == nullptr) || (mine > 0 && out == nullptr))
+      return Invalid("reduce_scatter", "in/out is null with nonzero counts");
+    State* st = state_.get();
+    return Enqueue([st, in, out, counts, total, mine, dtype, op]() -> absl::Status {
+      if (total == 0) return st->size > 1 ? RunBarrier(st, "reduce_scatter") : absl::OkStatus();
+      std::vector<float> acc(total);
+      ToFloat32(in, dtype, total, acc.data());
+      const size_t offset = [&] {
+        size_t o = 0;
+        for (int p = 0; p < st->rank; ++p) o += counts[p];
+        return o;
+      }();
+      if (st->size > 1) {
+        absl::Status s = RingReduceScatter(st, acc, counts, op);
+        if (!s.ok()) return s;
+      }
+      if (op == ReduceOp::kAvg) {
+        const float n = static_cast<float>(st->size);
+        for (size_t i = 0; i < mine; ++i) acc[offset + i] /= n;
+      }
+      FromFloat32(acc.data() + offset, mine, dtype, out);
+      return absl::OkStatus();
+    });
+  }
+
+  std::shared_ptr<Work> AllToAll(const void* in, const std::vector<size_t>& send_counts, void* out,
+                                 const std::vector<size_t>& recv_counts, DType dtype) override {
+    const size_t n = size();
+    if (send_counts.size() != n)
+      return Invalid("all_to_all",
+                     absl::StrCat("send_counts.size()=", send_counts.size(), " != size=", n));
+    if (recv_counts.size() != n)
+      return Invalid("all_to_all",
+                     absl::StrCat("recv_counts.size()=", recv_counts.size(), " != size=", n));
+    if (send_counts[rank()] != recv_counts[rank()])
+      return Invalid(
+          "all_to_all",
+          absl::StrCat("send_counts[", rank(), "]=", send_counts[rank()], " != recv_counts[",
+                       rank(), "]=", recv_counts[rank()], " (the piece this rank sends itself)"));
+    State* st = state_.get();
+    return Enqueue([st, in, send_counts, out, recv_counts, dtype]() -> absl::Status {
+      const int size = st->size, rank = st->rank;
+      const size_t es = ElementSize(dtype);
+      if (size == 1) {
+        if (send_counts[0] > 0) std::memmove(out, in, send_counts[0] * es);
+        return absl::OkStatus();
+      }
+      // 1) Agree on the split matrix so a mismatch fails on every rank with
+      //    the same message instead of hanging or corrupting memory.
+      std::vector<int64_t> mine(2 * size), all(2 * size * size);
+      for (int p = 0; p < size; ++p) {
+        mine[p] = static_cast<int64_t>(send_counts[p]);
+        mine[size + p] = static_cast<int64_t>(recv_counts[p]);
+      }
+      std::memcpy(all.data() + 2 * size * rank, mine.data(), mine.size() * 8);
+      try {
+        gloo::AllgatherOptions opts(st->context);
+        opts.setOutput(all.data(), all.size());
+        opts.setTag(st->next_tag++);
+        opts.setTimeout(ToMs(st->options.timeout));
+        gloo::allgather(opts);
+      } catch (...) {
+        return st->MapException("all_to_all (split exchange)");
+      }
+      bool any = false;
+      for (int s = 0; s < size; ++s) {
+        for (int d = 0; d < size; ++d) {
+          const int64_t sends = all[2 * size * s + d];
+          const int64_t expects = all[2 * size * d + size + s];
+          if (sends != expects) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("all_to_all: split mismatch between rank ", s, " and rank ", d,
+                             ": rank ", s, " sends ", sends, " elements to rank ", d, " but rank ",
+                             d, " expects ", expects, " from rank ", s));
+          }
+          any = any || sends > 0;
+        }
+      }
+      if (!any) return absl::OkStatus();  // the split exchange synchronised us
+      // 2) Move the data (bytes; Gloo skips nothing, so give it valid pointers).
+      std::vector<int64_t> in_bytes(size), out_bytes(size);
+      size_t in_total = 0, out_total = 0;
+      for (int p = 0; p < size; ++p) {
+        in_bytes[p] = send_counts[p] * es;
+        out_bytes[p] = recv_counts[p] * es;
+        in_total += in_bytes[p];
+        out_total += out_bytes[p];
+      }
+      char dummy_in = 0, dummy_out = 0;
+      char* inp = in_total ? const_cast<char*>(static_cast<const char*>(in)) : &dummy_in;
+      char* outp = out_total ? static_cast<char*>(out) : &dummy_out;
+      try {
+        gloo::AlltoallvOptions opts(st->context);
+        opts.setInput(inp, in_bytes);
+        opts.setOutput(outp, out_bytes);
+        opts.setTag(st->next_tag++);
+        opts.setTimeout(ToMs(st->options.timeout));
+        gloo::alltoallv(opts);
+      } catch (...) {
+        return st->MapException("all_to_all");
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  std::shared_ptr<Work> Broadcast(void* data, size_t count, DType dtype, int root) override {
+    if (root < 0 || root >= size())
+      return Invalid("broadcast", absl::StrCat("root=", root, " out of range [0,", size(), ")"));
+    if (data == nullptr && count > 0) return Invalid("broadcast", "data is null with count > 0");
+    State* st = state_.get();
+    return Enqueue([st, data, count, dtype, root]() -> absl::Status {
+      if (st->size == 1) return absl::OkStatus();
+      if (count == 0) return RunBarrier(st, "broadcast");
+      try {
+        gloo::BroadcastOptions opts(st->context);
+        opts.setOutput(static_cast<char*>(data), count * ElementSize(dtype));
+        opts.setRoot(root);
+        opts.setTag(st->next_tag++);
+        opts.setTimeout(ToMs(st->options.timeout));
+        gloo::broadcast(opts);
+      } catch (...) {
+        return st->MapException("broadcast");
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  std::shared_ptr<Work> Send(const void* data, size_t count, DType dtype, int peer,
+                             uint32_t tag) override {
+    return PointToPoint(const_cast<void*>(data), count, dtype, peer, tag, /*send=*/true);
+  }
+  std::shared_ptr<Work> Recv(void* data, size_t count, DType dtype, int peer,
+                             uint32_t tag) override {
+    return PointToPoint(data, count, dtype, peer, tag, /*send=*/false);
+  }
+
+  std::shared_ptr<Work> Barrier() override {
+    State* st = state_.get();
+    return Enqueue([st]() -> absl::Status {
+      return st->size == 1 ? absl::OkStatus() : RunBarrier(st, "barrier");
+    });
+  }
+
+  void Abort() override {
+    std::deque<std::pair<std::function<absl::Status()>, std::shared_ptr<WorkImpl>>> queued;
+    std::shared_ptr<WorkImpl> running;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->aborted) return;
+      state_->aborted = true;
+      queued.swap(state_->queue);
+      running = state_->running;
+    }
+    state_->cv.notify_all();
+    // Close sockets: peers see this rank as lost, and our own blocked op
+    // (if any) fails on its next socket event or at its op timeout.
+    if (state_->context) {
+      try {
+        state_->context->closeConnections();
+      } catch (...) {
+      }
+    }
+    for (auto& q : queued) q.second->Complete(absl::AbortedError("backend was aborted"));
+    if (running) running->Complete(absl::AbortedError("backend was aborted during the operation"));
+  }
+
+ private:
+  // Ring reduce-scatter in place on `acc` (fp32, pieces laid out by `counts`):
+  // at step s (0..n-2) rank r sends its partial sum of piece (r-s-1) mod n to
+  // rank r+1 and adds the partial sum of piece (r-s-2) mod n received from
+  // rank r-1. After n-1 steps piece r holds the reduction over all ranks.
+  // Each rank moves (n-1)/n of the data, the optimum. Pieces of 0 elements
+  // are skipped on both sides (every rank knows every count).
+  static absl::Status RingReduceScatter(State* st, std::vector<float>& acc,
+                                        const std::vector<size_t>& counts, ReduceOp op) {
+    const int n = st->size, r = st->rank;
+    std::vector<size_t> offsets(n);
+    size_t max_count = 1;
+    for (int p = 1; p < n; ++p) offsets[p] = offsets[p - 1] + counts[p - 1];
+    for (int p = 0; p < n; ++p) max_count = std::max(max_count, counts[p]);
+    std::vector<float> incoming(max_count);
+    const ReduceFn reduce = Fp32Reducer(op);
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    const uint64_t slot = kReduceScatterSlotPrefix | st->next_tag++;
+    const absl::Time deadline = absl::Now() + st->options.timeout;
+    auto remaining = [&]() -> absl::StatusOr<std::chrono::milliseconds> {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(absl::StrCat("reduce_scatter on rank ", r,
+                                                        " did not finish within ",
+                                                        absl::FormatDuration(st->options.timeout)));
+      }
+      return ToMs(left);
+    };
+    try {
+      auto send_buf = st->context->createUnboundBuffer(acc.data(), acc.size() * sizeof(float));
+      auto recv_buf =
+          st->context->createUnboundBuffer(incoming.data(), incoming.size() * sizeof(float));
+      for (int step = 0; step < n - 1; ++step) {
+        const int send_piece = ((r - step - 1) % n + n) % n;
+        const int recv_piece = ((r - step - 2) % n + n) % n;
+        if (counts[send_piece] > 0) {
+          send_buf->send(next, slot, offsets[send_piece] * sizeof(float),
+                         counts[send_piece] * sizeof(float));
+        }
+        if (counts[recv_piece] > 0) {
+          recv_buf->recv(prev, slot, 0, counts[recv_piece] * sizeof(float));
+          auto left = remaining();
+          if (!left.ok()) return left.status();
+          recv_buf->waitRecv(*left);
+          float* dst = acc.data() + offsets[recv_piece];
+          reduce(dst, dst, incoming.data(), counts[recv_piece]);
+        }
+        if (counts[send_piece] > 0) {
+          auto left = remaining();
+          if (!left.ok()) return left.status();
+          send_buf->waitSend(*left);
+        }
+      }
+    } catch (...) {
+      return st->MapException("reduce_scatter");
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::Status RunBarrier(State* st, const char* op) {
+    try {
+      gloo::BarrierOptions opts(st->context);
+      opts.setTag(st->next_tag++);
+      opts.setTimeout(ToMs(st->options.timeout));
+      gloo::barrier(opts);
+    } catch (...) {
+      return st->MapException(op);
+    }
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<Work> PointToPoint(void* data, size_t count, DType dtype, int peer, uint32_t tag,
+                                     bool send) {
+    const char* op = send ? "send" : "recv";
+    if (peer < 0 || peer >= size())
+      return Invalid(op, absl::StrCat("peer=", peer, " out of range [0,", size(), ")"));
+    if (peer == rank()) return Invalid(op, absl::StrCat("peer=", peer, " == rank"));
+    if (data == nullptr && count > 0) return Invalid(op, "data is null with count > 0");
+    State* st = state_.get();
+    return Enqueue([st, data, count, dtype, peer, tag, send, op]() -> absl::Status {
+      char dummy = 0;
+      void* ptr = count ? data : &dummy;
+      try {
+        auto buf = st->context->createUnboundBuffer(ptr, count * ElementSize(dtype));
+        const uint64_t slot = kP2PSlotPrefix | tag;
+        const auto timeout = ToMs(st->options.timeout);
+        if (send) {
+          buf->send(peer, slot);
+          buf->waitSend(timeout);
+        } else {
+          buf->recv(peer, slot);
+          buf->waitRecv(timeout);
+        }
+      } catch (...) {
+        return st->MapException(absl::StrCat(op, " (peer=", peer, ", tag=", tag, ")"));
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  std::shared_ptr<Work> Invalid(const char* op, const std::string& what) {
+    return Done(absl::InvalidArgumentError(absl::StrCat(op, " on rank ", rank(), ": ", what)));
+  }
+
+  std::shared_ptr<Work> Enqueue(std::function<absl::Status()> fn) {
+    auto work = std::make_shared<WorkImpl>();
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->aborted) {
+        work->Complete(absl::AbortedError("backend was aborted"));
+        return work;
+      }
+      state_->queue.emplace_back(std::move(fn), work);
+    }
+    state_->cv.notify_all();
+    return work;
+  }
+
+  std::shared_ptr<State> state_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store> store, int rank,
+                                                           int size, GlooOptions options) {
+  if (store == nullptr) return absl::InvalidArgumentError("store is null");
+  if (size < 1) return absl::InvalidArgumentError(absl::StrCat("size=", size, " must be >= 1"));
+  if (rank < 0 || rank >= size)
+    return absl::InvalidArgumentError(absl::StrCat("rank=", rank, " out of range [0,", size, ")"));
+  if (options.timeout <= absl::ZeroDuration())
+    return absl::InvalidArgumentError("options.timeout must be positive");
+  if (options.connect_timeout <= absl::ZeroDuration())
+    return absl::InvalidArgumentError("options.connect_timeout must be positive");
+  {
+    // Gloo crashes (rather than throws) on some unresolvable hostnames, so
+    // only IP literals reach it.
+    in_addr v4;
+    in6_addr v6;
+    if (inet_pton(AF_INET, options.interface_address.c_str(), &v4) != 1 &&
+        inet_pton(AF_INET6, options.interface_address.c_str(), &v6) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options.interface_address='", options.interface_address,
+          "' is not an IP address literal; use the local interface's address, e.g. 127.0.0.1"));
+    }
+  }
+  auto state = std::make_shared<State>();
+  state->rank = rank;
+  state->size = size;
+  state->options = options;
+  state->store = store;
+  state->peer_names.assign(size, {});
+  if (size > 1) {
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = options.interface_address;
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      context->setTimeout(ToMs(options.connect_timeout));
+      StoreAdapter adapter(store, options.connect_timeout);
+      context->connectFullMesh(adapter, device);
+      context->setTimeout(ToMs(options.timeout));
+      const std::vector<KernelSocket> sockets = EstablishedSockets();
+      for (int r = 0; r < size; ++r) {
+        if (r == rank) continue;
+        auto it = adapter.seen().find(absl::StrCat(r));
+        if (it != adapter.seen().end()) state->peer_names[r] = NamesInAddressBlob(it->second, size);
+        const auto* self =
+            dynamic_cast<const gloo::transport::tcp::Address*>(&context->getPair(r)->address());
+        if (self == nullptr) continue;
+        const sockaddr_storage& ss = self->getSockaddr();
+        uint16_t listen_port = 0;
+        if (ss.ss_family == AF_INET) {
+          listen_port = ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+          listen_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
+        }
+        for (const KernelSocket& ks : sockets) {
+          if (listen_port != 0 && ks.local_port == listen_port) {
+            state->peer_names[r].push_back(GlooName(ks.remote));
+          }
+        }
+      }
+      state->context = std::move(context);
+    } catch (const StoreError& e) {
+      return absl::Status(e.status.code(), absl::StrCat("bootstrapping rank ", rank, " of ", size,
+                                                        ": ", e.status.message()));
+    } catch (const gloo::IoException& e) {
+      std::string msg = e.what();
+      if (absl::StrContains(msg, "imeout") || absl::StrContains(msg, "imed out"))
+        return absl::DeadlineExceededError(absl::StrCat("connecting rank ", rank, ": ", msg));
+      return absl::UnavailableError(absl::StrCat("connecting rank ", rank, ": ", msg));
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("creating Gloo device on interface_address='",
+                                                     options.interface_address, "' for rank ", rank,
+                                                     ": ", e.what()));
+    }
+  }
+  return std::unique_ptr<Backend>(new GlooBackend(std::move(state)));
+}
+
+}  // namespace shardline::worker

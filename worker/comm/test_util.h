@@ -1,0 +1,51 @@
+// Test helpers: run N ranks as threads, each with a real Gloo backend over
+// loopback TCP, bootstrapped through one shared in-memory store.
+#ifndef SHARDLINE_WORKER_COMM_TEST_UTIL_H_
+#define SHARDLINE_WORKER_COMM_TEST_UTIL_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/comm/backend.h"
+#include "worker/comm/store.h"
+
+namespace shardline::worker::testing {
+
+inline GlooOptions TestOptions(absl::Duration timeout = absl::Seconds(30)) {
+  GlooOptions o;
+  o.timeout = timeout;
+  o.connect_timeout = absl::Seconds(30);
+  return o;
+}
+
+// Runs fn(rank, backend) on `size` threads. Each thread first creates its
+// backend on `store` (a fresh in-memory store when null).
+inline void RunRanks(int size, const std::function<void(int, Backend&)>& fn,
+                     GlooOptions options = TestOptions(), std::shared_ptr<Store> store = nullptr) {
+  if (store == nullptr) store = NewInMemoryStore();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      auto backend = CreateGlooBackend(store, r, size, options);
+      ASSERT_TRUE(backend.ok()) << "rank " << r << ": " << backend.status();
+      fn(r, **backend);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Waits (bounded) and asserts success.
+#define SL_EXPECT_OK_WORK(work)                \
+  do {                                         \
+    auto _s = (work)->Wait(absl::Seconds(60)); \
+    EXPECT_TRUE(_s.ok()) << _s;                \
+  } while (0)
+
+}  // namespace shardline::worker::testing
+
+#endif  // SHARDLINE_WORKER_COMM_TEST_UTIL_H_

@@ -1,0 +1,77 @@
+#include "worker/communicators.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/coordinator_store.h"
+
+namespace shardline::worker {
+
+namespace v1 = ::shardline::v1;
+
+absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
+    const v1::Assignment& assignment, std::shared_ptr<grpc::Channel> channel,
+    const client::ConnectionOptions& connection, const v1::Fence& fence, GlooOptions options) {
+  if (assignment.spare()) {
+    return absl::InvalidArgumentError("a spare has no communicators");
+  }
+  auto comms = std::make_unique<Communicators>();
+  comms->generation_ = assignment.generation();
+  v1::Fence f = fence;
+  f.set_generation(assignment.generation());
+  const uint32_t rank = assignment.rank();
+  for (const v1::ProcessGroup& pg : assignment.groups()) {
+    auto it = std::find(pg.ranks().begin(), pg.ranks().end(), rank);
+    if (it == pg.ranks().end()) continue;
+    Group g;
+    g.name = pg.name();
+    g.kind = pg.kind();
+    g.ranks.assign(pg.ranks().begin(), pg.ranks().end());
+    g.group_rank = static_cast<int>(it - pg.ranks().begin());
+    auto store = std::make_shared<CoordinatorStore>(channel, connection, f, pg.name());
+    absl::StatusOr<std::unique_ptr<Backend>> backend =
+        CreateGlooBackend(store, g.group_rank, static_cast<int>(g.ranks.size()), options);
+    if (!backend.ok()) {
+      comms->Abort();
+      return absl::Status(backend.status().code(),
+                          absl::StrCat("group ", pg.name(), " (generation ",
+                                       assignment.generation(), ", group rank ", g.group_rank,
+                                       " of ", g.ranks.size(), "): ", backend.status().message()));
+    }
+    g.backend = *std::move(backend);
+    comms->groups_.push_back(std::move(g));
+  }
+  return comms;
+}
+
+absl::Status Communicators::Check(absl::Duration timeout) {
+  const Group* dp = nullptr;
+  for (const Group& g : groups_) {
+    absl::Status s = g.backend->Barrier()->Wait(timeout);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("barrier ", g.name, ": ", s.message()));
+    if (g.kind == v1::GROUP_KIND_DP) dp = &g;
+  }
+  if (dp == nullptr) return absl::OkStatus();
+  const int global_rank = static_cast<int>(dp->ranks[dp->group_rank]);
+  float value = static_cast<float>(global_rank + 1);
+  float expected = 0;
+  for (uint32_t r : dp->ranks) expected += static_cast<float>(r + 1);
+  absl::Status s =
+      dp->backend->AllReduce(&value, 1, DType::kFloat32, ReduceOp::kSum)->Wait(timeout);
+  if (!s.ok())
+    return absl::Status(s.code(), absl::StrCat("all_reduce ", dp->name, ": ", s.message()));
+  if (value != expected) {
+    return absl::InternalError(
+        absl::StrCat("all_reduce ", dp->name, " check: got ", value, ", expected ", expected));
+  }
+  return absl::OkStatus();
+}
+
+void Communicators::Abort() {
+  for (Group& g : groups_) {
+    if (g.backend != nullptr) g.backend->Abort();
+  }
+}
+
+}  // namespace shardline::worker

@@ -1,0 +1,73 @@
+// Communicators: the process groups of one assignment, built as Gloo
+// backends that bootstrap through the coordinator's rendezvous store.
+//
+//   absl::StatusOr<std::unique_ptr<Communicators>> comms =
+//       Communicators::Build(assignment, agent.channel(), agent.connection(),
+//                            agent.fence(), GlooOptions{});
+//   absl::Status ok = (*comms)->Check();     // barrier + all_reduce on dp
+//   (*comms)->Abort();                       // generation over
+//
+// Build creates the groups in the Assignment's order (the global creation
+// order every rank shares), keeping only those that contain this rank, each
+// over a CoordinatorStore scoped by the group's name in the assignment's
+// generation. When the generation ends while building, the store answers
+// Aborted and Build returns it.
+//
+// Thread-safety: Abort() may be called from any thread at any time (e.g. a
+// directive callback) while another thread runs Check(); the rest is
+// single-threaded.
+#ifndef SHARDLINE_WORKER_COMMUNICATORS_H_
+#define SHARDLINE_WORKER_COMMUNICATORS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/coordinator_client.h"
+#include "shardline/v1/coordinator.grpc.pb.h"
+#include "worker/comm/backend.h"
+
+namespace shardline::worker {
+
+class Communicators {
+ public:
+  struct Group {
+    std::string name;  // e.g. "dp/0": also the rendezvous scope
+    shardline::v1::GroupKind kind = shardline::v1::GROUP_KIND_UNSPECIFIED;
+    std::vector<uint32_t> ranks;  // global ranks, ascending
+    int group_rank = 0;           // index of this rank in `ranks`
+    std::unique_ptr<Backend> backend;
+  };
+
+  // Possible errors: InvalidArgument for a spare assignment; Aborted when the
+  // generation ended; DeadlineExceeded / Unavailable from CreateGlooBackend
+  // (the message names the group).
+  static absl::StatusOr<std::unique_ptr<Communicators>> Build(
+      const shardline::v1::Assignment& assignment, std::shared_ptr<grpc::Channel> channel,
+      const client::ConnectionOptions& connection, const shardline::v1::Fence& fence,
+      GlooOptions options);
+
+  // A barrier on every group, then an fp32 all_reduce (sum) on this rank's dp
+  // group of (global rank + 1), checked against the closed form. Errors: the
+  // backend's; Internal when the sum is wrong (names both values).
+  absl::Status Check(absl::Duration timeout);
+
+  // Aborts every group (idempotent, bounded time).
+  void Abort();
+
+  uint64_t generation() const { return generation_; }
+  const std::vector<Group>& groups() const { return groups_; }
+
+ private:
+  uint64_t generation_ = 0;
+  std::vector<Group> groups_;
+};
+
+}  // namespace shardline::worker
+
+#endif  // SHARDLINE_WORKER_COMMUNICATORS_H_

@@ -1,0 +1,296 @@
+// shardline-worker: one daemon per rank. Joins a job, waits for its
+// assignment, builds its communicators (Gloo over the coordinator's
+// rendezvous store) and, until the trainer exists, checks them with a
+// barrier and an all_reduce and then idles heartbeating until STOP or a
+// generation change (abort communicators, re-join, rebuild).
+//
+//   shardline-worker --coordinator HOST:PORT --job ID [--worker-id ID]
+//       [--device cpu|cuda:N] [--backend auto|gloo|nccl] [--token T]
+//       [--host NAME] [--interface IPV4] [--tls-ca F] [--tls-cert F --tls-key F]
+//       [--timeout D] [--connect-timeout D]
+//
+// Exit status: 0 after STOP (or SIGINT/SIGTERM, after LeaveJob); 1 on a
+// runtime error; 2 on bad flags.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/args.h"
+#include "client/coordinator_client.h"
+#include "worker/agent.h"
+#include "worker/communicators.h"
+
+namespace shardline::worker {
+namespace {
+
+namespace v1 = ::shardline::v1;
+
+std::atomic<bool> g_shutdown{false};
+
+void Log(const std::string& line) {
+  std::cerr << absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::UTCTimeZone())
+            << "shardline-worker: " << line << std::endl;
+}
+
+absl::Duration FromProto(const google::protobuf::Duration& d) {
+  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
+}
+
+bool ValidDevice(const std::string& d) {
+  if (d == "cpu") return true;
+  absl::string_view rest = d;
+  int n;
+  return absl::ConsumePrefix(&rest, "cuda:") && absl::SimpleAtoi(rest, &n) && n >= 0;
+}
+
+// Holds the communicators of the current generation; aborts them from the
+// directive callback.
+class CommHolder {
+ public:
+  void Set(std::shared_ptr<Communicators> c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    comms_ = std::move(c);
+  }
+  std::shared_ptr<Communicators> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::move(comms_);
+  }
+  // Aborts the held communicators if they are older than `generation`.
+  void AbortBefore(uint64_t generation) {
+    std::shared_ptr<Communicators> c;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      c = comms_;
+    }
+    if (c != nullptr && c->generation() < generation) c->Abort();
+  }
+
+ private:
+  std::mutex mu_;
+  std::shared_ptr<Communicators> comms_;
+};
+
+int Run(int argc, char** argv) {
+  client::ArgParser parser("shardline-worker");
+  client::ConnectionFlags connection_flags;
+  connection_flags.Register(parser);
+  std::string job, worker_id, device = "cpu", backend_flag = "auto", host, interface = "127.0.0.1";
+  std::string connect_timeout = "10s";
+  bool help = false;
+  parser.AddString("connect-timeout", &connect_timeout,
+                   "how long to keep retrying an unreachable coordinator at start (default 10s)");
+  parser.AddString("job", &job, "job id to join (required)");
+  parser.AddString("worker-id", &worker_id, "stable slot name (default HOST:DEVICE)");
+  parser.AddString("device", &device, "cpu or cuda:N (default cpu)");
+  parser.AddString("backend", &backend_flag, "auto, gloo or nccl (default auto: from the device)");
+  parser.AddString("host", &host, "host name reported to the coordinator (default hostname)");
+  parser.AddString("interface", &interface,
+                   "IPv4 address Gloo binds and advertises (default 127.0.0.1)");
+  parser.AddBool("help", &help, "print this help");
+  std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<std::vector<std::string>> positional = parser.Parse(args);
+  if (help) {
+    std::cout << parser.Usage();
+    return 0;
+  }
+  if (!positional.ok()) {
+    std::cerr << "shardline-worker: " << positional.status().message() << "\n" << parser.Usage();
+    return 2;
+  }
+  if (!positional->empty()) {
+    std::cerr << "shardline-worker: unexpected argument '" << (*positional)[0] << "'\n";
+    return 2;
+  }
+  absl::StatusOr<client::ConnectionOptions> connection = connection_flags.Resolve(parser);
+  if (!connection.ok()) {
+    std::cerr << "shardline-worker: " << connection.status().message() << "\n";
+    return 2;
+  }
+  absl::Duration connect_timeout_d;
+  if (!absl::ParseDuration(connect_timeout, &connect_timeout_d) ||
+      connect_timeout_d <= absl::ZeroDuration() || connect_timeout_d == absl::InfiniteDuration()) {
+    std::cerr << "shardline-worker: --connect-timeout='" << connect_timeout
+              << "' is not a positive duration; give e.g. --connect-timeout=30s\n";
+    return 2;
+  }
+  if (job.empty()) {
+    std::cerr << "shardline-worker: --job is required (the job id given to shardctl job create)\n";
+    return 2;
+  }
+  if (!ValidDevice(device)) {
+    std::cerr << "shardline-worker: --device='" << device << "' is not cpu or cuda:N\n";
+    return 2;
+  }
+  v1::Backend backend;
+  if (backend_flag == "auto") {
+    backend = v1::BACKEND_UNSPECIFIED;
+  } else if (backend_flag == "gloo") {
+    backend = v1::BACKEND_GLOO;
+  } else if (backend_flag == "nccl") {
+    backend = v1::BACKEND_NCCL;
+  } else {
+    std::cerr << "shardline-worker: --backend='" << backend_flag
+              << "' is not one of auto, gloo, nccl\n";
+    return 2;
+  }
+  if (backend == v1::BACKEND_NCCL && device == "cpu") {
+    std::cerr << "shardline-worker: --backend=nccl needs --device=cuda:N\n";
+    return 2;
+  }
+  const bool use_gloo =
+      backend == v1::BACKEND_GLOO || (backend == v1::BACKEND_UNSPECIFIED && device == "cpu");
+
+  WorkerAgentOptions options;
+  options.connection = *connection;
+  options.job_id = job;
+  options.host = host;
+  if (options.host.empty()) {
+    char buf[256] = {};
+    ::gethostname(buf, sizeof(buf) - 1);
+    options.host = buf;
+  }
+  options.worker_id = worker_id.empty() ? absl::StrCat(options.host, ":", device) : worker_id;
+  options.device = device;
+  options.backend = backend;
+  options.connect_timeout = connect_timeout_d;
+  absl::StatusOr<std::unique_ptr<WorkerAgent>> created = WorkerAgent::Create(options);
+  if (!created.ok()) {
+    std::cerr << "shardline-worker: " << created.status().message() << "\n";
+    return 2;
+  }
+  std::unique_ptr<WorkerAgent> agent = *std::move(created);
+
+  // SIGINT / SIGTERM: leave the job and exit. Blocked here so every thread
+  // inherits the mask; one thread waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::thread([signals] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    g_shutdown.store(true);
+  }).detach();
+
+  CommHolder holder;
+  agent->SetDirectiveCallback([&holder](const v1::Directive& d) {
+    if (d.has_restart_at_generation()) {
+      holder.AbortBefore(d.restart_at_generation().generation());
+    } else if (d.has_stop()) {
+      holder.AbortBefore(UINT64_MAX);
+    }
+  });
+
+  if (absl::Status s = agent->Connect(); !s.ok()) {
+    Log(absl::StrCat("cannot join job '", job, "': ", s.message()));
+    return 1;
+  }
+  Log(absl::StrCat("joined job '", job, "' as ", agent->worker_id(), " (incarnation ",
+                   agent->incarnation(), ") at generation ", agent->generation()));
+
+  std::string stop_reason;
+  while (!g_shutdown.load() && !agent->stopped()) {
+    absl::StatusOr<v1::Assignment> a = agent->WaitForAssignment(absl::Seconds(2));
+    if (!a.ok()) {
+      if (a.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+      if (agent->stopped()) break;
+      Log(absl::StrCat("cannot get an assignment: ", a.status().message()));
+      return 1;
+    }
+    const uint64_t gen = a->generation();
+    const v1::JobSpec spec = agent->spec();
+    if (a->spare()) {
+      Log(absl::StrCat("generation ", gen, ": spare (world ", a->world_size(), ")"));
+      agent->SetProgress(a->start_step(), v1::WORKER_STATE_WAITING);
+    } else if (use_gloo) {
+      agent->SetProgress(a->start_step(), v1::WORKER_STATE_BUILDING_COMMUNICATORS);
+      GlooOptions gloo;
+      gloo.interface_address = interface;
+      if (spec.elastic().has_collective_timeout()) {
+        gloo.timeout = FromProto(spec.elastic().collective_timeout());
+        gloo.connect_timeout = gloo.timeout;
+      }
+      absl::StatusOr<std::unique_ptr<Communicators>> built =
+          Communicators::Build(*a, agent->channel(), agent->connection(), agent->fence(), gloo);
+      absl::Status status = built.status();
+      std::shared_ptr<Communicators> comms;
+      if (built.ok()) {
+        comms = *std::move(built);
+        holder.Set(comms);
+        // A restart that arrived while building found nothing to abort.
+        if (agent->generation_over() || agent->generation() != gen) comms->Abort();
+        status = comms->Check(gloo.timeout);
+      }
+      if (!status.ok()) {
+        if (agent->generation_over() || agent->generation() != gen ||
+            status.code() == absl::StatusCode::kAborted) {
+          Log(absl::StrCat("generation ", gen,
+                           " ended while building communicators: ", status.message()));
+        } else {
+          Log(absl::StrCat("generation ", gen, " rank ", a->rank(),
+                           ": communicators failed: ", status.message(), "; reporting"));
+          absl::StatusOr<v1::Directive> d = agent->ReportError(
+              status.code(), std::string(status.message()), "build communicators", std::nullopt);
+          if (!d.ok()) Log(absl::StrCat("ReportError: ", d.status().message()));
+        }
+        if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
+        continue;
+      }
+      Log(absl::StrCat("generation ", gen, " rank ", a->rank(), " world ", a->world_size(),
+                       ": communicators ready"));
+      agent->SetProgress(a->start_step(), v1::WORKER_STATE_TRAINING);
+    } else {
+      Log(absl::StrCat("generation ", gen, " rank ", a->rank(), " world ", a->world_size(),
+                       ": NCCL communicators are not implemented yet; idling"));
+      agent->SetProgress(a->start_step(), v1::WORKER_STATE_WAITING);
+    }
+
+    // Idle until the generation ends or the job stops.
+    while (!g_shutdown.load()) {
+      std::optional<v1::Directive> d = agent->NextDirective(absl::Milliseconds(500));
+      if (d.has_value()) {
+        if (d->has_stop()) {
+          stop_reason = d->stop().reason();
+          break;
+        }
+        if (d->has_restart_at_generation() && d->restart_at_generation().generation() > gen) {
+          Log(absl::StrCat("generation ", gen, " is over: ", d->restart_at_generation().reason(),
+                           "; aborting communicators and re-joining"));
+          break;
+        }
+        if (d->has_checkpoint()) {
+          Log(absl::StrCat("checkpoint at step ", d->checkpoint().step(),
+                           " requested; no trainer yet, ignored"));
+        }
+      }
+      if (agent->stopped() || agent->generation() != gen) break;
+    }
+    if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
+  }
+
+  if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
+  const std::string reason =
+      g_shutdown.load() ? "shutting down (signal)" : absl::StrCat("stopped: ", stop_reason);
+  Log(absl::StrCat("leaving job '", job, "': ", reason));
+  if (absl::Status s = agent->Leave(reason); !s.ok()) Log(s.ToString());
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardline::worker
+
+int main(int argc, char** argv) { return shardline::worker::Run(argc, argv); }

@@ -1,0 +1,143 @@
+// A real in-process coordinator for worker tests: the coordinator's
+// components (memory store) behind a gRPC server on 127.0.0.1:0, like
+// server/grpc_service_test.cc's Harness, plus job creation.
+//
+//   CoordinatorHarness h(/*admin_token=*/"secret");
+//   std::string token = h.CreateJob("job", spec);   // the job's worker token
+//   ... agents connect to h.address() ...
+#ifndef SHARDLINE_WORKER_TEST_HARNESS_H_
+#define SHARDLINE_WORKER_TEST_HARNESS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint_registry.h"
+#include "server/clock.h"
+#include "server/coordinator.h"
+#include "server/grpc_service.h"
+#include "server/metrics.h"
+#include "server/rendezvous.h"
+#include "server/state_store.h"
+#include "shardline/v1/coordinator.grpc.pb.h"
+
+namespace shardline::worker::testing {
+
+namespace v1 = ::shardline::v1;
+
+// L=2, h=8, 2 heads, V=16, s=4, tp=pp=1, micro-batch 1; heartbeat every
+// 200 ms, timeout `heartbeat_timeout`; last call 1 s.
+inline v1::JobSpec SmallSpec(int min_workers, int max_workers, int global_batch,
+                             absl::Duration heartbeat_timeout = absl::Seconds(10)) {
+  v1::JobSpec spec;
+  spec.set_name("test");
+  v1::ModelConfig* m = spec.mutable_model();
+  m->set_num_layers(2);
+  m->set_hidden_size(8);
+  m->set_num_heads(2);
+  m->set_vocab_size(16);
+  m->set_seq_length(4);
+  spec.mutable_parallel()->set_tp(1);
+  spec.mutable_parallel()->set_pp(1);
+  spec.mutable_training()->set_global_batch(global_batch);
+  spec.mutable_training()->set_micro_batch(1);
+  spec.mutable_training()->set_train_steps(100);
+  v1::ElasticPolicy* e = spec.mutable_elastic();
+  e->set_min_workers(min_workers);
+  e->set_max_workers(max_workers);
+  e->mutable_heartbeat_interval()->set_nanos(200 * 1000 * 1000);
+  const int64_t ms = absl::ToInt64Milliseconds(heartbeat_timeout);
+  e->mutable_heartbeat_timeout()->set_seconds(ms / 1000);
+  e->mutable_heartbeat_timeout()->set_nanos(static_cast<int32_t>(ms % 1000) * 1000000);
+  e->mutable_last_call()->set_seconds(1);
+  e->mutable_join_timeout()->set_seconds(60);
+  return spec;
+}
+
+class CoordinatorHarness {
+ public:
+  explicit CoordinatorHarness(const std::string& admin_token = "") : admin_token_(admin_token) {
+    store_ = server::NewMemoryStore();
+    coordinator_ = std::make_unique<server::Coordinator>(&clock_, store_.get());
+    absl::Status recovered = coordinator_->Recover();
+    EXPECT_TRUE(recovered.ok()) << recovered;
+    rendezvous_ = std::make_unique<server::Rendezvous>(&clock_);
+    absl::StatusOr<std::unique_ptr<server::CheckpointRegistry>> registry =
+        server::CheckpointRegistry::Create(store_.get(), &clock_);
+    EXPECT_TRUE(registry.ok()) << registry.status();
+    checkpoints_ = *std::move(registry);
+    server::ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.admin_token = admin_token;
+    absl::StatusOr<std::unique_ptr<server::CoordinatorServer>> server =
+        server::CoordinatorServer::Start(
+            {coordinator_.get(), rendezvous_.get(), checkpoints_.get(), nullptr}, options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+  ~CoordinatorHarness() {
+    server_.reset();
+    checkpoints_.reset();
+    rendezvous_.reset();
+    coordinator_.reset();
+    store_.reset();
+  }
+
+  const std::string& address() const { return server_->address(); }
+  std::shared_ptr<grpc::Channel> Channel() const {
+    return grpc::CreateChannel(address(), grpc::InsecureChannelCredentials());
+  }
+
+  // Creates a job with the admin token; returns its worker token.
+  std::string CreateJob(const std::string& job_id, const v1::JobSpec& spec) {
+    auto jobs = v1::JobService::NewStub(Channel());
+    v1::CreateJobRequest req;
+    req.set_job_id(job_id);
+    *req.mutable_spec() = spec;
+    v1::CreateJobResponse resp;
+    grpc::ClientContext ctx;
+    Authorize(&ctx);
+    grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.worker_token();
+  }
+
+  // worker_id -> member, with the admin token.
+  std::map<std::string, v1::Member> Members(const std::string& job_id) {
+    auto jobs = v1::JobService::NewStub(Channel());
+    v1::ListMembersRequest req;
+    req.set_job_id(job_id);
+    v1::ListMembersResponse resp;
+    grpc::ClientContext ctx;
+    Authorize(&ctx);
+    grpc::Status s = jobs->ListMembers(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    std::map<std::string, v1::Member> out;
+    for (const v1::Member& m : resp.members()) out[m.worker_id()] = m;
+    return out;
+  }
+
+ private:
+  void Authorize(grpc::ClientContext* ctx) const {
+    if (!admin_token_.empty()) ctx->AddMetadata("authorization", "Bearer " + admin_token_);
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  }
+
+  const std::string admin_token_;
+  server::RealClock clock_;
+  std::unique_ptr<server::StateStore> store_;
+  std::unique_ptr<server::Coordinator> coordinator_;
+  std::unique_ptr<server::Rendezvous> rendezvous_;
+  std::unique_ptr<server::CheckpointRegistry> checkpoints_;
+  std::unique_ptr<server::CoordinatorServer> server_;
+};
+
+}  // namespace shardline::worker::testing
+
+#endif  // SHARDLINE_WORKER_TEST_HARNESS_H_

@@ -1,0 +1,259 @@
+// End to end: a real shardline-coordinator process and three real
+// shardline-worker processes form a world of 3 and build their Gloo
+// communicators through the coordinator's rendezvous store; one worker is
+// SIGKILLed; the two survivors are told to restart, re-join in place and
+// rebuild their communicators at generation 2 (world 2). Cancelling the job
+// stops them (exit 0).
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "shardline/v1/coordinator.grpc.pb.h"
+
+namespace shardline::worker {
+namespace {
+
+namespace v1 = ::shardline::v1;
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+std::string Runfile(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/shardline/", path);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A child process whose stdout and stderr go to `log`.
+class Child {
+ public:
+  Child(const std::string& binary, const std::vector<std::string>& args, std::string log)
+      : log_(std::move(log)) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      FILE* f = std::fopen(log_.c_str(), "w");
+      ::dup2(fileno(f), 1);
+      ::dup2(fileno(f), 2);
+      ::unsetenv("SHARDLINE_TOKEN");
+      ::unsetenv("SHARDLINE_COORDINATOR");
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(binary.c_str()));
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(binary.c_str(), argv.data());
+      std::_Exit(127);
+    }
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  void Kill() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  // Exit status, or -1 if still running at `timeout`.
+  int WaitExit(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return -1;
+  }
+  std::string Log() const { return ReadFile(log_); }
+  // Waits until the log contains `text`.
+  bool WaitFor(const std::string& text, absl::Duration timeout) const {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      if (absl::StrContains(Log(), text)) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+};
+
+v1::JobSpec Spec() {
+  v1::JobSpec spec;
+  spec.set_name("worker-processes");
+  v1::ModelConfig* m = spec.mutable_model();
+  m->set_num_layers(2);
+  m->set_hidden_size(8);
+  m->set_num_heads(2);
+  m->set_vocab_size(16);
+  m->set_seq_length(4);
+  spec.mutable_parallel()->set_tp(1);
+  spec.mutable_parallel()->set_pp(1);
+  // global_batch 6: dp 3 with three workers, dp 2 with two.
+  spec.mutable_training()->set_global_batch(6);
+  spec.mutable_training()->set_micro_batch(1);
+  spec.mutable_training()->set_train_steps(100);
+  v1::ElasticPolicy* e = spec.mutable_elastic();
+  e->set_min_workers(2);
+  e->set_max_workers(3);
+  e->mutable_heartbeat_interval()->set_nanos(200 * 1000 * 1000);
+  e->mutable_heartbeat_timeout()->set_seconds(10);
+  e->mutable_last_call()->set_seconds(1);
+  e->mutable_join_timeout()->set_seconds(60);
+  e->mutable_collective_timeout()->set_seconds(20);
+  return spec;
+}
+
+TEST(WorkerProcessesTest, SurvivorsRebuildCommunicatorsAfterSigkill) {
+  const std::string dir = TempDir();
+  Child coordinator(Runfile("server/shardline-coordinator"),
+                    {"--listen", "127.0.0.1:0", "--state", "memory"}, dir + "/coordinator.log");
+  ASSERT_TRUE(coordinator.WaitFor("listening on ", absl::Seconds(20))) << coordinator.Log();
+  std::string address;
+  for (absl::string_view line : absl::StrSplit(coordinator.Log(), '\n')) {
+    if (absl::ConsumePrefix(&line, "listening on ")) {
+      address = std::string(absl::StripAsciiWhitespace(line));
+    }
+  }
+  ASSERT_FALSE(address.empty());
+
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto jobs = v1::JobService::NewStub(channel);
+  {
+    v1::CreateJobRequest req;
+    req.set_job_id("e2e");
+    *req.mutable_spec() = Spec();
+    v1::CreateJobResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  std::vector<std::unique_ptr<Child>> workers;
+  for (int i = 0; i < 3; ++i) {
+    workers.push_back(std::make_unique<Child>(
+        Runfile("worker/shardline-worker"),
+        std::vector<std::string>{"--coordinator", address, "--job", "e2e", "--worker-id",
+                                 absl::StrCat("w", i), "--device", "cpu", "--backend", "gloo"},
+        absl::StrCat(dir, "/worker", i, ".log")));
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(workers[i]->WaitFor("world 3: communicators ready", absl::Seconds(30)))
+        << "worker " << i << ":\n"
+        << workers[i]->Log() << "\ncoordinator:\n"
+        << coordinator.Log();
+    EXPECT_TRUE(absl::StrContains(workers[i]->Log(), "generation 1 rank "));
+  }
+
+  const absl::Time killed = absl::Now();
+  workers[2]->Kill();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(workers[i]->WaitFor("world 2: communicators ready", absl::Seconds(30)))
+        << "worker " << i << ":\n"
+        << workers[i]->Log() << "\ncoordinator:\n"
+        << coordinator.Log();
+    const std::string log = workers[i]->Log();
+    EXPECT_TRUE(absl::StrContains(log, "generation 2 rank ")) << log;
+    EXPECT_TRUE(absl::StrContains(log, "generation 1 is over")) << log;
+  }
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(30));
+
+  {
+    v1::CancelJobRequest req;
+    req.set_job_id("e2e");
+    req.set_reason("test done");
+    v1::Job job;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    grpc::Status s = jobs->CancelJob(&ctx, req, &job);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(workers[i]->WaitExit(absl::Seconds(15)), 0) << workers[i]->Log();
+  }
+  for (int i = 0; i < 2; ++i) std::cout << "worker " << i << "'s log:\n" << workers[i]->Log();
+  std::cout << "coordinator's log:\n" << coordinator.Log() << std::flush;
+}
+
+// Errors an operator can act on: the flag to fix, and exit status 2 for bad
+// flags, 1 for a coordinator that cannot be used.
+TEST(WorkerProcessesTest, ClearErrors) {
+  const std::string dir = TempDir();
+  const std::string worker = Runfile("worker/shardline-worker");
+  {
+    Child c(worker, {"--coordinator", "127.0.0.1:1"}, dir + "/nojob.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "--job is required")) << c.Log();
+  }
+  {
+    Child c(worker, {"--job", "j", "--device", "gpu0"}, dir + "/device.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "--device")) << c.Log();
+  }
+  {
+    Child c(worker, {"--coordinator", "127.0.0.1:1", "--job", "j", "--connect-timeout", "1s"},
+            dir + "/unreachable.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(15)), 1);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "cannot reach the coordinator at 127.0.0.1:1"))
+        << c.Log();
+    EXPECT_TRUE(absl::StrContains(c.Log(), "SHARDLINE_COORDINATOR")) << c.Log();
+  }
+  Child coordinator(Runfile("server/shardline-coordinator"),
+                    {"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token", "admin"},
+                    dir + "/coordinator2.log");
+  ASSERT_TRUE(coordinator.WaitFor("listening on ", absl::Seconds(20))) << coordinator.Log();
+  std::string address;
+  for (absl::string_view line : absl::StrSplit(coordinator.Log(), '\n')) {
+    if (absl::ConsumePrefix(&line, "listening on ")) {
+      address = std::string(absl::StripAsciiWhitespace(line));
+    }
+  }
+  {
+    Child c(worker, {"--coordinator", address, "--job", "j", "--token", "wrong"},
+            dir + "/token.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(15)), 1);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "--token")) << c.Log();
+  }
+  {
+    Child c(worker, {"--coordinator", address, "--job", "nope", "--token", "admin"},
+            dir + "/unknown.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(15)), 1);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "no job")) << c.Log();
+    EXPECT_TRUE(absl::StrContains(c.Log(), "--job")) << c.Log();
+  }
+}
+
+}  // namespace
+}  // namespace shardline::worker
