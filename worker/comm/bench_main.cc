@@ -1,0 +1,646 @@
+// shardline-bench-collectives: bandwidth of the Gloo backend's collectives, in
+// the layout of nccl-tests. N ranks run as threads in this process, each with
+// a real Gloo backend over loopback TCP, bootstrapped through one in-memory
+// store (as worker/comm/test_util.h does for the tests).
+//
+//   shardline-bench-collectives --ranks 4 --op all_reduce --max-bytes 67108864 --check
+//
+// For each size (bytes, multiplied by --factor from --min-bytes to
+// --max-bytes) and each op, every rank runs --warmup untimed iterations, a
+// Barrier, then --iters timed iterations (issued back to back, then waited
+// on). time = the slowest rank's elapsed time / iters (steady clock).
+//
+// Definitions (nccl-tests doc/PERFORMANCE.md):
+//   size   bytes of the per-rank buffer as nccl-tests counts it: the data for
+//          all_reduce and broadcast; the total, count*n, for all_gather (the
+//          output), reduce_scatter (the input) and all_to_all (either side).
+//          Sizes round down to a whole number of elements (and of per-rank
+//          pieces of count/n elements for the last three).
+//   count  elements in that buffer.
+//   algbw  size / time.
+//   busbw  algbw * factor: all_reduce 2(n-1)/n; all_gather, reduce_scatter,
+//          all_to_all (n-1)/n; broadcast 1. Comparable with the link speed.
+//   #wrong with --check, elements (summed over ranks) that differ from the
+//          closed-form result of a separate, untimed run on inputs that depend
+//          on rank and index; 0 expected. N/A without --check.
+// Reductions are sums; broadcast's root is rank 0. all_reduce and broadcast
+// run in place (the backend has no out-of-place form); the others out of place.
+//
+// A last block of "memcpy" rows copies the same bytes with std::memcpy on one
+// thread, no communication: the ceiling a one-process transport could reach.
+//
+// Exit status: 0 when every op succeeded and no element was wrong; 1 when an
+// op failed or an element was wrong; 2 for bad flags.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/args.h"
+#include "worker/comm/backend.h"
+#include "worker/comm/float16.h"
+#include "worker/comm/store.h"
+
+namespace shardline::worker {
+namespace {
+
+constexpr char kProgram[] = "shardline-bench-collectives";
+
+enum class Op { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
+constexpr Op kAllOps[] = {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter, Op::kAllToAll,
+                          Op::kBroadcast};
+
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kAllReduce:
+      return "all_reduce";
+    case Op::kAllGather:
+      return "all_gather";
+    case Op::kReduceScatter:
+      return "reduce_scatter";
+    case Op::kAllToAll:
+      return "all_to_all";
+    case Op::kBroadcast:
+      return "broadcast";
+  }
+  return "?";
+}
+
+// busbw / algbw for `op` on `n` ranks (nccl-tests doc/PERFORMANCE.md).
+double BusFactor(Op op, int n) {
+  switch (op) {
+    case Op::kAllReduce:
+      return 2.0 * (n - 1) / n;
+    case Op::kAllGather:
+    case Op::kReduceScatter:
+    case Op::kAllToAll:
+      return static_cast<double>(n - 1) / n;
+    case Op::kBroadcast:
+      return 1.0;
+  }
+  return 0;
+}
+
+const char* TypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kFloat16:
+      return "fp16";
+    case DType::kBFloat16:
+      return "bf16";
+  }
+  return "?";
+}
+
+struct Config {
+  int ranks = 2;
+  std::vector<Op> ops;
+  DType dtype = DType::kFloat32;
+  std::vector<size_t> sizes;  // bytes, as swept (before rounding to elements)
+  int64_t iters = 20;
+  int64_t warmup = 5;
+  bool check = false;
+  std::string csv;
+};
+
+// One sweep step's buffers, in elements.
+struct Shape {
+  size_t piece = 0;  // per-rank piece (all_gather, reduce_scatter, all_to_all)
+  size_t count = 0;  // elements in the buffer nccl-tests sizes ("count" column)
+};
+
+Shape ShapeFor(Op op, size_t bytes, DType dtype, int n) {
+  const size_t elements = bytes / ElementSize(dtype);
+  Shape s;
+  switch (op) {
+    case Op::kAllReduce:
+    case Op::kBroadcast:
+      s.count = elements;
+      break;
+    case Op::kAllGather:
+    case Op::kReduceScatter:
+    case Op::kAllToAll:
+      s.piece = elements / n;
+      s.count = s.piece * n;
+      break;
+  }
+  return s;
+}
+
+// --- Element values and encodings ---
+
+// Rank r's input at buffer index i: small integers and halves, exact in every
+// dtype and in fp32 sums of a few hundred ranks, so the closed forms are exact.
+float Value(int r, size_t i) {
+  return static_cast<float>(r + 1) + 0.5f * static_cast<float>(i % 13);
+}
+
+// The bits `f` has when stored as `dtype` (one rounding, as the backend does).
+uint32_t Encode(DType dtype, float f) {
+  switch (dtype) {
+    case DType::kFloat32: {
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      return bits;
+    }
+    case DType::kFloat16:
+      return FloatToHalf(f);
+    case DType::kBFloat16:
+      return FloatToBFloat16(f);
+  }
+  return 0;
+}
+
+uint32_t Load(DType dtype, const uint8_t* buf, size_t i) {
+  if (dtype == DType::kFloat32) {
+    uint32_t bits;
+    std::memcpy(&bits, buf + 4 * i, 4);
+    return bits;
+  }
+  uint16_t h;
+  std::memcpy(&h, buf + 2 * i, 2);
+  return h;
+}
+
+void Put(DType dtype, uint8_t* buf, size_t i, uint32_t bits) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(buf + 4 * i, &bits, 4);
+  } else {
+    const uint16_t h = static_cast<uint16_t>(bits);
+    std::memcpy(buf + 2 * i, &h, 2);
+  }
+}
+
+// Fills buf[0..count) with rank r's inputs.
+void Fill(DType dtype, uint8_t* buf, size_t count, int r) {
+  for (size_t i = 0; i < count; ++i) Put(dtype, buf, i, Encode(dtype, Value(r, i)));
+}
+
+// Sum over all n ranks of Value(r, i), exactly (fp32, small integers/halves).
+float SumOverRanks(int n, size_t i) {
+  return static_cast<float>(n) * (n + 1) / 2.0f + static_cast<float>(n) * 0.5f * (i % 13);
+}
+
+// --- Results, shared by the rank threads and the printing thread ---
+
+struct Step {
+  Op op;
+  Shape shape;
+};
+
+struct StepResult {
+  absl::Duration time;  // per iteration, slowest rank
+  int64_t wrong = -1;   // summed over ranks; -1 when not checked
+  absl::Status status;  // first failure of any rank
+};
+
+// Each rank reports each step once; Await blocks until all have. Thread-safe.
+class Results {
+ public:
+  Results(int ranks, size_t steps) : entries_(steps) {
+    for (Entry& e : entries_) e.ranks = ranks;
+  }
+
+  void Report(size_t step, absl::Duration elapsed, int64_t wrong, absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    Entry& e = entries_[step];
+    e.result.time = std::max(e.result.time, elapsed);
+    if (wrong >= 0) e.result.wrong = std::max<int64_t>(e.result.wrong, 0) + wrong;
+    if (e.result.status.ok() && !status.ok()) e.result.status = status;
+    ++e.reported;
+  }
+
+  StepResult Await(size_t step) {
+    absl::MutexLock lock(&mu_);
+    const Entry& e = entries_[step];
+    mu_.Await(absl::Condition(&e, &Entry::Done));
+    return e.result;
+  }
+
+ private:
+  struct Entry {
+    int ranks = 0;
+    int reported = 0;
+    StepResult result;
+    bool Done() const { return reported == ranks; }
+  };
+  absl::Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+// --- One rank ---
+
+absl::Status WaitAll(const std::vector<std::shared_ptr<Work>>& works) {
+  absl::Status first;
+  for (const auto& w : works) {
+    absl::Status s = w->Wait();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+// Buffers of one rank for one step.
+struct Buffers {
+  std::vector<uint8_t> in, out;
+};
+
+// Issues `op` once on `b`. `in`/`out` as laid out by PrepareBuffers.
+std::shared_ptr<Work> Issue(Backend& b, Op op, const Shape& s, DType dtype, Buffers& buf) {
+  const int n = b.size();
+  switch (op) {
+    case Op::kAllReduce:
+      return b.AllReduce(buf.in.data(), s.count, dtype, ReduceOp::kSum);
+    case Op::kAllGather:
+      return b.AllGather(buf.in.data(), s.piece, buf.out.data(), dtype);
+    case Op::kReduceScatter:
+      return b.ReduceScatter(buf.in.data(), buf.out.data(), std::vector<size_t>(n, s.piece), dtype,
+                             ReduceOp::kSum);
+    case Op::kAllToAll: {
+      const std::vector<size_t> counts(n, s.piece);
+      return b.AllToAll(buf.in.data(), counts, buf.out.data(), counts, dtype);
+    }
+    case Op::kBroadcast:
+      return b.Broadcast(buf.in.data(), s.count, dtype, /*root=*/0);
+  }
+  return nullptr;
+}
+
+// Sizes the buffers and fills the inputs with rank r's values.
+void PrepareBuffers(Op op, const Shape& s, DType dtype, int r, Buffers& buf) {
+  const size_t e = ElementSize(dtype);
+  size_t in_count = s.count, out_count = 0;
+  switch (op) {
+    case Op::kAllReduce:
+    case Op::kBroadcast:
+      break;
+    case Op::kAllGather:
+      in_count = s.piece;
+      out_count = s.count;
+      break;
+    case Op::kReduceScatter:
+      out_count = s.piece;
+      break;
+    case Op::kAllToAll:
+      out_count = s.count;
+      break;
+  }
+  buf.in.assign(std::max<size_t>(in_count * e, 1), 0);
+  buf.out.assign(std::max<size_t>(out_count * e, 1), 0);
+  Fill(dtype, buf.in.data(), in_count, r);
+}
+
+// Elements of rank r's result that differ from the closed form.
+int64_t CountWrong(Op op, const Shape& s, DType dtype, int r, int n, const Buffers& buf) {
+  int64_t wrong = 0;
+  auto expect = [&](const std::vector<uint8_t>& v, size_t i, float want) {
+    if (Load(dtype, v.data(), i) != Encode(dtype, want)) ++wrong;
+  };
+  switch (op) {
+    case Op::kAllReduce:
+      for (size_t i = 0; i < s.count; ++i) expect(buf.in, i, SumOverRanks(n, i));
+      break;
+    case Op::kBroadcast:
+      for (size_t i = 0; i < s.count; ++i) expect(buf.in, i, Value(0, i));
+      break;
+    case Op::kAllGather:  // out[p*piece + j] = rank p's in[j]
+      for (int p = 0; p < n; ++p)
+        for (size_t j = 0; j < s.piece; ++j) expect(buf.out, p * s.piece + j, Value(p, j));
+      break;
+    case Op::kReduceScatter:  // out[j] = sum over ranks of in[r*piece + j]
+      for (size_t j = 0; j < s.piece; ++j) expect(buf.out, j, SumOverRanks(n, r * s.piece + j));
+      break;
+    case Op::kAllToAll:  // out[p*piece + j] = rank p's in[r*piece + j]
+      for (int p = 0; p < n; ++p)
+        for (size_t j = 0; j < s.piece; ++j)
+          expect(buf.out, p * s.piece + j, Value(p, r * s.piece + j));
+      break;
+  }
+  return wrong;
+}
+
+absl::Duration Since(std::chrono::steady_clock::time_point start) {
+  return absl::FromChrono(std::chrono::steady_clock::now() - start);
+}
+
+// Runs every step on rank r and reports each to `results`. After the first
+// failure the group is unusable, so the remaining steps report that failure.
+void RunRank(const Config& cfg, const std::vector<Step>& steps, std::shared_ptr<Store> store, int r,
+             Results& results) {
+  GlooOptions options;
+  options.timeout = absl::Minutes(2);
+  options.connect_timeout = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<Backend>> created =
+      CreateGlooBackend(store, r, cfg.ranks, options);
+  absl::Status failed = created.status();
+  if (!failed.ok())
+    failed = absl::Status(failed.code(), absl::StrCat("rank ", r, ": ", failed.message()));
+  Buffers buf;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    if (!failed.ok()) {
+      results.Report(k, absl::ZeroDuration(), -1, failed);
+      continue;
+    }
+    Backend& b = **created;
+    const Step& st = steps[k];
+    PrepareBuffers(st.op, st.shape, cfg.dtype, r, buf);
+    absl::Status s;
+    for (int64_t w = 0; w < cfg.warmup && s.ok(); ++w)
+      s = Issue(b, st.op, st.shape, cfg.dtype, buf)->Wait();
+    if (s.ok()) s = b.Barrier()->Wait();
+    absl::Duration elapsed;
+    if (s.ok()) {
+      const auto start = std::chrono::steady_clock::now();
+      std::vector<std::shared_ptr<Work>> works;
+      works.reserve(cfg.iters);
+      for (int64_t i = 0; i < cfg.iters; ++i)
+        works.push_back(Issue(b, st.op, st.shape, cfg.dtype, buf));
+      s = WaitAll(works);
+      elapsed = Since(start) / cfg.iters;
+    }
+    int64_t wrong = -1;
+    if (s.ok() && cfg.check) {
+      PrepareBuffers(st.op, st.shape, cfg.dtype, r, buf);
+      s = Issue(b, st.op, st.shape, cfg.dtype, buf)->Wait();
+      if (s.ok()) wrong = CountWrong(st.op, st.shape, cfg.dtype, r, cfg.ranks, buf);
+    }
+    if (!s.ok()) {
+      failed = absl::Status(s.code(), absl::StrCat("rank ", r, ", ", OpName(st.op), " of ",
+                                                   st.shape.count, " elements: ", s.message()));
+      results.Report(k, absl::ZeroDuration(), -1, failed);
+      continue;
+    }
+    results.Report(k, elapsed, wrong, absl::OkStatus());
+  }
+  if (created.ok()) (*created)->Abort();
+}
+
+// --- Output ---
+
+class Table {
+ public:
+  Table(std::ostream& out, std::ofstream* csv) : out_(out), csv_(csv) {
+    out_ << absl::StrFormat("#%11s  %12s  %6s  %14s  %10s  %8s  %8s  %6s\n", "size", "count",
+                            "type", "op", "time", "algbw", "busbw", "#wrong");
+    out_ << absl::StrFormat("#%11s  %12s  %6s  %14s  %10s  %8s  %8s  %6s\n", "(B)", "(elements)",
+                            "", "", "(us)", "(GB/s)", "(GB/s)", "");
+    if (csv_ != nullptr)
+      *csv_ << "ranks,size_bytes,count,type,op,time_us,algbw_gbps,busbw_gbps,wrong\n";
+  }
+
+  // Prints one row; returns busbw (GB/s).
+  double Row(int ranks, size_t bytes, size_t count, DType dtype, const std::string& op,
+             absl::Duration time, double factor, int64_t wrong) {
+    const double seconds = absl::ToDoubleSeconds(time);
+    const double algbw = seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
+    const double busbw = algbw * factor;
+    const double us = absl::ToDoubleMicroseconds(time);
+    const std::string wrong_s = wrong < 0 ? "N/A" : absl::StrCat(wrong);
+    out_ << absl::StrFormat("%12d  %12d  %6s  %14s  %10.2f  %8.3f  %8.3f  %6s\n", bytes, count,
+                            TypeName(dtype), op, us, algbw, busbw, wrong_s);
+    out_.flush();
+    if (csv_ != nullptr) {
+      *csv_ << absl::StrFormat("%d,%d,%d,%s,%s,%.3f,%.6f,%.6f,%s\n", ranks, bytes, count,
+                               TypeName(dtype), op, us, algbw, busbw, wrong_s);
+    }
+    return busbw;
+  }
+
+ private:
+  std::ostream& out_;
+  std::ofstream* csv_;
+};
+
+// Copies `bytes` with std::memcpy on this thread; per-iteration time.
+absl::Duration TimeMemcpy(size_t bytes, int64_t warmup, int64_t iters, bool check, int64_t* wrong) {
+  std::vector<uint8_t> src(std::max<size_t>(bytes, 1)), dst(std::max<size_t>(bytes, 1), 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+  auto copy = [&] {
+    std::memcpy(dst.data(), src.data(), bytes);
+    // Keeps the compiler from dropping a copy whose result is not read.
+    asm volatile("" : : "r"(dst.data()) : "memory");
+  };
+  for (int64_t i = 0; i < warmup; ++i) copy();
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iters; ++i) copy();
+  const absl::Duration t = Since(start) / iters;
+  *wrong = -1;
+  if (check) {
+    *wrong = 0;
+    for (size_t i = 0; i < bytes; ++i) *wrong += src[i] != dst[i];
+  }
+  return t;
+}
+
+// --- Flags ---
+
+absl::StatusOr<Config> ParseFlags(const std::vector<std::string>& argv, bool* help,
+                                  std::string* usage) {
+  client::ArgParser args(kProgram);
+  int64_t ranks = 2, min_bytes = 4, max_bytes = int64_t{64} << 20, factor = 2;
+  std::string op = "all", dtype = "fp32";
+  Config cfg;
+  args.AddInt("ranks", &ranks, "ranks, run as threads in this process (1..64; default 2)");
+  args.AddString("op", &op,
+                 "all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|all (default all)");
+  args.AddString("dtype", &dtype, "fp32|fp16|bf16 (default fp32)");
+  args.AddInt("min-bytes", &min_bytes, "smallest size in bytes (default 4)");
+  args.AddInt("max-bytes", &max_bytes, "largest size in bytes (default 67108864 = 64 MiB)");
+  args.AddInt("factor", &factor, "multiply the size by this each step (>= 2; default 2)");
+  args.AddInt("iters", &cfg.iters, "timed iterations per size (default 20)");
+  args.AddInt("warmup", &cfg.warmup, "untimed iterations before timing (default 5)");
+  args.AddBool("check", &cfg.check, "verify results and count wrong elements");
+  args.AddString("csv", &cfg.csv, "also write the rows to this CSV file");
+  args.AddBool("help", help, "print this help");
+  *usage = args.Usage();
+
+  absl::StatusOr<std::vector<std::string>> positional = args.Parse(argv);
+  if (!positional.ok()) return positional.status();
+  if (*help) return cfg;
+  if (!positional->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", (*positional)[0], "'; every setting is a --flag"));
+  }
+  if (ranks < 1 || ranks > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ranks=", ranks, " is out of range; give 1..64"));
+  }
+  cfg.ranks = static_cast<int>(ranks);
+  if (op == "all") {
+    cfg.ops.assign(std::begin(kAllOps), std::end(kAllOps));
+  } else {
+    for (Op o : kAllOps)
+      if (op == OpName(o)) cfg.ops = {o};
+    if (cfg.ops.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--op='", op,
+                       "' is not an op; use all_reduce, all_gather, reduce_scatter, all_to_all, "
+                       "broadcast or all"));
+    }
+  }
+  if (dtype == "fp32") {
+    cfg.dtype = DType::kFloat32;
+  } else if (dtype == "fp16") {
+    cfg.dtype = DType::kFloat16;
+  } else if (dtype == "bf16") {
+    cfg.dtype = DType::kBFloat16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype='", dtype, "' is not a type; use fp32, fp16 or bf16"));
+  }
+  constexpr int64_t kMaxBytes = int64_t{4} << 30;
+  if (min_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min-bytes=", min_bytes, " must be at least 1"));
+  }
+  if (max_bytes > kMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-bytes=", max_bytes, " is over 4 GiB (every rank holds up to 2 buffers of it)"));
+  }
+  if (max_bytes < min_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-bytes=", max_bytes, " is below --min-bytes=", min_bytes));
+  }
+  if (factor < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("--factor=", factor, " must be at least 2"));
+  }
+  if (cfg.iters < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--iters=", cfg.iters, " must be at least 1"));
+  }
+  if (cfg.warmup < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--warmup=", cfg.warmup, " must be 0 or more"));
+  }
+  if (args.WasSet("csv") && cfg.csv.empty()) {
+    return absl::InvalidArgumentError("--csv needs a file name");
+  }
+  for (int64_t b = min_bytes; b <= max_bytes; b *= factor) {
+    cfg.sizes.push_back(static_cast<size_t>(b));
+    if (b > max_bytes / factor) break;  // the next step would pass max_bytes (or overflow)
+  }
+  return cfg;
+}
+
+int Main(int argc, char** argv) {
+  bool help = false;
+  std::string usage;
+  absl::StatusOr<Config> parsed =
+      ParseFlags(std::vector<std::string>(argv + 1, argv + argc), &help, &usage);
+  if (help && parsed.ok()) {
+    std::cout << "Usage: " << kProgram << " [flags]\n"
+              << "Times the Gloo backend's collectives with N ranks as threads over loopback "
+                 "TCP; nccl-tests layout.\n\n"
+              << usage;
+    return 0;
+  }
+  if (!parsed.ok()) {
+    std::cerr << kProgram << ": " << parsed.status().message() << "\n"
+              << "Run " << kProgram << " --help for the flags.\n";
+    return 2;
+  }
+  const Config& cfg = *parsed;
+  std::ofstream csv;
+  if (!cfg.csv.empty()) {
+    csv.open(cfg.csv);
+    if (!csv) {
+      std::cerr << kProgram << ": --csv='" << cfg.csv
+                << "' cannot be opened for writing: " << std::strerror(errno) << "\n";
+      return 2;
+    }
+  }
+
+  std::vector<Step> steps;
+  for (Op op : cfg.ops)
+    for (size_t bytes : cfg.sizes)
+      steps.push_back({op, ShapeFor(op, bytes, cfg.dtype, cfg.ranks)});
+
+  std::vector<std::string> op_names;
+  for (Op op : cfg.ops) op_names.push_back(OpName(op));
+  std::cout << "# " << kProgram << ": " << cfg.ranks
+            << " ranks as threads in one process, Gloo over loopback TCP\n"
+            << "# ops " << absl::StrJoin(op_names, ",") << "; dtype " << TypeName(cfg.dtype)
+            << "; sizes " << cfg.sizes.front() << ".." << cfg.sizes.back() << " B; warmup "
+            << cfg.warmup << ", iters " << cfg.iters << "; check " << (cfg.check ? "on" : "off")
+            << "\n"
+            << "# redop sum; broadcast root 0; all_reduce and broadcast in place, others out of "
+               "place\n"
+            << "# time: slowest rank, per iteration. algbw = size/time. busbw = algbw * factor "
+               "(all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast "
+               "1)\n#\n";
+  Table table(std::cout, csv.is_open() ? &csv : nullptr);
+
+  Results results(cfg.ranks, steps.size());
+  std::shared_ptr<Store> store = NewInMemoryStore();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < cfg.ranks; ++r) {
+    threads.emplace_back([&, r] { RunRank(cfg, steps, store, r, results); });
+  }
+
+  int64_t total_wrong = 0;
+  absl::Status first_error;
+  std::vector<double> busbw_sum(cfg.ops.size(), 0);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const StepResult res = results.Await(k);
+    if (!res.status.ok()) {
+      if (first_error.ok()) {
+        first_error = res.status;
+        std::cerr << kProgram << ": " << res.status << "\n";
+      }
+      continue;
+    }
+    const Step& st = steps[k];
+    const double busbw =
+        table.Row(cfg.ranks, st.shape.count * ElementSize(cfg.dtype), st.shape.count, cfg.dtype,
+                  OpName(st.op), res.time, BusFactor(st.op, cfg.ranks), res.wrong);
+    busbw_sum[k / cfg.sizes.size()] += busbw;
+    if (res.wrong > 0) total_wrong += res.wrong;
+    if (k + 1 < steps.size() && steps[k + 1].op != st.op) std::cout << "#\n";
+  }
+  for (auto& t : threads) t.join();
+
+  std::cout << "#\n# memcpy rows: the ceiling, not a collective: the same bytes copied with "
+               "std::memcpy on one thread (busbw = algbw)\n";
+  for (size_t bytes : cfg.sizes) {
+    int64_t wrong;
+    const absl::Duration t = TimeMemcpy(bytes, cfg.warmup, cfg.iters, cfg.check, &wrong);
+    table.Row(cfg.ranks, bytes, bytes / ElementSize(cfg.dtype), cfg.dtype, "memcpy", t, 1.0, wrong);
+    if (wrong > 0) total_wrong += wrong;
+  }
+
+  std::cout << "#\n";
+  for (size_t i = 0; i < cfg.ops.size(); ++i) {
+    std::cout << absl::StrFormat("# Avg bus bandwidth %-14s : %.3f GB/s\n", OpName(cfg.ops[i]),
+                                 busbw_sum[i] / cfg.sizes.size());
+  }
+  if (cfg.check) {
+    std::cout << "# Wrong elements : " << total_wrong << (total_wrong == 0 ? " OK" : " FAILED")
+              << "\n";
+  } else {
+    std::cout << "# Wrong elements : N/A (run with --check)\n";
+  }
+  if (!first_error.ok()) {
+    std::cout << "# FAILED: " << first_error << "\n";
+    return 1;
+  }
+  return total_wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace shardline::worker
+
+int main(int argc, char** argv) { return shardline::worker::Main(argc, argv); }
