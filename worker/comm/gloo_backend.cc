@@ -304,6 +304,8 @@ void FromFloat32(const float* in, size_t n, DType dtype, void* out) {
 // prefixes in the top byte, so this does not collide with them.
 constexpr uint64_t kP2PSlotPrefix = uint64_t{0x5a} << 56;
 constexpr uint64_t kReduceScatterSlotPrefix = uint64_t{0x5b} << 56;
+// Elements per message of the reduce-scatter ring (1 MiB of fp32).
+constexpr size_t kChunkElements = size_t{1} << 18;
 
 // Store key (under the group's prefix) holding the group's first lost-peer
 // report, e.g. "rank 2 lost peer rank 1". Gloo's own keys are "<rank>" and
@@ -331,6 +333,11 @@ struct State {
   bool exited = false;                // op thread left Loop; guarded by mu
   absl::Status sticky;                // first fatal error; guarded by mu
   uint32_t next_tag = 1;              // only touched on the op thread
+  // Scratch reused across calls (a fresh buffer of tens of MiB is a fresh
+  // mmap with its page faults each call); only touched on the op thread.
+  std::vector<float> fp32_scratch;  // 16-bit all_reduce in fp32
+  std::vector<float> reduce_scatter_acc;
+  std::vector<float> reduce_scatter_incoming;
 
   // Turns the exception in flight into a status naming the op and, where it
   // can be identified, the peer rank.
@@ -479,7 +486,7 @@ class GlooBackend : public Backend {
         if (count == 0 && st->size > 1) return RunBarrier(st, "all_reduce");
         return absl::OkStatus();
       }
-      std::vector<float> tmp;
+      std::vector<float>& tmp = st->fp32_scratch;  // reused: see reduce_scatter_acc
       float* buf = static_cast<float*>(data);
       if (dtype != DType::kFloat32) {
         tmp.resize(count);
@@ -543,7 +550,11 @@ class GlooBackend : public Backend {
     State* st = state_.get();
     return Enqueue([st, in, out, counts, total, mine, dtype, op]() -> absl::Status {
       if (total == 0) return st->size > 1 ? RunBarrier(st, "reduce_scatter") : absl::OkStatus();
-      std::vector<float> acc(total);
+      // Scratch kept across calls (ops run one at a time on this thread):
+      // a fresh buffer of tens of MiB is a fresh mmap each time, and its page
+      // faults cost more than the transfer.
+      std::vector<float>& acc = st->reduce_scatter_acc;
+      acc.resize(total);
       ToFloat32(in, dtype, total, acc.data());
       const size_t offset = [&] {
         size_t o = 0;
@@ -718,7 +729,8 @@ class GlooBackend : public Backend {
     size_t max_count = 1;
     for (int p = 1; p < n; ++p) offsets[p] = offsets[p - 1] + counts[p - 1];
     for (int p = 0; p < n; ++p) max_count = std::max(max_count, counts[p]);
-    std::vector<float> incoming(max_count);
+    std::vector<float>& incoming = st->reduce_scatter_incoming;
+    incoming.resize(max_count);
     const ReduceFn reduce = Fp32Reducer(op);
     const int next = (r + 1) % n, prev = (r + n - 1) % n;
     const uint64_t slot = kReduceScatterSlotPrefix | st->next_tag++;
@@ -732,6 +744,10 @@ class GlooBackend : public Backend {
       }
       return ToMs(left);
     };
+    // Each piece moves in chunks of kChunkElements: all of a step's sends
+    // and receives are posted at once, and each received chunk is reduced
+    // while the later ones are still on the wire.
+    auto chunks_of = [](size_t count) { return (count + kChunkElements - 1) / kChunkElements; };
     try {
       auto send_buf = st->context->createUnboundBuffer(acc.data(), acc.size() * sizeof(float));
       auto recv_buf =
@@ -739,19 +755,28 @@ class GlooBackend : public Backend {
       for (int step = 0; step < n - 1; ++step) {
         const int send_piece = ((r - step - 1) % n + n) % n;
         const int recv_piece = ((r - step - 2) % n + n) % n;
-        if (counts[send_piece] > 0) {
-          send_buf->send(next, slot, offsets[send_piece] * sizeof(float),
-                         counts[send_piece] * sizeof(float));
+        const size_t send_count = counts[send_piece], recv_count = counts[recv_piece];
+        for (size_t c = 0; c < chunks_of(send_count); ++c) {
+          const size_t begin = c * kChunkElements;
+          const size_t len = std::min(kChunkElements, send_count - begin);
+          send_buf->send(next, slot, (offsets[send_piece] + begin) * sizeof(float),
+                         len * sizeof(float));
         }
-        if (counts[recv_piece] > 0) {
-          recv_buf->recv(prev, slot, 0, counts[recv_piece] * sizeof(float));
+        for (size_t c = 0; c < chunks_of(recv_count); ++c) {
+          const size_t begin = c * kChunkElements;
+          recv_buf->recv(prev, slot, begin * sizeof(float),
+                         std::min(kChunkElements, recv_count - begin) * sizeof(float));
+        }
+        for (size_t c = 0; c < chunks_of(recv_count); ++c) {
           auto left = remaining();
           if (!left.ok()) return left.status();
-          recv_buf->waitRecv(*left);
-          float* dst = acc.data() + offsets[recv_piece];
-          reduce(dst, dst, incoming.data(), counts[recv_piece]);
+          recv_buf->waitRecv(*left);  // chunks complete in posting order
+          const size_t begin = c * kChunkElements;
+          float* dst = acc.data() + offsets[recv_piece] + begin;
+          reduce(dst, dst, incoming.data() + begin,
+                 std::min(kChunkElements, recv_count - begin));
         }
-        if (counts[send_piece] > 0) {
+        for (size_t c = 0; c < chunks_of(send_count); ++c) {
           auto left = remaining();
           if (!left.ok()) return left.status();
           send_buf->waitSend(*left);
