@@ -229,7 +229,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions&
   }
 }
 
-absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
     const ConnectionOptions& options) {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (options.tls()) {
@@ -254,12 +254,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
-  // A CLI makes one attempt: a refused connection is reported, not retried
-  // behind the user's back for the whole deadline.
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.address, credentials, args);
-  return std::make_unique<CoordinatorClient>(std::move(channel), options);
+  return grpc::CreateCustomChannel(options.address, credentials, args);
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
+    const ConnectionOptions& options) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeCoordinatorChannel(options);
+  if (!channel.ok()) return channel.status();
+  return std::make_unique<CoordinatorClient>(*std::move(channel), options);
 }
 
 CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::Channel> channel,

@@ -99,6 +99,13 @@ class ConnectionFlags {
 absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions& options,
                             absl::string_view rpc);
 
+// A channel to the coordinator with the options' TLS settings and a 64 MiB
+// message limit; gRPC's transparent retries are off, so a refused connection
+// is reported at once rather than retried for the whole deadline.
+// InvalidArgument: a TLS file cannot be read (the message names the flag).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
+    const ConnectionOptions& options);
+
 class CoordinatorClient {
  public:
   // Opens a channel (lazily: nothing is sent until the first call, so an

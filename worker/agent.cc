@@ -35,17 +35,6 @@ void ToProto(absl::Duration d, google::protobuf::Duration* out) {
   out->set_nanos(static_cast<int32_t>(ns % 1000000000));
 }
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, "=", path, ": cannot read the file"));
-  }
-  std::ostringstream data;
-  data << in.rdbuf();
-  return data.str();
-}
-
 std::string HostName() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
@@ -61,37 +50,6 @@ v1::Directive RestartDirective(uint64_t generation, const std::string& reason) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
-    const client::ConnectionOptions& o) {
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  if (o.tls()) {
-    grpc::SslCredentialsOptions ssl;
-    if (!o.tls_ca_file.empty()) {
-      absl::StatusOr<std::string> pem = ReadPem(o.tls_ca_file, "tls-ca");
-      if (!pem.ok()) return pem.status();
-      ssl.pem_root_certs = *pem;
-    }
-    if (!o.tls_cert_file.empty()) {
-      absl::StatusOr<std::string> cert = ReadPem(o.tls_cert_file, "tls-cert");
-      if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadPem(o.tls_key_file, "tls-key");
-      if (!key.ok()) return key.status();
-      ssl.pem_cert_chain = *cert;
-      ssl.pem_private_key = *key;
-    }
-    credentials = grpc::SslCredentials(ssl);
-  } else {
-    credentials = grpc::InsecureChannelCredentials();
-  }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(client::kMaxMessageBytes);
-  args.SetMaxSendMessageSize(client::kMaxMessageBytes);
-  // The agent retries by itself, with messages; gRPC's transparent retries
-  // would hide an unreachable coordinator for a whole deadline.
-  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  return grpc::CreateCustomChannel(o.address, credentials, args);
-}
-
 uint64_t RandomIncarnation() {
   std::random_device rd;
   std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
@@ -106,7 +64,7 @@ absl::StatusOr<std::unique_ptr<WorkerAgent>> WorkerAgent::Create(WorkerAgentOpti
   if (options.job_id.empty()) return absl::InvalidArgumentError("--job is required");
   if (options.worker_id.empty()) return absl::InvalidArgumentError("--worker-id is required");
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      MakeCoordinatorChannel(options.connection);
+      client::MakeCoordinatorChannel(options.connection);
   if (!channel.ok()) return channel.status();
   return std::make_unique<WorkerAgent>(*std::move(channel), std::move(options));
 }

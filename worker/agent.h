@@ -86,10 +86,6 @@ struct WorkerAgentOptions {
   bool send_heartbeats = true;
 };
 
-// Channel to the coordinator for `connection` (TLS when its files are set).
-// InvalidArgument names the flag whose file cannot be read.
-absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
-    const client::ConnectionOptions& connection);
 
 // A random non-zero 64-bit incarnation.
 uint64_t RandomIncarnation();
