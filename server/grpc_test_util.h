@@ -36,8 +36,10 @@ namespace shardline::server::testing {
 namespace v1 = ::shardline::v1;
 
 // L=2, h=8, 2 heads, V=16, s=4, tp=pp=1; global_batch samples of
-// micro-batch 1; heartbeat every 200 ms, timeout 10 s; last call 1 s.
-inline v1::JobSpec SmallSpec(int min_workers, int max_workers, int global_batch) {
+// micro-batch 1; heartbeat every 200 ms, timeout `heartbeat_timeout`
+// (default 10 s); last call 1 s.
+inline v1::JobSpec SmallSpec(int min_workers, int max_workers, int global_batch,
+                             absl::Duration heartbeat_timeout = absl::Seconds(10)) {
   v1::JobSpec spec;
   spec.set_name("test");
   v1::ModelConfig* m = spec.mutable_model();
@@ -55,7 +57,9 @@ inline v1::JobSpec SmallSpec(int min_workers, int max_workers, int global_batch)
   e->set_min_workers(min_workers);
   e->set_max_workers(max_workers);
   e->mutable_heartbeat_interval()->set_nanos(200 * 1000 * 1000);
-  e->mutable_heartbeat_timeout()->set_seconds(10);
+  const int64_t ms = absl::ToInt64Milliseconds(heartbeat_timeout);
+  e->mutable_heartbeat_timeout()->set_seconds(ms / 1000);
+  e->mutable_heartbeat_timeout()->set_nanos(static_cast<int32_t>(ms % 1000) * 1000000);
   e->mutable_last_call()->set_seconds(1);
   e->mutable_join_timeout()->set_seconds(60);
   return spec;
