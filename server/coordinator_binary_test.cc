@@ -32,7 +32,9 @@ namespace shardline::server {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::JoinAll;
 using testing::MakeChannel;
+using testing::Pointers;
 using testing::Prepare;
 using testing::SimWorker;
 using testing::SmallSpec;
@@ -169,16 +171,7 @@ TEST(CoordinatorBinaryTest, SurvivesKillNine) {
                                                   absl::StrCat("w", i), 70 + i, token));
   }
   {
-    std::vector<absl::StatusOr<v1::Assignment>> got(2, absl::UnknownError("unset"));
-    std::vector<std::thread> threads;
-    for (int i = 0; i < 2; ++i) {
-      threads.emplace_back([&, i] {
-        ASSERT_TRUE(workers[i]->Join().ok());
-        ASSERT_TRUE(workers[i]->OpenSession().ok());
-        got[i] = workers[i]->GetAssignment(true, absl::Seconds(15));
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    std::vector<absl::StatusOr<v1::Assignment>> got = JoinAll(Pointers(workers), true);
     for (int i = 0; i < 2; ++i) {
       ASSERT_TRUE(got[i].ok()) << got[i].status();
       EXPECT_EQ(got[i]->generation(), 1u);

@@ -36,7 +36,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
 using testing::IsRestart;
+using testing::JoinAll;
 using testing::MakeChannel;
+using testing::Pointers;
 using testing::Prepare;
 using testing::SimWorker;
 using testing::SmallSpec;
@@ -174,21 +176,8 @@ TEST(GrpcServiceTest, ElasticRestartAfterStreamBreaks) {
     workers.push_back(std::make_unique<SimWorker>(h.Channel(), "elastic",
                                                   absl::StrCat("node", i, ":cpu"), 100 + i));
   }
-  std::vector<absl::StatusOr<v1::Assignment>> assignments(3, absl::UnknownError("unset"));
-  {
-    std::vector<std::thread> threads;
-    for (int i = 0; i < 3; ++i) {
-      threads.emplace_back([&, i] {
-        SimWorker& w = *workers[i];
-        grpc::Status joined = w.Join();
-        ASSERT_TRUE(joined.ok()) << joined.error_message();
-        grpc::Status opened = w.OpenSession();
-        ASSERT_TRUE(opened.ok()) << opened.error_message();
-        assignments[i] = w.GetAssignment(/*wait=*/true, absl::Seconds(15));
-      });
-    }
-    for (std::thread& t : threads) t.join();
-  }
+  std::vector<absl::StatusOr<v1::Assignment>> assignments =
+      JoinAll(Pointers(workers), /*open_session=*/true);
   std::set<uint32_t> ranks;
   int spare = -1;
   std::map<uint32_t, int> worker_of_rank;
@@ -289,20 +278,10 @@ TEST(GrpcServiceTest, ElasticRestartAfterStreamBreaks) {
   // Survivors re-join and re-form at generation 2 with the spare.
   rank1.StopHeartbeats();
   spare_worker.StopHeartbeats();
-  std::vector<absl::StatusOr<v1::Assignment>> next(2, absl::UnknownError("unset"));
-  {
-    std::vector<std::thread> threads;
-    SimWorker* survivors[2] = {&rank1, &spare_worker};
-    for (int i = 0; i < 2; ++i) {
-      threads.emplace_back([&, i] {
-        grpc::Status joined = survivors[i]->Join();
-        ASSERT_TRUE(joined.ok()) << joined.error_message();
-        EXPECT_EQ(survivors[i]->generation(), 2u);
-        next[i] = survivors[i]->GetAssignment(/*wait=*/true, absl::Seconds(15));
-      });
-    }
-    for (std::thread& t : threads) t.join();
-  }
+  std::vector<absl::StatusOr<v1::Assignment>> next =
+      JoinAll({&rank1, &spare_worker}, /*open_session=*/false);
+  EXPECT_EQ(rank1.generation(), 2u);
+  EXPECT_EQ(spare_worker.generation(), 2u);
   std::set<uint32_t> next_ranks;
   for (auto& a : next) {
     ASSERT_TRUE(a.ok()) << a.status();
@@ -771,16 +750,7 @@ TEST(GrpcServiceTest, RestartOnSameStateFileKeepsGeneration) {
         std::make_unique<SimWorker>(h->Channel(), "durable", absl::StrCat("w", i), 40 + i));
   }
   {
-    std::vector<std::thread> threads;
-    std::vector<absl::StatusOr<v1::Assignment>> got(2, absl::UnknownError("unset"));
-    for (int i = 0; i < 2; ++i) {
-      threads.emplace_back([&, i] {
-        ASSERT_TRUE(workers[i]->Join().ok());
-        ASSERT_TRUE(workers[i]->OpenSession().ok());
-        got[i] = workers[i]->GetAssignment(true, absl::Seconds(15));
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    std::vector<absl::StatusOr<v1::Assignment>> got = JoinAll(Pointers(workers), true);
     for (int i = 0; i < 2; ++i) {
       ASSERT_TRUE(got[i].ok()) << got[i].status();
       EXPECT_EQ(got[i]->generation(), 1u);
@@ -842,11 +812,6 @@ TEST(GrpcServiceTest, StatusMappingIsOneToOne) {
   }
 }
 
-}  // namespace
-}  // namespace shardline::server
-
-namespace shardline::server {
-namespace {
 
 // Two-phase checkpoint over gRPC: both ranks of a generation begin the same
 // checkpoint, each reports its half of a tensor (C4-style: rank 1's half is
@@ -970,11 +935,6 @@ TEST(GrpcServiceTest, TwoPhaseCheckpointCommitsAndBecomesTheRestorePoint) {
   }
 }
 
-}  // namespace
-}  // namespace shardline::server
-
-namespace shardline::server {
-namespace {
 
 // Many simulated workers on threads over real loopback gRPC: 48 join a job
 // with pp=2 and a global batch of 48 micro-batches, get unique ranks of
@@ -993,23 +953,11 @@ TEST(GrpcServiceTest, ManyWorkersFormLoseThreeAndReform) {
     workers.push_back(std::make_unique<SimWorker>(h.Channel(), "many", absl::StrCat("node", i), 100 + i));
   }
   auto join_all = [&](const std::vector<int>& which, bool open_session) {
+    std::vector<SimWorker*> chosen;
+    for (int i : which) chosen.push_back(workers[i].get());
+    std::vector<absl::StatusOr<v1::Assignment>> joined = JoinAll(chosen, open_session, absl::Seconds(20));
     std::vector<absl::StatusOr<v1::Assignment>> got(kWorkers, absl::UnknownError("unset"));
-    std::vector<std::thread> threads;
-    for (int i : which) {
-      threads.emplace_back([&, i] {
-        grpc::Status joined = workers[i]->Join();
-        if (!joined.ok()) {
-          got[i] = absl::InternalError(joined.error_message());
-          return;
-        }
-        if (open_session && !workers[i]->OpenSession().ok()) {
-          got[i] = absl::InternalError("no session");
-          return;
-        }
-        got[i] = workers[i]->GetAssignment(true, absl::Seconds(20));
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    for (size_t k = 0; k < which.size(); ++k) got[which[k]] = std::move(joined[k]);
     return got;
   };
   std::vector<int> everyone(kWorkers);

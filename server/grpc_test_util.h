@@ -25,6 +25,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -302,6 +303,42 @@ class SimWorker {
 inline bool IsRestart(const v1::SessionMessage& m, uint64_t generation) {
   return m.has_directive() && m.directive().has_restart_at_generation() &&
          m.directive().restart_at_generation().generation() == generation;
+}
+
+// Each worker joins (and opens its Session when `open_session`) on its own
+// thread, then waits up to `timeout` for its assignment, as real workers
+// start at once. Results by index; a failed join or session open is that
+// worker's error.
+inline std::vector<absl::StatusOr<v1::Assignment>> JoinAll(
+    const std::vector<SimWorker*>& workers, bool open_session,
+    absl::Duration timeout = absl::Seconds(15)) {
+  std::vector<absl::StatusOr<v1::Assignment>> got(workers.size(),
+                                                  absl::UnknownError("unset"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    threads.emplace_back([&, i] {
+      if (grpc::Status joined = workers[i]->Join(); !joined.ok()) {
+        got[i] = absl::InternalError(absl::StrCat("join: ", joined.error_message()));
+        return;
+      }
+      if (open_session) {
+        if (grpc::Status opened = workers[i]->OpenSession(); !opened.ok()) {
+          got[i] = absl::InternalError(absl::StrCat("session: ", opened.error_message()));
+          return;
+        }
+      }
+      got[i] = workers[i]->GetAssignment(/*wait=*/true, timeout);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return got;
+}
+
+// Raw pointers to owned workers, for JoinAll.
+inline std::vector<SimWorker*> Pointers(const std::vector<std::unique_ptr<SimWorker>>& workers) {
+  std::vector<SimWorker*> out;
+  for (const auto& w : workers) out.push_back(w.get());
+  return out;
 }
 
 }  // namespace shardline::server::testing
