@@ -515,7 +515,7 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord&
     a.set_spare(true);
     a.set_world_size(job.plan->parallel.world_size());
     a.set_dp(job.plan->parallel.dp);
-    *a.mutable_parallel() = AssignmentFor(*job.plan, 0).parallel();
+    *a.mutable_parallel() = ParallelToProto(job.plan->parallel);
   }
   a.set_generation(job.job.generation());
   return a;

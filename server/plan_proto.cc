@@ -47,6 +47,8 @@ v1::PipelineChunk ChunkToProto(const plan::Chunk& c, int pp) {
   return out;
 }
 
+}  // namespace
+
 v1::ParallelConfig ParallelToProto(const plan::ParallelConfig& p) {
   v1::ParallelConfig out;
   out.set_tp(p.tp);
@@ -57,6 +59,8 @@ v1::ParallelConfig ParallelToProto(const plan::ParallelConfig& p) {
   out.set_zero_alignment(p.zero_alignment);
   return out;
 }
+
+namespace {
 
 void SetRange(v1::ElementRange* out, const plan::ShardRange& r) {
   out->set_begin(r.begin);

@@ -18,6 +18,9 @@
 
 namespace shardline::server {
 
+// The layout with vpp, schedule and zero_alignment resolved.
+v1::ParallelConfig ParallelToProto(const plan::ParallelConfig& parallel);
+
 // Every group in creation order, named "<kind>/<index within kind>" ("tp/0",
 // "dp/3", "pp/1", "emb/0"); the name is the group's rendezvous scope.
 std::vector<v1::ProcessGroup> GroupsToProto(const plan::Topology& topology);
