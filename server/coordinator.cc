@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -132,6 +133,10 @@ struct Coordinator::MemberRecord {
   absl::Time last_heartbeat;
   std::optional<Session> session;
   int previous_rank = -1;  // rank in the last generation it was ACTIVE in
+  // Incarnations this slot has had before the current one: a process that
+  // was replaced must not come back and replace its successor (two
+  // processes with one worker_id would otherwise take turns forever).
+  std::set<uint64_t> retired_incarnations;
 };
 
 struct Coordinator::JobRecord {
@@ -818,8 +823,14 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
       response.set_phase(job->job.phase());
       return response;
     }
+  } else if (!inserted && m.retired_incarnations.count(w.incarnation()) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "incarnation ", w.incarnation(), " of worker '", w.worker_id(),
+        "' was replaced by a newer process (incarnation ", m.member.incarnation(),
+        "); this process must exit. Two processes with one --worker-id? Give each its own"));
   } else if (!inserted) {
     // A new process for this slot replaces the old one, which is fenced off.
+    m.retired_incarnations.insert(m.member.incarnation());
     if (IsLive(m.member.state())) {
       LoseMemberLocked(*job, m, v1::LOSS_REASON_STREAM_BROKEN,
                        absl::StrCat("replaced by a new process (incarnation ", w.incarnation(), ")"),

@@ -324,6 +324,13 @@ TEST_F(CoordinatorTest, FencingRejectsBadStaleAndReplacedCallers) {
   EXPECT_EQ(Members()["a"].incarnation(), 8u);
   EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);  // re-formed with the new process
   EXPECT_EQ(Job().generation(), 2u);
+  // The replaced process cannot come back and replace its successor (two
+  // processes started with one worker_id would take turns forever).
+  const auto back = Join("a", /*incarnation=*/7);
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(back.status().message()), HasSubstr("this process must exit"));
+  EXPECT_EQ(Members()["a"].incarnation(), 8u);
+  EXPECT_EQ(Job().generation(), 2u);
 }
 
 TEST_F(CoordinatorTest, DuplicateJoinsAreIdempotent) {

@@ -11,7 +11,10 @@
 //
 // Exit status: 0 after STOP (or SIGINT/SIGTERM, after LeaveJob); 1 on a
 // runtime error; 2 on bad flags.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -153,6 +156,32 @@ int Run(int argc, char** argv) {
   const bool use_gloo =
       backend == v1::BACKEND_GLOO || (backend == v1::BACKEND_UNSPECIFIED && device == "cpu");
 
+  if (use_gloo) {
+    // The address Gloo binds must be a local IPv4 address; finding out only
+    // when communicators are built would fail every generation.
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool ok = ::inet_pton(AF_INET, interface.c_str(), &addr.sin_addr) == 1 && fd >= 0 &&
+                    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (fd >= 0) ::close(fd);
+    if (!ok) {
+      std::cerr << "shardline-worker: --interface='" << interface
+                << "' is not an IPv4 address of this machine (e.g. 127.0.0.1, or the address "
+                   "of the network the workers share)\n";
+      return 2;
+    }
+  }
+
+  // SIGINT / SIGTERM: leave the job and exit. Blocked before any thread
+  // starts (the agent's, gRPC's) so every thread inherits the mask and only
+  // the waiting thread below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
   WorkerAgentOptions options;
   options.connection = *connection;
   options.job_id = job;
@@ -173,13 +202,6 @@ int Run(int argc, char** argv) {
   }
   std::unique_ptr<WorkerAgent> agent = *std::move(created);
 
-  // SIGINT / SIGTERM: leave the job and exit. Blocked here so every thread
-  // inherits the mask; one thread waits for them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::thread([signals] {
     int sig = 0;
     sigwait(&signals, &sig);

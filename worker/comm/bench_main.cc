@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <unistd.h>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -516,6 +517,18 @@ absl::StatusOr<Config> ParseFlags(const std::vector<std::string>& argv, bool* he
   if (max_bytes < min_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-bytes=", max_bytes, " is below --min-bytes=", min_bytes));
+  }
+  {
+    // All ranks live in this process, each with up to two buffers of
+    // max_bytes (plus the collective's scratch): keep it within half of RAM.
+    const int64_t ram = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+    const long double need = static_cast<long double>(ranks) * 3 * max_bytes;
+    if (ram > 0 && need > ram / 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--ranks=", ranks, " x --max-bytes=", max_bytes,
+          " needs about ", static_cast<int64_t>(need / (1 << 20)), " MiB in this process, more than "
+          "half of this machine's ", ram >> 20, " MiB; lower --max-bytes or --ranks"));
+    }
   }
   if (factor < 2) {
     return absl::InvalidArgumentError(absl::StrCat("--factor=", factor, " must be at least 2"));
