@@ -46,10 +46,19 @@ def _system_libs_impl(rctx):
         libs = _dedup_libs(_run(rctx, [pkg_config, "--libs"] + mods))
         cflags = _run(rctx, [pkg_config, "--cflags"] + mods)
         defines = [f[2:] for f in cflags if f.startswith("-D")]
-        others = [f for f in cflags if not f.startswith("-D") and f != "-pthread"]
+        # -I dirs outside the default search path (e.g. OpenBLAS's
+        # /usr/include/x86_64-linux-gnu/openblas-pthread/) are linked into
+        # this repository so that `includes` can name them.
+        includes = []
+        for i, f in enumerate([f for f in cflags if f.startswith("-I")]):
+            d = "inc/%s/%d" % (name, i)
+            rctx.symlink(f[2:].rstrip("/"), d)
+            includes.append(d)
+        others = [f for f in cflags if not f.startswith("-D") and not f.startswith("-I") and f != "-pthread"]
         if others:
             fail("pkg-config %s: unsupported cflags %s" % (modules, others))
-        out.append("cc_library(\n    name = %r,\n    linkopts = %r,\n    defines = %r,\n)\n" % (name, libs, defines))
+        hdrs = "glob([%s])" % ", ".join(["%r" % (d + "/**/*.h") for d in includes]) if includes else "[]"
+        out.append("cc_library(\n    name = %r,\n    hdrs = %s,\n    includes = %r,\n    linkopts = %r,\n    defines = %r,\n)\n" % (name, hdrs, includes, libs, defines))
 
     for name, flags in rctx.attr.linkopts.items():
         out.append("cc_library(\n    name = %r,\n    linkopts = %r,\n)\n" % (name, [f for f in flags.split(" ") if f]))

@@ -14,6 +14,7 @@ PACKAGES=(
   nlohmann-json3-dev       # shardctl --json
   libsqlite3-dev           # the coordinator's durable state
   libyaml-cpp-dev          # job spec files in YAML
+  libopenblas-dev          # the trainer's CPU matrix products (cblas_sgemm)
   openssl                  # tests make TLS certificates
 )
 
