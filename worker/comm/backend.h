@@ -7,10 +7,13 @@
 //
 // Conventions for every collective:
 //   * Every count is in ELEMENTS of the given DType, never bytes.
-//   * Calls return when the operation is enqueued. Operations run one at a time
-//     in issue order on a thread owned by the backend; every rank must issue the
-//     same collectives in the same order. Buffers must stay valid and untouched
-//     until the Work completes.
+//   * Calls return when the operation is enqueued. Collectives run one at a
+//     time in issue order on a thread owned by the backend; every rank must
+//     issue the same collectives in the same order. Send and Recv are posted
+//     at once instead, outside that order (like torch's isend/irecv), so a
+//     rank may post a send and a receive to the same peer and wait for them
+//     in either order without deadlock. Buffers must stay valid and
+//     untouched until the Work completes.
 //   * 16-bit types (fp16, bf16) are reduced by accumulating in fp32 and rounding
 //     back to the 16-bit type with round-to-nearest-even.
 //   * A count of 0 is valid everywhere (the op still synchronises the group).
@@ -120,7 +123,10 @@ class Backend {
   // data[0..count) on every rank becomes root's. InvalidArgument names "root".
   virtual std::shared_ptr<Work> Broadcast(void* data, size_t count, DType dtype, int root) = 0;
 
-  // Point-to-point. Matched by (peer, tag); count must equal on both sides.
+  // Point-to-point, posted when called (see the file comment). Matched by
+  // (peer, tag) in posting order; count must equal on both sides. Use a
+  // distinct tag for each message in flight between one pair, or post them
+  // in the same order on both sides.
   // InvalidArgument names "peer" when it is out of range or equals rank().
   virtual std::shared_ptr<Work> Send(const void* data, size_t count, DType dtype, int peer,
                                      uint32_t tag) = 0;

@@ -332,6 +332,9 @@ struct State {
   bool stopping = false;              // guarded by mu
   bool exited = false;                // op thread left Loop; guarded by mu
   absl::Status sticky;                // first fatal error; guarded by mu
+  // Posted point-to-point operations not yet known complete (Abort
+  // completes them with Aborted at once).
+  std::vector<std::weak_ptr<WorkImpl>> p2p_pending;  // guarded by mu
   uint32_t next_tag = 1;              // only touched on the op thread
   // Scratch reused across calls (a fresh buffer of tens of MiB is a fresh
   // mmap with its page faults each call); only touched on the op thread.
@@ -401,6 +404,13 @@ struct State {
     } catch (...) {
     }
     return suffix;
+  }
+
+  // Makes `s` the group's sticky error (first one wins) unless it is an
+  // argument error.
+  void RecordFailure(const absl::Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!s.ok() && !absl::IsInvalidArgument(s) && sticky.ok()) sticky = s;
   }
 
   std::string DebugNames() {
@@ -695,12 +705,14 @@ class GlooBackend : public Backend {
   void Abort() override {
     std::deque<std::pair<std::function<absl::Status()>, std::shared_ptr<WorkImpl>>> queued;
     std::shared_ptr<WorkImpl> running;
+    std::vector<std::weak_ptr<WorkImpl>> p2p;
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       if (state_->aborted) return;
       state_->aborted = true;
       queued.swap(state_->queue);
       running = state_->running;
+      p2p.swap(state_->p2p_pending);
     }
     state_->cv.notify_all();
     // Close sockets: peers see this rank as lost, and our own blocked op
@@ -713,6 +725,9 @@ class GlooBackend : public Backend {
     }
     for (auto& q : queued) q.second->Complete(absl::AbortedError("backend was aborted"));
     if (running) running->Complete(absl::AbortedError("backend was aborted during the operation"));
+    for (auto& w : p2p) {
+      if (auto p = w.lock()) p->Complete(absl::AbortedError("backend was aborted during the operation"));
+    }
   }
 
  private:
@@ -807,26 +822,69 @@ class GlooBackend : public Backend {
       return Invalid(op, absl::StrCat("peer=", peer, " out of range [0,", size(), ")"));
     if (peer == rank()) return Invalid(op, absl::StrCat("peer=", peer, " == rank"));
     if (data == nullptr && count > 0) return Invalid(op, "data is null with count > 0");
-    State* st = state_.get();
-    return Enqueue([st, data, count, dtype, peer, tag, send, op]() -> absl::Status {
-      char dummy = 0;
-      void* ptr = count ? data : &dummy;
+    // Posted now, from the calling thread, not queued behind collectives:
+    // a pipeline stage sends an activation and receives a gradient from
+    // the same peer without either side blocking the other (Gloo matches
+    // by slot, and its pairs are safe to use from several threads). One
+    // short-lived thread per operation waits for its completion, bounded
+    // by the op timeout (Abort closes the sockets, which ends the wait).
+    std::shared_ptr<State> st = state_;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->aborted) return Done(absl::AbortedError("backend was aborted"));
+      if (!st->sticky.ok()) return Done(st->sticky);
+    }
+    auto work = std::make_shared<WorkImpl>();
+    const std::string what = absl::StrCat(op, " (peer=", peer, ", tag=", tag, ")");
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    static char dummy = 0;
+    try {
+      buf = st->context->createUnboundBuffer(count ? data : &dummy, count * ElementSize(dtype));
+      const uint64_t slot = kP2PSlotPrefix | tag;
+      if (send) {
+        buf->send(peer, slot);
+      } else {
+        buf->recv(peer, slot);
+      }
+    } catch (...) {
+      absl::Status s = st->MapException(what);
+      st->RecordFailure(s);
+      work->Complete(std::move(s));
+      return work;
+    }
+    std::thread([st, work, what, send, buf = std::move(buf)]() {
+      absl::Status s;
       try {
-        auto buf = st->context->createUnboundBuffer(ptr, count * ElementSize(dtype));
-        const uint64_t slot = kP2PSlotPrefix | tag;
         const auto timeout = ToMs(st->options.timeout);
         if (send) {
-          buf->send(peer, slot);
           buf->waitSend(timeout);
         } else {
-          buf->recv(peer, slot);
           buf->waitRecv(timeout);
         }
       } catch (...) {
-        return st->MapException(absl::StrCat(op, " (peer=", peer, ", tag=", tag, ")"));
+        s = st->MapException(what);
       }
-      return absl::OkStatus();
-    });
+      if (!s.ok()) st->RecordFailure(s);
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        if (st->aborted && !s.ok())
+          s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
+      }
+      work->Complete(std::move(s));
+    }).detach();
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      // Drop handles of completed operations so the list stays short.
+      auto& pending = st->p2p_pending;
+      pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                   [](const std::weak_ptr<WorkImpl>& w) {
+                                     auto p = w.lock();
+                                     return p == nullptr || p->IsCompleted();
+                                   }),
+                    pending.end());
+      pending.push_back(work);
+    }
+    return work;
   }
 
   std::shared_ptr<Work> Invalid(const char* op, const std::string& what) {

@@ -278,6 +278,32 @@ TEST(GlooBackendTest, SendRecvRing) {
   }
 }
 
+// Send and Recv are posted at once, outside the collective order: both
+// ranks post a send and then a receive to each other and wait for the
+// receive first (a pipeline's activation / gradient exchange). With sends
+// queued in issue order this would deadlock. A collective issued between
+// them still runs.
+TEST(GlooBackendTest, SendRecvPostedAtOnceBothWays) {
+  RunRanks(2, [&](int r, Backend& b) {
+    const int peer = 1 - r;
+    for (int round = 0; round < 3; ++round) {
+      std::vector<float> out(4096), in(4096, -1.0f);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = F(r, i + round);
+      std::shared_ptr<Work> send = b.Send(out.data(), out.size(), DType::kFloat32, peer, 10 + r);
+      float sum = static_cast<float>(r + 1);
+      std::shared_ptr<Work> reduce = b.AllReduce(&sum, 1, DType::kFloat32, ReduceOp::kSum);
+      std::shared_ptr<Work> recv = b.Recv(in.data(), in.size(), DType::kFloat32, peer, 10 + peer);
+      SL_EXPECT_OK_WORK(recv);
+      SL_EXPECT_OK_WORK(send);
+      SL_EXPECT_OK_WORK(reduce);
+      EXPECT_EQ(sum, 3.0f);
+      Mismatch m;
+      for (size_t i = 0; i < in.size(); ++i) m.Check(i, in[i], F(peer, i + round));
+      EXPECT_NO_MISMATCH(m, "rank " << r << " round " << round);
+    }
+  });
+}
+
 TEST(GlooBackendTest, BarrierAllSizes) {
   for (int n : kRanks) {
     std::atomic<int> arrived{0};
