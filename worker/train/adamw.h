@@ -42,6 +42,8 @@ struct LearningRateSchedule {
 // without restarts), as nanoGPT: for step < warmup_steps,
 // lr * (step + 1) / warmup_steps; then min + 0.5 (1 + cos(pi r)) (lr - min) with
 // r = (step - warmup) / (total - warmup) clamped to [0, 1]. `step` is 0-based.
+// When total_steps <= warmup_steps there is no cosine: steps from warmup_steps
+// on get min_learning_rate.
 double LearningRate(int64_t step, const LearningRateSchedule& schedule);
 
 // sqrt(sum of squares) helpers for clipping live in the trainer (they need

@@ -13,9 +13,16 @@
 //   mlp.fc2.weight                   N(0, (0.02 / sqrt(2 * num_layers))^2)
 //   every other weight (qkv, fc1,
 //   word/position embeddings)        N(0, 0.02^2)
-// Normal values come from a counter-based generator (SplitMix64 of seed,
-// FNV-1a of the name and the index, then Box-Muller), never from a sequential
-// stream, so any slice can be made without making the rest.
+// Normal values come from a counter-based generator, never from a sequential
+// stream, so any slice can be made without making the rest. Exactly, with
+// S(x) the SplitMix64 output for state x (z = x + 0x9e3779b97f4a7c15, then
+// the usual xor-shift-multiply finalizer), F the FNV-1a-64 of the name's bytes
+// and all arithmetic mod 2^64:
+//   key = S(S(seed) ^ F(name))
+//   u1  = ((S(key ^ S(2 index))     >> 11) + 0.5) / 2^53      in (0, 1)
+//   u2  = ((S(key ^ S(2 index + 1)) >> 11) + 0.5) / 2^53
+//   value = float(std * sqrt(-2 ln u1) * cos(2 pi u2))       (double inside)
+// The key depends on the name only, not the shape.
 // Pure functions; thread-safe.
 #ifndef SHARDLINE_WORKER_TRAIN_INIT_H_
 #define SHARDLINE_WORKER_TRAIN_INIT_H_

@@ -1,0 +1,340 @@
+#include "worker/train/ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace shardline::worker::train {
+namespace {
+
+// GELU tanh-approximation constants (GPT-2).
+constexpr double kSqrt2OverPi = 0.79788456080286535587989211986876;
+constexpr double kGeluCubic = 0.044715;
+
+// C[m, n] (row stride ldc) = alpha * op(A) op(B) + beta * C with explicit row
+// strides (in elements), so attention can address one head inside the
+// interleaved qkv layout without copying. With beta == 0, C is written
+// without being read.
+void StridedGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                 int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    // The product is empty: C = beta * C (never reading C when beta == 0).
+    for (int64_t i = 0; i < m; ++i) {
+      float* row = c + i * ldc;
+      for (int64_t j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+    }
+    return;
+  }
+  if (beta == 0.0f) {
+    // OpenBLAS zeroes C for beta == 0, but be explicit so that NaN garbage in
+    // an uninitialised C can never leak through any BLAS build.
+    for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+}  // namespace
+
+void SetBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, const float* b, float beta, float* c) {
+  const int64_t lda = std::max<int64_t>(1, trans_a ? m : k);
+  const int64_t ldb = std::max<int64_t>(1, trans_b ? k : n);
+  StridedGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n);
+}
+
+void LinearForward(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                   int64_t in, int64_t out) {
+  if (b != nullptr) {
+    for (int64_t t = 0; t < rows; ++t) std::memcpy(y + t * out, b, sizeof(float) * out);
+    Gemm(false, true, rows, out, in, 1.0f, x, w, 1.0f, y);
+  } else {
+    Gemm(false, true, rows, out, in, 1.0f, x, w, 0.0f, y);
+  }
+}
+
+void LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                    float* db, int64_t rows, int64_t in, int64_t out) {
+  // dx[T, in] = dy[T, out] w[out, in].
+  if (dx != nullptr) Gemm(false, false, rows, in, out, 1.0f, dy, w, 0.0f, dx);
+  // dw[out, in] += dy^T x.
+  Gemm(true, false, out, in, rows, 1.0f, dy, x, 1.0f, dw);
+  if (db != nullptr) {
+    std::vector<double> acc(out, 0.0);
+    for (int64_t t = 0; t < rows; ++t) {
+      const float* row = dy + t * out;
+      for (int64_t o = 0; o < out; ++o) acc[o] += row[o];
+    }
+    for (int64_t o = 0; o < out; ++o) db[o] += static_cast<float>(acc[o]);
+  }
+}
+
+void LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                      float* mean, float* rstd, int64_t rows, int64_t width) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* xr = x + t * width;
+    float* yr = y + t * width;
+    double sum = 0.0;
+    for (int64_t i = 0; i < width; ++i) sum += xr[i];
+    const double mu = width > 0 ? sum / width : 0.0;
+    // Two-pass variance: no cancellation for rows with a large mean.
+    double sq = 0.0;
+    for (int64_t i = 0; i < width; ++i) {
+      const double d = xr[i] - mu;
+      sq += d * d;
+    }
+    const double var = width > 0 ? sq / width : 0.0;
+    const double rs = 1.0 / std::sqrt(var + kLayerNormEpsilon);
+    for (int64_t i = 0; i < width; ++i) {
+      yr[i] = static_cast<float>((xr[i] - mu) * rs * gamma[i] + beta[i]);
+    }
+    mean[t] = static_cast<float>(mu);
+    rstd[t] = static_cast<float>(rs);
+  }
+}
+
+void LayerNormBackward(const float* x, const float* gamma, const float* mean, const float* rstd,
+                       const float* dy, float* dx, float* dgamma, float* dbeta, int64_t rows,
+                       int64_t width) {
+  // With xhat = (x - mean) * rstd and g = dy * gamma:
+  //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+  std::vector<double> dgamma_acc(width, 0.0);
+  std::vector<double> dbeta_acc(width, 0.0);
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* xr = x + t * width;
+    const float* dyr = dy + t * width;
+    float* dxr = dx + t * width;
+    const double mu = mean[t];
+    const double rs = rstd[t];
+    double sum_g = 0.0;
+    double sum_g_xhat = 0.0;
+    for (int64_t i = 0; i < width; ++i) {
+      const double xhat = (xr[i] - mu) * rs;
+      const double g = static_cast<double>(dyr[i]) * gamma[i];
+      sum_g += g;
+      sum_g_xhat += g * xhat;
+      dgamma_acc[i] += dyr[i] * xhat;
+      dbeta_acc[i] += dyr[i];
+    }
+    const double mean_g = width > 0 ? sum_g / width : 0.0;
+    const double mean_g_xhat = width > 0 ? sum_g_xhat / width : 0.0;
+    for (int64_t i = 0; i < width; ++i) {
+      const double xhat = (xr[i] - mu) * rs;
+      const double g = static_cast<double>(dyr[i]) * gamma[i];
+      dxr[i] = static_cast<float>(rs * (g - mean_g - xhat * mean_g_xhat));
+    }
+  }
+  for (int64_t i = 0; i < width; ++i) {
+    dgamma[i] += static_cast<float>(dgamma_acc[i]);
+    dbeta[i] += static_cast<float>(dbeta_acc[i]);
+  }
+}
+
+void GeluForward(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float u = static_cast<float>(kSqrt2OverPi) * (v + static_cast<float>(kGeluCubic) * v * v * v);
+    y[i] = 0.5f * v * (1.0f + std::tanh(u));
+  }
+}
+
+void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float c = static_cast<float>(kSqrt2OverPi);
+    const float a = static_cast<float>(kGeluCubic);
+    const float u = c * (v + a * v * v * v);
+    const float th = std::tanh(u);
+    const float du = c * (1.0f + 3.0f * a * v * v);
+    const float grad = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
+    dx[i] = dy[i] * grad;
+  }
+}
+
+void AttentionForward(const float* qkv, float* probs, float* y, int64_t batch, int64_t seq,
+                      int64_t heads, int64_t head_dim) {
+  const int64_t tok_stride = heads * 3 * head_dim;  // qkv row stride
+  const int64_t y_stride = heads * head_dim;        // y row stride
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* q = qkv + b * seq * tok_stride + h * 3 * head_dim;
+      const float* k = q + head_dim;
+      const float* v = q + 2 * head_dim;
+      float* p = probs + (b * heads + h) * seq * seq;
+      // Scores S = scale * Q K^T into p, then a causal softmax in place.
+      StridedGemm(false, true, seq, seq, head_dim, scale, q, tok_stride, k, tok_stride, 0.0f, p,
+                  seq);
+      for (int64_t i = 0; i < seq; ++i) {
+        float* row = p + i * seq;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        double sum = 0.0;
+        for (int64_t j = 0; j <= i; ++j) {
+          row[j] = std::exp(row[j] - mx);
+          sum += row[j];
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+        for (int64_t j = i + 1; j < seq; ++j) row[j] = 0.0f;
+      }
+      // Y = P V, written into this head's slot of each token's row.
+      StridedGemm(false, false, seq, head_dim, seq, 1.0f, p, seq, v, tok_stride, 0.0f,
+                  y + b * seq * y_stride + h * head_dim, y_stride);
+    }
+  }
+}
+
+void AttentionBackward(const float* qkv, const float* probs, const float* dy, float* dqkv,
+                       int64_t batch, int64_t seq, int64_t heads, int64_t head_dim) {
+  const int64_t tok_stride = heads * 3 * head_dim;
+  const int64_t y_stride = heads * head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  std::vector<float> ds(seq * seq);  // dP, then dS (gradient of the scaled scores)
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t off = b * seq * tok_stride + h * 3 * head_dim;
+      const float* q = qkv + off;
+      const float* k = q + head_dim;
+      const float* v = q + 2 * head_dim;
+      float* dq = dqkv + off;
+      float* dk = dq + head_dim;
+      float* dv = dq + 2 * head_dim;
+      const float* p = probs + (b * heads + h) * seq * seq;
+      const float* dyh = dy + b * seq * y_stride + h * head_dim;
+      // dV = P^T dY.
+      StridedGemm(true, false, seq, head_dim, seq, 1.0f, p, seq, dyh, y_stride, 0.0f, dv,
+                  tok_stride);
+      // dP = dY V^T.
+      StridedGemm(false, true, seq, seq, head_dim, 1.0f, dyh, y_stride, v, tok_stride, 0.0f,
+                  ds.data(), seq);
+      // Softmax backward: dS = P * (dP - sum_j P dP), zero above the diagonal.
+      for (int64_t i = 0; i < seq; ++i) {
+        const float* pr = p + i * seq;
+        float* row = ds.data() + i * seq;
+        double dot = 0.0;
+        for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(pr[j]) * row[j];
+        const float d = static_cast<float>(dot);
+        for (int64_t j = 0; j <= i; ++j) row[j] = pr[j] * (row[j] - d);
+        for (int64_t j = i + 1; j < seq; ++j) row[j] = 0.0f;
+      }
+      // S = scale * Q K^T  =>  dQ = scale * dS K, dK = scale * dS^T Q.
+      StridedGemm(false, false, seq, head_dim, seq, scale, ds.data(), seq, k, tok_stride, 0.0f,
+                  dq, tok_stride);
+      StridedGemm(true, false, seq, head_dim, seq, scale, ds.data(), seq, q, tok_stride, 0.0f,
+                  dk, tok_stride);
+    }
+  }
+}
+
+void EmbeddingForward(const int32_t* tokens, const float* table, float* y, int64_t rows,
+                      int64_t width, int64_t vocab_begin, int64_t vocab_local) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const int64_t local = static_cast<int64_t>(tokens[t]) - vocab_begin;
+    float* yr = y + t * width;
+    if (local >= 0 && local < vocab_local) {
+      std::memcpy(yr, table + local * width, sizeof(float) * width);
+    } else {
+      std::memset(yr, 0, sizeof(float) * width);
+    }
+  }
+}
+
+void EmbeddingBackward(const int32_t* tokens, const float* dy, float* dtable, int64_t rows,
+                       int64_t width, int64_t vocab_begin, int64_t vocab_local) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const int64_t local = static_cast<int64_t>(tokens[t]) - vocab_begin;
+    if (local < 0 || local >= vocab_local) continue;
+    float* dr = dtable + local * width;
+    const float* g = dy + t * width;
+    for (int64_t i = 0; i < width; ++i) dr[i] += g[i];
+  }
+}
+
+void AddPositionForward(const float* pos_table, float* y, int64_t rows, int64_t seq,
+                        int64_t width) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* pr = pos_table + (t % seq) * width;
+    float* yr = y + t * width;
+    for (int64_t i = 0; i < width; ++i) yr[i] += pr[i];
+  }
+}
+
+void AddPositionBackward(const float* dy, float* dpos, int64_t rows, int64_t seq,
+                         int64_t width) {
+  // Sum the batch in double first, then accumulate once into dpos.
+  std::vector<double> acc(seq * width, 0.0);
+  for (int64_t t = 0; t < rows; ++t) {
+    double* ar = acc.data() + (t % seq) * width;
+    const float* g = dy + t * width;
+    for (int64_t i = 0; i < width; ++i) ar[i] += g[i];
+  }
+  const int64_t used = std::min(rows, seq) * width;
+  for (int64_t i = 0; i < used; ++i) dpos[i] += static_cast<float>(acc[i]);
+}
+
+void LocalRowMax(const float* logits, float* row_max, int64_t rows, int64_t vocab_local) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* lr = logits + t * vocab_local;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < vocab_local; ++j) mx = std::max(mx, lr[j]);
+    row_max[t] = mx;
+  }
+}
+
+void LocalSumExpAndTarget(const float* logits, const float* row_max, const int32_t* targets,
+                          float* sum_exp, float* target_logit, int64_t rows,
+                          int64_t vocab_begin, int64_t vocab_local) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* lr = logits + t * vocab_local;
+    const float mx = row_max[t];
+    double sum = 0.0;
+    for (int64_t j = 0; j < vocab_local; ++j) sum += std::exp(static_cast<double>(lr[j] - mx));
+    sum_exp[t] = static_cast<float>(sum);
+    const int64_t local = static_cast<int64_t>(targets[t]) - vocab_begin;
+    target_logit[t] = (local >= 0 && local < vocab_local) ? lr[local] : 0.0f;
+  }
+}
+
+void TokenLoss(const float* row_max, const float* sum_exp, const float* target_logit,
+               float* loss, int64_t rows) {
+  for (int64_t t = 0; t < rows; ++t) {
+    loss[t] = static_cast<float>(std::log(static_cast<double>(sum_exp[t])) +
+                                 static_cast<double>(row_max[t]) - target_logit[t]);
+  }
+}
+
+void CrossEntropyBackward(const float* logits, const float* row_max, const float* sum_exp,
+                          const int32_t* targets, float scale, float* dlogits, int64_t rows,
+                          int64_t vocab_begin, int64_t vocab_local) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* lr = logits + t * vocab_local;
+    float* dr = dlogits + t * vocab_local;
+    const double mx = row_max[t];
+    const double inv = 1.0 / static_cast<double>(sum_exp[t]);
+    for (int64_t j = 0; j < vocab_local; ++j) {
+      dr[j] = static_cast<float>(scale * (std::exp(lr[j] - mx) * inv));
+    }
+    const int64_t local = static_cast<int64_t>(targets[t]) - vocab_begin;
+    if (local >= 0 && local < vocab_local) {
+      dr[local] = static_cast<float>(scale * (std::exp(lr[local] - mx) * inv - 1.0));
+    }
+  }
+}
+
+void AddInPlace(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace shardline::worker::train

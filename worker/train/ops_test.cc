@@ -1,0 +1,591 @@
+#include "worker/train/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardline::worker::train {
+namespace {
+
+using ::testing::DoubleNear;
+using ::testing::FloatEq;
+using ::testing::FloatNear;
+
+class OpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SetBlasThreads(1); }
+};
+
+std::vector<float> Random(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+double Dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// Central-difference gradient of the scalar `objective` w.r.t. every element of
+// `v` (perturbed in place and restored). The step actually taken is measured
+// after fp32 rounding.
+std::vector<double> NumericGrad(std::vector<float>& v, const std::function<double()>& objective,
+                                float eps = 1e-3f) {
+  std::vector<double> g(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float orig = v[i];
+    const float plus = orig + eps;
+    const float minus = orig - eps;
+    v[i] = plus;
+    const double fp = objective();
+    v[i] = minus;
+    const double fm = objective();
+    v[i] = orig;
+    g[i] = (fp - fm) / (static_cast<double>(plus) - minus);
+  }
+  return g;
+}
+
+// Compares an analytic gradient with a numeric one: relative L2 error below
+// 1e-2, and each element within 1e-2 of the largest gradient magnitude.
+void ExpectGradNear(const std::vector<float>& analytic, const std::vector<double>& numeric,
+                    const std::string& what) {
+  ASSERT_EQ(analytic.size(), numeric.size()) << what;
+  double diff2 = 0.0, ref2 = 0.0, max_abs = 0.0;
+  for (size_t i = 0; i < analytic.size(); ++i) {
+    const double d = analytic[i] - numeric[i];
+    diff2 += d * d;
+    ref2 += numeric[i] * numeric[i];
+    max_abs = std::max(max_abs, std::abs(numeric[i]));
+  }
+  ASSERT_GT(max_abs, 1e-3) << what << ": gradient is ~0, the check would be vacuous";
+  EXPECT_LT(std::sqrt(diff2 / ref2), 1e-2) << what;
+  for (size_t i = 0; i < analytic.size(); ++i) {
+    EXPECT_NEAR(analytic[i], numeric[i], 1e-2 * max_abs + 1e-4) << what << " element " << i;
+  }
+}
+
+// --- Gemm -------------------------------------------------------------------
+
+TEST_F(OpsTest, GemmAllTransposeCombosMatchNaiveLoop) {
+  const int64_t m = 5, n = 7, k = 4;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const std::vector<float> a = Random(m * k, 1);
+      const std::vector<float> b = Random(k * n, 2);
+      std::vector<float> c = Random(m * n, 3);
+      std::vector<double> want(m * n);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0.0;
+          for (int64_t p = 0; p < k; ++p) {
+            const float av = ta ? a[p * m + i] : a[i * k + p];
+            const float bv = tb ? b[j * k + p] : b[p * n + j];
+            s += static_cast<double>(av) * bv;
+          }
+          want[i * n + j] = 1.5 * s + 0.5 * c[i * n + j];
+        }
+      }
+      Gemm(ta, tb, m, n, k, 1.5f, a.data(), b.data(), 0.5f, c.data());
+      for (int64_t i = 0; i < m * n; ++i) {
+        EXPECT_THAT(c[i], FloatNear(static_cast<float>(want[i]), 1e-5f))
+            << "trans_a=" << ta << " trans_b=" << tb << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST_F(OpsTest, GemmBetaZeroIgnoresGarbageInC) {
+  const std::vector<float> a = {1, 2, 3, 4};  // [2, 2]
+  const std::vector<float> b = {5, 6, 7, 8};  // [2, 2]
+  std::vector<float> c(4, std::numeric_limits<float>::quiet_NaN());
+  Gemm(false, false, 2, 2, 2, 1.0f, a.data(), b.data(), 0.0f, c.data());
+  EXPECT_THAT(c, ::testing::ElementsAre(19.0f, 22.0f, 43.0f, 50.0f));
+}
+
+// --- Linear -----------------------------------------------------------------
+
+TEST_F(OpsTest, LinearForwardMatchesNaive) {
+  const int64_t rows = 3, in = 4, out = 5;
+  const auto x = Random(rows * in, 10), w = Random(out * in, 11), b = Random(out, 12);
+  std::vector<float> y(rows * out), y_nobias(rows * out);
+  LinearForward(x.data(), w.data(), b.data(), y.data(), rows, in, out);
+  LinearForward(x.data(), w.data(), nullptr, y_nobias.data(), rows, in, out);
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t o = 0; o < out; ++o) {
+      double s = 0.0;
+      for (int64_t i = 0; i < in; ++i) s += static_cast<double>(x[t * in + i]) * w[o * in + i];
+      EXPECT_THAT(y_nobias[t * out + o], FloatNear(static_cast<float>(s), 1e-5f));
+      EXPECT_THAT(y[t * out + o], FloatNear(static_cast<float>(s + b[o]), 1e-5f));
+    }
+  }
+}
+
+TEST_F(OpsTest, LinearBackwardMatchesFiniteDifferences) {
+  const int64_t rows = 4, in = 5, out = 3;
+  auto x = Random(rows * in, 20), w = Random(out * in, 21), b = Random(out, 22);
+  const auto dy = Random(rows * out, 23);
+  auto objective = [&] {
+    std::vector<float> y(rows * out);
+    LinearForward(x.data(), w.data(), b.data(), y.data(), rows, in, out);
+    return Dot(dy, y);
+  };
+  std::vector<float> dx(rows * in), dw(out * in, 0.0f), db(out, 0.0f);
+  LinearBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), rows, in, out);
+  ExpectGradNear(dx, NumericGrad(x, objective), "dx");
+  ExpectGradNear(dw, NumericGrad(w, objective), "dw");
+  ExpectGradNear(db, NumericGrad(b, objective), "db");
+}
+
+TEST_F(OpsTest, LinearBackwardAccumulatesParamsOverwritesActivations) {
+  const int64_t rows = 3, in = 4, out = 2;
+  const auto x = Random(rows * in, 30), w = Random(out * in, 31), dy = Random(rows * out, 32);
+  std::vector<float> dx1(rows * in, 7.0f), dw1(out * in, 0.0f), db1(out, 0.0f);
+  LinearBackward(x.data(), w.data(), dy.data(), dx1.data(), dw1.data(), db1.data(), rows, in,
+                 out);
+  std::vector<float> dx2(rows * in, -3.0f), dw2(out * in, 0.0f), db2(out, 0.0f);
+  LinearBackward(x.data(), w.data(), dy.data(), dx2.data(), dw2.data(), db2.data(), rows, in,
+                 out);
+  LinearBackward(x.data(), w.data(), dy.data(), dx2.data(), dw2.data(), db2.data(), rows, in,
+                 out);
+  for (size_t i = 0; i < dx1.size(); ++i) EXPECT_THAT(dx2[i], FloatEq(dx1[i]));
+  for (size_t i = 0; i < dw1.size(); ++i) EXPECT_THAT(dw2[i], FloatNear(2 * dw1[i], 1e-6f));
+  for (size_t i = 0; i < db1.size(); ++i) EXPECT_THAT(db2[i], FloatNear(2 * db1[i], 1e-6f));
+
+  // Null dx and db are skipped; dw still accumulates.
+  std::vector<float> dw3(out * in, 0.0f);
+  LinearBackward(x.data(), w.data(), dy.data(), nullptr, dw3.data(), nullptr, rows, in, out);
+  for (size_t i = 0; i < dw1.size(); ++i) EXPECT_THAT(dw3[i], FloatEq(dw1[i]));
+}
+
+// --- LayerNorm --------------------------------------------------------------
+
+TEST_F(OpsTest, LayerNormNormalisesEachRow) {
+  const int64_t rows = 4, width = 64;
+  auto x = Random(rows * width, 40, -3.0f, 5.0f);
+  for (int64_t i = 0; i < width; ++i) x[i] += 1000.0f;  // large mean: no cancellation
+  const std::vector<float> gamma(width, 1.0f), beta(width, 0.0f);
+  std::vector<float> y(rows * width), mean(rows), rstd(rows);
+  LayerNormForward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), rows,
+                   width);
+  for (int64_t t = 0; t < rows; ++t) {
+    double s = 0.0, s2 = 0.0, xs = 0.0;
+    for (int64_t i = 0; i < width; ++i) {
+      s += y[t * width + i];
+      xs += x[t * width + i];
+    }
+    const double mu = s / width;
+    for (int64_t i = 0; i < width; ++i) s2 += (y[t * width + i] - mu) * (y[t * width + i] - mu);
+    EXPECT_THAT(mu, DoubleNear(0.0, 1e-5)) << "row " << t;
+    // Biased variance with eps 1e-5 inside the sqrt: var(y) = var / (var + eps).
+    EXPECT_THAT(s2 / width, DoubleNear(1.0, 1e-3)) << "row " << t;
+    EXPECT_THAT(mean[t], FloatNear(static_cast<float>(xs / width), 1e-3f));
+  }
+}
+
+TEST_F(OpsTest, LayerNormAppliesGammaBeta) {
+  const std::vector<float> x = {1, 2, 3, 4};  // mean 2.5, biased var 1.25
+  const std::vector<float> gamma = {2, 2, 2, 2}, beta = {1, 1, 1, 1};
+  std::vector<float> y(4), mean(1), rstd(1);
+  LayerNormForward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), 1, 4);
+  const double rs = 1.0 / std::sqrt(1.25 + 1e-5);
+  EXPECT_THAT(mean[0], FloatEq(2.5f));
+  EXPECT_THAT(rstd[0], FloatNear(static_cast<float>(rs), 1e-6f));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_THAT(y[i], FloatNear(static_cast<float>((x[i] - 2.5) * rs * 2 + 1), 1e-5f));
+  }
+}
+
+TEST_F(OpsTest, LayerNormBackwardMatchesFiniteDifferences) {
+  const int64_t rows = 3, width = 8;
+  auto x = Random(rows * width, 50), gamma = Random(width, 51, 0.5f, 1.5f),
+       beta = Random(width, 52);
+  const auto dy = Random(rows * width, 53);
+  auto objective = [&] {
+    std::vector<float> y(rows * width), mean(rows), rstd(rows);
+    LayerNormForward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(),
+                     rows, width);
+    return Dot(dy, y);
+  };
+  std::vector<float> y(rows * width), mean(rows), rstd(rows);
+  LayerNormForward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), rows,
+                   width);
+  std::vector<float> dx(rows * width), dgamma(width, 0.0f), dbeta(width, 0.0f);
+  LayerNormBackward(x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(), dx.data(),
+                    dgamma.data(), dbeta.data(), rows, width);
+  ExpectGradNear(dx, NumericGrad(x, objective), "dx");
+  ExpectGradNear(dgamma, NumericGrad(gamma, objective), "dgamma");
+  ExpectGradNear(dbeta, NumericGrad(beta, objective), "dbeta");
+
+  // A second call doubles dgamma/dbeta and rewrites dx unchanged.
+  std::vector<float> dx2(rows * width, 5.0f);
+  const auto dgamma1 = dgamma, dbeta1 = dbeta;
+  LayerNormBackward(x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(), dx2.data(),
+                    dgamma.data(), dbeta.data(), rows, width);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_THAT(dx2[i], FloatEq(dx[i]));
+  for (int64_t i = 0; i < width; ++i) {
+    EXPECT_THAT(dgamma[i], FloatNear(2 * dgamma1[i], 1e-6f));
+    EXPECT_THAT(dbeta[i], FloatNear(2 * dbeta1[i], 1e-6f));
+  }
+}
+
+// --- GELU -------------------------------------------------------------------
+
+TEST_F(OpsTest, GeluKnownValues) {
+  const std::vector<float> x = {0.0f, 1.0f, -1.0f, 3.0f, -6.0f};
+  std::vector<float> y(x.size());
+  GeluForward(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_THAT(y[1], FloatNear(0.841192f, 1e-6f));
+  EXPECT_THAT(y[2], FloatNear(-0.158808f, 1e-6f));
+  EXPECT_THAT(y[3], FloatNear(2.996363f, 1e-5f));
+  EXPECT_THAT(y[4], FloatNear(0.0f, 1e-6f));
+
+  // gelu'(0) = 0.5; in place (y aliases x) gives the same values.
+  std::vector<float> g(1), one = {1.0f}, zero = {0.0f};
+  GeluBackward(zero.data(), one.data(), g.data(), 1);
+  EXPECT_THAT(g[0], FloatEq(0.5f));
+  std::vector<float> inplace = x;
+  GeluForward(inplace.data(), inplace.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(inplace, y);
+}
+
+TEST_F(OpsTest, GeluBackwardMatchesFiniteDifferences) {
+  const int64_t n = 40;
+  auto x = Random(n, 60, -4.0f, 4.0f);
+  const auto dy = Random(n, 61);
+  auto objective = [&] {
+    std::vector<float> y(n);
+    GeluForward(x.data(), y.data(), n);
+    return Dot(dy, y);
+  };
+  std::vector<float> dx(n);
+  GeluBackward(x.data(), dy.data(), dx.data(), n);
+  ExpectGradNear(dx, NumericGrad(x, objective), "dx");
+
+  // dx may alias dy.
+  std::vector<float> aliased = dy;
+  GeluBackward(x.data(), aliased.data(), aliased.data(), n);
+  EXPECT_EQ(aliased, dx);
+}
+
+// --- Attention --------------------------------------------------------------
+
+// Index of qkv[b, s, h, which, d].
+int64_t QkvIndex(int64_t b, int64_t s, int64_t h, int64_t which, int64_t d, int64_t seq,
+                 int64_t heads, int64_t hd) {
+  return (((b * seq + s) * heads + h) * 3 + which) * hd + d;
+}
+
+TEST_F(OpsTest, AttentionMatchesNaiveSoftmax) {
+  const int64_t batch = 2, seq = 5, heads = 3, hd = 4;
+  const auto qkv = Random(batch * seq * heads * 3 * hd, 70);
+  std::vector<float> probs(batch * heads * seq * seq), y(batch * seq * heads * hd);
+  AttentionForward(qkv.data(), probs.data(), y.data(), batch, seq, heads, hd);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < seq; ++i) {
+        std::vector<double> s(i + 1);
+        double mx = -1e30, sum = 0.0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < hd; ++d) {
+            dot += static_cast<double>(qkv[QkvIndex(b, i, h, 0, d, seq, heads, hd)]) *
+                   qkv[QkvIndex(b, j, h, 1, d, seq, heads, hd)];
+          }
+          s[j] = dot / std::sqrt(static_cast<double>(hd));
+          mx = std::max(mx, s[j]);
+        }
+        for (int64_t j = 0; j <= i; ++j) sum += (s[j] = std::exp(s[j] - mx));
+        const float* prow = probs.data() + ((b * heads + h) * seq + i) * seq;
+        for (int64_t j = 0; j < seq; ++j) {
+          if (j <= i) {
+            EXPECT_THAT(prow[j], FloatNear(static_cast<float>(s[j] / sum), 1e-6f));
+          } else {
+            EXPECT_EQ(prow[j], 0.0f);
+          }
+        }
+        for (int64_t d = 0; d < hd; ++d) {
+          double out = 0.0;
+          for (int64_t j = 0; j <= i; ++j) {
+            out += s[j] / sum * qkv[QkvIndex(b, j, h, 2, d, seq, heads, hd)];
+          }
+          EXPECT_THAT(y[((b * seq + i) * heads + h) * hd + d],
+                      FloatNear(static_cast<float>(out), 1e-5f));
+        }
+      }
+    }
+  }
+}
+
+TEST_F(OpsTest, AttentionWithOneTokenReturnsV) {
+  const int64_t batch = 2, seq = 1, heads = 3, hd = 4;
+  const auto qkv = Random(batch * seq * heads * 3 * hd, 71, -5.0f, 5.0f);
+  std::vector<float> probs(batch * heads), y(batch * heads * hd);
+  AttentionForward(qkv.data(), probs.data(), y.data(), batch, seq, heads, hd);
+  for (float p : probs) EXPECT_EQ(p, 1.0f);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t d = 0; d < hd; ++d) {
+        EXPECT_EQ(y[(b * heads + h) * hd + d], qkv[QkvIndex(b, 0, h, 2, d, seq, heads, hd)]);
+      }
+    }
+  }
+}
+
+TEST_F(OpsTest, AttentionIsCausal) {
+  const int64_t batch = 2, seq = 6, heads = 2, hd = 4, later = 4;
+  const auto qkv = Random(batch * seq * heads * 3 * hd, 72);
+  std::vector<float> probs(batch * heads * seq * seq), y(batch * seq * heads * hd);
+  AttentionForward(qkv.data(), probs.data(), y.data(), batch, seq, heads, hd);
+  // Change q, k and v of token `later` (and after) in every batch and head.
+  auto changed = qkv;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t s = later; s < seq; ++s) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t w = 0; w < 3; ++w) {
+          for (int64_t d = 0; d < hd; ++d) changed[QkvIndex(b, s, h, w, d, seq, heads, hd)] += 3;
+        }
+      }
+    }
+  }
+  std::vector<float> probs2(probs.size()), y2(y.size());
+  AttentionForward(changed.data(), probs2.data(), y2.data(), batch, seq, heads, hd);
+  int64_t changed_later = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t s = 0; s < seq; ++s) {
+      for (int64_t i = 0; i < heads * hd; ++i) {
+        const int64_t idx = (b * seq + s) * heads * hd + i;
+        if (s < later) {
+          EXPECT_EQ(y2[idx], y[idx]) << "b=" << b << " s=" << s;
+        } else if (y2[idx] != y[idx]) {
+          ++changed_later;
+        }
+      }
+    }
+  }
+  EXPECT_GT(changed_later, 0);  // the perturbation was real
+}
+
+TEST_F(OpsTest, AttentionBackwardMatchesFiniteDifferences) {
+  const int64_t batch = 2, seq = 4, heads = 2, hd = 3;
+  auto qkv = Random(batch * seq * heads * 3 * hd, 80);
+  const auto dy = Random(batch * seq * heads * hd, 81);
+  auto objective = [&] {
+    std::vector<float> probs(batch * heads * seq * seq), y(batch * seq * heads * hd);
+    AttentionForward(qkv.data(), probs.data(), y.data(), batch, seq, heads, hd);
+    return Dot(dy, y);
+  };
+  std::vector<float> probs(batch * heads * seq * seq), y(batch * seq * heads * hd);
+  AttentionForward(qkv.data(), probs.data(), y.data(), batch, seq, heads, hd);
+  std::vector<float> dqkv(qkv.size(), std::numeric_limits<float>::quiet_NaN());
+  AttentionBackward(qkv.data(), probs.data(), dy.data(), dqkv.data(), batch, seq, heads, hd);
+  ExpectGradNear(dqkv, NumericGrad(qkv, objective), "dqkv");
+}
+
+TEST_F(OpsTest, AttentionTrainerShapeProbsSumToOne) {
+  // The trainer's shape: batch 12, seq 64, 4 heads of 32 (a few ms on one
+  // core; no timing assertion, the machine is shared).
+  const int64_t batch = 12, seq = 64, heads = 4, hd = 32;
+  const auto qkv = Random(batch * seq * heads * 3 * hd, 90);
+  const auto dy = Random(batch * seq * heads * hd, 91);
+  std::vector<float> probs(batch * heads * seq * seq), y(batch * seq * heads * hd),
+      dqkv(qkv.size());
+  for (int rep = 0; rep < 5; ++rep) {
+    AttentionForward(qkv.data(), probs.data(), y.data(), batch, seq, heads, hd);
+    AttentionBackward(qkv.data(), probs.data(), dy.data(), dqkv.data(), batch, seq, heads, hd);
+  }
+  // Each probability row sums to 1.
+  for (int64_t r = 0; r < batch * heads * seq; ++r) {
+    double s = 0.0;
+    for (int64_t j = 0; j < seq; ++j) s += probs[r * seq + j];
+    EXPECT_THAT(s, DoubleNear(1.0, 1e-5)) << "row " << r;
+  }
+  for (float g : dqkv) ASSERT_TRUE(std::isfinite(g));
+}
+
+// --- Embeddings -------------------------------------------------------------
+
+TEST_F(OpsTest, EmbeddingLooksUpLocalRowsAndZeroesOthers) {
+  const int64_t width = 3, vocab_begin = 4, vocab_local = 4;  // rows 4..7 of 10
+  const auto table = Random(vocab_local * width, 100);
+  const std::vector<int32_t> tokens = {0, 4, 7, 8, 5, 3};
+  std::vector<float> y(tokens.size() * width, 9.0f);
+  EmbeddingForward(tokens.data(), table.data(), y.data(), static_cast<int64_t>(tokens.size()),
+                   width, vocab_begin, vocab_local);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const int64_t local = tokens[t] - vocab_begin;
+    for (int64_t i = 0; i < width; ++i) {
+      const float want = (local >= 0 && local < vocab_local) ? table[local * width + i] : 0.0f;
+      EXPECT_EQ(y[t * width + i], want) << "token " << tokens[t];
+    }
+  }
+}
+
+TEST_F(OpsTest, EmbeddingBackwardAccumulatesInRangeOnly) {
+  const int64_t width = 2, vocab_begin = 2, vocab_local = 3;
+  const std::vector<int32_t> tokens = {2, 4, 2, 0, 5};
+  const std::vector<float> dy = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  std::vector<float> dtable(vocab_local * width, 1.0f);
+  EmbeddingBackward(tokens.data(), dy.data(), dtable.data(), 5, width, vocab_begin, vocab_local);
+  // Row 0 (token 2): 1 + (1,2) + (5,6); row 1 (token 3): untouched; row 2
+  // (token 4): 1 + (3,4). Tokens 0 and 5 are another rank's.
+  EXPECT_THAT(dtable, ::testing::ElementsAre(7.0f, 9.0f, 1.0f, 1.0f, 4.0f, 5.0f));
+}
+
+TEST_F(OpsTest, AddPositionForwardAndBackward) {
+  const int64_t batch = 2, seq = 3, width = 2, rows = batch * seq;
+  const std::vector<float> pos = {1, 2, 3, 4, 5, 6};
+  std::vector<float> y(rows * width, 10.0f);
+  AddPositionForward(pos.data(), y.data(), rows, seq, width);
+  EXPECT_THAT(y, ::testing::ElementsAre(11, 12, 13, 14, 15, 16, 11, 12, 13, 14, 15, 16));
+
+  std::vector<float> dy(rows * width);
+  for (int64_t i = 0; i < rows * width; ++i) dy[i] = static_cast<float>(i);
+  std::vector<float> dpos(seq * width, 0.5f);
+  AddPositionBackward(dy.data(), dpos.data(), rows, seq, width);
+  // dpos[s] = 0.5 + dy[s] + dy[seq + s].
+  EXPECT_THAT(dpos, ::testing::ElementsAre(6.5f, 8.5f, 10.5f, 12.5f, 14.5f, 16.5f));
+}
+
+// --- Cross entropy ----------------------------------------------------------
+
+struct CeResult {
+  std::vector<float> loss;
+  std::vector<float> dlogits;  // [rows, vocab]
+};
+
+// Runs the vocab-parallel cross entropy over `splits` equal vocab shards,
+// combining the per-shard pieces the way the tensor-parallel all-reduces do.
+CeResult VocabParallelCe(const std::vector<float>& logits, const std::vector<int32_t>& targets,
+                         int64_t rows, int64_t vocab, int splits, float scale) {
+  const int64_t local = vocab / splits;
+  std::vector<std::vector<float>> shards(splits, std::vector<float>(rows * local));
+  for (int r = 0; r < splits; ++r) {
+    for (int64_t t = 0; t < rows; ++t) {
+      for (int64_t j = 0; j < local; ++j) {
+        shards[r][t * local + j] = logits[t * vocab + r * local + j];
+      }
+    }
+  }
+  std::vector<float> row_max(rows, -std::numeric_limits<float>::infinity());
+  for (int r = 0; r < splits; ++r) {
+    std::vector<float> m(rows);
+    LocalRowMax(shards[r].data(), m.data(), rows, local);
+    for (int64_t t = 0; t < rows; ++t) row_max[t] = std::max(row_max[t], m[t]);  // MAX
+  }
+  std::vector<float> sum_exp(rows, 0.0f), target_logit(rows, 0.0f);
+  for (int r = 0; r < splits; ++r) {
+    std::vector<float> s(rows), tl(rows);
+    LocalSumExpAndTarget(shards[r].data(), row_max.data(), targets.data(), s.data(), tl.data(),
+                         rows, r * local, local);
+    for (int64_t t = 0; t < rows; ++t) {  // SUM
+      sum_exp[t] += s[t];
+      target_logit[t] += tl[t];
+    }
+  }
+  CeResult out;
+  out.loss.resize(rows);
+  TokenLoss(row_max.data(), sum_exp.data(), target_logit.data(), out.loss.data(), rows);
+  out.dlogits.resize(rows * vocab);
+  for (int r = 0; r < splits; ++r) {
+    std::vector<float> d(rows * local);
+    CrossEntropyBackward(shards[r].data(), row_max.data(), sum_exp.data(), targets.data(), scale,
+                         d.data(), rows, r * local, local);
+    for (int64_t t = 0; t < rows; ++t) {
+      for (int64_t j = 0; j < local; ++j) out.dlogits[t * vocab + r * local + j] = d[t * local + j];
+    }
+  }
+  return out;
+}
+
+TEST_F(OpsTest, CrossEntropyOfUniformLogitsIsLogVocab) {
+  const int64_t rows = 3, vocab = 64;
+  const std::vector<float> logits(rows * vocab, 2.5f);
+  const std::vector<int32_t> targets = {0, 17, 63};
+  const CeResult r = VocabParallelCe(logits, targets, rows, vocab, 1, 1.0f);
+  for (float l : r.loss) EXPECT_THAT(l, FloatNear(static_cast<float>(std::log(64.0)), 1e-6f));
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t j = 0; j < vocab; ++j) {
+      const float want = 1.0f / vocab - (j == targets[t] ? 1.0f : 0.0f);
+      EXPECT_THAT(r.dlogits[t * vocab + j], FloatNear(want, 1e-7f));
+    }
+  }
+}
+
+TEST_F(OpsTest, CrossEntropyMatchesNaiveAndStableForLargeLogits) {
+  const int64_t rows = 2, vocab = 5;
+  const std::vector<float> logits = {1000, 1001, 1002, 999, 1000,  // would overflow exp()
+                                     -1, 0, 1, 2, 3};
+  const std::vector<int32_t> targets = {2, 0};
+  const CeResult r = VocabParallelCe(logits, targets, rows, vocab, 1, 1.0f);
+  for (int64_t t = 0; t < rows; ++t) {
+    double mx = -1e30, s = 0.0;
+    for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, static_cast<double>(logits[t * vocab + j]));
+    for (int64_t j = 0; j < vocab; ++j) s += std::exp(logits[t * vocab + j] - mx);
+    const double want = std::log(s) + mx - logits[t * vocab + targets[t]];
+    EXPECT_THAT(r.loss[t], FloatNear(static_cast<float>(want), 1e-5f));
+    double gsum = 0.0;
+    for (int64_t j = 0; j < vocab; ++j) gsum += r.dlogits[t * vocab + j];
+    EXPECT_THAT(gsum, DoubleNear(0.0, 1e-6));  // softmax - one_hot sums to 0
+  }
+}
+
+TEST_F(OpsTest, CrossEntropyVocabSplitMatchesUnsplit) {
+  const int64_t rows = 6, vocab = 32;
+  const auto logits = Random(rows * vocab, 110, -4.0f, 4.0f);
+  // Targets in both halves, including the boundary columns 15 and 16.
+  const std::vector<int32_t> targets = {0, 15, 16, 31, 7, 23};
+  const float scale = 1.0f / rows;
+  const CeResult whole = VocabParallelCe(logits, targets, rows, vocab, 1, scale);
+  for (int splits : {2, 4}) {
+    const CeResult split = VocabParallelCe(logits, targets, rows, vocab, splits, scale);
+    for (int64_t t = 0; t < rows; ++t) {
+      EXPECT_THAT(split.loss[t], FloatNear(whole.loss[t], 1e-4f * std::abs(whole.loss[t])))
+          << "splits=" << splits << " row " << t;
+    }
+    for (int64_t i = 0; i < rows * vocab; ++i) {
+      EXPECT_THAT(split.dlogits[i], FloatNear(whole.dlogits[i], 1e-7f))
+          << "splits=" << splits << " i=" << i;
+    }
+  }
+}
+
+TEST_F(OpsTest, CrossEntropyBackwardMatchesFiniteDifferences) {
+  const int64_t rows = 3, vocab = 8;
+  auto logits = Random(rows * vocab, 120, -2.0f, 2.0f);
+  const std::vector<int32_t> targets = {1, 4, 7};
+  const float scale = 0.5f;
+  auto objective = [&] {
+    const CeResult r = VocabParallelCe(logits, targets, rows, vocab, 2, scale);
+    double s = 0.0;
+    for (float l : r.loss) s += l;
+    return scale * s;
+  };
+  const CeResult r = VocabParallelCe(logits, targets, rows, vocab, 2, scale);
+  ExpectGradNear(r.dlogits, NumericGrad(logits, objective), "dlogits");
+}
+
+// --- AddInPlace -------------------------------------------------------------
+
+TEST_F(OpsTest, AddInPlaceAdds) {
+  const std::vector<float> x = {1, 2, 3};
+  std::vector<float> y = {10, 20, 30};
+  AddInPlace(x.data(), y.data(), 3);
+  EXPECT_THAT(y, ::testing::ElementsAre(11, 22, 33));
+}
+
+}  // namespace
+}  // namespace shardline::worker::train

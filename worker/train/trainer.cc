@@ -1,0 +1,673 @@
+#include "worker/train/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "plan/model.h"
+#include "plan/pipeline.h"
+#include "plan/zero.h"
+#include "worker/train/init.h"
+#include "worker/train/model.h"
+#include "worker/train/ops.h"
+
+namespace shardline::worker::train {
+namespace {
+
+// One ZeRO unit of this rank's model slice and every state kept for it.
+struct UnitState {
+  plan::Unit unit;
+  int64_t shard = 0;  // padded / dp: elements of each dp rank's shard
+  // The whole unit (padded). Always present for zero_stage 0-2; under
+  // ZeRO-3 only between Acquire and Release.
+  std::vector<float> params;
+  int acquired = 0;                  // ZeRO-3 users of `params`
+  std::vector<float> shard_params;   // ZeRO-3: this dp rank's shard, [shard]
+  std::vector<float> grads;          // whole unit, during a step (lazy)
+  std::vector<float> shard_grads;    // ZeRO-2/3 after the reduce-scatter, [shard]
+  std::vector<float> exp_avg, exp_avg_sq;  // AdamW: [padded] at stage 0, else [shard]
+  std::vector<uint8_t> decay;        // [padded]: 1 where weight decay applies
+  std::vector<uint8_t> norm;         // [padded]: 1 where this rank counts the element in the norm
+  std::map<std::string, int64_t> offset;  // parameter name -> first element in the unit
+};
+
+// What a chunk runs: its units, by role.
+struct ChunkLayout {
+  int chunk = 0;
+  int embedding_unit = -1;        // chunk 0
+  std::vector<int> layer_units;   // forward order
+  std::vector<int64_t> layers;    // global layer index of each
+  int head_unit = -1;             // last chunk: final LayerNorm (+ tied copy)
+};
+
+// A forward's saved state until its backward.
+struct Stash {
+  std::vector<int32_t> tokens;  // chunk 0
+  std::vector<LayerActivations> layers;
+  HeadActivations head;
+  std::vector<float> dloss_input;  // unused placeholder for symmetry
+};
+
+// A posted send and the buffer it reads.
+struct PendingSend {
+  std::shared_ptr<Work> work;
+  std::shared_ptr<std::vector<float>> buffer;
+};
+
+}  // namespace
+
+class Trainer::Impl {
+ public:
+  TrainingOptions options;
+  RankGroups groups;
+  const Corpus* corpus = nullptr;
+  plan::PipelinePlan pipeline;
+  plan::PipelineSchedule schedule;
+  std::vector<plan::ParameterSpec> specs;
+  std::map<std::string, const plan::ParameterSpec*> spec_of;
+  std::vector<UnitState> units;
+  std::map<int, ChunkLayout> chunks;  // this pp rank's chunks
+  int word_unit = -1;                 // unit holding the head's word embedding
+  absl::Duration comm_time;
+  Collectives tp{nullptr, &comm_time}, dp{nullptr, &comm_time}, pp{nullptr, &comm_time},
+      embedding{nullptr, &comm_time};
+  int64_t step = 0;
+  // Between a rank's own consecutive chunks (pp == 1, vpp > 1), by tag.
+  std::map<uint32_t, std::vector<float>> local_handoff;
+  std::vector<PendingSend> pending_sends;
+
+  int tp_rank() const { return groups.coordinates.tp_rank; }
+  int dp_rank() const { return groups.coordinates.dp_rank; }
+  int pp_rank() const { return groups.coordinates.pp_rank; }
+  int num_chunks() const { return static_cast<int>(pipeline.chunks.size()); }
+  int zero() const { return options.parallel.zero_stage; }
+  int64_t vocab_local() const { return options.model.vocab_size / options.parallel.tp; }
+  int64_t vocab_begin() const { return tp_rank() * vocab_local(); }
+
+  LayerShape Shape(int64_t batch) const {
+    const plan::GptConfig& m = options.model;
+    LayerShape s;
+    s.batch = batch;
+    s.seq = m.seq_length;
+    s.hidden = m.hidden_size;
+    s.heads = m.num_heads / options.parallel.tp;
+    s.head_dim = m.hidden_size / m.num_heads;
+    s.ffn = m.ffn() / options.parallel.tp;
+    return s;
+  }
+
+  // --- Units -------------------------------------------------------------
+
+  absl::Status Acquire(int u) {
+    UnitState& s = units[u];
+    if (zero() < 3) return absl::OkStatus();
+    if (s.acquired++ > 0) return absl::OkStatus();
+    s.params.assign(s.unit.padded, 0.0f);
+    if (dp.size() == 1) {
+      std::copy(s.shard_params.begin(), s.shard_params.end(), s.params.begin());
+      return absl::OkStatus();
+    }
+    return dp.Wait(dp.backend()->AllGather(s.shard_params.data(), s.shard, s.params.data(),
+                                           DType::kFloat32));
+  }
+
+  void Release(int u) {
+    UnitState& s = units[u];
+    if (zero() < 3) return;
+    if (--s.acquired > 0) return;
+    std::vector<float>().swap(s.params);
+  }
+
+  float* Param(int u, const std::string& name) { return units[u].params.data() + units[u].offset.at(name); }
+  float* Grad(int u, const std::string& name) {
+    UnitState& s = units[u];
+    if (s.grads.empty()) s.grads.assign(s.unit.padded, 0.0f);
+    return s.grads.data() + s.offset.at(name);
+  }
+
+  LayerParams LayerPointers(int u, int64_t layer, bool grads) {
+    const std::string p = absl::StrCat("layers.", layer, ".");
+    auto at = [&](const char* suffix) {
+      const std::string name = p + suffix;
+      return grads ? Grad(u, name) : Param(u, name);
+    };
+    LayerParams l;
+    l.ln1_weight = at("input_layernorm.weight");
+    l.ln1_bias = at("input_layernorm.bias");
+    l.qkv_weight = at("attention.qkv.weight");
+    l.qkv_bias = at("attention.qkv.bias");
+    l.dense_weight = at("attention.dense.weight");
+    l.dense_bias = at("attention.dense.bias");
+    l.ln2_weight = at("post_attention_layernorm.weight");
+    l.ln2_bias = at("post_attention_layernorm.bias");
+    l.fc1_weight = at("mlp.fc1.weight");
+    l.fc1_bias = at("mlp.fc1.bias");
+    l.fc2_weight = at("mlp.fc2.weight");
+    l.fc2_bias = at("mlp.fc2.bias");
+    return l;
+  }
+
+  static constexpr char kWord[] = "embedding.word_embeddings.weight";
+  static constexpr char kPosition[] = "embedding.position_embeddings.weight";
+
+  // --- Point-to-point between chunks ---------------------------------------
+
+  // Tag of the message crossing the boundary between chunk c and c + 1 for
+  // micro-batch mb: activations forward (direction 0), gradients back (1).
+  uint32_t Tag(int mb, int boundary, int direction) const {
+    return static_cast<uint32_t>((mb * num_chunks() + boundary) * 2 + direction);
+  }
+
+  absl::Status SendTo(int chunk, uint32_t tag, std::vector<float> data) {
+    const int peer = pipeline.chunks[chunk].pp_rank;
+    if (peer == pp_rank()) {
+      local_handoff[tag] = std::move(data);
+      return absl::OkStatus();
+    }
+    auto buffer = std::make_shared<std::vector<float>>(std::move(data));
+    std::shared_ptr<Work> w =
+        pp.backend()->Send(buffer->data(), buffer->size(), DType::kFloat32, peer, tag);
+    // Drop sends already done; keep the rest (and their buffers) alive.
+    pending_sends.erase(std::remove_if(pending_sends.begin(), pending_sends.end(),
+                                       [](const PendingSend& p) { return p.work->IsCompleted(); }),
+                        pending_sends.end());
+    pending_sends.push_back({std::move(w), std::move(buffer)});
+    return absl::OkStatus();
+  }
+
+  absl::Status RecvFrom(int chunk, uint32_t tag, std::vector<float>* data) {
+    const int peer = pipeline.chunks[chunk].pp_rank;
+    if (peer == pp_rank()) {
+      auto it = local_handoff.find(tag);
+      if (it == local_handoff.end() || it->second.size() != data->size())
+        return absl::InternalError(absl::StrCat("pipeline: no local message with tag ", tag));
+      *data = std::move(it->second);
+      local_handoff.erase(it);
+      return absl::OkStatus();
+    }
+    return pp.Wait(pp.backend()->Recv(data->data(), data->size(), DType::kFloat32, peer, tag));
+  }
+
+  absl::Status FinishSends() {
+    for (PendingSend& p : pending_sends) {
+      if (absl::Status s = pp.Wait(p.work); !s.ok()) return s;
+    }
+    pending_sends.clear();
+    return absl::OkStatus();
+  }
+
+  // --- Forward and backward of one chunk ----------------------------------
+
+  // Runs chunk c forward for one micro-batch. tokens/targets are
+  // [batch * seq] (tokens used by chunk 0, targets by the last chunk). With
+  // `stash` null nothing is kept for a backward. The last chunk adds its
+  // loss to *loss and, when `head` is given, leaves its activations there.
+  absl::Status Forward(int mb, int c, int64_t batch, const int32_t* tokens, const int32_t* targets,
+                       Stash* stash, double* loss, HeadActivations* head) {
+    const ChunkLayout& layout = chunks.at(c);
+    const LayerShape shape = Shape(batch);
+    const int64_t n = shape.tokens() * shape.hidden;
+    std::vector<float> x(n), y(n);
+    if (layout.embedding_unit >= 0) {
+      const int u = layout.embedding_unit;
+      if (absl::Status s = Acquire(u); !s.ok()) return s;
+      absl::Status s = EmbeddingForward(shape, tokens, Param(u, kWord), Param(u, kPosition),
+                                        vocab_begin(), vocab_local(), tp, x.data());
+      Release(u);
+      if (!s.ok()) return s;
+      if (stash != nullptr) stash->tokens.assign(tokens, tokens + shape.tokens());
+    } else {
+      if (absl::Status s = RecvFrom(c - 1, Tag(mb, c - 1, 0), &x); !s.ok()) return s;
+    }
+    LayerActivations scratch;
+    if (stash != nullptr) stash->layers.resize(layout.layer_units.size());
+    for (size_t i = 0; i < layout.layer_units.size(); ++i) {
+      const int u = layout.layer_units[i];
+      if (absl::Status s = Acquire(u); !s.ok()) return s;
+      absl::Status s = LayerForward(shape, LayerPointers(u, layout.layers[i], false), tp, x.data(),
+                                    y.data(), stash != nullptr ? &stash->layers[i] : &scratch);
+      Release(u);
+      if (!s.ok()) return s;
+      std::swap(x, y);
+    }
+    if (layout.head_unit < 0) return SendTo(c + 1, Tag(mb, c, 0), std::move(x));
+
+    const int u = layout.head_unit;
+    if (absl::Status s = AcquireHead(u); !s.ok()) return s;
+    HeadActivations local;
+    HeadActivations* saved = stash != nullptr ? &stash->head : head != nullptr ? head : &local;
+    double mb_loss = 0;
+    absl::Status s = HeadForward(shape, x.data(), targets, Param(u, "final_layernorm.weight"),
+                                 Param(u, "final_layernorm.bias"), Param(word_unit, kWord),
+                                 vocab_begin(), vocab_local(), tp, saved, &mb_loss);
+    ReleaseHead(u);
+    if (!s.ok()) return s;
+    *loss += mb_loss;
+    return absl::OkStatus();
+  }
+
+  absl::Status AcquireHead(int u) {
+    if (absl::Status s = Acquire(u); !s.ok()) return s;
+    return word_unit != u ? Acquire(word_unit) : absl::OkStatus();
+  }
+  void ReleaseHead(int u) {
+    if (word_unit != u) Release(word_unit);
+    Release(u);
+  }
+
+  absl::Status Backward(int mb, int c, Stash& stash, float loss_scale) {
+    const ChunkLayout& layout = chunks.at(c);
+    const LayerShape shape = Shape(options.parallel.micro_batch_size);
+    const int64_t n = shape.tokens() * shape.hidden;
+    std::vector<float> dy(n), dx(n);
+    if (layout.head_unit >= 0) {
+      const int u = layout.head_unit;
+      if (absl::Status s = AcquireHead(u); !s.ok()) return s;
+      absl::Status s = HeadBackward(
+          shape, Param(u, "final_layernorm.weight"), Param(word_unit, kWord), vocab_begin(),
+          vocab_local(), loss_scale, stash.head, tp, Grad(u, "final_layernorm.weight"),
+          Grad(u, "final_layernorm.bias"), Grad(word_unit, kWord), dy.data());
+      ReleaseHead(u);
+      if (!s.ok()) return s;
+    } else {
+      if (absl::Status s = RecvFrom(c + 1, Tag(mb, c, 1), &dy); !s.ok()) return s;
+    }
+    for (size_t k = layout.layer_units.size(); k-- > 0;) {
+      const int u = layout.layer_units[k];
+      if (absl::Status s = Acquire(u); !s.ok()) return s;
+      absl::Status s =
+          LayerBackward(shape, LayerPointers(u, layout.layers[k], false),
+                        LayerPointers(u, layout.layers[k], true), tp, stash.layers[k], dy.data(),
+                        dx.data());
+      Release(u);
+      if (!s.ok()) return s;
+      std::swap(dx, dy);
+    }
+    if (layout.embedding_unit >= 0) {
+      const int u = layout.embedding_unit;
+      EmbeddingBackward(shape, stash.tokens.data(), dy.data(), Grad(u, kWord), Grad(u, kPosition),
+                        vocab_begin(), vocab_local());
+      return absl::OkStatus();
+    }
+    return SendTo(c - 1, Tag(mb, c - 1, 1), std::move(dy));
+  }
+
+  // --- Data ------------------------------------------------------------------
+
+  // Tokens and targets of this dp rank's micro-batch mb of the global batch
+  // starting at sample `first`.
+  void Batch(bool validation, int64_t first, int mb, std::vector<int32_t>* tokens,
+             std::vector<int32_t>* targets) const {
+    const int64_t mbs = options.parallel.micro_batch_size, seq = options.model.seq_length;
+    tokens->resize(mbs * seq);
+    targets->resize(mbs * seq);
+    const int64_t base = first + (static_cast<int64_t>(dp_rank()) * options.parallel.micro_batches + mb) * mbs;
+    for (int64_t b = 0; b < mbs; ++b) {
+      if (validation) {
+        corpus->ValidationSample(base + b, seq, tokens->data() + b * seq, targets->data() + b * seq);
+      } else {
+        corpus->TrainSample(options.seed, base + b, seq, tokens->data() + b * seq,
+                            targets->data() + b * seq);
+      }
+    }
+  }
+
+  // --- The step ---------------------------------------------------------------
+
+  absl::StatusOr<StepStats> TrainStep() {
+    const absl::Time start = absl::Now();
+    comm_time = absl::ZeroDuration();
+    const int m = options.parallel.micro_batches;
+    const int64_t global_batch = options.parallel.global_batch();
+    const int64_t first = step * global_batch;
+    std::map<std::pair<int, int>, Stash> stashes;
+    double loss_sum = 0;
+    const float loss_scale = 1.0f / static_cast<float>(m);
+    std::vector<int32_t> tokens, targets;
+    for (const plan::Action& a : schedule.ranks[pp_rank()].actions) {
+      const std::pair<int, int> key{a.micro_batch, a.chunk};
+      if (a.kind == plan::Action::Kind::kForward) {
+        Batch(false, first, a.micro_batch, &tokens, &targets);
+        absl::Status s = Forward(a.micro_batch, a.chunk, options.parallel.micro_batch_size,
+                                 tokens.data(), targets.data(), &stashes[key], &loss_sum, nullptr);
+        if (!s.ok()) return s;
+      } else {
+        absl::Status s = Backward(a.micro_batch, a.chunk, stashes.at(key), loss_scale);
+        stashes.erase(key);
+        if (!s.ok()) return s;
+      }
+    }
+    if (absl::Status s = FinishSends(); !s.ok()) return s;
+
+    // Tied word embedding: first and last stage add their gradients.
+    if (groups.embedding != nullptr && embedding.size() > 1) {
+      UnitState& w = units[groups.coordinates.pp_rank == 0 ? chunks.begin()->second.embedding_unit
+                                                           : word_unit];
+      float* g = Grad(&w - units.data(), kWord);
+      const plan::ParameterSpec& spec = *spec_of.at(kWord);
+      if (absl::Status s = embedding.AllReduce(g, spec.local_numel(options.parallel.tp), ReduceOp::kSum);
+          !s.ok())
+        return s;
+    }
+
+    // Data parallelism.
+    for (size_t u = 0; u < units.size(); ++u) {
+      UnitState& s = units[u];
+      if (s.grads.empty()) s.grads.assign(s.unit.padded, 0.0f);
+      if (zero() <= 1) {
+        if (absl::Status st = dp.AllReduce(s.grads.data(), s.unit.padded, ReduceOp::kAvg); !st.ok())
+          return st;
+      } else {
+        s.shard_grads.assign(s.shard, 0.0f);
+        if (dp.size() == 1) {
+          std::copy(s.grads.begin(), s.grads.end(), s.shard_grads.begin());
+        } else {
+          std::vector<size_t> counts(dp.size(), static_cast<size_t>(s.shard));
+          absl::Status st = dp.Wait(dp.backend()->ReduceScatter(
+              s.grads.data(), s.shard_grads.data(), counts, DType::kFloat32, ReduceOp::kAvg));
+          if (!st.ok()) return st;
+        }
+        std::vector<float>().swap(s.grads);
+      }
+    }
+
+    // Global norm and the loss, in one buffer summed over tp, dp and pp.
+    const int64_t my_begin = static_cast<int64_t>(dp_rank());
+    double sumsq = 0;
+    for (UnitState& s : units) {
+      const int64_t begin = my_begin * s.shard, end = std::min(begin + s.shard, s.unit.numel);
+      const float* g = zero() <= 1 ? s.grads.data() : s.shard_grads.data() - begin;
+      for (int64_t i = begin; i < end; ++i) {
+        if (s.norm[i]) sumsq += static_cast<double>(g[i]) * g[i];
+      }
+    }
+    const bool last_stage = chunks.count(num_chunks() - 1) > 0;
+    float totals[2] = {static_cast<float>(sumsq),
+                       last_stage && tp_rank() == 0
+                           ? static_cast<float>(loss_sum / (static_cast<double>(m) * dp.size()))
+                           : 0.0f};
+    for (Collectives* c : {&tp, &dp, &pp}) {
+      if (absl::Status s = c->AllReduce(totals, 2, ReduceOp::kSum); !s.ok()) return s;
+    }
+    StepStats stats;
+    stats.step = step;
+    stats.grad_norm = std::sqrt(static_cast<double>(totals[0]));
+    stats.loss = totals[1];
+    stats.learning_rate = LearningRate(step, options.learning_rate);
+    stats.tokens = global_batch * options.model.seq_length;
+    const float clip =
+        options.grad_clip > 0 && stats.grad_norm > options.grad_clip
+            ? static_cast<float>(options.grad_clip / (stats.grad_norm + 1e-6))
+            : 1.0f;
+
+    // AdamW on what this rank owns, then share the updated parameters.
+    const float lr = static_cast<float>(stats.learning_rate);
+    for (UnitState& s : units) {
+      const int64_t begin = zero() == 0 ? 0 : my_begin * s.shard;
+      const int64_t count = zero() == 0 ? s.unit.padded : s.shard;
+      float* g = zero() <= 1 ? s.grads.data() + begin : s.shard_grads.data();
+      float* p = zero() <= 2 ? s.params.data() + begin : s.shard_params.data();
+      if (clip != 1.0f) {
+        for (int64_t i = 0; i < count; ++i) g[i] *= clip;
+      }
+      AdamWStep(options.adamw, lr, step + 1, p, g, s.exp_avg.data(), s.exp_avg_sq.data(),
+                s.decay.data() + begin, count);
+      if (zero() == 1 || zero() == 2) {
+        if (dp.size() > 1) {
+          absl::Status st = dp.Wait(
+              dp.backend()->AllGather(p, s.shard, s.params.data(), DType::kFloat32));
+          if (!st.ok()) return st;
+        }
+      }
+      if (zero() <= 1) {
+        std::fill(s.grads.begin(), s.grads.end(), 0.0f);
+      } else {
+        std::vector<float>().swap(s.shard_grads);
+      }
+    }
+    ++step;
+    stats.time = absl::Now() - start;
+    stats.comm_time = comm_time;
+    return stats;
+  }
+
+  // Forward only over every chunk of this rank for micro-batches in order:
+  // a pipeline without backward (each F waits only for earlier chunks).
+  absl::StatusOr<double> ForwardOnly(bool validation, int64_t first) {
+    const int m = options.parallel.micro_batches;
+    double loss_sum = 0;
+    std::vector<int32_t> tokens, targets;
+    for (int mb = 0; mb < m; ++mb) {
+      Batch(validation, first, mb, &tokens, &targets);
+      for (const auto& [c, layout] : chunks) {
+        absl::Status s = Forward(mb, c, options.parallel.micro_batch_size, tokens.data(),
+                                 targets.data(), nullptr, &loss_sum, nullptr);
+        if (!s.ok()) return s;
+      }
+    }
+    if (absl::Status s = FinishSends(); !s.ok()) return s;
+    const bool last_stage = chunks.count(num_chunks() - 1) > 0;
+    float total = last_stage && tp_rank() == 0
+                      ? static_cast<float>(loss_sum / (static_cast<double>(m) * dp.size()))
+                      : 0.0f;
+    for (Collectives* c : {&tp, &dp, &pp}) {
+      if (absl::Status s = c->AllReduce(&total, 1, ReduceOp::kSum); !s.ok()) return s;
+    }
+    return static_cast<double>(total);
+  }
+};
+
+constexpr char Trainer::Impl::kWord[];
+constexpr char Trainer::Impl::kPosition[];
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::~Trainer() = default;
+
+int64_t Trainer::step() const { return impl_->step; }
+
+absl::StatusOr<StepStats> Trainer::TrainStep() { return impl_->TrainStep(); }
+
+absl::StatusOr<double> Trainer::EvaluateValidation(int64_t samples) {
+  Impl& t = *impl_;
+  if (t.corpus->validation_size() <= t.options.model.seq_length)
+    return absl::FailedPreconditionError("the corpus has no validation split longer than seq_length");
+  const int64_t global_batch = t.options.parallel.global_batch();
+  const int64_t batches = std::max<int64_t>(1, (samples + global_batch - 1) / global_batch);
+  double total = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    absl::StatusOr<double> loss = t.ForwardOnly(true, b * global_batch);
+    if (!loss.ok()) return loss.status();
+    total += *loss;
+  }
+  return total / static_cast<double>(batches);
+}
+
+absl::StatusOr<std::string> Trainer::Sample(const std::string& prompt, int64_t length,
+                                            double temperature, uint64_t seed) {
+  Impl& t = *impl_;
+  if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty; give at least one byte");
+  if (length < 0) return absl::InvalidArgumentError(absl::StrCat("length=", length, " must be >= 0"));
+  const int64_t seq = t.options.model.seq_length, vocab = t.options.model.vocab_size;
+  std::vector<int32_t> text;
+  for (unsigned char ch : prompt) text.push_back(ch);
+  std::mt19937_64 rng(seed);
+  std::string out;
+  const LayerShape shape = t.Shape(1);
+  const bool last_stage = t.chunks.count(t.num_chunks() - 1) > 0;
+  for (int64_t i = 0; i < length; ++i) {
+    // The last seq tokens, left-padded with newlines.
+    std::vector<int32_t> window(seq, '\n'), targets(seq, 0);
+    const int64_t have = std::min<int64_t>(seq, text.size());
+    std::copy(text.end() - have, text.end(), window.end() - have);
+    double unused = 0;
+    HeadActivations head;
+    for (const auto& [c, layout] : t.chunks) {
+      absl::Status s = t.Forward(0, c, 1, window.data(), targets.data(), nullptr, &unused, &head);
+      if (!s.ok()) return s;
+    }
+    if (absl::Status s = t.FinishSends(); !s.ok()) return s;
+    float next = 0;
+    if (last_stage) {
+      std::vector<float> logits;
+      if (absl::Status s = LastTokenLogits(shape, head, vocab, t.tp, &logits); !s.ok()) return s;
+      int best = 0;
+      if (temperature <= 0) {
+        best = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      } else {
+        const float top = *std::max_element(logits.begin(), logits.end());
+        std::vector<double> weights(vocab);
+        for (int64_t v = 0; v < vocab; ++v)
+          weights[v] = std::exp((logits[v] - top) / temperature);
+        best = std::discrete_distribution<int>(weights.begin(), weights.end())(rng);
+      }
+      next = static_cast<float>(best);
+    }
+    // The last stage tells the others (pp rank pp-1 is the broadcast root).
+    if (t.pp.size() > 1) {
+      absl::Status s = t.pp.Wait(
+          t.pp.backend()->Broadcast(&next, 1, DType::kFloat32, t.pp.size() - 1));
+      if (!s.ok()) return s;
+    }
+    text.push_back(static_cast<int32_t>(next));
+    out.push_back(static_cast<char>(static_cast<int32_t>(next)));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> Trainer::Parameter(const std::string& name) {
+  Impl& t = *impl_;
+  for (size_t u = 0; u < t.units.size(); ++u) {
+    UnitState& s = t.units[u];
+    auto it = s.offset.find(name);
+    if (it == s.offset.end()) continue;
+    if (absl::Status st = t.Acquire(static_cast<int>(u)); !st.ok()) return st;
+    const int64_t n = t.spec_of.at(name)->local_numel(t.options.parallel.tp);
+    std::vector<float> out(s.params.begin() + it->second, s.params.begin() + it->second + n);
+    t.Release(static_cast<int>(u));
+    return out;
+  }
+  return absl::NotFoundError(absl::StrCat("parameter '", name, "' is not held by pp rank ",
+                                          t.pp_rank()));
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainingOptions& options,
+                                                         const RankGroups& groups,
+                                                         const Corpus* corpus) {
+  const plan::ParallelConfig& par = options.parallel;
+  if (absl::Status s = plan::ValidateConfig(options.model, par); !s.ok()) return s;
+  if (par.precision != plan::Precision::kFp32)
+    return absl::InvalidArgumentError("precision: the trainer runs fp32 only; set precision=fp32");
+  if (corpus == nullptr) return absl::InvalidArgumentError("corpus is null");
+  if (absl::Status s = corpus->CheckSequenceLength(options.model.seq_length); !s.ok()) return s;
+  const plan::RankCoordinates& c = groups.coordinates;
+  if (c.tp_rank < 0 || c.tp_rank >= par.tp || c.dp_rank < 0 || c.dp_rank >= par.dp ||
+      c.pp_rank < 0 || c.pp_rank >= par.pp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "coordinates (tp_rank=", c.tp_rank, ", dp_rank=", c.dp_rank, ", pp_rank=", c.pp_rank,
+        ") out of range for tp=", par.tp, " dp=", par.dp, " pp=", par.pp));
+  }
+  auto check_group = [](const char* name, Backend* b, int size, int rank) -> absl::Status {
+    if (size == 1 && b == nullptr) return absl::OkStatus();
+    if (b == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat("groups.", name, " is null but ", name, "=", size));
+    if (b->size() != size || b->rank() != rank) {
+      return absl::InvalidArgumentError(absl::StrCat("groups.", name, " has size ", b->size(),
+                                                     " and rank ", b->rank(), "; expected size ",
+                                                     size, " and rank ", rank));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = check_group("tp", groups.tp, par.tp, c.tp_rank); !s.ok()) return s;
+  if (absl::Status s = check_group("dp", groups.dp, par.dp, c.dp_rank); !s.ok()) return s;
+  if (absl::Status s = check_group("pp", groups.pp, par.pp, c.pp_rank); !s.ok()) return s;
+  const bool end_stage = par.pp > 1 && (c.pp_rank == 0 || c.pp_rank == par.pp - 1);
+  if (end_stage) {
+    if (absl::Status s = check_group("embedding", groups.embedding, 2, c.pp_rank == 0 ? 0 : 1);
+        !s.ok())
+      return s;
+  }
+
+  auto impl = std::make_unique<Impl>();
+  Impl& t = *impl;
+  t.options = options;
+  t.groups = groups;
+  if (!end_stage) t.groups.embedding = nullptr;
+  t.corpus = corpus;
+  t.tp = Collectives(groups.tp, &t.comm_time);
+  t.dp = Collectives(groups.dp, &t.comm_time);
+  t.pp = Collectives(groups.pp, &t.comm_time);
+  t.embedding = Collectives(t.groups.embedding, &t.comm_time);
+
+  absl::StatusOr<plan::PipelinePlan> pipeline = plan::PartitionLayers(options.model.num_layers, par.pp, par.vpp);
+  if (!pipeline.ok()) return pipeline.status();
+  t.pipeline = *std::move(pipeline);
+  absl::StatusOr<plan::PipelineSchedule> schedule =
+      plan::BuildSchedule(par.schedule, par.pp, par.vpp, par.micro_batches);
+  if (!schedule.ok()) return schedule.status();
+  t.schedule = *std::move(schedule);
+  absl::StatusOr<std::vector<plan::ParameterSpec>> specs = plan::GptParameters(options.model);
+  if (!specs.ok()) return specs.status();
+  t.specs = *std::move(specs);
+  for (const plan::ParameterSpec& s : t.specs) t.spec_of[s.name] = &s;
+  absl::StatusOr<plan::ZeroPlan> zero = plan::MakeZeroPlan(options.model, par, t.pipeline);
+  if (!zero.ok()) return zero.status();
+
+  // This rank's units, initialised from (seed, name, global index).
+  for (const plan::Unit& unit : zero->units) {
+    if (unit.tp_rank != c.tp_rank || unit.pp_rank != c.pp_rank) continue;
+    UnitState s;
+    s.unit = unit;
+    s.shard = unit.padded / par.dp;
+    std::vector<float> full(unit.padded, 0.0f);
+    s.decay.assign(unit.padded, 0);
+    s.norm.assign(unit.padded, 0);
+    for (const plan::UnitPiece& piece : unit.pieces) {
+      s.offset[piece.parameter] = piece.offset;
+      const plan::ParameterSpec& spec = *t.spec_of.at(piece.parameter);
+      if (piece.numel == 0) continue;
+      InitializeLocalSlice(options.seed, spec, options.model.num_layers, par.tp, c.tp_rank,
+                           full.data() + piece.offset);
+      const bool decay = spec.shape.size() >= 2;
+      const bool counted = !piece.tied_copy && (spec.tp_split_dim >= 0 || c.tp_rank == 0);
+      std::fill(s.decay.begin() + piece.offset, s.decay.begin() + piece.offset + piece.numel,
+                decay ? 1 : 0);
+      std::fill(s.norm.begin() + piece.offset, s.norm.begin() + piece.offset + piece.numel,
+                counted ? 1 : 0);
+    }
+    if (par.zero_stage == 3) {
+      s.shard_params.assign(full.begin() + c.dp_rank * s.shard,
+                            full.begin() + (c.dp_rank + 1) * s.shard);
+    } else {
+      s.params = std::move(full);
+    }
+    const int64_t moments = par.zero_stage == 0 ? unit.padded : s.shard;
+    s.exp_avg.assign(moments, 0.0f);
+    s.exp_avg_sq.assign(moments, 0.0f);
+    const int index = static_cast<int>(t.units.size());
+    ChunkLayout& layout = t.chunks[unit.chunk];
+    layout.chunk = unit.chunk;
+    if (unit.name == "embedding") {
+      layout.embedding_unit = index;
+    } else if (unit.name == "head") {
+      layout.head_unit = index;
+    } else {
+      layout.layer_units.push_back(index);
+      layout.layers.push_back(std::stoll(unit.name.substr(std::string("layers.").size())));
+    }
+    t.units.push_back(std::move(s));
+  }
+  // The head's word embedding: its tied copy, or the embedding unit when the
+  // first and last chunk share this rank.
+  for (auto& [chunk, layout] : t.chunks) {
+    if (layout.head_unit < 0) continue;
+    t.word_unit = t.units[layout.head_unit].offset.count(Impl::kWord) ? layout.head_unit
+                                                                      : t.chunks.at(0).embedding_unit;
+  }
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+}
+
+}  // namespace shardline::worker::train

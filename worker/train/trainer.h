@@ -1,0 +1,141 @@
+// The trainer: one rank's slice of a GPT (tp x pp x dp, ZeRO 0-3) trained on
+// byte-level text, one optimizer step at a time.
+//
+//   TrainingOptions options = ...;                       // model, layout, optimizer
+//   RankGroups groups{coords, tp.get(), dp.get(), pp.get(), embedding.get()};
+//   absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(options, groups, &corpus);
+//   absl::StatusOr<StepStats> s = (*t)->TrainStep();     // every rank, in lockstep
+//
+// What one step does (every rank of the world calls TrainStep together):
+//  1. The planner's pipeline schedule (GPipe, 1F1B or interleaved 1F1B)
+//     runs F/B actions over this rank's chunks for its dp rank's m
+//     micro-batches, sending activations and gradients to the neighbouring
+//     pp ranks (Send/Recv on the pp group, tag = (micro_batch, chunk,
+//     direction)). Tensor parallelism happens inside the layers (model.h).
+//     ZeRO-3 all-gathers each unit just before a layer uses it and frees it
+//     after. Parameter gradients accumulate in one flat buffer per unit.
+//  2. pp > 1: the tied word-embedding gradient is all-reduced between the
+//     first and the last stage (the embedding group), as Megatron-LM does.
+//  3. Data parallelism: zero_stage 0 and 1 all-reduce (average) each unit's
+//     gradients over dp; 2 and 3 reduce-scatter them, keeping only this dp
+//     rank's shard (DESIGN.md "ZeRO shard rule").
+//  4. Gradient clipping by the global norm: each element counted once (a
+//     tp-replicated parameter on tp rank 0 only, the tied copy never, each
+//     dp shard by its owner), summed over tp, dp and pp.
+//  5. AdamW with warmup + cosine learning rate: zero_stage 0 updates whole
+//     units; 1-3 update this dp rank's shard only (AdamW moments are
+//     shard-sized); 1 and 2 then all-gather the updated parameters; 3 keeps
+//     only the shard.
+// The loss is the mean token cross entropy over the global batch; the
+// global batch is micro_batch_size * micro_batches * dp samples, sample k of
+// step s being global sample s * global_batch + k (Corpus::TrainSample), dp
+// rank d taking samples [d * m * mbs, (d + 1) * m * mbs). So any layout with
+// the same global batch follows the same loss curve (DESIGN.md "Numbers
+// that are contracts").
+//
+// Precision: fp32 parameters, gradients and moments. Gradient accumulation
+// keeps a full gradient buffer per unit during the step (as Megatron-LM's
+// distributed optimizer); ZeRO-2/3 reduce-scatter it once per step.
+//
+// Thread-safety: a Trainer is used by one thread. The backends it is given
+// must outlive it and carry no other traffic while a step runs.
+#ifndef SHARDLINE_WORKER_TRAIN_TRAINER_H_
+#define SHARDLINE_WORKER_TRAIN_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plan/config.h"
+#include "plan/topology.h"
+#include "worker/comm/backend.h"
+#include "worker/train/adamw.h"
+#include "worker/train/data.h"
+
+namespace shardline::worker::train {
+
+struct TrainingOptions {
+  plan::GptConfig model;
+  // tp, pp, dp, vpp, zero_stage, zero_alignment, micro_batches (m per dp
+  // rank), micro_batch_size, schedule. precision must be fp32.
+  plan::ParallelConfig parallel;
+  uint64_t seed = 1234;  // initial weights and data order
+  LearningRateSchedule learning_rate;
+  AdamWConfig adamw;
+  double grad_clip = 1.0;  // max global L2 norm; 0 turns clipping off
+};
+
+// This rank's place and its communicators. Backends are not owned. A group
+// of size 1 may be null. `embedding` is the {first, last} stage group of
+// this rank's pipeline; only those two stages need it (null elsewhere and
+// when pp == 1).
+struct RankGroups {
+  plan::RankCoordinates coordinates;
+  Backend* tp = nullptr;
+  Backend* dp = nullptr;
+  Backend* pp = nullptr;
+  Backend* embedding = nullptr;
+};
+
+struct StepStats {
+  int64_t step = 0;           // the step just finished (0-based)
+  double loss = 0;            // mean token cross entropy of the global batch
+  double grad_norm = 0;       // global L2 norm before clipping
+  double learning_rate = 0;   // used by this step
+  int64_t tokens = 0;         // tokens in the global batch
+  absl::Duration time;        // wall time of the step on this rank
+  absl::Duration comm_time;   // of which waiting on collectives / send / recv
+};
+
+class Trainer {
+ public:
+  // Builds this rank's units and initial weights. Errors: InvalidArgument
+  // when the configuration is invalid (plan::ValidateConfig's message), the
+  // precision is not fp32, a needed group is missing or has the wrong size
+  // (names the group), or the corpus is too short for seq_length.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainingOptions& options,
+                                                         const RankGroups& groups,
+                                                         const Corpus* corpus);
+  ~Trainer();
+
+  // One optimizer step over the global batch of step(). Every rank calls it
+  // together. Errors: the backends' (Unavailable naming a lost peer,
+  // DeadlineExceeded, Aborted); after an error the trainer's state is
+  // unspecified (restore from a checkpoint).
+  absl::StatusOr<StepStats> TrainStep();
+
+  // Mean validation loss over validation samples [0, samples) (forward
+  // only, all ranks together; samples is rounded up to whole global
+  // batches). Errors: as TrainStep; FailedPrecondition without a
+  // validation split.
+  absl::StatusOr<double> EvaluateValidation(int64_t samples);
+
+  // Continues `prompt` (at least one byte) by `length` bytes sampled with
+  // `temperature` (0 = greedy) from the model, the RNG seeded by `seed`.
+  // Every rank calls it together and gets the same text.
+  absl::StatusOr<std::string> Sample(const std::string& prompt, int64_t length,
+                                     double temperature, uint64_t seed);
+
+  // The next step to run (0-based); the data cursor is step() * global_batch.
+  int64_t step() const;
+
+  // The current value of parameter `name`'s tp-local slice (row-major over
+  // its local shape), gathered over dp under ZeRO-3. Only the ranks of this
+  // rank's dp group take part (they must all call it). Errors: NotFound
+  // when this rank's stage does not hold `name`; backend errors.
+  absl::StatusOr<std::vector<float>> Parameter(const std::string& name);
+
+  class Impl;
+
+ private:
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardline::worker::train
+
+#endif  // SHARDLINE_WORKER_TRAIN_TRAINER_H_
