@@ -16,6 +16,7 @@
 #include "plan/topology.h"
 #include "worker/comm/backend.h"
 #include "worker/comm/store.h"
+#include "worker/train/local_cluster.h"
 #include "worker/train/ops.h"
 #include "worker/train/trainer.h"
 
@@ -34,43 +35,6 @@ inline const Corpus& ShakespeareCorpus() {
   return *corpus;
 }
 
-// One rank's communicators, created in the global order of
-// plan::Topology::GroupsInCreationOrder (each rank joins only its own).
-struct RankBackends {
-  plan::RankCoordinates coordinates;
-  std::unique_ptr<Backend> tp, dp, pp, embedding;
-  RankGroups groups() const {
-    return RankGroups{coordinates, tp.get(), dp.get(), pp.get(), embedding.get()};
-  }
-};
-
-inline absl::StatusOr<RankBackends> ConnectRank(const plan::Topology& topology, int rank,
-                                                std::shared_ptr<Store> store) {
-  RankBackends b;
-  b.coordinates = topology.CoordinatesOf(rank);
-  GlooOptions options;
-  options.timeout = absl::Seconds(60);
-  options.connect_timeout = absl::Seconds(60);
-  int index = 0;
-  for (const plan::Group& g : topology.GroupsInCreationOrder()) {
-    ++index;
-    auto it = std::find(g.ranks.begin(), g.ranks.end(), rank);
-    if (it == g.ranks.end()) continue;
-    const int group_rank = static_cast<int>(it - g.ranks.begin());
-    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(
-        PrefixStore(store, absl::StrCat("g", index, "/")), group_rank,
-        static_cast<int>(g.ranks.size()), options);
-    if (!backend.ok()) return backend.status();
-    switch (g.kind) {
-      case plan::GroupKind::kTp: b.tp = *std::move(backend); break;
-      case plan::GroupKind::kDp: b.dp = *std::move(backend); break;
-      case plan::GroupKind::kPp: b.pp = *std::move(backend); break;
-      case plan::GroupKind::kEmbedding: b.embedding = *std::move(backend); break;
-    }
-  }
-  return b;
-}
-
 // Trains `steps` steps with every rank of options.parallel as a thread and
 // returns rank 0's stats; every rank's losses must agree (checked). `after`
 // (optional) runs on every rank's thread after training.
@@ -78,30 +42,27 @@ inline std::vector<StepStats> Train(
     const TrainingOptions& options, int steps,
     const std::function<void(int rank, Trainer&)>& after = nullptr) {
   SetBlasThreads(1);
-  const plan::ParallelConfig& p = options.parallel;
-  absl::StatusOr<plan::Topology> topology = plan::Topology::Create(p.tp, p.pp, p.dp);
-  EXPECT_TRUE(topology.ok()) << topology.status();
-  if (!topology.ok()) return {};
-  const int world = topology->world_size();
-  std::shared_ptr<Store> store = NewInMemoryStore();
+  const int world = options.parallel.world_size();
   std::vector<std::vector<StepStats>> stats(world);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      absl::StatusOr<RankBackends> backends = ConnectRank(*topology, rank, store);
-      ASSERT_TRUE(backends.ok()) << "rank " << rank << ": " << backends.status();
-      absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-          Trainer::Create(options, backends->groups(), &ShakespeareCorpus());
-      ASSERT_TRUE(trainer.ok()) << "rank " << rank << ": " << trainer.status();
-      for (int s = 0; s < steps; ++s) {
-        absl::StatusOr<StepStats> st = (*trainer)->TrainStep();
-        ASSERT_TRUE(st.ok()) << "rank " << rank << " step " << s << ": " << st.status();
-        stats[rank].push_back(*st);
-      }
-      if (after) after(rank, **trainer);
-    });
-  }
-  for (auto& t : threads) t.join();
+  GlooOptions gloo;
+  gloo.timeout = absl::Seconds(60);
+  gloo.connect_timeout = absl::Seconds(60);
+  absl::Status status = RunLocalCluster(
+      options.parallel,
+      [&](int rank, const RankGroups& groups) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+            Trainer::Create(options, groups, &ShakespeareCorpus());
+        if (!trainer.ok()) return trainer.status();
+        for (int s = 0; s < steps; ++s) {
+          absl::StatusOr<StepStats> st = (*trainer)->TrainStep();
+          if (!st.ok()) return st.status();
+          stats[rank].push_back(*st);
+        }
+        if (after) after(rank, **trainer);
+        return absl::OkStatus();
+      },
+      gloo);
+  EXPECT_TRUE(status.ok()) << status;
   for (int rank = 1; rank < world; ++rank) {
     EXPECT_EQ(stats[rank].size(), stats[0].size());
     for (size_t s = 0; s < std::min(stats[rank].size(), stats[0].size()); ++s) {
