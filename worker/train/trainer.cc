@@ -435,6 +435,44 @@ class Trainer::Impl {
     return stats;
   }
 
+  // Save: the owned real elements of each piece (tp rank 0 only for
+  // tp-replicated tensors, never the tied copy). Restore: what this rank
+  // keeps under its zero_stage, tied copy included.
+  std::vector<StateSlice> Slices(bool save) {
+    std::vector<StateSlice> out;
+    const int tp_size = options.parallel.tp;
+    for (UnitState& s : units) {
+      const int64_t shard_begin = static_cast<int64_t>(dp_rank()) * s.shard;
+      const plan::ShardRange owned{std::min(shard_begin, s.unit.numel),
+                                   std::min(shard_begin + s.shard, s.unit.numel)};
+      for (const plan::UnitPiece& piece : s.unit.pieces) {
+        const plan::ParameterSpec* spec = spec_of.at(piece.parameter);
+        if (save && (piece.tied_copy || (spec->tp_split_dim < 0 && tp_rank() > 0))) continue;
+        const plan::ShardRange whole{piece.offset, piece.offset + piece.numel};
+        const plan::ShardRange mine{std::max(whole.begin, owned.begin),
+                                    std::min(whole.end, owned.end)};
+        auto add = [&](const std::string& tensor, plan::ShardRange r, float* base,
+                       int64_t base_offset) {
+          if (r.end <= r.begin) return;
+          out.push_back(StateSlice{tensor, spec, tp_size, tp_rank(), r.begin - piece.offset,
+                                   r.end - piece.offset, base + (r.begin - base_offset)});
+        };
+        // Parameters.
+        if (zero() == 3) {
+          add(piece.parameter, mine, s.shard_params.data(), shard_begin);
+        } else {
+          add(piece.parameter, save ? mine : whole, s.params.data(), 0);
+        }
+        // AdamW moments: whole units at stage 0, else the shard.
+        const plan::ShardRange moments = zero() == 0 && !save ? whole : mine;
+        const int64_t moments_base = zero() == 0 ? 0 : shard_begin;
+        add(piece.parameter + "/exp_avg", moments, s.exp_avg.data(), moments_base);
+        add(piece.parameter + "/exp_avg_sq", moments, s.exp_avg_sq.data(), moments_base);
+      }
+    }
+    return out;
+  }
+
   // Forward only over every chunk of this rank for micro-batches in order:
   // a pipeline without backward (each F waits only for earlier chunks).
   absl::StatusOr<double> ForwardOnly(bool validation, int64_t first) {
@@ -552,6 +590,15 @@ absl::StatusOr<std::vector<float>> Trainer::Parameter(const std::string& name) {
   }
   return absl::NotFoundError(absl::StrCat("parameter '", name, "' is not held by pp rank ",
                                           t.pp_rank()));
+}
+
+std::vector<Trainer::StateSlice> Trainer::SaveSlices() { return impl_->Slices(/*save=*/true); }
+std::vector<Trainer::StateSlice> Trainer::RestoreSlices() { return impl_->Slices(/*save=*/false); }
+
+absl::Status Trainer::FinishRestore(int64_t step) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step=", step, " must be >= 0"));
+  impl_->step = step;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainingOptions& options,

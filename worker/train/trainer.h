@@ -51,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "plan/config.h"
+#include "plan/model.h"
 #include "plan/topology.h"
 #include "worker/comm/backend.h"
 #include "worker/train/adamw.h"
@@ -128,6 +129,44 @@ class Trainer {
   // rank's dp group take part (they must all call it). Errors: NotFound
   // when this rank's stage does not hold `name`; backend errors.
   absl::StatusOr<std::vector<float>> Parameter(const std::string& name);
+
+  // --- Checkpoint state -----------------------------------------------------
+
+  // A contiguous run of one tensor's tp-local slice (row-major over
+  // spec->local_shape(tp)), elements [begin, end), living at `data`. Tensor
+  // names are the parameter's name for weights, "<name>/exp_avg" and
+  // "<name>/exp_avg_sq" for AdamW's moments; every one has the parameter's
+  // global shape (spec->shape) and is split over tp like it.
+  struct StateSlice {
+    std::string tensor;
+    const plan::ParameterSpec* spec = nullptr;
+    int tp = 1;
+    int tp_rank = 0;
+    int64_t begin = 0;
+    int64_t end = 0;
+    float* data = nullptr;
+  };
+
+  // What this rank writes in a checkpoint: for each unit, the real elements
+  // its dp shard owns (DESIGN.md "ZeRO shard rule") of every parameter and
+  // both moments, whatever the zero_stage (replicated states are written
+  // once, spread over the dp ranks); a tp-replicated tensor only from tp
+  // rank 0; never the last stage's tied copy of the word embedding; never
+  // padding. Together the ranks cover every element of every tensor exactly
+  // once. Pointers stay valid until the next TrainStep / Restore call.
+  // Under ZeRO-3 parameters come from the shard (no gathering).
+  std::vector<StateSlice> SaveSlices();
+
+  // What this rank needs to continue from a checkpoint under ITS layout:
+  // every element it keeps (stage 0: whole units; 1/2: whole parameters,
+  // shard moments; 3: shard parameters and moments), including the tied
+  // copy. Fill each `data[0 .. end-begin)`, then call FinishRestore.
+  std::vector<StateSlice> RestoreSlices();
+
+  // Sets the step (the data cursor is step * global_batch and AdamW's bias
+  // correction continues from it) after RestoreSlices were filled.
+  // InvalidArgument for a negative step.
+  absl::Status FinishRestore(int64_t step);
 
   class Impl;
 

@@ -1,0 +1,139 @@
+// Checkpoint state without files: ranks of layout A save their slices into
+// whole global tensors (each element must be written exactly once), ranks of
+// layout B restore from them and continue; the loss curve must continue the
+// uninterrupted single-rank run (DESIGN.md: restore at any layout).
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/train/init.h"
+#include "worker/train/test_util.h"
+
+namespace shardline::worker::train {
+namespace {
+
+constexpr int kSteps = 10;
+constexpr int kSaveAt = 5;
+
+struct Layout {
+  int tp = 1, pp = 1, vpp = 1, dp = 1, zero = 0;
+  int64_t mbs = 2;
+  plan::ScheduleKind schedule = plan::ScheduleKind::kOneFOneB;
+};
+
+TrainingOptions Options(const Layout& l) {
+  TrainingOptions o;
+  o.model.num_layers = 4;
+  o.model.hidden_size = 16;
+  o.model.num_heads = 4;
+  o.model.vocab_size = 256;
+  o.model.seq_length = 16;
+  o.parallel.tp = l.tp;
+  o.parallel.pp = l.pp;
+  o.parallel.vpp = l.vpp;
+  o.parallel.dp = l.dp;
+  o.parallel.zero_stage = l.zero;
+  o.parallel.schedule = l.schedule;
+  o.parallel.micro_batch_size = l.mbs;
+  o.parallel.micro_batches = static_cast<int>(8 / (l.mbs * l.dp));
+  o.learning_rate = {.learning_rate = 1e-2, .min_learning_rate = 1e-3, .warmup_steps = 2,
+                     .total_steps = kSteps};
+  o.adamw = {.beta1 = 0.9, .beta2 = 0.99, .epsilon = 1e-8, .weight_decay = 0.1};
+  o.grad_clip = 1.0;
+  return o;
+}
+
+// Whole tensors by name, and how often each element was written.
+struct GlobalState {
+  std::mutex mu;
+  std::map<std::string, std::vector<float>> values;
+  std::map<std::string, std::vector<int>> writes;
+};
+
+void Save(Trainer& t, GlobalState& g) {
+  std::lock_guard<std::mutex> lock(g.mu);
+  for (const Trainer::StateSlice& s : t.SaveSlices()) {
+    const int64_t n = s.spec->numel();
+    auto& v = g.values[s.tensor];
+    auto& w = g.writes[s.tensor];
+    v.resize(n, 0.0f);
+    w.resize(n, 0);
+    for (int64_t i = s.begin; i < s.end; ++i) {
+      const int64_t global = GlobalIndexOfLocal(*s.spec, s.tp, s.tp_rank, i);
+      v[global] = s.data[i - s.begin];
+      ++w[global];
+    }
+  }
+}
+
+void Restore(Trainer& t, const GlobalState& g, int64_t step) {
+  for (const Trainer::StateSlice& s : t.RestoreSlices()) {
+    const auto& v = g.values.at(s.tensor);
+    for (int64_t i = s.begin; i < s.end; ++i) {
+      s.data[i - s.begin] = v[GlobalIndexOfLocal(*s.spec, s.tp, s.tp_rank, i)];
+    }
+  }
+  ASSERT_TRUE(t.FinishRestore(step).ok());
+}
+
+std::vector<double> Losses(const std::vector<StepStats>& stats) {
+  std::vector<double> out;
+  for (const StepStats& s : stats) out.push_back(s.loss);
+  return out;
+}
+
+class RestoreTest : public ::testing::TestWithParam<std::pair<Layout, Layout>> {};
+
+TEST_P(RestoreTest, ContinuesTheUninterruptedCurveAtAnotherLayout) {
+  static const std::vector<double>* reference =
+      new std::vector<double>(Losses(testing::Train(Options(Layout{}), kSteps)));
+  const auto& [before, after] = GetParam();
+  GlobalState state;
+  testing::Train(Options(before), kSaveAt, [&](int, Trainer& t) { Save(t, state); });
+  // Every element of every tensor exactly once: 3 tensors per parameter.
+  const auto specs = *plan::GptParameters(Options(before).model);
+  ASSERT_EQ(state.values.size(), 3 * specs.size());
+  for (const auto& [name, writes] : state.writes) {
+    for (size_t i = 0; i < writes.size(); ++i)
+      ASSERT_EQ(writes[i], 1) << name << " element " << i;
+  }
+  std::vector<double> resumed;
+  std::mutex mu;
+  TrainingOptions o = Options(after);
+  const std::vector<StepStats> got = testing::Train(o, 0, [&](int rank, Trainer& t) {
+    Restore(t, state, kSaveAt);
+    std::vector<double> mine;
+    for (int s = kSaveAt; s < kSteps; ++s) {
+      absl::StatusOr<StepStats> st = t.TrainStep();
+      ASSERT_TRUE(st.ok()) << st.status();
+      EXPECT_EQ(st->step, s);
+      mine.push_back(st->loss);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (rank == 0) resumed = mine;
+  });
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - kSaveAt));
+  for (int s = kSaveAt; s < kSteps; ++s) {
+    EXPECT_NEAR(resumed[s - kSaveAt], (*reference)[s], 1e-4 * (*reference)[s]) << "step " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, RestoreTest,
+    ::testing::Values(
+        // Same layout.
+        std::make_pair(Layout{}, Layout{}),
+        // Other dp and zero stage (C1/C4-style uneven shards on both sides).
+        std::make_pair(Layout{.dp = 2, .zero = 3}, Layout{.zero = 0}),
+        std::make_pair(Layout{.zero = 0}, Layout{.dp = 2, .zero = 2}),
+        // Other tp and pp.
+        std::make_pair(Layout{.tp = 2, .pp = 2, .dp = 2, .zero = 1, .mbs = 1},
+                       Layout{.dp = 2, .zero = 3}),
+        std::make_pair(Layout{.dp = 2, .zero = 2},
+                       Layout{.tp = 2, .pp = 2, .vpp = 2, .zero = 0, .schedule = plan::ScheduleKind::kInterleaved})));
+
+}  // namespace
+}  // namespace shardline::worker::train
