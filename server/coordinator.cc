@@ -24,6 +24,15 @@ using google::protobuf::util::TimeUtil;
 constexpr size_t kMaxOutbox = 256;  // session messages waiting for a slow stream
 constexpr size_t kMaxMembersPerJob = 65536;  // coordinator.proto
 
+// Heartbeat states that show the worker got past building its communicators
+// in its generation (session.proto WorkerState): they reset its streak of
+// generations ended by its own error reports.
+bool IsSuccessState(v1::WorkerState s) {
+  return s == v1::WORKER_STATE_READY || s == v1::WORKER_STATE_RESTORING ||
+         s == v1::WORKER_STATE_TRAINING || s == v1::WORKER_STATE_CHECKPOINTING ||
+         s == v1::WORKER_STATE_DONE;
+}
+
 google::protobuf::Timestamp ToProto(absl::Time t) {
   return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
 }
@@ -137,6 +146,11 @@ struct Coordinator::MemberRecord {
   // was replaced must not come back and replace its successor (two
   // processes with one worker_id would otherwise take turns forever).
   std::set<uint64_t> retired_incarnations;
+  // Consecutive generations of this incarnation that its own ReportError
+  // ended, with no success (IsSuccessState heartbeat) in between; and the
+  // last such report. In memory only: a coordinator restart forgives.
+  int error_streak = 0;
+  std::string last_error;
 };
 
 struct Coordinator::JobRecord {
@@ -378,7 +392,8 @@ void Coordinator::LoseMemberLocked(JobRecord& job, MemberRecord& m, v1::LossReas
 
   if (was == v1::MEMBER_STATE_ACTIVE && job.job.phase() == v1::JOB_PHASE_RUNNING) {
     EndGenerationLocked(job,
-                        reason == v1::LOSS_REASON_ERROR_REPORTED
+                        reason == v1::LOSS_REASON_ERROR_REPORTED ||
+                                reason == v1::LOSS_REASON_REPEATED_ERRORS
                             ? v1::FORMATION_REASON_ERROR_REPORTED
                             : v1::FORMATION_REASON_WORKER_LOST,
                         absl::StrCat("rank ", rank.value_or(0), " (", m.member.worker_id(),
@@ -386,6 +401,30 @@ void Coordinator::LoseMemberLocked(JobRecord& job, MemberRecord& m, v1::LossReas
                         ended);
   } else {
     PersistLocked(job, {&m}).IgnoreError();
+  }
+}
+
+void Coordinator::ExcludeMemberLocked(JobRecord& job, MemberRecord& m,
+                                      std::vector<GenerationEnded>* ended) {
+  const std::string worker_id = m.member.worker_id();
+  const std::string detail = absl::StrCat(
+      "excluded: its own error reports ended ", m.error_streak,
+      " consecutive generations with no success in between; last: ", m.last_error);
+  LoseMemberLocked(job, m, v1::LOSS_REASON_REPEATED_ERRORS, detail, ended);
+  // Would the others still form a generation? Survivors are FENCED now and
+  // re-join; JOINING and SPARE members count too.
+  int others = 0;
+  for (const auto& [id, other] : job.members) {
+    if (id != worker_id && IsLive(other.member.state())) ++others;
+  }
+  if (!ChooseDp(job.job.spec(), others).has_value()) {
+    SetPhaseLocked(job, v1::JOB_PHASE_FAILED,
+                   absl::StrCat("worker '", worker_id, "' was ", detail, "; the other ", others,
+                                " workers are fewer than the job needs (min_workers=",
+                                job.job.spec().elastic().min_workers(),
+                                ", tp*pp and a dp dividing the global batch)"));
+    StopAllLocked(job);
+    PersistAllMembersLocked(job).IgnoreError();
   }
 }
 
@@ -810,6 +849,14 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   auto [it, inserted] = job->members.try_emplace(w.worker_id());
   MemberRecord& m = it->second;
   bool rejoined = !inserted;
+  if (!inserted && m.member.incarnation() == w.incarnation() &&
+      m.member.state() == v1::MEMBER_STATE_LOST &&
+      m.member.loss_reason() == v1::LOSS_REASON_REPEATED_ERRORS) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", w.worker_id(), "' (incarnation ", w.incarnation(),
+        ") is excluded from job '", w.job_id(), "': ", m.member.detail(),
+        ". Fix the cause and start a new process; it may join again"));
+  }
   if (!inserted && m.member.incarnation() == w.incarnation()) {
     const v1::MemberState s = m.member.state();
     if ((s == v1::MEMBER_STATE_JOINING || s == v1::MEMBER_STATE_ACTIVE ||
@@ -838,6 +885,8 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
     }
     m.session.reset();
     m.previous_rank = -1;
+    m.error_streak = 0;
+    m.last_error.clear();
     m.member.clear_loss_reason();
     rejoined = false;
   }
@@ -1047,6 +1096,9 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   member.set_step(std::max(member.step(), request.step()));
   member.set_worker_state(request.state());
   *member.mutable_last_heartbeat_time() = ToProto(clock_->Now());
+  if (member.state() == v1::MEMBER_STATE_ACTIVE && IsSuccessState(request.state())) {
+    (*m)->error_streak = 0;
+  }
   if (member.state() == v1::MEMBER_STATE_ACTIVE) {
     job->job.set_step(std::max(job->job.step(), request.step()));
     if (request.has_metrics() && request.metrics().step() > job->progress_step &&
@@ -1123,13 +1175,27 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
   }
   if (job->job.phase() == v1::JOB_PHASE_RUNNING &&
       job->job.generation() == request.fence().generation()) {
-    EndGenerationLocked(*job, v1::FORMATION_REASON_ERROR_REPORTED, what, ended);
+    MemberRecord& reporter_record = **m;
+    ++reporter_record.error_streak;
+    reporter_record.last_error = what;
+    if (reporter_record.error_streak >= kMaxConsecutiveErrorGenerations) {
+      ExcludeMemberLocked(*job, reporter_record, ended);
+    } else {
+      EndGenerationLocked(*job, v1::FORMATION_REASON_ERROR_REPORTED, what, ended);
+    }
   }
   MaybeFormLocked(*job, ended);
   v1::ReportErrorResponse response;
-  *response.mutable_directive() =
-      IsTerminal(job->job.phase()) ? Stop(job->job.phase(), job->job.phase_reason())
-                                   : Restart(job->job.generation(), what);
+  const v1::Member& reporter_member = (*m)->member;
+  if (IsTerminal(job->job.phase())) {
+    *response.mutable_directive() = Stop(job->job.phase(), job->job.phase_reason());
+  } else if (reporter_member.state() == v1::MEMBER_STATE_LOST &&
+             reporter_member.loss_reason() == v1::LOSS_REASON_REPEATED_ERRORS) {
+    // Excluded: this process must not re-join.
+    *response.mutable_directive() = Stop(job->job.phase(), reporter_member.detail());
+  } else {
+    *response.mutable_directive() = Restart(job->job.generation(), what);
+  }
   return response;
 }
 

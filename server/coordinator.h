@@ -29,6 +29,9 @@
 // Failure detection, three ways: CloseSession (the worker's Session stream
 // broke: noticed at once), Tick() finding no heartbeat for heartbeat_timeout
 // (hangs, partitions, SIGSTOP), and ReportError from a worker.
+// A worker whose error reports keep ending generations is excluded after
+// kMaxConsecutiveErrorGenerations of them (see there), so that one broken
+// worker (e.g. it cannot bind its interface) cannot re-form the job forever.
 //
 // Durability: every change of a job, a member or a generation is written to
 // the StateStore before the call returns; heartbeats are not (a restarted
@@ -94,6 +97,18 @@ struct GenerationEnded {
 
 class Coordinator {
  public:
+  // A worker incarnation whose own ReportError ends this many consecutive
+  // generations of its job, with no success in between, is excluded: it
+  // becomes LOST (LOSS_REASON_REPEATED_ERRORS, the detail names its last
+  // error), the job re-forms without it, and its JoinJob answers
+  // FailedPrecondition (a new process of the slot may join). If the others
+  // cannot form a generation the job FAILS at once, naming the worker and
+  // its error. "Success" is a heartbeat from the worker, ACTIVE in its
+  // generation, in state READY (communicators built and checked),
+  // RESTORING, TRAINING, CHECKPOINTING or DONE: it resets the count.
+  // Generations that end for another reason neither count nor reset.
+  static constexpr int kMaxConsecutiveErrorGenerations = 3;
+
   // `clock` and `store` are not owned and must outlive the coordinator.
   Coordinator(Clock* clock, StateStore* store, CoordinatorOptions options = {});
   ~Coordinator();
@@ -229,6 +244,11 @@ class Coordinator {
   void LoseMemberLocked(JobRecord& job, MemberRecord& member, v1::LossReason reason,
                         const std::string& detail, std::vector<GenerationEnded>* ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `member`'s error reports ended kMaxConsecutiveErrorGenerations
+  // generations: LOST (REPEATED_ERRORS), which ends the generation; FAILED
+  // when the others cannot form one.
+  void ExcludeMemberLocked(JobRecord& job, MemberRecord& member,
+                           std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopAllLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -379,6 +379,124 @@ TEST_F(CoordinatorTest, ErrorReportLosesADeadPeerAndRestartsTheGeneration) {
   EXPECT_EQ(Job().generation(), 2u);
 }
 
+// `worker` (incarnation 7) reports that it cannot bind its interface.
+absl::StatusOr<v1::ReportErrorResponse> ReportBindError(Coordinator& c, const v1::Fence& fence) {
+  v1::ReportErrorRequest r;
+  *r.mutable_fence() = fence;
+  r.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  r.set_message("cannot bind 10.0.0.9");
+  r.set_operation("build communicators");
+  std::vector<GenerationEnded> ended;
+  return c.ReportError(r, &ended);
+}
+
+// A worker whose own error reports end kMaxConsecutiveErrorGenerations
+// generations in a row is excluded; the job re-forms without it, and only a
+// new process of the slot may join again.
+TEST_F(CoordinatorTest, RepeatedErrorReportsExcludeTheWorker) {
+  Create(Spec(2, 3));  // dp 3 or 2 (global batch 12)
+  for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
+  ASSERT_EQ(Job().world_size(), 3u);
+  const uint64_t n = Coordinator::kMaxConsecutiveErrorGenerations;
+  for (uint64_t g = 1; g < n; ++g) {
+    // a and b got as far as READY; c fails every time.
+    ASSERT_TRUE(Beat("a", g, 0, v1::WORKER_STATE_READY).ok());
+    auto r = ReportBindError(*coordinator_, Fence("c", g));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->directive().has_restart_at_generation());
+    for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok()) << w;
+    ASSERT_EQ(Job().generation(), g + 1);
+    ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+    ASSERT_EQ(Job().world_size(), 3u);
+  }
+  auto r = ReportBindError(*coordinator_, Fence("c", n));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->directive().has_stop());
+  EXPECT_THAT(r->directive().stop().reason(), HasSubstr("excluded"));
+  const v1::Member c = Members()["c"];
+  EXPECT_EQ(c.state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(c.loss_reason(), v1::LOSS_REASON_REPEATED_ERRORS);
+  EXPECT_THAT(c.detail(), HasSubstr("3 consecutive generations"));
+  EXPECT_THAT(c.detail(), HasSubstr("cannot bind 10.0.0.9"));
+  // The same process may not come back.
+  auto again = Join("c");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("excluded"));
+  // The others re-form without it.
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(Job().generation(), n + 1);
+  EXPECT_EQ(Job().world_size(), 2u);
+  // The exclusion is in the event log.
+  auto events = coordinator_->WaitEvents("job", std::nullopt, absl::InfinitePast());
+  ASSERT_TRUE(events.ok());
+  bool seen = false;
+  for (const v1::JobEvent& e : *events) {
+    seen |= e.has_worker_lost() && e.worker_lost().worker_id() == "c" &&
+            e.worker_lost().reason() == v1::LOSS_REASON_REPEATED_ERRORS;
+  }
+  EXPECT_TRUE(seen);
+  // A new process of the slot joins (as a spare of the formed generation).
+  auto fresh = Join("c", /*incarnation=*/8);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->state(), v1::MEMBER_STATE_SPARE);
+}
+
+// A heartbeat showing the worker got its communicators ready (READY) resets
+// its count; generations ended by others neither count nor reset.
+TEST_F(CoordinatorTest, ReadyHeartbeatResetsTheErrorStreak) {
+  Create(Spec(2, 3));
+  for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
+  const uint64_t n = Coordinator::kMaxConsecutiveErrorGenerations;
+  uint64_t g = 1;
+  auto next = [&] {
+    for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok()) << w;
+    ASSERT_EQ(Job().generation(), ++g);
+  };
+  for (uint64_t i = 0; i + 1 < n; ++i) {
+    ASSERT_TRUE(ReportBindError(*coordinator_, Fence("c", g)).ok());
+    next();
+  }
+  // Another worker's report: neutral.
+  ASSERT_TRUE(ReportBindError(*coordinator_, Fence("a", g)).ok());
+  next();
+  // c gets its communicators ready once, then fails again.
+  ASSERT_TRUE(Beat("c", g, 0, v1::WORKER_STATE_READY).ok());
+  for (uint64_t i = 0; i + 1 < n; ++i) {
+    ASSERT_TRUE(ReportBindError(*coordinator_, Fence("c", g)).ok());
+    next();
+  }
+  EXPECT_EQ(Members()["c"].state(), v1::MEMBER_STATE_ACTIVE);
+  // The next one is the n-th in a row.
+  auto r = ReportBindError(*coordinator_, Fence("c", g));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->directive().has_stop());
+  EXPECT_EQ(Members()["c"].loss_reason(), v1::LOSS_REASON_REPEATED_ERRORS);
+}
+
+// Excluding the worker leaves fewer than min_workers: the job fails at once,
+// naming the worker and its error.
+TEST_F(CoordinatorTest, ExclusionBelowMinWorkersFailsTheJobNamingTheWorker) {
+  Create(Spec(2, 2));
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  const uint64_t n = Coordinator::kMaxConsecutiveErrorGenerations;
+  for (uint64_t g = 1; g < n; ++g) {
+    ASSERT_TRUE(ReportBindError(*coordinator_, Fence("b", g)).ok());
+    ASSERT_TRUE(Join("a").ok());
+    ASSERT_TRUE(Join("b").ok());
+  }
+  auto r = ReportBindError(*coordinator_, Fence("b", n));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->directive().has_stop());
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_FAILED);
+  EXPECT_THAT(Job().phase_reason(), HasSubstr("worker 'b'"));
+  EXPECT_THAT(Job().phase_reason(), HasSubstr("cannot bind 10.0.0.9"));
+  EXPECT_THAT(Job().phase_reason(), HasSubstr("min_workers=2"));
+  EXPECT_TRUE(Beat("a", n + 1)->directive().has_stop());
+}
+
 TEST_F(CoordinatorTest, LeavingActiveEndsTheGenerationLeavingSpareDoesNot) {
   Create(Spec(2, 3, /*pp=*/2));  // world 2, one spare
   for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());

@@ -83,6 +83,7 @@ void WorkerAgent::StopThreads() {
     stopping_ = true;
     if (session_ctx_ != nullptr) session_ctx_->TryCancel();
   }
+  CancelGenerationToken("the worker agent is shutting down");
   if (session_thread_.joinable()) session_thread_.join();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
 }
@@ -134,6 +135,27 @@ bool WorkerAgent::stopped() const {
   return stopped_;
 }
 
+std::shared_ptr<CancelToken> WorkerAgent::GenerationToken(uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  if (generation == generation_ && !generation_over_ && !stopped_ && !stopping_ && !left_) {
+    if (generation_token_ == nullptr) generation_token_ = std::make_shared<CancelToken>();
+    return generation_token_;
+  }
+  auto over = std::make_shared<CancelToken>();
+  over->Cancel(absl::StrCat("generation ", generation, " is not this worker's live generation (",
+                            generation_, generation_over_ ? ", over" : "", ")"));
+  return over;
+}
+
+void WorkerAgent::CancelGenerationToken(const std::string& reason) {
+  std::shared_ptr<CancelToken> token;
+  {
+    absl::MutexLock lock(&mu_);
+    token = generation_token_;
+  }
+  if (token != nullptr) token->Cancel(reason);
+}
+
 v1::JobSpec WorkerAgent::spec() const {
   absl::MutexLock lock(&mu_);
   return spec_;
@@ -147,6 +169,7 @@ void WorkerAgent::SetDirectiveCallback(DirectiveCallback callback) {
 void WorkerAgent::SetProgress(uint64_t step, v1::WorkerState state) {
   absl::MutexLock lock(&mu_);
   step_ = step;
+  if (state != state_) heartbeat_now_ = true;
   state_ = state;
 }
 
@@ -172,11 +195,21 @@ absl::StatusOr<v1::JoinJobResponse> WorkerAgent::JoinWithRetry(absl::Time deadli
     Prepare(&ctx, options_.connection.timeout);
     grpc::Status s = workers_->JoinJob(&ctx, req, &resp);
     if (s.ok()) {
-      absl::MutexLock lock(&mu_);
-      generation_ = resp.generation();
-      generation_over_ = false;
-      spec_ = resp.spec();
-      assignment_.reset();
+      std::shared_ptr<CancelToken> old_token;
+      {
+        absl::MutexLock lock(&mu_);
+        if (resp.generation() != generation_ ||
+            (generation_token_ != nullptr && generation_token_->cancelled())) {
+          // The next GenerationToken makes a fresh one.
+          old_token = std::move(generation_token_);
+          generation_token_.reset();
+        }
+        generation_ = resp.generation();
+        generation_over_ = false;
+        spec_ = resp.spec();
+        assignment_.reset();
+      }
+      if (old_token != nullptr) old_token->Cancel("this worker joined a newer generation");
       return resp;
     }
     absl::Status status = ToStatus(s, "JoinJob");
@@ -359,6 +392,7 @@ void WorkerAgent::DeliverStop(const std::string& reason, v1::JobPhase phase) {
     if (stopped_) return;
     stopped_ = true;
   }
+  CancelGenerationToken(absl::StrCat("the job stopped: ", reason));
   v1::Directive d;
   d.mutable_stop()->set_phase(phase);
   d.mutable_stop()->set_reason(reason);
@@ -374,6 +408,9 @@ void WorkerAgent::EndGeneration(uint64_t old_generation, const v1::Directive& di
     generation_over_ = true;
     assignment_.reset();
   }
+  CancelGenerationToken(directive.has_restart_at_generation()
+                            ? directive.restart_at_generation().reason()
+                            : std::string("the generation ended"));
   Deliver(directive);
   // Re-join in place (same incarnation): marks this worker ready for the
   // next generation. A terminal job answers FAILED_PRECONDITION: stop.
@@ -393,6 +430,7 @@ void WorkerAgent::HeartbeatLoop() {
       *req.mutable_fence() = FenceLocked();
       req.set_step(step_);
       req.set_state(state_);
+      heartbeat_now_ = false;
       interval = spec_.elastic().has_heartbeat_interval()
                      ? FromProto(spec_.elastic().heartbeat_interval())
                      : kDefaultHeartbeatInterval;
@@ -409,8 +447,12 @@ void WorkerAgent::HeartbeatLoop() {
     } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       DeliverStop(s.error_message(), v1::JOB_PHASE_UNSPECIFIED);
     }
-    // UNAVAILABLE and the rest: try again next interval.
-    if (SleepUnlessStopping(interval)) return;
+    // UNAVAILABLE and the rest: try again next interval (or at once when
+    // SetProgress changes the state).
+    absl::MutexLock lock(&mu_);
+    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || heartbeat_now_; };
+    mu_.AwaitWithTimeout(absl::Condition(&wake), interval);
+    if (stopping_) return;
   }
 }
 

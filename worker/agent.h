@@ -20,8 +20,9 @@
 //                          +-- JoinJob, same incarnation -- generation over [FENCED]
 //   any --Leave--> left [LEFT]          any --destroy--> stream breaks [LOST]
 //
-// When a generation ends the agent (1) marks it over (generation_over()),
-// (2) queues a RESTART_AT_GENERATION directive and calls the directive
+// When a generation ends the agent (1) marks it over (generation_over()) and
+// cancels its GenerationToken (calls still blocked in that generation's
+// rendezvous end at once), (2) queues a RESTART_AT_GENERATION directive and calls the directive
 // callback, so the process can abort its communicators, (3) re-joins the new
 // generation with the same incarnation, after which WaitForAssignment returns
 // the new generation's assignment. A directive synthesized from ABORTED names
@@ -60,6 +61,7 @@
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
+#include "worker/cancel_token.h"
 
 namespace shardline::worker {
 
@@ -136,6 +138,13 @@ class WorkerAgent {
   bool generation_over() const ABSL_LOCKS_EXCLUDED(mu_);
   // True once STOP was delivered (or the job is terminal).
   bool stopped() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The token of `generation`: cancelled the moment this agent learns that
+  // generation is over (RESTART_AT_GENERATION, an ABORTED answer, its
+  // session declared lost, STOP, Leave, destruction), before the directive
+  // callback runs. Already cancelled when `generation` is not the current,
+  // live one. Give it to Communicators::Build so a build blocked in the
+  // rendezvous returns Aborted at once.
+  std::shared_ptr<CancelToken> GenerationToken(uint64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t incarnation() const { return incarnation_; }
   const std::string& worker_id() const { return options_.worker_id; }
   const std::string& job_id() const { return options_.job_id; }
@@ -151,7 +160,16 @@ class WorkerAgent {
   // Connect; nullptr clears it.
   void SetDirectiveCallback(DirectiveCallback callback) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // What the next heartbeats report: optimizer steps done and state.
+  // What the next heartbeats report: optimizer steps done and what the
+  // worker is doing. This is the one place a worker's activity is reported:
+  // the daemon sets WAITING (no assignment yet, or a spare),
+  // BUILDING_COMMUNICATORS, then READY once its communicators are built and
+  // checked; the trainer, when it runs steps, sets TRAINING (CHECKPOINTING,
+  // RESTORING, DONE likewise). Report only what is true: the coordinator
+  // shows it in ListMembers, and counts READY and later states as the
+  // worker having succeeded in its generation (see Coordinator::
+  // kMaxConsecutiveErrorGenerations). A change of state is heartbeated at
+  // once rather than at the next interval.
   void SetProgress(uint64_t step, v1::WorkerState state) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reports a failure this worker saw (ReportError) and returns the
@@ -192,6 +210,9 @@ class WorkerAgent {
   // Queues `d` and calls the callback, outside mu_.
   void Deliver(const v1::Directive& d) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Cancels the current generation's token (outside mu_).
+  void CancelGenerationToken(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Sleeps up to `d`, returning early (true) when stopping.
   bool SleepUnlessStopping(absl::Duration d) ABSL_LOCKS_EXCLUDED(mu_);
   v1::Fence FenceLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -212,10 +233,14 @@ class WorkerAgent {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // STOP delivered
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool generation_over_ ABSL_GUARDED_BY(mu_) = false;
+  // Token of generation_ (null until asked for); see GenerationToken.
+  std::shared_ptr<CancelToken> generation_token_ ABSL_GUARDED_BY(mu_);
   v1::JobSpec spec_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::Assignment> assignment_ ABSL_GUARDED_BY(mu_);
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   v1::WorkerState state_ ABSL_GUARDED_BY(mu_) = v1::WORKER_STATE_WAITING;
+  // SetProgress changed the state: the heartbeat thread sends one now.
+  bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t last_checkpoint_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<v1::Directive> directives_ ABSL_GUARDED_BY(mu_);
   DirectiveCallback callback_ ABSL_GUARDED_BY(mu_);

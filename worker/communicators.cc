@@ -12,7 +12,8 @@ namespace v1 = ::shardline::v1;
 
 absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
     const v1::Assignment& assignment, std::shared_ptr<grpc::Channel> channel,
-    const client::ConnectionOptions& connection, const v1::Fence& fence, GlooOptions options) {
+    const client::ConnectionOptions& connection, const v1::Fence& fence, GlooOptions options,
+    std::shared_ptr<CancelToken> cancel) {
   if (assignment.spare()) {
     return absl::InvalidArgumentError("a spare has no communicators");
   }
@@ -29,12 +30,16 @@ absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
     g.kind = pg.kind();
     g.ranks.assign(pg.ranks().begin(), pg.ranks().end());
     g.group_rank = static_cast<int>(it - pg.ranks().begin());
-    auto store = std::make_shared<CoordinatorStore>(channel, connection, f, pg.name());
+    auto store = std::make_shared<CoordinatorStore>(channel, connection, f, pg.name(), cancel);
     absl::StatusOr<std::unique_ptr<Backend>> backend =
         CreateGlooBackend(store, g.group_rank, static_cast<int>(g.ranks.size()), options);
     if (!backend.ok()) {
       comms->Abort();
-      return absl::Status(backend.status().code(),
+      // Once the generation is known to be over, whatever broke is Aborted.
+      const absl::StatusCode code = cancel != nullptr && cancel->cancelled()
+                                        ? absl::StatusCode::kAborted
+                                        : backend.status().code();
+      return absl::Status(code,
                           absl::StrCat("group ", pg.name(), " (generation ",
                                        assignment.generation(), ", group rank ", g.group_rank,
                                        " of ", g.ranks.size(), "): ", backend.status().message()));

@@ -11,7 +11,8 @@
 // order every rank shares), keeping only those that contain this rank, each
 // over a CoordinatorStore scoped by the group's name in the assignment's
 // generation. When the generation ends while building, the store answers
-// Aborted and Build returns it.
+// Aborted (from the coordinator, or at once when `cancel` is cancelled) and
+// Build returns it.
 //
 // Thread-safety: Abort() may be called from any thread at any time (e.g. a
 // directive callback) while another thread runs Check(); the rest is
@@ -30,6 +31,7 @@
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
+#include "worker/cancel_token.h"
 #include "worker/comm/backend.h"
 
 namespace shardline::worker {
@@ -45,12 +47,15 @@ class Communicators {
   };
 
   // Possible errors: InvalidArgument for a spare assignment; Aborted when the
-  // generation ended; DeadlineExceeded / Unavailable from CreateGlooBackend
-  // (the message names the group).
+  // generation ended (the coordinator said so, or `cancel` was cancelled:
+  // pass WorkerAgent::GenerationToken(assignment.generation()) so that the
+  // agent learning of the end interrupts a rendezvous wait at once);
+  // DeadlineExceeded / Unavailable from CreateGlooBackend (the message names
+  // the group).
   static absl::StatusOr<std::unique_ptr<Communicators>> Build(
       const shardline::v1::Assignment& assignment, std::shared_ptr<grpc::Channel> channel,
       const client::ConnectionOptions& connection, const shardline::v1::Fence& fence,
-      GlooOptions options);
+      GlooOptions options, std::shared_ptr<CancelToken> cancel = nullptr);
 
   // A barrier on every group, then an fp32 all_reduce (sum) on this rank's dp
   // group of (global rank + 1), checked against the closed form. Errors: the

@@ -28,17 +28,24 @@ void ToProto(absl::Duration d, google::protobuf::Duration* out) {
 // Runs `attempt(slice)` until it returns something other than UNAVAILABLE or
 // `deadline` passes; `slice` is the time left (capped at kMaxWaitTimeout).
 // A DEADLINE_EXCEEDED answer before `deadline` (a capped slice) is retried.
+// Stops early (CANCELLED) once `cancel` (may be null) is cancelled.
 template <typename Attempt>
-grpc::Status RetryUntil(absl::Time deadline, Attempt attempt) {
+grpc::Status RetryUntil(absl::Time deadline, const CancelToken* cancel, Attempt attempt) {
+  const grpc::Status cancelled(grpc::StatusCode::CANCELLED, "the generation is over");
   absl::Duration backoff = kMinBackoff;
   while (true) {
+    if (cancel != nullptr && cancel->cancelled()) return cancelled;
     const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
     const absl::Duration slice = std::min(left, kMaxWaitTimeout);
     grpc::Status s = attempt(slice);
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && slice < left) continue;
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return s;
     if (absl::Now() + backoff >= deadline) return s;
-    absl::SleepFor(backoff);
+    if (cancel != nullptr) {
+      if (cancel->WaitForCancel(backoff)) return cancelled;
+    } else {
+      absl::SleepFor(backoff);
+    }
     backoff = std::min(backoff * 2, kMaxBackoff);
   }
 }
@@ -47,11 +54,28 @@ grpc::Status RetryUntil(absl::Time deadline, Attempt attempt) {
 
 CoordinatorStore::CoordinatorStore(std::shared_ptr<grpc::Channel> channel,
                                    client::ConnectionOptions connection, v1::Fence fence,
-                                   std::string scope)
+                                   std::string scope, std::shared_ptr<CancelToken> cancel)
     : connection_(std::move(connection)),
       fence_(std::move(fence)),
       scope_(std::move(scope)),
-      stub_(v1::RendezvousService::NewStub(channel)) {}
+      stub_(v1::RendezvousService::NewStub(channel)),
+      cancel_(std::move(cancel)) {}
+
+template <typename Call>
+grpc::Status CoordinatorStore::Guarded(grpc::ClientContext* ctx, Call call) const {
+  if (cancel_ != nullptr && !cancel_->Register(ctx)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the generation is over");
+  }
+  grpc::Status s = call();
+  if (cancel_ != nullptr) cancel_->Unregister(ctx);
+  return s;
+}
+
+absl::Status CoordinatorStore::CancelledStatus() const {
+  return absl::AbortedError(absl::StrCat("generation ", fence_.generation(),
+                                         " is over (scope '", scope_, "'): ", cancel_->reason(),
+                                         "; abort the group and re-join"));
+}
 
 void CoordinatorStore::Prepare(grpc::ClientContext* ctx, absl::Duration deadline) const {
   if (!connection_.token.empty()) {
@@ -62,6 +86,7 @@ void CoordinatorStore::Prepare(grpc::ClientContext* ctx, absl::Duration deadline
 
 absl::Status CoordinatorStore::ToStatus(const grpc::Status& s, absl::string_view rpc) const {
   if (s.ok()) return absl::OkStatus();
+  if (cancel_ != nullptr && cancel_->cancelled()) return CancelledStatus();
   if (s.error_code() == grpc::StatusCode::ABORTED) {
     return absl::AbortedError(s.error_message());
   }
@@ -74,11 +99,11 @@ absl::Status CoordinatorStore::Set(const std::string& key, const std::string& va
   req.set_scope(scope_);
   req.set_key(key);
   req.set_value(value);
-  grpc::Status s = RetryUntil(absl::Now() + kRetryWindow, [&](absl::Duration) {
+  grpc::Status s = RetryUntil(absl::Now() + kRetryWindow, cancel_.get(), [&](absl::Duration) {
     v1::KvSetResponse resp;
     grpc::ClientContext ctx;
     Prepare(&ctx, connection_.timeout);
-    return stub_->KvSet(&ctx, req, &resp);
+    return Guarded(&ctx, [&] { return stub_->KvSet(&ctx, req, &resp); });
   });
   return ToStatus(s, "KvSet");
 }
@@ -91,12 +116,13 @@ absl::StatusOr<std::string> CoordinatorStore::Get(const std::string& key, absl::
   req.set_wait(true);
   v1::KvGetResponse resp;
   const absl::Time deadline = absl::Now() + timeout;
-  grpc::Status s = RetryUntil(deadline, [&](absl::Duration slice) {
+  grpc::Status s = RetryUntil(deadline, cancel_.get(), [&](absl::Duration slice) {
     ToProto(slice, req.mutable_timeout());
     grpc::ClientContext ctx;
     Prepare(&ctx, slice + kDeadlineSlack);
-    return stub_->KvGet(&ctx, req, &resp);
+    return Guarded(&ctx, [&] { return stub_->KvGet(&ctx, req, &resp); });
   });
+  if (!s.ok() && cancel_ != nullptr && cancel_->cancelled()) return CancelledStatus();
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return absl::DeadlineExceededError(
         absl::StrCat("key '", key, "' of scope '", scope_, "' (generation ", fence_.generation(),
@@ -115,7 +141,7 @@ absl::StatusOr<int64_t> CoordinatorStore::Add(const std::string& key, int64_t de
   v1::KvAddResponse resp;
   grpc::ClientContext ctx;
   Prepare(&ctx, connection_.timeout);
-  grpc::Status s = stub_->KvAdd(&ctx, req, &resp);
+  grpc::Status s = Guarded(&ctx, [&] { return stub_->KvAdd(&ctx, req, &resp); });
   if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
     return absl::InvalidArgumentError(s.error_message());
   }
@@ -130,13 +156,14 @@ absl::Status CoordinatorStore::Wait(const std::vector<std::string>& keys, absl::
   req.set_scope(scope_);
   for (const std::string& k : keys) req.add_keys(k);
   const absl::Time deadline = absl::Now() + timeout;
-  grpc::Status s = RetryUntil(deadline, [&](absl::Duration slice) {
+  grpc::Status s = RetryUntil(deadline, cancel_.get(), [&](absl::Duration slice) {
     ToProto(slice, req.mutable_timeout());
     v1::KvWaitResponse resp;
     grpc::ClientContext ctx;
     Prepare(&ctx, slice + kDeadlineSlack);
-    return stub_->KvWait(&ctx, req, &resp);
+    return Guarded(&ctx, [&] { return stub_->KvWait(&ctx, req, &resp); });
   });
+  if (!s.ok() && cancel_ != nullptr && cancel_->cancelled()) return CancelledStatus();
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return absl::DeadlineExceededError(absl::StrCat(
         "scope '", scope_, "' (generation ", fence_.generation(),
@@ -152,10 +179,10 @@ absl::StatusOr<bool> CoordinatorStore::Check(const std::string& key) {
   req.set_key(key);
   req.set_wait(false);
   v1::KvGetResponse resp;
-  grpc::Status s = RetryUntil(absl::Now() + kRetryWindow, [&](absl::Duration) {
+  grpc::Status s = RetryUntil(absl::Now() + kRetryWindow, cancel_.get(), [&](absl::Duration) {
     grpc::ClientContext ctx;
     Prepare(&ctx, connection_.timeout);
-    return stub_->KvGet(&ctx, req, &resp);
+    return Guarded(&ctx, [&] { return stub_->KvGet(&ctx, req, &resp); });
   });
   if (!s.ok()) return ToStatus(s, "KvGet");
   return resp.found();

@@ -12,6 +12,10 @@
 // the coordinator drops its keys and every call, blocked or not, fails with
 // Aborted: abort the group and re-join.
 //
+// Cancellation: with a CancelToken (e.g. WorkerAgent::GenerationToken),
+// every call, blocked or not, fails with Aborted as soon as the token is
+// cancelled, without waiting for the coordinator's answer.
+//
 // Retries: UNAVAILABLE is retried with backoff (100 ms doubling to 2 s)
 // within the call's timeout (Get, Wait) or kRetryWindow (Set, Check); Add is
 // not idempotent on the coordinator and is never retried (Unavailable is
@@ -33,6 +37,7 @@
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
+#include "worker/cancel_token.h"
 #include "worker/comm/store.h"
 
 namespace shardline::worker {
@@ -43,11 +48,14 @@ class CoordinatorStore : public Store {
   static constexpr absl::Duration kRetryWindow = absl::Seconds(30);
 
   // `connection` gives the token and the deadline of each short call.
+  // `cancel` (may be null): see the file comment.
   CoordinatorStore(std::shared_ptr<grpc::Channel> channel, client::ConnectionOptions connection,
-                   shardline::v1::Fence fence, std::string scope);
+                   shardline::v1::Fence fence, std::string scope,
+                   std::shared_ptr<CancelToken> cancel = nullptr);
 
   // Store. Errors map from the coordinator: ABORTED -> Aborted (generation
-  // ended); DEADLINE_EXCEEDED -> DeadlineExceeded naming scope and key;
+  // ended; also when the token is cancelled); DEADLINE_EXCEEDED ->
+  // DeadlineExceeded naming scope and key;
   // KvAdd's FAILED_PRECONDITION (not an integer) -> InvalidArgument;
   // UNAVAILABLE after retries -> Unavailable; the rest keep their code
   // (INVALID_ARGUMENT for keys or values over the limits of rendezvous.proto).
@@ -64,11 +72,16 @@ class CoordinatorStore : public Store {
  private:
   void Prepare(grpc::ClientContext* ctx, absl::Duration deadline) const;
   absl::Status ToStatus(const grpc::Status& s, absl::string_view rpc) const;
+  // Runs `call` (one RPC on `ctx`) registered with cancel_.
+  template <typename Call>
+  grpc::Status Guarded(grpc::ClientContext* ctx, Call call) const;
+  absl::Status CancelledStatus() const;
 
   const client::ConnectionOptions connection_;
   const shardline::v1::Fence fence_;
   const std::string scope_;
   const std::unique_ptr<shardline::v1::RendezvousService::Stub> stub_;
+  const std::shared_ptr<CancelToken> cancel_;
 };
 
 }  // namespace shardline::worker

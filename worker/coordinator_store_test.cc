@@ -109,5 +109,32 @@ TEST_F(CoordinatorStoreTest, GenerationEndAbortsBlockedAndLaterCalls) {
   EXPECT_EQ(a->Set("k", "v").code(), absl::StatusCode::kAborted);
 }
 
+// A cancelled token (the agent learned the generation is over) ends a
+// blocked wait at once, although the coordinator's generation is still live,
+// and every later call fails the same way without reaching the coordinator.
+TEST_F(CoordinatorStoreTest, CancelledTokenAbortsBlockedAndLaterCalls) {
+  auto token = std::make_shared<CancelToken>();
+  auto a = std::make_shared<CoordinatorStore>(agents_[0]->channel(), agents_[0]->connection(),
+                                              agents_[0]->fence(), "dp/0", token);
+  absl::Status w;
+  absl::Time returned;
+  std::thread waiter([&] {
+    w = a->Wait({"never"}, absl::Seconds(20));
+    returned = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time cancelled = absl::Now();
+  token->Cancel("RESTART_AT_GENERATION 2");
+  waiter.join();
+  EXPECT_EQ(w.code(), absl::StatusCode::kAborted) << w;
+  EXPECT_THAT(w.message(), HasSubstr("RESTART_AT_GENERATION 2"));
+  EXPECT_LT(returned - cancelled, absl::Seconds(1));
+  EXPECT_EQ(a->Set("k", "v").code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(a->Get("k", absl::Seconds(5)).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(a->Add("n", 1).status().code(), absl::StatusCode::kAborted);
+  // Nothing reached the coordinator: the generation's store is untouched.
+  EXPECT_FALSE(*StoreOf(1, "dp/0")->Check("k"));
+}
+
 }  // namespace
 }  // namespace shardline::worker

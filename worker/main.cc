@@ -1,8 +1,9 @@
 // shardline-worker: one daemon per rank. Joins a job, waits for its
 // assignment, builds its communicators (Gloo over the coordinator's
 // rendezvous store) and, until the trainer exists, checks them with a
-// barrier and an all_reduce and then idles heartbeating until STOP or a
-// generation change (abort communicators, re-join, rebuild).
+// barrier and an all_reduce and then idles heartbeating (activity READY,
+// never TRAINING: no steps run) until STOP or a generation change (abort
+// communicators, re-join, rebuild).
 //
 //   shardline-worker --coordinator HOST:PORT --job ID [--worker-id ID]
 //       [--device cpu|cuda:N] [--backend auto|gloo|nccl] [--token T]
@@ -247,7 +248,8 @@ int Run(int argc, char** argv) {
         gloo.connect_timeout = gloo.timeout;
       }
       absl::StatusOr<std::unique_ptr<Communicators>> built =
-          Communicators::Build(*a, agent->channel(), agent->connection(), agent->fence(), gloo);
+          Communicators::Build(*a, agent->channel(), agent->connection(), agent->fence(), gloo,
+                               agent->GenerationToken(gen));
       absl::Status status = built.status();
       std::shared_ptr<Communicators> comms;
       if (built.ok()) {
@@ -274,7 +276,9 @@ int Run(int argc, char** argv) {
       }
       Log(absl::StrCat("generation ", gen, " rank ", a->rank(), " world ", a->world_size(),
                        ": communicators ready"));
-      agent->SetProgress(a->start_step(), v1::WORKER_STATE_TRAINING);
+      // READY, not TRAINING: no trainer runs steps yet. The trainer, once it
+      // exists, reports TRAINING through agent->SetProgress when it starts.
+      agent->SetProgress(a->start_step(), v1::WORKER_STATE_READY);
     } else {
       Log(absl::StrCat("generation ", gen, " rank ", a->rank(), " world ", a->world_size(),
                        ": NCCL communicators are not implemented yet; idling"));
@@ -305,6 +309,13 @@ int Run(int argc, char** argv) {
   }
 
   if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
+  // STOP that arrived outside the idle loop (e.g. the answer to ReportError
+  // when the coordinator excluded this worker): name its reason.
+  while (stop_reason.empty()) {
+    std::optional<v1::Directive> d = agent->NextDirective(absl::ZeroDuration());
+    if (!d.has_value()) break;
+    if (d->has_stop()) stop_reason = d->stop().reason();
+  }
   const std::string reason =
       g_shutdown.load() ? "shutting down (signal)" : absl::StrCat("stopped: ", stop_reason);
   Log(absl::StrCat("leaving job '", job, "': ", reason));

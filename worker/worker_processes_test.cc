@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -175,6 +176,32 @@ TEST(WorkerProcessesTest, SurvivorsRebuildCommunicatorsAfterSigkill) {
         << workers[i]->Log() << "\ncoordinator:\n"
         << coordinator.Log();
     EXPECT_TRUE(absl::StrContains(workers[i]->Log(), "generation 1 rank "));
+  }
+
+  // Communicators ready and no trainer: every member says READY (the truth),
+  // never TRAINING.
+  {
+    std::map<std::string, v1::WorkerState> states;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    do {
+      v1::ListMembersRequest req;
+      req.set_job_id("e2e");
+      v1::ListMembersResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      grpc::Status s = jobs->ListMembers(&ctx, req, &resp);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      states.clear();
+      for (const v1::Member& m : resp.members()) states[m.worker_id()] = m.worker_state();
+      bool all_ready = states.size() == 3;
+      for (const auto& [id, st] : states) all_ready = all_ready && st == v1::WORKER_STATE_READY;
+      if (all_ready) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    } while (absl::Now() < deadline);
+    ASSERT_EQ(states.size(), 3u);
+    for (const auto& [id, st] : states) {
+      EXPECT_EQ(st, v1::WORKER_STATE_READY) << id << " is " << v1::WorkerState_Name(st);
+    }
   }
 
   const absl::Time killed = absl::Now();
