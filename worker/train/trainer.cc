@@ -609,6 +609,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainingOptions& 
   if (par.precision != plan::Precision::kFp32)
     return absl::InvalidArgumentError("precision: the trainer runs fp32 only; set precision=fp32");
   if (corpus == nullptr) return absl::InvalidArgumentError("corpus is null");
+  if (options.model.vocab_size < 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.vocab_size=", options.model.vocab_size,
+        " is smaller than the byte vocabulary the data uses; set vocab_size to 256 (or more)"));
+  }
   if (absl::Status s = corpus->CheckSequenceLength(options.model.seq_length); !s.ok()) return s;
   const plan::RankCoordinates& c = groups.coordinates;
   if (c.tp_rank < 0 || c.tp_rank >= par.tp || c.dp_rank < 0 || c.dp_rank >= par.dp ||

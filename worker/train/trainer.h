@@ -96,7 +96,8 @@ class Trainer {
  public:
   // Builds this rank's units and initial weights. Errors: InvalidArgument
   // when the configuration is invalid (plan::ValidateConfig's message), the
-  // precision is not fp32, a needed group is missing or has the wrong size
+  // vocabulary is smaller than the 256 byte values, the precision is not
+  // fp32, a needed group is missing or has the wrong size
   // (names the group), or the corpus is too short for seq_length.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainingOptions& options,
                                                          const RankGroups& groups,
