@@ -1,9 +1,15 @@
-// shardline-bench-collectives: bandwidth of the Gloo backend's collectives, in
-// the layout of nccl-tests. N ranks run as threads in this process, each with
-// a real Gloo backend over loopback TCP, bootstrapped through one in-memory
-// store (as worker/comm/test_util.h does for the tests).
+// shardline-bench-collectives: bandwidth of the Gloo or NCCL backend's
+// collectives, in the layout of nccl-tests. N ranks run as threads in this
+// process, each with a real backend, bootstrapped through one in-memory store
+// (as worker/comm/test_util.h does for the tests):
+//   --backend gloo (default): Gloo over loopback TCP, host buffers.
+//   --backend nccl: the NCCL backend through the GPU plugin, rank r on GPU r
+//     (NCCL allows one rank per GPU per communicator, so --ranks <= GPUs),
+//     device buffers; inputs are uploaded and results downloaded outside the
+//     timed loop. Without the plugin or a GPU it prints why and exits 1.
 //
 //   shardline-bench-collectives --ranks 4 --op all_reduce --max-bytes 67108864 --check
+//   shardline-bench-collectives --backend nccl --ranks 8 --check
 //
 // For each size (bytes, multiplied by --factor from --min-bytes to
 // --max-bytes) and each op, every rank runs --warmup untimed iterations, a
@@ -26,11 +32,12 @@
 // Reductions are sums; broadcast's root is rank 0. all_reduce and broadcast
 // run in place (the backend has no out-of-place form); the others out of place.
 //
-// A last block of "memcpy" rows copies the same bytes with std::memcpy on one
-// thread, no communication: the ceiling a one-process transport could reach.
+// A last block of "memcpy" rows (Gloo only) copies the same bytes with
+// std::memcpy on one thread, no communication: the ceiling a one-process
+// transport could reach.
 //
 // Exit status: 0 when every op succeeded and no element was wrong; 1 when an
-// op failed or an element was wrong; 2 for bad flags.
+// op failed, an element was wrong, or (nccl) no GPU is usable; 2 for bad flags.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -56,7 +63,9 @@
 #include "client/args.h"
 #include "worker/comm/backend.h"
 #include "worker/comm/float16.h"
+#include "worker/comm/nccl_backend.h"
 #include "worker/comm/store.h"
+#include "worker/gpu/gpu_plugin.h"
 
 namespace shardline::worker {
 namespace {
@@ -119,6 +128,8 @@ struct Config {
   int64_t warmup = 5;
   bool check = false;
   std::string csv;
+  bool nccl = false;       // --backend nccl
+  std::string gpu_plugin;  // --gpu-plugin; empty = next to the executable or in its runfiles
 };
 
 // One sweep step's buffers, in elements.
@@ -257,9 +268,13 @@ absl::Status WaitAll(const std::vector<std::shared_ptr<Work>>& works) {
   return first;
 }
 
-// Buffers of one rank for one step.
+// Buffers of one rank for one step: host copies (inputs, and the results
+// that CountWrong reads), and the pointers the backend gets (the host copies
+// for Gloo, device copies for NCCL).
 struct Buffers {
   std::vector<uint8_t> in, out;
+  void* in_ptr = nullptr;
+  void* out_ptr = nullptr;
 };
 
 // Issues `op` once on `b`. `in`/`out` as laid out by PrepareBuffers.
@@ -267,21 +282,69 @@ std::shared_ptr<Work> Issue(Backend& b, Op op, const Shape& s, DType dtype, Buff
   const int n = b.size();
   switch (op) {
     case Op::kAllReduce:
-      return b.AllReduce(buf.in.data(), s.count, dtype, ReduceOp::kSum);
+      return b.AllReduce(buf.in_ptr, s.count, dtype, ReduceOp::kSum);
     case Op::kAllGather:
-      return b.AllGather(buf.in.data(), s.piece, buf.out.data(), dtype);
+      return b.AllGather(buf.in_ptr, s.piece, buf.out_ptr, dtype);
     case Op::kReduceScatter:
-      return b.ReduceScatter(buf.in.data(), buf.out.data(), std::vector<size_t>(n, s.piece), dtype,
+      return b.ReduceScatter(buf.in_ptr, buf.out_ptr, std::vector<size_t>(n, s.piece), dtype,
                              ReduceOp::kSum);
     case Op::kAllToAll: {
       const std::vector<size_t> counts(n, s.piece);
-      return b.AllToAll(buf.in.data(), counts, buf.out.data(), counts, dtype);
+      return b.AllToAll(buf.in_ptr, counts, buf.out_ptr, counts, dtype);
     }
     case Op::kBroadcast:
-      return b.Broadcast(buf.in.data(), s.count, dtype, /*root=*/0);
+      return b.Broadcast(buf.in_ptr, s.count, dtype, /*root=*/0);
   }
   return nullptr;
 }
+
+// Device copies of one rank's buffers (--backend nccl), grown as needed.
+class DeviceStage {
+ public:
+  DeviceStage(DeviceMemory mem, int device) : mem_(mem), device_(device) {}
+  ~DeviceStage() {
+    if (in_ != nullptr) mem_.Free(device_, in_);
+    if (out_ != nullptr) mem_.Free(device_, out_);
+  }
+  DeviceStage(const DeviceStage&) = delete;
+  DeviceStage& operator=(const DeviceStage&) = delete;
+
+  // Sizes the device buffers to buf's, uploads buf.in and points buf's
+  // in_ptr/out_ptr at the device copies.
+  absl::Status Upload(Buffers& buf) {
+    absl::Status s = Ensure(in_, in_cap_, buf.in.size());
+    if (s.ok()) s = Ensure(out_, out_cap_, buf.out.size());
+    if (s.ok()) s = mem_.CopyToDevice(device_, in_, buf.in.data(), buf.in.size());
+    buf.in_ptr = in_;
+    buf.out_ptr = out_;
+    return s;
+  }
+
+  // Copies the device buffers back into buf.in and buf.out.
+  absl::Status Download(Buffers& buf) {
+    absl::Status s = mem_.CopyToHost(device_, buf.in.data(), in_, buf.in.size());
+    if (s.ok()) s = mem_.CopyToHost(device_, buf.out.data(), out_, buf.out.size());
+    return s;
+  }
+
+ private:
+  absl::Status Ensure(void*& ptr, size_t& cap, size_t bytes) {
+    if (ptr != nullptr && cap >= bytes) return absl::OkStatus();
+    if (ptr != nullptr) mem_.Free(device_, ptr);
+    ptr = nullptr;
+    absl::StatusOr<void*> p = mem_.Alloc(device_, bytes);
+    if (!p.ok()) return p.status();
+    ptr = *p;
+    cap = bytes;
+    return absl::OkStatus();
+  }
+
+  DeviceMemory mem_;
+  int device_;
+  void* in_ = nullptr;
+  void* out_ = nullptr;
+  size_t in_cap_ = 0, out_cap_ = 0;
+};
 
 // Sizes the buffers and fills the inputs with rank r's values.
 void PrepareBuffers(Op op, const Shape& s, DType dtype, int r, Buffers& buf) {
@@ -305,6 +368,8 @@ void PrepareBuffers(Op op, const Shape& s, DType dtype, int r, Buffers& buf) {
   buf.in.assign(std::max<size_t>(in_count * e, 1), 0);
   buf.out.assign(std::max<size_t>(out_count * e, 1), 0);
   Fill(dtype, buf.in.data(), in_count, r);
+  buf.in_ptr = buf.in.data();
+  buf.out_ptr = buf.out.data();
 }
 
 // Elements of rank r's result that differ from the closed form.
@@ -344,11 +409,24 @@ absl::Duration Since(std::chrono::steady_clock::time_point start) {
 // failure the group is unusable, so the remaining steps report that failure.
 void RunRank(const Config& cfg, const std::vector<Step>& steps, std::shared_ptr<Store> store, int r,
              Results& results) {
-  GlooOptions options;
-  options.timeout = absl::Minutes(2);
-  options.connect_timeout = absl::Seconds(60);
-  absl::StatusOr<std::unique_ptr<Backend>> created =
-      CreateGlooBackend(store, r, cfg.ranks, options);
+  absl::StatusOr<std::unique_ptr<Backend>> created;
+  std::unique_ptr<DeviceStage> stage;  // nccl only
+  if (cfg.nccl) {
+    NcclOptions options;
+    options.plugin_path = cfg.gpu_plugin;
+    options.device = r;
+    options.timeout = absl::Minutes(2);
+    options.connect_timeout = absl::Seconds(60);
+    created = CreateNcclBackend(store, r, cfg.ranks, options);
+    absl::StatusOr<DeviceMemory> mem = DeviceMemory::Load(cfg.gpu_plugin);
+    if (created.ok() && !mem.ok()) created = mem.status();
+    if (created.ok()) stage = std::make_unique<DeviceStage>(*mem, r);
+  } else {
+    GlooOptions options;
+    options.timeout = absl::Minutes(2);
+    options.connect_timeout = absl::Seconds(60);
+    created = CreateGlooBackend(store, r, cfg.ranks, options);
+  }
   absl::Status failed = created.status();
   if (!failed.ok())
     failed = absl::Status(failed.code(), absl::StrCat("rank ", r, ": ", failed.message()));
@@ -362,6 +440,7 @@ void RunRank(const Config& cfg, const std::vector<Step>& steps, std::shared_ptr<
     const Step& st = steps[k];
     PrepareBuffers(st.op, st.shape, cfg.dtype, r, buf);
     absl::Status s;
+    if (stage != nullptr) s = stage->Upload(buf);
     for (int64_t w = 0; w < cfg.warmup && s.ok(); ++w)
       s = Issue(b, st.op, st.shape, cfg.dtype, buf)->Wait();
     if (s.ok()) s = b.Barrier()->Wait();
@@ -378,7 +457,9 @@ void RunRank(const Config& cfg, const std::vector<Step>& steps, std::shared_ptr<
     int64_t wrong = -1;
     if (s.ok() && cfg.check) {
       PrepareBuffers(st.op, st.shape, cfg.dtype, r, buf);
-      s = Issue(b, st.op, st.shape, cfg.dtype, buf)->Wait();
+      if (stage != nullptr) s = stage->Upload(buf);
+      if (s.ok()) s = Issue(b, st.op, st.shape, cfg.dtype, buf)->Wait();
+      if (s.ok() && stage != nullptr) s = stage->Download(buf);
       if (s.ok()) wrong = CountWrong(st.op, st.shape, cfg.dtype, r, cfg.ranks, buf);
     }
     if (!s.ok()) {
@@ -390,6 +471,7 @@ void RunRank(const Config& cfg, const std::vector<Step>& steps, std::shared_ptr<
     results.Report(k, elapsed, wrong, absl::OkStatus());
   }
   if (created.ok()) (*created)->Abort();
+  stage.reset();  // after the communicator: no kernel still uses the buffers
 }
 
 // --- Output ---
@@ -455,8 +537,14 @@ absl::StatusOr<Config> ParseFlags(const std::vector<std::string>& argv, bool* he
                                   std::string* usage) {
   client::ArgParser args(kProgram);
   int64_t ranks = 2, min_bytes = 4, max_bytes = int64_t{64} << 20, factor = 2;
-  std::string op = "all", dtype = "fp32";
+  std::string op = "all", dtype = "fp32", backend = "gloo";
   Config cfg;
+  args.AddString("backend", &backend,
+                 "gloo (host buffers, loopback TCP) | nccl (GPU r for rank r, device buffers); "
+                 "default gloo");
+  args.AddString("gpu-plugin", &cfg.gpu_plugin,
+                 "libshardline_gpu.so for --backend nccl (default: next to this program, or in "
+                 "its Bazel runfiles)");
   args.AddInt("ranks", &ranks, "ranks, run as threads in this process (1..64; default 2)");
   args.AddString("op", &op,
                  "all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|all (default all)");
@@ -483,6 +571,12 @@ absl::StatusOr<Config> ParseFlags(const std::vector<std::string>& argv, bool* he
         absl::StrCat("--ranks=", ranks, " is out of range; give 1..64"));
   }
   cfg.ranks = static_cast<int>(ranks);
+  if (backend == "nccl") {
+    cfg.nccl = true;
+  } else if (backend != "gloo") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend='", backend, "' is not a backend; use gloo or nccl"));
+  }
   if (op == "all") {
     cfg.ops.assign(std::begin(kAllOps), std::end(kAllOps));
   } else {
@@ -520,7 +614,8 @@ absl::StatusOr<Config> ParseFlags(const std::vector<std::string>& argv, bool* he
   }
   {
     // All ranks live in this process, each with up to two buffers of
-    // max_bytes (plus the collective's scratch): keep it within half of RAM.
+    // max_bytes (plus the collective's scratch; for nccl the host copies):
+    // keep it within half of RAM.
     const int64_t ram = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
     const long double need = static_cast<long double>(ranks) * 3 * max_bytes;
     if (ram > 0 && need > ram / 2) {
@@ -549,6 +644,20 @@ absl::StatusOr<Config> ParseFlags(const std::vector<std::string>& argv, bool* he
   return cfg;
 }
 
+// --gpu-plugin, else libshardline_gpu.so next to this program, else in its
+// Bazel runfiles (bazel-bin/worker/comm/shardline-bench-collectives.runfiles).
+std::string PluginPath(const Config& cfg) {
+  if (!cfg.gpu_plugin.empty()) return cfg.gpu_plugin;
+  const std::string next_to = GpuPlugin::DefaultPath();
+  if (::access(next_to.c_str(), R_OK) == 0) return next_to;
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return next_to;
+  const std::string runfiles =
+      std::string(exe, n) + ".runfiles/shardline/worker/gpu/libshardline_gpu.so";
+  return ::access(runfiles.c_str(), R_OK) == 0 ? runfiles : next_to;
+}
+
 int Main(int argc, char** argv) {
   bool help = false;
   std::string usage;
@@ -556,8 +665,8 @@ int Main(int argc, char** argv) {
       ParseFlags(std::vector<std::string>(argv + 1, argv + argc), &help, &usage);
   if (help && parsed.ok()) {
     std::cout << "Usage: " << kProgram << " [flags]\n"
-              << "Times the Gloo backend's collectives with N ranks as threads over loopback "
-                 "TCP; nccl-tests layout.\n\n"
+              << "Times the Gloo (loopback TCP) or NCCL (one GPU per rank) backend's "
+                 "collectives with N ranks as threads; nccl-tests layout.\n\n"
               << usage;
     return 0;
   }
@@ -566,7 +675,25 @@ int Main(int argc, char** argv) {
               << "Run " << kProgram << " --help for the flags.\n";
     return 2;
   }
-  const Config& cfg = *parsed;
+  Config& cfg = *parsed;
+  std::string gpus;  // for the header
+  if (cfg.nccl) {
+    cfg.gpu_plugin = PluginPath(cfg);
+    absl::StatusOr<DeviceMemory> mem = DeviceMemory::Load(cfg.gpu_plugin);
+    absl::StatusOr<int> devices = mem.ok() ? mem->DeviceCount() : mem.status();
+    if (!devices.ok()) {
+      std::cerr << kProgram << ": --backend=nccl needs a GPU: " << devices.status().message()
+                << "\nUse --backend gloo on this machine.\n";
+      return 1;
+    }
+    if (cfg.ranks > *devices) {
+      std::cerr << kProgram << ": --ranks=" << cfg.ranks << " but this machine has " << *devices
+                << " GPU(s); NCCL allows one rank per GPU per communicator, so give --ranks 1.."
+                << *devices << "\n";
+      return 2;
+    }
+    gpus = absl::StrCat(*devices, " GPU(s) visible");
+  }
   std::ofstream csv;
   if (!cfg.csv.empty()) {
     csv.open(cfg.csv);
@@ -584,8 +711,10 @@ int Main(int argc, char** argv) {
 
   std::vector<std::string> op_names;
   for (Op op : cfg.ops) op_names.push_back(OpName(op));
-  std::cout << "# " << kProgram << ": " << cfg.ranks
-            << " ranks as threads in one process, Gloo over loopback TCP\n"
+  std::cout << "# " << kProgram << ": " << cfg.ranks << " ranks as threads in one process, "
+            << (cfg.nccl ? absl::StrCat("NCCL, rank r on GPU r, device buffers (", gpus, ")")
+                         : std::string("Gloo over loopback TCP"))
+            << "\n"
             << "# ops " << absl::StrJoin(op_names, ",") << "; dtype " << TypeName(cfg.dtype)
             << "; sizes " << cfg.sizes.front() << ".." << cfg.sizes.back() << " B; warmup "
             << cfg.warmup << ", iters " << cfg.iters << "; check " << (cfg.check ? "on" : "off")
@@ -626,9 +755,10 @@ int Main(int argc, char** argv) {
   }
   for (auto& t : threads) t.join();
 
-  std::cout << "#\n# memcpy rows: the ceiling, not a collective: the same bytes copied with "
-               "std::memcpy on one thread (busbw = algbw)\n";
-  for (size_t bytes : cfg.sizes) {
+  if (!cfg.nccl)
+    std::cout << "#\n# memcpy rows: the ceiling, not a collective: the same bytes copied with "
+                 "std::memcpy on one thread (busbw = algbw)\n";
+  for (size_t bytes : cfg.nccl ? std::vector<size_t>() : cfg.sizes) {
     int64_t wrong;
     const absl::Duration t = TimeMemcpy(bytes, cfg.warmup, cfg.iters, cfg.check, &wrong);
     table.Row(cfg.ranks, bytes, bytes / ElementSize(cfg.dtype), cfg.dtype, "memcpy", t, 1.0, wrong);

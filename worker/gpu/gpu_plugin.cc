@@ -68,7 +68,15 @@ absl::StatusOr<GpuPlugin> GpuPlugin::Load(const std::string& path) {
                      " but this worker needs ", SHARDLINE_GPU_ABI_VERSION,
                      "; rebuild both from the same tree"));
   }
-  return GpuPlugin(probe);  // handle intentionally kept open for the process lifetime
+  auto api_fn = reinterpret_cast<ShardlineGpuApiFn>(dlsym(handle, SHARDLINE_GPU_API_SYMBOL));
+  const ShardlineGpuApi* api = api_fn != nullptr ? api_fn() : nullptr;
+  if (api == nullptr || api->abi_version != SHARDLINE_GPU_ABI_VERSION) {
+    dlclose(handle);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU plugin '", path, "' has no ", SHARDLINE_GPU_API_SYMBOL, " table of ABI version ",
+        SHARDLINE_GPU_ABI_VERSION, "; rebuild both from the same tree"));
+  }
+  return GpuPlugin(probe, api);  // handle intentionally kept open for the process lifetime
 }
 
 absl::StatusOr<GpuInfo> GpuPlugin::Probe() const {

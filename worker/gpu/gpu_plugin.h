@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/gpu/plugin_abi.h"
 
 namespace shardline::worker {
 
@@ -53,10 +54,15 @@ class GpuPlugin {
   // Versions only; works on machines with the CUDA libraries but no GPU.
   GpuInfo Versions() const;
 
+  // The plugin's NCCL/CUDA function table (plugin_abi.h); never null after a
+  // successful Load. Used by worker/comm/nccl_backend.cc.
+  const ShardlineGpuApi& api() const { return *api_; }
+
  private:
   using ProbeFn = int (*)(void*, char*, size_t);
-  explicit GpuPlugin(ProbeFn probe) : probe_(probe) {}
+  GpuPlugin(ProbeFn probe, const ShardlineGpuApi* api) : probe_(probe), api_(api) {}
   ProbeFn probe_;
+  const ShardlineGpuApi* api_;  // static storage in the plugin
 };
 
 }  // namespace shardline::worker

@@ -22,6 +22,16 @@ TEST(GpuPluginTest, ALibraryThatIsNotAPluginIsRejected) {
   EXPECT_THAT(std::string(plugin.status().message()), HasSubstr("shardline_gpu_probe"));
 }
 
+TEST(GpuPluginTest, LoadsAPluginOfThisAbiAndItsNcclTable) {
+  const auto plugin = GpuPlugin::Load("worker/gpu/libshardline_gpu_fake.so");  // runfiles
+  ASSERT_TRUE(plugin.ok()) << plugin.status();
+  EXPECT_EQ(plugin->api().abi_version, SHARDLINE_GPU_ABI_VERSION);
+  const auto info = plugin->Probe();
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->devices.size(), 1u);
+  EXPECT_EQ(info->devices[0].name, "fake GPU");
+}
+
 TEST(GpuPluginTest, DefaultPathIsNextToTheExecutable) {
   EXPECT_THAT(GpuPlugin::DefaultPath(), HasSubstr("/worker/gpu/libshardline_gpu.so"));
 }

@@ -5,7 +5,11 @@
 // GPU is missing (DESIGN.md, docs/BUILDING.md).
 //
 // Plain C types only, so the two sides may come from different compilers.
-// Bump kShardlineGpuAbiVersion on any change to these structs or symbols.
+// Bump SHARDLINE_GPU_ABI_VERSION on any change to these structs or symbols.
+//
+// Two entry points: shardline_gpu_probe (versions and devices; also how the
+// loader checks the ABI version) and shardline_gpu_api (the NCCL
+// communicator, collective, event and device-memory functions below).
 #ifndef SHARDLINE_WORKER_GPU_PLUGIN_ABI_H_
 #define SHARDLINE_WORKER_GPU_PLUGIN_ABI_H_
 
@@ -16,7 +20,7 @@
 extern "C" {
 #endif
 
-#define SHARDLINE_GPU_ABI_VERSION 1
+#define SHARDLINE_GPU_ABI_VERSION 2
 #define SHARDLINE_GPU_MAX_DEVICES 64
 
 typedef struct {
@@ -36,8 +40,14 @@ typedef struct {
   ShardlineGpuDevice devices[SHARDLINE_GPU_MAX_DEVICES];
 } ShardlineGpuInfo;
 
-// Status codes returned by plugin functions (a subset of absl::StatusCode).
+// Status codes returned by plugin functions: the numbers of the
+// absl::StatusCode of the same name, so the worker converts them 1:1.
 #define SHARDLINE_GPU_OK 0
+#define SHARDLINE_GPU_INVALID_ARGUMENT 3
+#define SHARDLINE_GPU_DEADLINE_EXCEEDED 4
+#define SHARDLINE_GPU_RESOURCE_EXHAUSTED 8
+#define SHARDLINE_GPU_FAILED_PRECONDITION 9
+#define SHARDLINE_GPU_ABORTED 10
 #define SHARDLINE_GPU_INTERNAL 13
 #define SHARDLINE_GPU_UNAVAILABLE 14
 
@@ -46,6 +56,129 @@ typedef struct {
 // (NUL-terminated, at most error_len bytes). Thread-safe.
 typedef int (*ShardlineGpuProbeFn)(ShardlineGpuInfo* info, char* error, size_t error_len);
 #define SHARDLINE_GPU_PROBE_SYMBOL "shardline_gpu_probe"
+
+// ---------------------------------------------------------------------------
+// NCCL communicators, collectives and device memory.
+//
+// Conventions for every function below:
+//   * Returns one of the codes above. On failure, `error` receives a
+//     NUL-terminated message of at most error_len bytes naming the NCCL/CUDA
+//     call and its error text (ncclGetErrorString + ncclGetLastError).
+//   * Counts are ELEMENTS of `dtype`, never bytes. Buffers are DEVICE pointers
+//     on the communicator's device (cudaMalloc'ed, or managed memory).
+//   * A collective returns once it is enqueued on the communicator's own CUDA
+//     stream (one stream per communicator, so operations run in issue order)
+//     and gives back an event recorded after it; poll the event with
+//     event_query and the communicator with comm_status. Waiting for the
+//     enqueue itself (NCCL's non-blocking mode may return ncclInProgress) is
+//     bounded by `timeout_ms`; past it the call returns DEADLINE_EXCEEDED.
+//   * Calls on one communicator are serialised by the plugin (thread-safe);
+//     comm_abort may be called from any thread at any time and makes a
+//     concurrent call on the same communicator return ABORTED promptly.
+// ---------------------------------------------------------------------------
+
+#define SHARDLINE_NCCL_UNIQUE_ID_BYTES 128  // == NCCL_UNIQUE_ID_BYTES
+
+// Element types (values are this ABI's, not NCCL's).
+#define SHARDLINE_GPU_FLOAT32 0
+#define SHARDLINE_GPU_FLOAT16 1
+#define SHARDLINE_GPU_BFLOAT16 2
+
+// Reduction ops (values are this ABI's, not NCCL's). AVG is ncclAvg.
+#define SHARDLINE_GPU_SUM 0
+#define SHARDLINE_GPU_AVG 1
+#define SHARDLINE_GPU_MAX 2
+#define SHARDLINE_GPU_MIN 3
+
+typedef struct ShardlineNcclComm ShardlineNcclComm;  // opaque: ncclComm_t + stream + device
+typedef struct ShardlineGpuEvent ShardlineGpuEvent;  // opaque: cudaEvent_t + device
+
+typedef struct {
+  int32_t abi_version;  // SHARDLINE_GPU_ABI_VERSION
+
+  // Number of CUDA devices (0 on a machine without one: then returns
+  // UNAVAILABLE with the CUDA error text).
+  int (*device_count)(int32_t* count, char* error, size_t error_len);
+
+  // ncclGetUniqueId: the 128 bytes rank 0 hands to every rank out of band
+  // (through the coordinator's store). Also starts NCCL's bootstrap listener.
+  int (*get_unique_id)(uint8_t id[SHARDLINE_NCCL_UNIQUE_ID_BYTES], char* error, size_t error_len);
+
+  // Creates this rank's communicator on CUDA device `device`:
+  // ncclCommInitRankConfig with config.blocking = 0, then polls
+  // ncclCommGetAsyncError until ncclSuccess, an error, or `timeout_ms`.
+  // Errors: DEADLINE_EXCEEDED (some rank did not join in time; the half-made
+  // communicator is aborted), INVALID_ARGUMENT (bad rank/size/device),
+  // UNAVAILABLE (NCCL or CUDA failed; text in `error`).
+  int (*comm_init)(const uint8_t id[SHARDLINE_NCCL_UNIQUE_ID_BYTES], int32_t nranks,
+                   int32_t rank, int32_t device, int64_t timeout_ms, ShardlineNcclComm** comm,
+                   char* error, size_t error_len);
+
+  // The communicator's asynchronous state (ncclCommGetAsyncError): OK while
+  // healthy (also while an operation is in progress), UNAVAILABLE with NCCL's
+  // text after an asynchronous error (e.g. a peer's connection broke),
+  // ABORTED after comm_abort. Never blocks on the network.
+  int (*comm_status)(ShardlineNcclComm* comm, char* error, size_t error_len);
+
+  // ncclCommAbort: stops the communicator's kernels and frees its NCCL
+  // resources; returns in bounded time even if peers are dead. Idempotent.
+  // The handle stays valid (every later call returns ABORTED) until
+  // comm_destroy.
+  void (*comm_abort)(ShardlineNcclComm* comm);
+
+  // Aborts if still live, then frees the stream and the handle.
+  void (*comm_destroy)(ShardlineNcclComm* comm);
+
+  // Collectives; `*event` is set on OK and must be freed with event_destroy.
+  //   all_reduce: in place, data[0..count).
+  int (*all_reduce)(ShardlineNcclComm* comm, void* data, size_t count, int32_t dtype, int32_t op,
+                    int64_t timeout_ms, ShardlineGpuEvent** event, char* error, size_t error_len);
+  //   all_gather: out holds nranks*count; in may be out + rank*count.
+  int (*all_gather)(ShardlineNcclComm* comm, const void* in, size_t count, void* out,
+                    int32_t dtype, int64_t timeout_ms, ShardlineGpuEvent** event, char* error,
+                    size_t error_len);
+  //   reduce_scatter: `in` holds nranks pieces, piece r of counts[r]; out
+  //   receives piece `rank` reduced. Equal counts: one ncclReduceScatter.
+  //   Uneven counts: one ncclReduce per piece (root = that piece's rank) in
+  //   one ncclGroupStart/End, no scratch memory; slower than the equal case.
+  int (*reduce_scatter)(ShardlineNcclComm* comm, const void* in, void* out, const size_t* counts,
+                        int32_t dtype, int32_t op, int64_t timeout_ms, ShardlineGpuEvent** event,
+                        char* error, size_t error_len);
+  //   all_to_all: ncclSend/ncclRecv per peer (pieces of 0 are skipped) in one
+  //   group; in and out must not overlap.
+  int (*all_to_all)(ShardlineNcclComm* comm, const void* in, const size_t* send_counts, void* out,
+                    const size_t* recv_counts, int32_t dtype, int64_t timeout_ms,
+                    ShardlineGpuEvent** event, char* error, size_t error_len);
+  //   broadcast: in place from `root`.
+  int (*broadcast)(ShardlineNcclComm* comm, void* data, size_t count, int32_t dtype, int32_t root,
+                   int64_t timeout_ms, ShardlineGpuEvent** event, char* error, size_t error_len);
+  //   send / recv: matched in issue order per peer (NCCL has no tags).
+  int (*send)(ShardlineNcclComm* comm, const void* data, size_t count, int32_t dtype, int32_t peer,
+              int64_t timeout_ms, ShardlineGpuEvent** event, char* error, size_t error_len);
+  int (*recv)(ShardlineNcclComm* comm, void* data, size_t count, int32_t dtype, int32_t peer,
+              int64_t timeout_ms, ShardlineGpuEvent** event, char* error, size_t error_len);
+  //   barrier: an all_reduce of one float in a scratch buffer the plugin owns.
+  int (*barrier)(ShardlineNcclComm* comm, int64_t timeout_ms, ShardlineGpuEvent** event,
+                 char* error, size_t error_len);
+
+  // cudaEventQuery: sets *done to 1 once the operation finished on the GPU,
+  // 0 while pending. UNAVAILABLE on a CUDA error (the device is unusable).
+  int (*event_query)(ShardlineGpuEvent* event, int32_t* done, char* error, size_t error_len);
+  void (*event_destroy)(ShardlineGpuEvent* event);
+
+  // Device memory, for tests and the benchmark (the trainer owns the real
+  // buffers). Copies are synchronous.
+  int (*device_alloc)(int32_t device, size_t bytes, void** ptr, char* error, size_t error_len);
+  void (*device_free)(int32_t device, void* ptr);
+  int (*copy_to_device)(int32_t device, void* dst, const void* src, size_t bytes, char* error,
+                        size_t error_len);
+  int (*copy_to_host)(int32_t device, void* dst, const void* src, size_t bytes, char* error,
+                      size_t error_len);
+} ShardlineGpuApi;
+
+// Returns the plugin's function table (static storage, never null).
+typedef const ShardlineGpuApi* (*ShardlineGpuApiFn)(void);
+#define SHARDLINE_GPU_API_SYMBOL "shardline_gpu_api"
 
 #ifdef __cplusplus
 }  // extern "C"

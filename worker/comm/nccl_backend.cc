@@ -1,0 +1,476 @@
+// NcclBackend: Backend over the GPU plugin's C ABI. No CUDA or NCCL header or
+// library here: everything goes through the function table that
+// GpuPlugin::api() returns (worker/gpu/plugin_abi.h).
+//
+// Failure handling, shared by the backend and its Works through `Comm`:
+//   healthy --async error / op timeout / CUDA error--> failed (comm aborted)
+//   healthy or failed --Abort()--> aborted (comm aborted)
+// The first failure is kept and returned by every later operation; the
+// plugin's comm_abort (ncclCommAbort) is called at most once per state change
+// and never while holding Comm::mu.
+#include "worker/comm/nccl_backend.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "worker/gpu/gpu_plugin.h"
+#include "worker/gpu/plugin_abi.h"
+
+namespace shardline::worker {
+namespace {
+
+constexpr char kUniqueIdKey[] = "nccl_unique_id";
+constexpr size_t kErrorLen = 1024;
+
+// A plugin code and its error text -> absl::Status (the codes are absl's).
+absl::Status FromPlugin(int code, const char* error, const std::string& context) {
+  if (code == SHARDLINE_GPU_OK) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(code), absl::StrCat(context, ": ", error));
+}
+
+int32_t ToPlugin(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return SHARDLINE_GPU_FLOAT32;
+    case DType::kFloat16:
+      return SHARDLINE_GPU_FLOAT16;
+    case DType::kBFloat16:
+      return SHARDLINE_GPU_BFLOAT16;
+  }
+  return -1;
+}
+
+int32_t ToPlugin(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return SHARDLINE_GPU_SUM;
+    case ReduceOp::kAvg:
+      return SHARDLINE_GPU_AVG;
+    case ReduceOp::kMax:
+      return SHARDLINE_GPU_MAX;
+    case ReduceOp::kMin:
+      return SHARDLINE_GPU_MIN;
+  }
+  return -1;
+}
+
+int64_t ToMs(absl::Duration d) { return std::max<int64_t>(1, absl::ToInt64Milliseconds(d)); }
+
+// Loads the plugin; Unavailable with a message that says to use Gloo.
+absl::StatusOr<GpuPlugin> LoadPlugin(const std::string& path_option) {
+#ifdef SHARDLINE_CUDA_COMPILED_OUT
+  if (path_option.empty()) {
+    return absl::UnavailableError(
+        "NCCL backend unavailable: this build has CUDA compiled out (--config=nocuda); use Gloo");
+  }
+#endif
+  const std::string path = path_option.empty() ? GpuPlugin::DefaultPath() : path_option;
+  absl::StatusOr<GpuPlugin> plugin = GpuPlugin::Load(path);
+  if (!plugin.ok()) {
+    return absl::Status(plugin.status().code(),
+                        absl::StrCat("NCCL backend unavailable: ", plugin.status().message()));
+  }
+  return plugin;
+}
+
+// One communicator, shared by the backend and its outstanding Works (a Work
+// may outlive the backend). Thread-safe.
+class Comm {
+ public:
+  Comm(const ShardlineGpuApi* api, ShardlineNcclComm* comm, int rank, int size, int device,
+       NcclOptions options)
+      : api_(*api), comm_(comm), rank_(rank), size_(size), device_(device), options_(options) {}
+  ~Comm() { api_.comm_destroy(comm_); }
+
+  const ShardlineGpuApi& api() const { return api_; }
+  ShardlineNcclComm* handle() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int device() const { return device_; }
+  const NcclOptions& options() const { return options_; }
+
+  // OK while healthy; else the error every operation now returns.
+  absl::Status GroupError() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return GroupErrorLocked();
+  }
+
+  // Records `s` as the group's failure unless one is recorded already, aborts
+  // the communicator, and returns the group's error.
+  absl::Status Fail(absl::Status s) ABSL_LOCKS_EXCLUDED(mu_) {
+    bool abort = false;
+    absl::Status result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (failure_.ok()) {
+        failure_ = std::move(s);
+        abort = !aborted_;
+      }
+      result = GroupErrorLocked();
+    }
+    if (abort) api_.comm_abort(comm_);  // bounded; never under mu_
+    return result;
+  }
+
+  void Abort() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_) return;
+      aborted_ = true;
+    }
+    api_.comm_abort(comm_);
+  }
+
+ private:
+  absl::Status GroupErrorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (aborted_) {
+      return absl::AbortedError(
+          failure_.ok()
+              ? std::string("backend was aborted")
+              : absl::StrCat("backend was aborted (earlier failure: ", failure_.message(), ")"));
+    }
+    return failure_;
+  }
+
+  const ShardlineGpuApi& api_;
+  ShardlineNcclComm* const comm_;
+  const int rank_, size_, device_;
+  const NcclOptions options_;
+  absl::Mutex mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// One enqueued operation: its CUDA event, and the deadline from
+// NcclOptions::timeout. Completed by polling (IsCompleted / Wait).
+class NcclWork : public Work {
+ public:
+  // An operation already finished with `status` (argument errors, failures to
+  // enqueue, operations on a failed group).
+  static std::shared_ptr<NcclWork> Done(absl::Status status) {
+    auto w = std::make_shared<NcclWork>(nullptr, nullptr, "", absl::InfiniteFuture());
+    w->done_ = true;
+    w->status_ = std::move(status);
+    return w;
+  }
+
+  NcclWork(std::shared_ptr<Comm> comm, ShardlineGpuEvent* event, std::string what,
+           absl::Time deadline)
+      : comm_(std::move(comm)), event_(event), what_(std::move(what)), deadline_(deadline) {}
+
+  ~NcclWork() override {
+    if (event_ != nullptr) comm_->api().event_destroy(event_);
+  }
+
+  bool IsCompleted() override { return Poll(); }
+
+  absl::Status Wait(absl::Duration timeout) override {
+    const absl::Time until =
+        timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+    // Spin briefly (small operations finish in microseconds), then back off
+    // to 1 ms so a long wait costs little CPU.
+    absl::Duration sleep = absl::Microseconds(2);
+    while (!Poll()) {
+      if (absl::Now() >= until) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(what_, " still running after waiting ", absl::FormatDuration(timeout),
+                         " (not cancelled; NcclOptions::timeout still applies)"));
+      }
+      absl::SleepFor(sleep);
+      sleep = std::min(sleep * 2, absl::Milliseconds(1));
+    }
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  // Checks the group, the event, the communicator's async error and the
+  // deadline, in that order. Returns true once the operation has a status.
+  bool Poll() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (done_) return true;
+    absl::Status s = comm_->GroupError();
+    if (s.ok()) s = CheckLocked();
+    if (!s.ok() || finished_) {
+      done_ = true;
+      status_ = s.ok() ? s : absl::Status(s.code(), absl::StrCat(what_, ": ", s.message()));
+    }
+    return done_;
+  }
+
+  // OK with finished_ set: the event fired. OK without: still running.
+  absl::Status CheckLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const ShardlineGpuApi& api = comm_->api();
+    char error[kErrorLen] = {0};
+    // The event first: a kernel that finished did so with all its data (NCCL
+    // stops kernels early only when we abort, and then GroupError() is set),
+    // so a peer that has already torn its communicator down cannot turn a
+    // finished operation into an error.
+    int32_t fired = 0;
+    int code = api.event_query(event_, &fired, error, sizeof(error));
+    if (code != SHARDLINE_GPU_OK)
+      return comm_->Fail(FromPlugin(code, error, absl::StrCat("rank ", comm_->rank())));
+    if (fired) {
+      finished_ = true;
+      return absl::OkStatus();
+    }
+    code = api.comm_status(comm_->handle(), error, sizeof(error));
+    if (code != SHARDLINE_GPU_OK)
+      return comm_->Fail(FromPlugin(code, error, absl::StrCat("rank ", comm_->rank())));
+    if (absl::Now() >= deadline_) {
+      return comm_->Fail(absl::DeadlineExceededError(absl::StrCat(
+          "rank ", comm_->rank(), ": did not finish within NcclOptions::timeout=",
+          absl::FormatDuration(comm_->options().timeout), "; the communicator was aborted")));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::shared_ptr<Comm> comm_;  // null only for Done()
+  ShardlineGpuEvent* const event_;    // owned; null only for Done()
+  const std::string what_;            // e.g. "all_reduce of 1024 elements on rank 1"
+  const absl::Time deadline_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+class NcclBackend : public Backend {
+ public:
+  explicit NcclBackend(std::shared_ptr<Comm> comm) : comm_(std::move(comm)) {}
+  ~NcclBackend() override { Abort(); }
+
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+
+  std::shared_ptr<Work> AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    return Issue("all_reduce", count, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+      return api().all_reduce(handle(), data, count, ToPlugin(dtype), ToPlugin(op), ms, ev, e, n);
+    });
+  }
+
+  std::shared_ptr<Work> AllGather(const void* in, size_t count, void* out, DType dtype) override {
+    return Issue("all_gather", count, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+      return api().all_gather(handle(), in, count, out, ToPlugin(dtype), ms, ev, e, n);
+    });
+  }
+
+  std::shared_ptr<Work> ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                                      DType dtype, ReduceOp op) override {
+    if (counts.size() != static_cast<size_t>(size())) {
+      return Invalid("reduce_scatter",
+                     absl::StrCat("counts.size()=", counts.size(), " != size=", size()));
+    }
+    return Issue("reduce_scatter", counts[rank()],
+                 [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+                   return api().reduce_scatter(handle(), in, out, counts.data(), ToPlugin(dtype),
+                                               ToPlugin(op), ms, ev, e, n);
+                 });
+  }
+
+  std::shared_ptr<Work> AllToAll(const void* in, const std::vector<size_t>& send_counts, void* out,
+                                 const std::vector<size_t>& recv_counts, DType dtype) override {
+    if (send_counts.size() != static_cast<size_t>(size())) {
+      return Invalid("all_to_all",
+                     absl::StrCat("send_counts.size()=", send_counts.size(), " != size=", size()));
+    }
+    if (recv_counts.size() != static_cast<size_t>(size())) {
+      return Invalid("all_to_all",
+                     absl::StrCat("recv_counts.size()=", recv_counts.size(), " != size=", size()));
+    }
+    size_t total = 0;
+    for (size_t c : recv_counts) total += c;
+    return Issue("all_to_all", total, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+      return api().all_to_all(handle(), in, send_counts.data(), out, recv_counts.data(),
+                              ToPlugin(dtype), ms, ev, e, n);
+    });
+  }
+
+  std::shared_ptr<Work> Broadcast(void* data, size_t count, DType dtype, int root) override {
+    if (root < 0 || root >= size()) {
+      return Invalid("broadcast", absl::StrCat("root=", root, " out of range [0,", size(), ")"));
+    }
+    return Issue("broadcast", count, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+      return api().broadcast(handle(), data, count, ToPlugin(dtype), root, ms, ev, e, n);
+    });
+  }
+
+  std::shared_ptr<Work> Send(const void* data, size_t count, DType dtype, int peer,
+                             uint32_t /*tag: NCCL matches in issue order*/) override {
+    if (auto bad = CheckPeer("send", peer)) return bad;
+    return Issue("send", count, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+      return api().send(handle(), data, count, ToPlugin(dtype), peer, ms, ev, e, n);
+    });
+  }
+
+  std::shared_ptr<Work> Recv(void* data, size_t count, DType dtype, int peer,
+                             uint32_t /*tag*/) override {
+    if (auto bad = CheckPeer("recv", peer)) return bad;
+    return Issue("recv", count, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+      return api().recv(handle(), data, count, ToPlugin(dtype), peer, ms, ev, e, n);
+    });
+  }
+
+  std::shared_ptr<Work> Barrier() override {
+    return Issue("barrier", 0, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+      return api().barrier(handle(), ms, ev, e, n);
+    });
+  }
+
+  void Abort() override { comm_->Abort(); }
+
+ private:
+  const ShardlineGpuApi& api() const { return comm_->api(); }
+  ShardlineNcclComm* handle() const { return comm_->handle(); }
+
+  std::shared_ptr<Work> Invalid(const char* op, const std::string& what) {
+    return NcclWork::Done(
+        absl::InvalidArgumentError(absl::StrCat(op, " on rank ", rank(), ": ", what)));
+  }
+
+  std::shared_ptr<Work> CheckPeer(const char* op, int peer) {
+    if (peer < 0 || peer >= size())
+      return Invalid(op, absl::StrCat("peer=", peer, " out of range [0,", size(), ")"));
+    if (peer == rank()) return Invalid(op, absl::StrCat("peer=", peer, " == rank"));
+    return nullptr;
+  }
+
+  // Enqueues through `call(timeout_ms, &event, error, error_len)`.
+  template <typename F>
+  std::shared_ptr<Work> Issue(const char* op, size_t count, F call) {
+    const std::string what = absl::StrCat(op, " of ", count, " elements on rank ", rank());
+    absl::Status s = comm_->GroupError();
+    if (!s.ok())
+      return NcclWork::Done(absl::Status(s.code(), absl::StrCat(what, ": ", s.message())));
+    const absl::Time deadline = absl::Now() + comm_->options().timeout;
+    ShardlineGpuEvent* event = nullptr;
+    char error[kErrorLen] = {0};
+    const int code = call(ToMs(comm_->options().timeout), &event, error, sizeof(error));
+    if (code == SHARDLINE_GPU_INVALID_ARGUMENT)
+      return NcclWork::Done(FromPlugin(code, error, what));
+    if (code != SHARDLINE_GPU_OK) {
+      s = comm_->Fail(FromPlugin(code, error, absl::StrCat("rank ", rank())));
+      return NcclWork::Done(absl::Status(s.code(), absl::StrCat(what, ": ", s.message())));
+    }
+    return std::make_shared<NcclWork>(comm_, event, what, deadline);
+  }
+
+  const std::shared_ptr<Comm> comm_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<Store> store, int rank,
+                                                           int size, NcclOptions options) {
+  if (store == nullptr) return absl::InvalidArgumentError("store is null");
+  if (size < 1) return absl::InvalidArgumentError(absl::StrCat("size=", size, " must be >= 1"));
+  if (rank < 0 || rank >= size)
+    return absl::InvalidArgumentError(absl::StrCat("rank=", rank, " out of range [0,", size, ")"));
+  if (options.timeout <= absl::ZeroDuration())
+    return absl::InvalidArgumentError("options.timeout must be positive");
+  if (options.connect_timeout <= absl::ZeroDuration())
+    return absl::InvalidArgumentError("options.connect_timeout must be positive");
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+
+  absl::StatusOr<GpuPlugin> plugin = LoadPlugin(options.plugin_path);
+  if (!plugin.ok()) return plugin.status();
+  const ShardlineGpuApi& api = plugin->api();
+  char error[kErrorLen] = {0};
+  int32_t devices = 0;
+  if (api.device_count(&devices, error, sizeof(error)) != SHARDLINE_GPU_OK || devices < 1) {
+    return absl::UnavailableError(
+        absl::StrCat("NCCL backend unavailable: no usable GPU: ", error, "; use Gloo"));
+  }
+  const int device = options.device < 0 ? rank % devices : options.device;
+  if (device >= devices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.device=", options.device, " out of range [0,", devices, ")"));
+  }
+
+  // The unique id goes through the store (the coordinator in production).
+  std::string id;
+  const std::string where = absl::StrCat("bootstrapping NCCL rank ", rank, " of ", size);
+  if (rank == 0) {
+    id.resize(SHARDLINE_NCCL_UNIQUE_ID_BYTES);
+    const int code = api.get_unique_id(reinterpret_cast<uint8_t*>(id.data()), error, sizeof(error));
+    if (code != SHARDLINE_GPU_OK) return FromPlugin(code, error, where);
+    absl::Status s = store->Set(kUniqueIdKey, id);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
+  } else {
+    absl::StatusOr<std::string> got =
+        store->Get(kUniqueIdKey, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (!got.ok()) {
+      return absl::Status(
+          got.status().code(),
+          absl::StrCat(where, ": waiting for rank 0's NCCL unique id: ", got.status().message()));
+    }
+    id = *std::move(got);
+    if (id.size() != SHARDLINE_NCCL_UNIQUE_ID_BYTES) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": key '", kUniqueIdKey, "' holds ", id.size(), " bytes, not ",
+          SHARDLINE_NCCL_UNIQUE_ID_BYTES, "; is another group using this store prefix?"));
+    }
+  }
+
+  ShardlineNcclComm* comm = nullptr;
+  const int code = api.comm_init(reinterpret_cast<const uint8_t*>(id.data()), size, rank, device,
+                                 ToMs(std::max(deadline - absl::Now(), absl::Milliseconds(1))),
+                                 &comm, error, sizeof(error));
+  if (code != SHARDLINE_GPU_OK) {
+    return FromPlugin(code, error, absl::StrCat(where, " on device ", device));
+  }
+  return std::unique_ptr<Backend>(
+      new NcclBackend(std::make_shared<Comm>(&api, comm, rank, size, device, std::move(options))));
+}
+
+// --- DeviceMemory ---
+
+namespace {
+const ShardlineGpuApi& Api(const void* p) { return *static_cast<const ShardlineGpuApi*>(p); }
+}  // namespace
+
+absl::StatusOr<DeviceMemory> DeviceMemory::Load(const std::string& plugin_path) {
+  absl::StatusOr<GpuPlugin> plugin = LoadPlugin(plugin_path);
+  if (!plugin.ok()) return plugin.status();
+  return DeviceMemory(&plugin->api());
+}
+
+absl::StatusOr<int> DeviceMemory::DeviceCount() const {
+  char error[kErrorLen] = {0};
+  int32_t n = 0;
+  const int code = Api(api_).device_count(&n, error, sizeof(error));
+  if (code != SHARDLINE_GPU_OK) return FromPlugin(code, error, "no usable GPU");
+  return static_cast<int>(n);
+}
+
+absl::StatusOr<void*> DeviceMemory::Alloc(int device, size_t bytes) const {
+  char error[kErrorLen] = {0};
+  void* ptr = nullptr;
+  const int code = Api(api_).device_alloc(device, bytes, &ptr, error, sizeof(error));
+  if (code != SHARDLINE_GPU_OK) return FromPlugin(code, error, "allocating device memory");
+  return ptr;
+}
+
+void DeviceMemory::Free(int device, void* ptr) const { Api(api_).device_free(device, ptr); }
+
+absl::Status DeviceMemory::CopyToDevice(int device, void* dst, const void* src,
+                                        size_t bytes) const {
+  char error[kErrorLen] = {0};
+  return FromPlugin(Api(api_).copy_to_device(device, dst, src, bytes, error, sizeof(error)), error,
+                    "copying to the device");
+}
+
+absl::Status DeviceMemory::CopyToHost(int device, void* dst, const void* src, size_t bytes) const {
+  char error[kErrorLen] = {0};
+  return FromPlugin(Api(api_).copy_to_host(device, dst, src, bytes, error, sizeof(error)), error,
+                    "copying to the host");
+}
+
+}  // namespace shardline::worker

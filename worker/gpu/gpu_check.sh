@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# GPU checks for the GPU plugin and the NCCL backend: runs gpu_plugin_cuda_test
+# and nccl_backend_test (GPU tests run, nothing skipped for "no GPU") and the
+# NCCL benchmark for a few sizes, printing the results. Under 5 minutes.
+#
+#   worker/gpu/gpu_check.sh          # a GPU machine with Bazel and the project's
+#                                    # build deps (docs/BUILDING.md): build + run
+#   worker/gpu/gpu_check.sh pack     # here, no GPU needed: build with --config=ci
+#                                    # and bundle the binaries and the non-system
+#                                    # libraries they need into bazel-gpu-check/
+#                                    # (git-ignored by /bazel-*; a few MiB)
+#   worker/gpu/gpu_check.sh run      # on a bare GPU machine with the CUDA 13
+#                                    # driver and an NCCL 2.x (no Bazel): runs the
+#                                    # bundle, e.g. through the device tool:
+#                                    #   run(command="worker/gpu/gpu_check.sh run",
+#                                    #       carry=["bazel-gpu-check"], timeout_s=400)
+#
+# libnccl.so.2 (218 MB) is not bundled: `run` uses /usr/local/cuda/lib64's, or
+# the nvidia-nccl-cu13 Python package's. If that NCCL is not the 2.28 this was
+# built with, gpu_plugin_cuda_test's version check says so (expected there).
+#
+# Exit status: 0 when every test passed and the benchmark found no wrong element.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+mode="${1:-bazel}"
+BUNDLE=bazel-gpu-check
+TARGETS=(//worker/gpu:gpu_plugin_cuda_test //worker/gpu:libshardline_gpu.so
+         //worker/gpu:libshardline_gpu_fake.so
+         //worker/comm:nccl_backend_test //worker/comm:shardline-bench-collectives)
+BENCH_ARGS=(--backend nccl --op all --min-bytes 1024 --max-bytes 67108864 --factor 64
+            --iters 20 --warmup 5 --check)
+fails=0
+
+gpus() {
+  if command -v nvidia-smi >/dev/null; then nvidia-smi -L | wc -l; else echo 1; fi
+}
+
+bench() {  # bench BENCH_BINARY [extra args...]
+  local bin="$1"; shift
+  local n; n=$(gpus); [ "$n" -gt 8 ] && n=8
+  for dtype in fp32 bf16; do
+    echo "=== benchmark: --ranks $n --dtype $dtype"
+    timeout 120 "$bin" "${BENCH_ARGS[@]}" --ranks "$n" --dtype "$dtype" "$@" || fails=$((fails + 1))
+  done
+}
+
+case "$mode" in
+  bazel)
+    command -v nvidia-smi >/dev/null && nvidia-smi -L
+    bazel build --config=ci "${TARGETS[@]}" || exit 1
+    bazel test --config=ci --test_output=all \
+      //worker/gpu:gpu_plugin_cuda_test //worker/comm:nccl_backend_test || fails=$((fails + 1))
+    bench bazel-bin/worker/comm/shardline-bench-collectives
+    ;;
+
+  pack)
+    bazel build --config=ci "${TARGETS[@]}" || exit 1
+    rm -rf "$BUNDLE"
+    mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/worker/gpu"
+    for t in worker/gpu/gpu_plugin_cuda_test worker/comm/nccl_backend_test \
+             worker/comm/shardline-bench-collectives; do
+      cp -L "bazel-bin/$t" "$BUNDLE/bin/"
+    done
+    cp -L bazel-bin/worker/gpu/libshardline_gpu.so bazel-bin/worker/gpu/libshardline_gpu_fake.so \
+      "$BUNDLE/worker/gpu/"
+    # Every shared library they load except glibc/libstdc++ (the target has
+    # newer ones), the CUDA driver and NCCL (found there).
+    # ldd the originals: their RUNPATH ($ORIGIN/../../_solib_k8) finds Bazel's
+    # own shared libraries there.
+    for f in worker/gpu/gpu_plugin_cuda_test worker/comm/nccl_backend_test \
+             worker/comm/shardline-bench-collectives worker/gpu/libshardline_gpu.so; do
+      ldd "bazel-bin/$f" | awk '$3 ~ /^\// {print $3}'
+    done | sort -u | while read -r lib; do
+      case "$(basename "$lib")" in
+        libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libstdc++.so*|libgcc_s.so*| \
+        libcuda.so*|libnccl.so*) ;;
+        *) cp -L "$lib" "$BUNDLE/lib/" ;;
+      esac
+    done
+    du -sh "$BUNDLE"
+    echo "packed; on the GPU machine: worker/gpu/gpu_check.sh run (carry $BUNDLE)"
+    exit 0
+    ;;
+
+  run)
+    [ -d "$BUNDLE" ] || { echo "no $BUNDLE/: run 'worker/gpu/gpu_check.sh pack' first"; exit 1; }
+    command -v nvidia-smi >/dev/null && nvidia-smi -L
+    nccl_dir=""
+    if [ -e /usr/local/cuda/lib64/libnccl.so.2 ]; then
+      nccl_dir=/usr/local/cuda/lib64
+    else
+      nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+    fi
+    echo "NCCL from: ${nccl_dir:-not found}"
+    export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib:${nccl_dir}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    # The tests open worker/gpu/libshardline_gpu.so relative to the working
+    # directory (their Bazel runfiles layout), so run them inside the bundle.
+    for t in gpu_plugin_cuda_test nccl_backend_test; do
+      echo "=== $t"
+      (cd "$BUNDLE" && timeout 240 "bin/$t" 2>&1) | tee "/tmp/gpu_check_$t.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
+      # On a GPU machine, "skipped: no GPU" means the plugin could not use it.
+      if command -v nvidia-smi >/dev/null && grep -q "no GPU:\|no usable CUDA device" \
+          "/tmp/gpu_check_$t.log"; then
+        echo "[FAILED] $t skipped GPU tests on a machine with a GPU"; fails=$((fails + 1))
+      fi
+      grep -E "^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]" "/tmp/gpu_check_$t.log" | head -20
+    done
+    bench "$BUNDLE/bin/shardline-bench-collectives" \
+      --gpu-plugin "$PWD/$BUNDLE/worker/gpu/libshardline_gpu.so"
+    ;;
+
+  *)
+    echo "usage: $0 [bazel|pack|run]"; exit 2 ;;
+esac
+
+echo "=== gpu_check: $fails failure(s)"
+[ "$fails" -eq 0 ]
