@@ -15,6 +15,7 @@ PACKAGES=(
   libsqlite3-dev           # the coordinator's durable state
   libyaml-cpp-dev          # job spec files in YAML
   libopenblas-dev          # the trainer's CPU matrix products (cblas_sgemm)
+  libisal-dev              # CRC-32C of checkpoint shards (ISA-L crc32_iscsi)
   openssl                  # tests make TLS certificates
 )
 
