@@ -338,6 +338,13 @@ absl::StatusOr<v1::ListCheckpointsResponse> CoordinatorClient::ListCheckpoints(
   });
 }
 
+absl::StatusOr<v1::Manifest> CoordinatorClient::GetManifest(
+    const v1::GetManifestRequest& request) {
+  return Unary<v1::Manifest>("GetManifest", [&](auto* c, auto* r) {
+    return checkpoints_->GetManifest(c, request, r);
+  });
+}
+
 absl::StatusOr<v1::KvGetResponse> CoordinatorClient::KvGet(const v1::KvGetRequest& request) {
   return Unary<v1::KvGetResponse>("KvGet", [&](auto* c, auto* r) {
     return rendezvous_->KvGet(c, request, r);

@@ -129,6 +129,7 @@ class CoordinatorClient {
       const v1::GetShardOwnerRequest& request);
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(
       const v1::ListCheckpointsRequest& request);
+  absl::StatusOr<v1::Manifest> GetManifest(const v1::GetManifestRequest& request);
   absl::StatusOr<v1::KvGetResponse> KvGet(const v1::KvGetRequest& request);
 
   // Streams WatchJob, calling `on_event` for each event in order. Returns OK

@@ -369,16 +369,32 @@ absl::Status Owner(const std::vector<std::string>& args, std::ostream& out) {
   return absl::OkStatus();
 }
 
-absl::Status Checkpoints(const std::vector<std::string>& args, std::ostream& out) {
+// ---------------------------------------------------------- checkpoint ----
+
+constexpr char kCheckpointUsage[] =
+    "Usage:\n"
+    "  shardctl checkpoint list JOB [--all]       the job's checkpoints, newest step first\n"
+    "                                             (also spelled 'shardctl checkpoints JOB')\n"
+    "  shardctl checkpoint show JOB [ID] [--tensors]\n"
+    "                                             one checkpoint's manifest (default: the\n"
+    "                                             newest committed); --json prints it whole\n"
+    "  shardctl checkpoint verify JOB [ID]        not yet: check the shard files' checksums\n"
+    "  shardctl checkpoint consolidate JOB [ID]   not yet: write one unsharded copy\n";
+
+// `checkpoint list` and its old spelling `checkpoints`: ListCheckpoints, all
+// pages.
+absl::Status CheckpointList(const std::vector<std::string>& args, std::ostream& out,
+                            const char* name) {
   constexpr char kUsage[] =
-      "Usage: shardctl checkpoints JOB [--all] [--json]\n"
-      "  The job's checkpoints, newest step first; --all includes aborted ones.\n";
-  Command c("shardctl checkpoints");
+      "Usage: shardctl checkpoint list JOB [--all] [--json]\n"
+      "  The job's checkpoints, newest step first; --all includes aborted ones.\n"
+      "  'shardctl checkpoints JOB' is the same command.\n";
+  Command c(name);
   bool all = false;
   c.parser.AddBool("all", &all, "include aborted checkpoints");
   bool help = false;
   absl::StatusOr<std::string> job =
-      OneJob(c, args, kUsage, "shardctl checkpoints shakespeare", out, &help);
+      OneJob(c, args, kUsage, "shardctl checkpoint list shakespeare", out, &help);
   if (!job.ok() || help) return job.status();
   auto client = c.Connect();
   if (!client.ok()) return client.status();
@@ -398,6 +414,77 @@ absl::Status Checkpoints(const std::vector<std::string>& args, std::ostream& out
   }
   Print(out, c.json ? ProtoToJson(every) : FormatCheckpoints(*job, every.checkpoints()));
   return absl::OkStatus();
+}
+
+absl::Status Checkpoints(const std::vector<std::string>& args, std::ostream& out) {
+  return CheckpointList(args, out, "shardctl checkpoints");
+}
+
+// `checkpoint show JOB [ID]`: GetManifest; no ID is the newest committed.
+absl::Status CheckpointShow(const std::vector<std::string>& args, std::ostream& out) {
+  constexpr char kUsage[] =
+      "Usage: shardctl checkpoint show JOB [ID] [--tensors] [--json]\n"
+      "  The manifest of checkpoint ID (default: the job's newest committed one, the\n"
+      "  restore point): step, generation, layout, data cursor, ranks, files, bytes and\n"
+      "  tensors. --tensors lists every tensor with its global shape and piece count;\n"
+      "  --json prints the whole manifest (every piece) as JSON.\n";
+  Command c("shardctl checkpoint show");
+  bool tensors = false;
+  c.parser.AddBool("tensors", &tensors, "list the tensors: dtype, global shape, pieces, bytes");
+  auto positional = c.Parse(args, kUsage, out);
+  if (!positional.ok()) return positional.status();
+  if (!positional->has_value()) return absl::OkStatus();
+  const std::vector<std::string>& pos = **positional;
+  if (pos.empty() || pos.size() > 2) {
+    return Usage(absl::StrCat("checkpoint show takes a job id and optionally a checkpoint id, "
+                              "e.g. 'shardctl checkpoint show shakespeare' or 'shardctl "
+                              "checkpoint show shakespeare ckpt-step000000000100-gen2'",
+                              pos.empty() ? "" : absl::StrCat("; got ", pos.size(),
+                                                              " arguments")),
+                 kUsage);
+  }
+  auto client = c.Connect();
+  if (!client.ok()) return client.status();
+  v1::GetManifestRequest request;
+  request.set_job_id(pos[0]);
+  if (pos.size() == 2) request.set_checkpoint_id(pos[1]);
+  absl::StatusOr<v1::Manifest> manifest = (*client)->GetManifest(request);
+  if (!manifest.ok()) {
+    const absl::Status& s = manifest.status();
+    if (s.code() == absl::StatusCode::kNotFound) {
+      return absl::NotFoundError(absl::StrCat(
+          s.message(), "; 'shardctl checkpoint list ", pos[0], " --all' lists its checkpoints"));
+    }
+    return s;
+  }
+  Print(out, c.json ? ProtoToJson(*manifest) : FormatManifest(*manifest, tensors));
+  return absl::OkStatus();
+}
+
+absl::Status Checkpoint(const std::vector<std::string>& args, std::ostream& out) {
+  if (args.empty()) {
+    return Usage("checkpoint needs a subcommand: list, show (verify and consolidate: not yet)",
+                 kCheckpointUsage);
+  }
+  const std::string& sub = args[0];
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (sub == "list") return CheckpointList(rest, out, "shardctl checkpoint list");
+  if (sub == "show") return CheckpointShow(rest, out);
+  if (sub == "verify" || sub == "consolidate") {
+    // These read the shard files and need the worker-side checkpoint reader
+    // (crc32c of every piece; interval intersection for consolidate); they
+    // go here, next to `show`, once that reader is a library shardctl can
+    // link.
+    return absl::UnimplementedError(absl::StrCat(
+        "checkpoint ", sub, " is not implemented yet; 'shardctl checkpoint show JOB [ID] "
+        "--tensors' shows what the manifest records"));
+  }
+  if (sub == "--help" || sub == "-h" || sub == "help") {
+    out << kCheckpointUsage << "\n" << kConnectionHelp;
+    return absl::OkStatus();
+  }
+  return Usage(absl::StrCat("unknown checkpoint subcommand '", sub, "'; choose list or show"),
+               kCheckpointUsage);
 }
 
 absl::Status Watch(const std::vector<std::string>& args, std::ostream& out) {
@@ -531,7 +618,8 @@ absl::Status Kv(const std::vector<std::string>& args, std::ostream& out) {
 
 bool IsCoordinatorCommand(const std::string& command) {
   return command == "job" || command == "members" || command == "topology" ||
-         command == "owner" || command == "checkpoints" || command == "watch" || command == "kv";
+         command == "owner" || command == "checkpoints" || command == "checkpoint" ||
+         command == "watch" || command == "kv";
 }
 
 absl::Status RunCoordinatorCommand(const std::string& command,
@@ -541,6 +629,7 @@ absl::Status RunCoordinatorCommand(const std::string& command,
   if (command == "topology") return Topology(args, out);
   if (command == "owner") return Owner(args, out);
   if (command == "checkpoints") return Checkpoints(args, out);
+  if (command == "checkpoint") return Checkpoint(args, out);
   if (command == "watch") return Watch(args, out);
   if (command == "kv") return Kv(args, out);
   return absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'"));

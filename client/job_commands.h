@@ -8,7 +8,11 @@
 //   shardctl members JOB                         ListMembers
 //   shardctl topology JOB                        GetPlan: groups and pipeline stages
 //   shardctl owner JOB PARAMETER [--element I]   GetShardOwner
-//   shardctl checkpoints JOB [--all]             ListCheckpoints (all pages)
+//   shardctl checkpoint list JOB [--all]         ListCheckpoints (all pages); the old
+//   shardctl checkpoints JOB [--all]               spelling is an alias
+//   shardctl checkpoint show JOB [ID] [--tensors] GetManifest (no ID: newest committed)
+//   shardctl checkpoint verify|consolidate ...   not yet (Unimplemented): they need
+//                                                the worker-side shard reader
 //   shardctl watch JOB [--after SEQ] [--count N] WatchJob, one line per event
 //   shardctl kv get JOB --generation G [--scope S] KEY
 //                                                KvGet through a live member's fence
@@ -30,8 +34,8 @@
 
 namespace shardline::client {
 
-// True for the words above (job, members, topology, owner, checkpoints,
-// watch, kv).
+// True for the words above (job, members, topology, owner, checkpoint,
+// checkpoints, watch, kv).
 bool IsCoordinatorCommand(const std::string& command);
 
 // Runs `command` with `args` (everything after the command word) and writes

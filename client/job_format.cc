@@ -273,6 +273,60 @@ std::string FormatCheckpoints(
   return t.Render();
 }
 
+std::string FormatManifest(const v1::Manifest& m, bool tensors) {
+  const v1::ParallelConfig& p = m.parallel();
+  const v1::ModelConfig& model = m.model();
+  uint64_t files = 0, bytes = 0, pieces = 0;
+  for (const v1::RankRecord& r : m.ranks()) {
+    files += static_cast<uint64_t>(r.files_size());
+    for (const v1::ShardFile& f : r.files()) bytes += f.size_bytes();
+  }
+  for (const v1::SavedTensor& t : m.tensors()) pieces += static_cast<uint64_t>(t.pieces_size());
+  const std::string state = EnumName(v1::CheckpointState_descriptor(), m.state());
+  std::vector<std::pair<std::string, std::string>> lines;
+  lines.emplace_back("Checkpoint", m.checkpoint_id());
+  lines.emplace_back("Job", m.job_id());
+  lines.emplace_back("State", m.abort_reason().empty()
+                                  ? state
+                                  : absl::StrCat(state, " (", m.abort_reason(), ")"));
+  lines.emplace_back("Step", absl::StrCat(m.step()));
+  lines.emplace_back("Generation", absl::StrCat(m.generation()));
+  lines.emplace_back("Directory", m.directory());
+  lines.emplace_back("Layout", absl::StrCat("world ", m.world_size(), " = tp ", p.tp(), " x pp ",
+                                            p.pp(), " x dp ", m.dp(), "; vpp ",
+                                            p.vpp() == 0 ? 1 : p.vpp(), ", ZeRO stage ",
+                                            p.zero_stage(), ", schedule ",
+                                            ScheduleName(p.schedule())));
+  lines.emplace_back(
+      "Model", absl::StrCat("GPT ", model.num_layers(), " layers, hidden ", model.hidden_size(),
+                            ", ", model.num_heads(), " heads, vocab ", model.vocab_size(),
+                            ", seq ", model.seq_length()));
+  lines.emplace_back("Data cursor", absl::StrCat("sample ", m.data_cursor(), " (seed ",
+                                                 m.seed(), ")"));
+  lines.emplace_back("Ranks", absl::StrCat(m.ranks_size(), " of ", m.world_size(), ", ", files,
+                                           files == 1 ? " file, " : " files, ",
+                                           HumanBytes(bytes), " (", bytes, " bytes)"));
+  lines.emplace_back("Tensors", absl::StrCat(m.tensors_size(), " (", pieces,
+                                             pieces == 1 ? " piece)" : " pieces)"));
+  lines.emplace_back("Created", FormatTimestamp(m.create_time()));
+  lines.emplace_back("Committed", FormatTimestamp(m.commit_time()));
+  std::string out = KeyValueBlock(lines);
+  if (!tensors) return out;
+  if (m.tensors().empty()) return out + "\nno tensors\n";
+  Table t({"TENSOR", "DTYPE", "SHAPE", "PIECES", "SIZE"});
+  for (size_t c : {3, 4}) t.AlignRight(c);
+  for (const v1::SavedTensor& x : m.tensors()) {
+    uint64_t saved = 0;
+    for (const v1::SavedPiece& piece : x.pieces()) saved += piece.byte_length();
+    std::string dtype = EnumName(v1::DType_descriptor(), x.dtype());
+    if (absl::StartsWith(dtype, "DTYPE_")) dtype = dtype.substr(6);
+    t.AddRow({x.name(), dtype,
+              absl::StrCat("[", absl::StrJoin(x.global_shape(), ", "), "]"),
+              absl::StrCat(x.pieces_size()), HumanBytes(saved)});
+  }
+  return absl::StrCat(out, "\n", t.Render());
+}
+
 std::string FormatEvent(const v1::JobEvent& e) {
   std::string what;
   switch (e.event_case()) {

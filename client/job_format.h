@@ -59,6 +59,12 @@ std::string FormatShardOwner(const v1::GetShardOwnerResponse& response);
 std::string FormatCheckpoints(const std::string& job_id,
                               const google::protobuf::RepeatedPtrField<v1::CheckpointSummary>& list);
 
+// `checkpoint show`: one manifest summarized (step, generation, layout,
+// data cursor, ranks / files / bytes, tensor and piece counts); with
+// `tensors`, then a table of every tensor: dtype, global shape, pieces and
+// saved bytes.
+std::string FormatManifest(const v1::Manifest& manifest, bool tensors);
+
 // `watch`: one line, no newline:
 // "#12 2024-05-01T10:00:00.123Z g2 generation_formed initial: world 4 (dp 2), ranks w0 w1 w2 w3, spares w4".
 std::string FormatEvent(const v1::JobEvent& event);

@@ -263,6 +263,67 @@ TEST(JobFormatTest, Checkpoints) {
             "generation 1 ended\n");
 }
 
+TEST(JobFormatTest, ManifestSummaryAndTensors) {
+  v1::Manifest m;
+  m.set_checkpoint_id("ckpt-step000000000200-gen2");
+  m.set_job_id("j");
+  m.set_step(200);
+  m.set_generation(2);
+  m.set_state(v1::CHECKPOINT_STATE_COMMITTED);
+  m.set_directory("/ckpt/ckpt-step000000000200-gen2");
+  m.mutable_model()->set_num_layers(4);
+  m.mutable_model()->set_hidden_size(128);
+  m.mutable_model()->set_num_heads(4);
+  m.mutable_model()->set_vocab_size(256);
+  m.mutable_model()->set_seq_length(64);
+  m.mutable_parallel()->set_tp(2);
+  m.mutable_parallel()->set_pp(1);
+  m.mutable_parallel()->set_zero_stage(1);
+  m.set_dp(2);
+  m.set_world_size(4);
+  m.set_seed(7);
+  m.set_data_cursor(6400);
+  for (uint32_t r = 0; r < 4; ++r) {
+    v1::RankRecord* rank = m.add_ranks();
+    rank->set_rank(r);
+    rank->add_files()->set_size_bytes(1 << 20);
+  }
+  v1::SavedTensor* t = m.add_tensors();
+  t->set_name("embedding.weight");
+  t->set_dtype(v1::DTYPE_FLOAT32);
+  t->add_global_shape(256);
+  t->add_global_shape(128);
+  for (int i = 0; i < 2; ++i) t->add_pieces()->set_byte_length(64 << 10);
+  *m.mutable_create_time() = At(kMay1);
+  *m.mutable_commit_time() = At(kMay1);
+  const std::string summary =
+      "Checkpoint:   ckpt-step000000000200-gen2\n"
+      "Job:          j\n"
+      "State:        COMMITTED\n"
+      "Step:         200\n"
+      "Generation:   2\n"
+      "Directory:    /ckpt/ckpt-step000000000200-gen2\n"
+      "Layout:       world 4 = tp 2 x pp 1 x dp 2; vpp 1, ZeRO stage 1, schedule default\n"
+      "Model:        GPT 4 layers, hidden 128, 4 heads, vocab 256, seq 64\n"
+      "Data cursor:  sample 6400 (seed 7)\n"
+      "Ranks:        4 of 4, 4 files, 4.00 MiB (4194304 bytes)\n"
+      "Tensors:      1 (2 pieces)\n"
+      "Created:      2024-05-01T10:00:00Z\n"
+      "Committed:    2024-05-01T10:00:00Z\n";
+  EXPECT_EQ(FormatManifest(m, /*tensors=*/false), summary);
+  EXPECT_EQ(FormatManifest(m, /*tensors=*/true),
+            summary +
+                "\n"
+                "TENSOR            DTYPE    SHAPE       PIECES        SIZE\n"
+                "embedding.weight  FLOAT32  [256, 128]       2  128.00 KiB\n");
+  m.set_state(v1::CHECKPOINT_STATE_ABORTED);
+  m.set_abort_reason("generation 2 ended");
+  m.clear_tensors();
+  EXPECT_THAT(FormatManifest(m, true),
+              AllOf(HasSubstr("State:        ABORTED (generation 2 ended)\n"),
+                    HasSubstr("\nno tensors\n")));
+}
+
 TEST(JobFormatTest, EventsOneLineEach) {
   v1::JobEvent e;
   e.set_sequence(12);

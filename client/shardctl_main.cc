@@ -1,7 +1,7 @@
 // shardctl: the operator CLI. Subcommands:
 //   plan         offline planning (no coordinator): layouts, schedules, ZeRO
 //                shards, owners, memory.
-//   job, members, topology, owner, checkpoints, watch, kv
+//   job, members, topology, owner, checkpoint (checkpoints), watch, kv
 //                a running coordinator's jobs, over the v1 API
 //                (client/job_commands.h).
 // Exit codes: 0 success; 2 bad input (usage, a flag, a value, an unknown
@@ -35,7 +35,11 @@ constexpr char kUsage[] =
     "  topology JOB                        process groups and pipeline stages of the\n"
     "                                      current generation\n"
     "  owner JOB PARAMETER [--element I]   which ranks hold a parameter's state\n"
-    "  checkpoints JOB [--all]             the job's checkpoints, newest first\n"
+    "  checkpoint list JOB [--all]         the job's checkpoints, newest first\n"
+    "                                      (also: checkpoints JOB)\n"
+    "  checkpoint show JOB [ID] [--tensors]\n"
+    "                                      a checkpoint's manifest (default: the restore\n"
+    "                                      point); verify and consolidate: not yet\n"
     "  watch JOB [--after SEQ] [--count N] stream the job's events, one line each\n"
     "  kv get JOB --generation G [--scope S] KEY\n"
     "                                      read a rendezvous key (debugging)\n"
@@ -71,7 +75,8 @@ int main(int argc, char** argv) {
     const absl::Status s = shardline::client::RunCoordinatorCommand(command, args, std::cout);
     if (!s.ok()) {
       std::string name = "shardctl " + command;
-      if ((command == "job" || command == "kv") && !args.empty() && args[0][0] != '-') {
+      if ((command == "job" || command == "kv" || command == "checkpoint") && !args.empty() &&
+          args[0][0] != '-') {
         name += " " + args[0];
       }
       std::cerr << name << ": " << s.message() << "\n";

@@ -80,7 +80,8 @@
 //     keep_last (by step) are removed from the registry and from the store in
 //     the commit batch, and returned in ReportShardResult::expired so the
 //     coordinator deletes their directories. The newest is always kept.
-//     Directories of ABORTED checkpoints are the cleanup's job.
+//     Directories of ABORTED checkpoints are deleted by the coordinator when
+//     they abort and again at its start (grpc_service.h, checkpoint_files.h).
 //   * AbortPending / Abort / Commit on a checkpoint whose commit is in flight
 //     wait (for the duration of one store write) for its outcome; a commit
 //     whose batch is durable stands: every rank reported it.

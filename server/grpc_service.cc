@@ -1,5 +1,7 @@
 #include "server/grpc_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -18,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/auth.h"
+#include "server/checkpoint_files.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 
 namespace shardline::server {
@@ -228,6 +231,46 @@ class Services {
     }
   }
 
+  // At start, before serving (see the header's "Checkpoint files"): deletes
+  // the directories of ABORTED checkpoints (including those the registry
+  // aborted because the previous coordinator died while they were pending)
+  // and rewrites manifest.json and LATEST of each job's newest committed
+  // checkpoint when they are missing or LATEST names another one (a
+  // coordinator that died between the durable commit and the file writes).
+  void RecoverCheckpointFiles() {
+    for (const v1::Job& job : AllJobs(*deps_.coordinator)) {
+      const std::string& root = job.spec().checkpoint().directory();
+      if (root.empty()) continue;
+      std::string token;
+      for (int pages = 0; pages < 1000; ++pages) {
+        absl::StatusOr<v1::ListCheckpointsResponse> page =
+            deps_.checkpoints->List(job.job_id(), /*include_aborted=*/true, 1000, token);
+        if (!page.ok()) break;
+        for (const v1::CheckpointSummary& c : page->checkpoints()) {
+          if (c.state() == v1::CHECKPOINT_STATE_ABORTED) {
+            RemoveAbortedDirectory(job.job_id(), root, c.checkpoint_id(), c.directory());
+          }
+        }
+        token = page->next_page_token();
+        if (token.empty()) break;
+      }
+      std::optional<v1::CheckpointRef> latest = deps_.checkpoints->Latest(job.job_id());
+      if (!latest) continue;
+      absl::StatusOr<v1::Manifest> manifest =
+          deps_.checkpoints->GetManifest(job.job_id(), latest->checkpoint_id());
+      if (!manifest.ok()) continue;
+      absl::StatusOr<std::string> on_disk = ReadLatestFile(root);
+      if (on_disk.ok() && *on_disk == latest->checkpoint_id() &&
+          ReadManifestFile(manifest->directory()).ok()) {
+        continue;
+      }
+      Log(absl::StrCat("checkpoint files repaired job=", job.job_id(),
+                       " checkpoint=", latest->checkpoint_id(), " (manifest.json or LATEST was "
+                       "missing or behind the store)"));
+      WriteCommittedFiles(job.job_id(), *manifest, {});
+    }
+  }
+
   void PassOn(const std::vector<GenerationEnded>& ended) {
     for (const GenerationEnded& e : ended) {
       Log(absl::StrCat("generation ended job=", e.job_id, " generation=", e.generation,
@@ -329,7 +372,72 @@ class Services {
                        " checkpoint=", aborted->checkpoint_id(), " reason=\"", reason, "\""));
       deps_.coordinator->NoteCheckpointAborted(job_id, aborted->checkpoint_id(), aborted->step(),
                                                reason);
+      RemoveAbortedDirectory(job_id, CheckpointRoot(job_id), aborted->checkpoint_id(),
+                             aborted->directory());
     }
+  }
+
+  // --- Checkpoint files (server/checkpoint_files.h) --------------------------
+
+  // The job's checkpoint root (spec.checkpoint.directory), or "".
+  std::string CheckpointRoot(const std::string& job_id) {
+    absl::StatusOr<v1::Job> job = deps_.coordinator->GetJob(job_id);
+    return job.ok() ? job->spec().checkpoint().directory() : std::string();
+  }
+
+  // After the registry made `manifest` durable: manifest.json, then LATEST
+  // (only while the registry still names this checkpoint the newest), then
+  // the expired directories. A failure is logged and ends the sequence: the
+  // checkpoint stays committed (the store is the authority and GetManifest
+  // serves it), LATEST is not moved past a checkpoint without its
+  // manifest.json, and expired directories are kept rather than deleted
+  // while LATEST may still name one of them. The next start repairs
+  // manifest.json and LATEST (RecoverCheckpointFiles).
+  void WriteCommittedFiles(const std::string& job_id, const v1::Manifest& manifest,
+                           const std::vector<ExpiredCheckpoint>& expired) {
+    const std::string root = CheckpointRoot(job_id);
+    const std::string& id = manifest.checkpoint_id();
+    absl::MutexLock lock(&files_mu_);
+    absl::Status s = WriteManifestFile(root, manifest);
+    if (!s.ok()) {
+      Log(absl::StrCat("checkpoint manifest.json not written job=", job_id, " checkpoint=", id,
+                       " status=\"", s.ToString(), "\" (the checkpoint is committed; LATEST "
+                       "not moved)"));
+      return;
+    }
+    std::optional<v1::CheckpointRef> latest = deps_.checkpoints->Latest(job_id);
+    if (!latest || latest->checkpoint_id() != id) {
+      Log(absl::StrCat("checkpoint LATEST not moved job=", job_id, " checkpoint=", id,
+                       " (no longer the newest committed)"));
+    } else if (s = WriteLatestFile(root, id); !s.ok()) {
+      Log(absl::StrCat("checkpoint LATEST not moved job=", job_id, " checkpoint=", id,
+                       " status=\"", s.ToString(), "\" (the checkpoint is committed)"));
+      return;
+    }
+    for (const ExpiredCheckpoint& x : expired) {
+      absl::Status removed = RemoveCheckpointDirectory(root, x.directory);
+      Log(absl::StrCat("checkpoint expired job=", job_id, " checkpoint=", x.ref.checkpoint_id(),
+                       " directory=", x.directory,
+                       removed.ok() ? std::string(" (deleted)")
+                                    : absl::StrCat(" status=\"", removed.ToString(),
+                                                   "\" (not deleted; delete it by hand)")));
+    }
+  }
+
+  // Deletes the directory of an ABORTED checkpoint: nothing of a dead
+  // attempt lingers (case C10). A rank still writing may re-create it; the
+  // next start deletes it again, and its id is never reused anyway.
+  void RemoveAbortedDirectory(const std::string& job_id, const std::string& root,
+                              const std::string& checkpoint_id, const std::string& directory) {
+    if (root.empty() || directory.empty()) return;
+    absl::MutexLock lock(&files_mu_);
+    if (::access(directory.c_str(), F_OK) != 0) return;  // nothing written, or already gone
+    absl::Status removed = RemoveCheckpointDirectory(root, directory);
+    Log(absl::StrCat("checkpoint directory of aborted checkpoint job=", job_id,
+                     " checkpoint=", checkpoint_id, " directory=", directory,
+                     removed.ok() ? std::string(" (deleted)")
+                                  : absl::StrCat(" status=\"", removed.ToString(),
+                                                 "\" (not deleted)")));
   }
 
   void NoteCommitted(const std::string& job_id, const v1::CheckpointSummary& summary) {
@@ -946,6 +1054,9 @@ class Services {
         if (!r.ok()) return r.status();
         const v1::CheckpointSummary& summary = r->checkpoint;
         if (r->committed_manifest != nullptr) {
+          // Files before the answer: a rank told COMMITTED finds
+          // manifest.json and LATEST in place.
+          s_->WriteCommittedFiles(fw->job_id, *r->committed_manifest, r->expired);
           s_->NoteCommitted(fw->job_id, summary);
         } else if (summary.state() == v1::CHECKPOINT_STATE_ABORTED &&
                    summary.reported_ranks() == summary.world_size()) {
@@ -956,6 +1067,8 @@ class Services {
                            summary.abort_reason(), "\""));
           s_->deps_.coordinator->NoteCheckpointAborted(fw->job_id, summary.checkpoint_id(),
                                                        summary.step(), summary.abort_reason());
+          s_->RemoveAbortedDirectory(fw->job_id, s_->CheckpointRoot(fw->job_id),
+                                     summary.checkpoint_id(), summary.directory());
         }
         *resp->mutable_checkpoint() = summary;
         return absl::OkStatus();
@@ -983,6 +1096,10 @@ class Services {
             s_->deps_.coordinator->NoteCheckpointAborted(
                 req->job_id(), req->checkpoint_id(), m.ok() ? m->step() : 0,
                 std::string(r.status().message()));
+            if (m.ok()) {
+              s_->RemoveAbortedDirectory(req->job_id(), s_->CheckpointRoot(req->job_id()),
+                                         req->checkpoint_id(), m->directory());
+            }
           }
           return r.status();
         }
@@ -1029,6 +1146,8 @@ class Services {
                            " reason=\"", reason, "\""));
           s_->deps_.coordinator->NoteCheckpointAborted(req->job_id(), r->checkpoint_id(),
                                                        r->step(), reason);
+          s_->RemoveAbortedDirectory(req->job_id(), s_->CheckpointRoot(req->job_id()),
+                                     r->checkpoint_id(), r->directory());
         }
         *resp = *std::move(r);
         return absl::OkStatus();
@@ -1094,6 +1213,8 @@ class Services {
   const absl::Duration poll_interval_;
   const Authenticator auth_;
   std::atomic<bool> shutting_down_{false};
+  // Serializes the checkpoint file work (LATEST writers race otherwise).
+  absl::Mutex files_mu_;
 
 
   JobServiceImpl job_;
@@ -1113,6 +1234,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->services_ = std::make_unique<Services>(deps, options);
+  server->services_->RecoverCheckpointFiles();
 
   grpc::ServerBuilder builder;
   std::shared_ptr<grpc::ServerCredentials> credentials =

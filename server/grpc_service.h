@@ -30,6 +30,27 @@
 //   * A committed checkpoint (ReportShard or CommitCheckpoint) is noted with
 //     Coordinator::NoteCheckpointCommitted (the next generation's restore
 //     point).
+//   * Checkpoint files (server/checkpoint_files.h), under the job's
+//     checkpoint root spec.checkpoint.directory. Order at commit: the
+//     registry makes the manifest durable in the store (and runs its
+//     verify_files hook, which main.cc sets to VerifyShardFiles), then the
+//     committing ReportShard writes <checkpoint dir>/manifest.json
+//     atomically, then moves <root>/LATEST (only while the registry still
+//     names that checkpoint the newest), then deletes the directories of the
+//     checkpoints retention expired — all before it answers COMMITTED. If a
+//     file write fails the checkpoint is still committed (the store decides;
+//     GetManifest and Assignment.restore serve it): the failure is logged,
+//     LATEST stays where it was and expired directories are kept (LATEST may
+//     name one); the next start repairs manifest.json and LATEST.
+//     Every abort (AbortCheckpoint, a failed commit, CommitCheckpoint with
+//     ranks missing, a generation ending, CancelJob) deletes the aborted
+//     checkpoint's directory. At Start, before serving, the directories of
+//     every ABORTED checkpoint are deleted (so a save that was PENDING when
+//     the previous coordinator died leaves nothing) and manifest.json /
+//     LATEST of each job's newest committed checkpoint are rewritten when
+//     missing or behind. Nothing outside the root is ever deleted
+//     (RemoveCheckpointDirectory refuses it). Two jobs must not share a
+//     checkpoint root (ids are unique per job only).
 //   * Blocking calls (GetAssignment with wait, KvGet with wait, KvWait,
 //     Barrier) end at the earlier of the request's timeout (defaults and
 //     limits per the proto) and the gRPC deadline. GetAssignment, KvGet and

@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/args.h"
+#include "server/checkpoint_files.h"
 #include "server/checkpoint_registry.h"
 #include "server/clock.h"
 #include "server/coordinator.h"
@@ -146,8 +147,13 @@ int Main(int argc, char** argv) {
   RealClock clock;
   Coordinator coordinator(&clock, store.get());
   if (absl::Status s = coordinator.Recover(); !s.ok()) return Fail(s);
+  // The coordinator sees the checkpoint directories (it writes manifest.json
+  // next to the shards), so it checks at commit that every reported file is
+  // there with its size (server/checkpoint_files.h).
+  CheckpointRegistryOptions checkpoint_options;
+  checkpoint_options.verify_files = VerifyShardFiles;
   absl::StatusOr<std::unique_ptr<CheckpointRegistry>> checkpoints =
-      CheckpointRegistry::Create(store.get(), &clock);
+      CheckpointRegistry::Create(store.get(), &clock, checkpoint_options);
   if (!checkpoints.ok()) return Fail(checkpoints.status());
   Rendezvous rendezvous(&clock);
   Metrics metrics([&coordinator] { return SnapshotJobs(coordinator); });
