@@ -255,6 +255,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  // A coordinator restarting on its state file is back within seconds;
+  // gRPC's default reconnect backoff (1 s growing to 120 s) would keep
+  // workers away long after it is up and get them declared lost. Reconnect
+  // every 100 ms at first, never waiting more than 1 s between tries.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(options.address, credentials, args);
 }
 

@@ -173,6 +173,11 @@ void WorkerAgent::SetProgress(uint64_t step, v1::WorkerState state) {
   state_ = state;
 }
 
+void WorkerAgent::SetMetrics(const v1::StepMetrics& metrics) {
+  absl::MutexLock lock(&mu_);
+  metrics_ = metrics;
+}
+
 bool WorkerAgent::SleepUnlessStopping(absl::Duration d) {
   absl::MutexLock lock(&mu_);
   auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
@@ -430,6 +435,7 @@ void WorkerAgent::HeartbeatLoop() {
       *req.mutable_fence() = FenceLocked();
       req.set_step(step_);
       req.set_state(state_);
+      if (metrics_.has_value()) *req.mutable_metrics() = *metrics_;
       heartbeat_now_ = false;
       interval = spec_.elastic().has_heartbeat_interval()
                      ? FromProto(spec_.elastic().heartbeat_interval())

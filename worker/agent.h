@@ -171,6 +171,9 @@ class WorkerAgent {
   // kMaxConsecutiveErrorGenerations). A change of state is heartbeated at
   // once rather than at the next interval.
   void SetProgress(uint64_t step, v1::WorkerState state) ABSL_LOCKS_EXCLUDED(mu_);
+  // The numbers the next heartbeats carry (the latest step's loss and
+  // throughput); the coordinator turns them into StepProgress events.
+  void SetMetrics(const v1::StepMetrics& metrics) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reports a failure this worker saw (ReportError) and returns the
   // coordinator's directive (RESTART_AT_GENERATION, or STOP); the generation
@@ -239,6 +242,7 @@ class WorkerAgent {
   std::optional<v1::Assignment> assignment_ ABSL_GUARDED_BY(mu_);
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   v1::WorkerState state_ ABSL_GUARDED_BY(mu_) = v1::WORKER_STATE_WAITING;
+  std::optional<v1::StepMetrics> metrics_ ABSL_GUARDED_BY(mu_);
   // SetProgress changed the state: the heartbeat thread sends one now.
   bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t last_checkpoint_step_ ABSL_GUARDED_BY(mu_) = 0;

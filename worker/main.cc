@@ -1,14 +1,15 @@
 // shardline-worker: one daemon per rank. Joins a job, waits for its
 // assignment, builds its communicators (Gloo over the coordinator's
-// rendezvous store) and, until the trainer exists, checks them with a
-// barrier and an all_reduce and then idles heartbeating (activity READY,
-// never TRAINING: no steps run) until STOP or a generation change (abort
-// communicators, re-join, rebuild).
+// rendezvous store), checks them with a barrier and an all_reduce, restores
+// the assignment's checkpoint and trains (worker/training_loop.h) until
+// train_steps, saving checkpoints; on a generation change it aborts its
+// communicators, re-joins and continues in the same process.
 //
 //   shardline-worker --coordinator HOST:PORT --job ID [--worker-id ID]
 //       [--device cpu|cuda:N] [--backend auto|gloo|nccl] [--token T]
 //       [--host NAME] [--interface IPV4] [--tls-ca F] [--tls-cert F --tls-key F]
-//       [--timeout D] [--connect-timeout D]
+//       [--timeout D] [--connect-timeout D] [--log-interval N]
+//       [--sample-length N] [--blas-threads N]
 //
 // Exit status: 0 after STOP (or SIGINT/SIGTERM, after LeaveJob); 1 on a
 // runtime error; 2 on bad flags.
@@ -36,6 +37,7 @@
 #include "client/coordinator_client.h"
 #include "worker/agent.h"
 #include "worker/communicators.h"
+#include "worker/training_loop.h"
 
 namespace shardline::worker {
 namespace {
@@ -94,6 +96,11 @@ int Run(int argc, char** argv) {
   std::string job, worker_id, device = "cpu", backend_flag = "auto", host, interface = "127.0.0.1";
   std::string connect_timeout = "10s";
   bool help = false;
+  int64_t log_interval = 10, sample_length = 0, blas_threads = 1;
+  parser.AddInt("log-interval", &log_interval, "log a training line every N steps (default 10)");
+  parser.AddInt("sample-length", &sample_length,
+                "bytes of text to sample from the model after the last step (default 0)");
+  parser.AddInt("blas-threads", &blas_threads, "OpenBLAS threads per matrix product (default 1)");
   parser.AddString("connect-timeout", &connect_timeout,
                    "how long to keep retrying an unreachable coordinator at start (default 10s)");
   parser.AddString("job", &job, "job id to join (required)");
@@ -128,6 +135,11 @@ int Run(int argc, char** argv) {
       connect_timeout_d <= absl::ZeroDuration() || connect_timeout_d == absl::InfiniteDuration()) {
     std::cerr << "shardline-worker: --connect-timeout='" << connect_timeout
               << "' is not a positive duration; give e.g. --connect-timeout=30s\n";
+    return 2;
+  }
+  if (log_interval < 1 || sample_length < 0 || blas_threads < 1) {
+    std::cerr << "shardline-worker: --log-interval and --blas-threads must be >= 1, "
+                 "--sample-length >= 0\n";
     return 2;
   }
   if (job.empty()) {
@@ -209,9 +221,17 @@ int Run(int argc, char** argv) {
     g_shutdown.store(true);
   }).detach();
 
+  TrainingLoopOptions loop_options;
+  loop_options.log_interval = log_interval;
+  loop_options.sample_length = sample_length;
+  loop_options.blas_threads = static_cast<int>(blas_threads);
+  loop_options.log = Log;
+  TrainingLoop loop(agent.get(), loop_options);
+
   CommHolder holder;
-  agent->SetDirectiveCallback([&holder](const v1::Directive& d) {
+  agent->SetDirectiveCallback([&holder, &loop](const v1::Directive& d) {
     if (d.has_restart_at_generation()) {
+      loop.NoteGenerationEnded(absl::Now(), d.restart_at_generation().reason());
       holder.AbortBefore(d.restart_at_generation().generation());
     } else if (d.has_stop()) {
       holder.AbortBefore(UINT64_MAX);
@@ -276,9 +296,28 @@ int Run(int argc, char** argv) {
       }
       Log(absl::StrCat("generation ", gen, " rank ", a->rank(), " world ", a->world_size(),
                        ": communicators ready"));
-      // READY, not TRAINING: no trainer runs steps yet. The trainer, once it
-      // exists, reports TRAINING through agent->SetProgress when it starts.
+      loop.NoteCommunicatorsReady(absl::Now());
       agent->SetProgress(a->start_step(), v1::WORKER_STATE_READY);
+      absl::StatusOr<TrainingLoop::Outcome> outcome = loop.Run(*a, *comms);
+      if (!outcome.ok()) {
+        Log(absl::StrCat("generation ", gen, " rank ", a->rank(),
+                         ": training failed: ", outcome.status().message(), "; reporting"));
+        absl::StatusOr<v1::Directive> d = agent->ReportError(
+            outcome.status().code(), std::string(outcome.status().message()), "train",
+            std::nullopt);
+        if (!d.ok()) Log(absl::StrCat("ReportError: ", d.status().message()));
+        if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
+        continue;
+      }
+      if (*outcome == TrainingLoop::Outcome::kGenerationOver) {
+        Log(absl::StrCat("generation ", gen,
+                         " ended during training; aborting communicators and re-joining"));
+        loop.NoteGenerationEnded(absl::Now(), absl::StrCat("generation ", gen, " ended"));
+        if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
+        continue;
+      }
+      Log(absl::StrCat("generation ", gen, " rank ", a->rank(), ": finished ",
+                       spec.training().train_steps(), " steps; waiting for STOP"));
     } else {
       Log(absl::StrCat("generation ", gen, " rank ", a->rank(), " world ", a->world_size(),
                        ": NCCL communicators are not implemented yet; idling"));
@@ -297,10 +336,6 @@ int Run(int argc, char** argv) {
           Log(absl::StrCat("generation ", gen, " is over: ", d->restart_at_generation().reason(),
                            "; aborting communicators and re-joining"));
           break;
-        }
-        if (d->has_checkpoint()) {
-          Log(absl::StrCat("checkpoint at step ", d->checkpoint().step(),
-                           " requested; no trainer yet, ignored"));
         }
       }
       if (agent->stopped() || agent->generation() != gen) break;

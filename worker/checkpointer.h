@@ -1,0 +1,84 @@
+// The worker's side of two-phase checkpoints (DESIGN.md "Checkpoints";
+// proto/shardline/v1/checkpoint.proto): save this rank's slices of the
+// trainer state as one shard file and report it; restore a committed
+// checkpoint onto this rank's (possibly different) layout.
+//
+//   Checkpointer ckpt(agent.channel(), agent.connection());
+//   absl::Status s = ckpt.Save(fence, rank, step, data_cursor, trainer, /*async=*/false);
+//   s = ckpt.Restore(job_id, assignment.restore(), trainer);
+//
+// Save: BeginCheckpoint (every rank gets the same id and directory), write
+// <directory>/rank-<rank>.bin (temp + fsync + rename) with a crc32c per
+// piece, ReportShard. The last rank's report commits. In async mode the
+// state is copied to host memory at once and the write + report run on a
+// background thread while training goes on; the step counts as saved only
+// when the coordinator commits it. One save is in flight at a time: Save
+// and Restore first wait for the previous one.
+// Restore: GetManifest, then interval intersection of the manifest's pieces
+// with this rank's RestoreSlices; every piece read is checked against its
+// crc32c.
+//
+// Coordinator calls are retried while it answers UNAVAILABLE (restarting),
+// for up to a minute.
+//
+// Thread-safety: one thread calls Save / Restore / Finish; the background
+// save runs on its own thread.
+#ifndef SHARDLINE_WORKER_CHECKPOINTER_H_
+#define SHARDLINE_WORKER_CHECKPOINTER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "client/coordinator_client.h"
+#include "shardline/v1/coordinator.grpc.pb.h"
+#include "worker/train/trainer.h"
+
+namespace shardline::worker {
+
+class Checkpointer {
+ public:
+  Checkpointer(std::shared_ptr<grpc::Channel> channel, client::ConnectionOptions connection);
+  ~Checkpointer();  // waits for a background save
+
+  // Saves the state after `step` optimizer steps. Every rank of the
+  // generation calls it with the same step. Errors: BeginCheckpoint's
+  // (FailedPrecondition: not RUNNING, no checkpoint directory, an older
+  // step, ...; Aborted: stale generation), the shard write's (names the
+  // path), ReportShard's. In async mode, errors of the background part
+  // come from the next Save, Restore or Finish.
+  absl::Status Save(const v1::Fence& fence, uint32_t rank, int64_t step, uint64_t data_cursor,
+                    train::Trainer& trainer, bool async);
+
+  // Waits for a background save and returns its status (OK when none).
+  absl::Status Finish();
+
+  // Loads checkpoint `ref` of `job_id` into `trainer` and sets its step.
+  // Errors: NotFound (no such checkpoint or tensor); DataLoss (a piece's
+  // checksum differs, a file is missing or short, an element is covered by
+  // no piece: names tensor and file); Unavailable (the coordinator).
+  absl::Status Restore(const std::string& job_id, const v1::CheckpointRef& ref,
+                       train::Trainer& trainer);
+
+  // What the last successful Save committed or left pending, for logs.
+  const v1::CheckpointSummary& last_summary() const { return last_summary_; }
+
+ private:
+  absl::Status Report(const v1::Fence& fence, const std::string& checkpoint_id,
+                      v1::ReportShardRequest request);
+
+  std::shared_ptr<grpc::Channel> channel_;
+  client::ConnectionOptions connection_;
+  std::unique_ptr<v1::CheckpointService::Stub> stub_;
+  std::thread background_;
+  absl::Status background_status_;
+  v1::CheckpointSummary last_summary_;
+};
+
+}  // namespace shardline::worker
+
+#endif  // SHARDLINE_WORKER_CHECKPOINTER_H_

@@ -1,0 +1,222 @@
+#include "worker/training_loop.h"
+
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "server/job_spec.h"
+#include "worker/train/job_options.h"
+#include "worker/train/ops.h"
+#include "worker/train/trainer.h"
+
+namespace shardline::worker {
+namespace {
+
+// True when the generation this loop runs is over (the agent re-joins).
+bool GenerationOver(WorkerAgent& agent, uint64_t generation) {
+  return agent.stopped() || agent.generation_over() || agent.generation() != generation;
+}
+
+}  // namespace
+
+TrainingLoop::TrainingLoop(WorkerAgent* agent, TrainingLoopOptions options)
+    : agent_(agent), options_(std::move(options)) {}
+
+void TrainingLoop::NoteGenerationEnded(absl::Time when, std::string reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ended_at_.has_value()) return;
+  ended_at_ = when;
+  ended_reason_ = std::move(reason);
+  ready_at_.reset();
+}
+
+void TrainingLoop::NoteCommunicatorsReady(absl::Time when) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ready_at_ = when;
+}
+
+void TrainingLoop::Log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+absl::StatusOr<const train::Corpus*> TrainingLoop::CorpusFor(const v1::JobSpec& spec) {
+  const std::pair<std::string, double> key{spec.data().dataset_path(),
+                                           spec.data().validation_fraction()};
+  auto it = corpora_.find(key);
+  if (it != corpora_.end()) return it->second.get();
+  if (key.first.empty()) {
+    return absl::InvalidArgumentError(
+        "spec.data.dataset_path is empty; give the corpus path every worker can read");
+  }
+  absl::StatusOr<train::Corpus> corpus = train::Corpus::Load(key.first, key.second);
+  if (!corpus.ok()) return corpus.status();
+  auto owned = std::make_unique<train::Corpus>(*std::move(corpus));
+  const train::Corpus* raw = owned.get();
+  corpora_[key] = std::move(owned);
+  return raw;
+}
+
+absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
+                                                        Communicators& comms) {
+  const uint64_t gen = a.generation();
+  absl::StatusOr<v1::JobSpec> spec = server::ResolveJobSpec(agent_->spec());
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<train::TrainingOptions> options =
+      train::TrainingOptionsFromSpec(*spec, static_cast<int>(a.dp()));
+  if (!options.ok()) return options.status();
+  if (options->parallel.micro_batches != static_cast<int>(a.gradient_accumulation_steps())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "assignment.gradient_accumulation_steps=", a.gradient_accumulation_steps(),
+        " disagrees with the spec's ", options->parallel.micro_batches, " at dp=", a.dp()));
+  }
+  absl::StatusOr<const train::Corpus*> corpus = CorpusFor(*spec);
+  if (!corpus.ok()) return corpus.status();
+  train::SetBlasThreads(options_.blas_threads);
+
+  train::RankGroups groups;
+  groups.coordinates.tp_rank = static_cast<int>(a.coordinates().tp_rank());
+  groups.coordinates.dp_rank = static_cast<int>(a.coordinates().dp_rank());
+  groups.coordinates.pp_rank = static_cast<int>(a.coordinates().pp_rank());
+  for (const Communicators::Group& g : comms.groups()) {
+    switch (g.kind) {
+      case v1::GROUP_KIND_TP: groups.tp = g.backend.get(); break;
+      case v1::GROUP_KIND_DP: groups.dp = g.backend.get(); break;
+      case v1::GROUP_KIND_PP: groups.pp = g.backend.get(); break;
+      case v1::GROUP_KIND_EMBEDDING: groups.embedding = g.backend.get(); break;
+      default: break;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<train::Trainer>> created =
+      train::Trainer::Create(*options, groups, *corpus);
+  if (!created.ok()) return created.status();
+  train::Trainer& trainer = **created;
+  const bool leader = a.rank() == 0;
+  const int64_t total = static_cast<int64_t>(spec->training().train_steps());
+  const int64_t interval = static_cast<int64_t>(spec->checkpoint().interval_steps());
+  const bool can_save = !spec->checkpoint().directory().empty() && interval > 0;
+  const int64_t global_batch = options->parallel.global_batch();
+
+  // A lost peer shows up here as a failed collective, usually just before
+  // the coordinator's restart directive (it sees the peer's session break
+  // at once). Give the directive a moment, so that the error is only
+  // reported when it is this worker's own.
+  auto classify = [&](const absl::Status& s) -> absl::StatusOr<Outcome> {
+    if (absl::IsAborted(s)) return Outcome::kGenerationOver;
+    const absl::Time deadline = absl::Now() + absl::Seconds(2);
+    do {
+      if (GenerationOver(*agent_, gen)) return Outcome::kGenerationOver;
+      absl::SleepFor(absl::Milliseconds(20));
+    } while (absl::Now() < deadline);
+    return s;
+  };
+
+  Checkpointer checkpointer(agent_->channel(), agent_->connection());
+  std::optional<absl::Time> restored_at;
+  if (a.has_restore() && !a.restore().checkpoint_id().empty()) {
+    agent_->SetProgress(a.start_step(), v1::WORKER_STATE_RESTORING);
+    const absl::Time start = absl::Now();
+    absl::Status s = checkpointer.Restore(agent_->job_id(), a.restore(), trainer);
+    if (!s.ok()) return classify(s);
+    restored_at = absl::Now();
+    Log(absl::StrFormat("generation %d rank %d: restored %s (step %d) in %.2f s", gen, a.rank(),
+                        a.restore().checkpoint_id(), a.restore().step(),
+                        absl::ToDoubleSeconds(absl::Now() - start)));
+  } else if (a.start_step() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment.start_step=", a.start_step(),
+                                                   " without a checkpoint to restore"));
+  }
+  if (trainer.step() * global_batch != static_cast<int64_t>(a.data_cursor()) &&
+      a.data_cursor() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "assignment.data_cursor=", a.data_cursor(), " disagrees with step ", trainer.step(),
+        " x global_batch ", global_batch));
+  }
+  if (leader) {
+    Log(absl::StrFormat(
+        "generation %d: training steps %d..%d  tp=%d pp=%d dp=%d zero_stage=%d micro_batches=%d",
+        gen, trainer.step() + 1, total, options->parallel.tp, options->parallel.pp,
+        options->parallel.dp, options->parallel.zero_stage, options->parallel.micro_batches));
+  }
+
+  absl::Duration window_time, window_comm;
+  int64_t window_tokens = 0;
+  while (trainer.step() < total) {
+    if (GenerationOver(*agent_, gen)) return Outcome::kGenerationOver;
+    agent_->SetProgress(static_cast<uint64_t>(trainer.step()), v1::WORKER_STATE_TRAINING);
+    absl::StatusOr<train::StepStats> st = trainer.TrainStep();
+    if (!st.ok()) return classify(st.status());
+    const int64_t done = trainer.step();
+    window_time += st->time;
+    window_comm += st->comm_time;
+    window_tokens += st->tokens;
+    v1::StepMetrics metrics;
+    metrics.set_step(static_cast<uint64_t>(done));
+    metrics.set_loss(st->loss);
+    if (st->time > absl::ZeroDuration())
+      metrics.set_tokens_per_second(st->tokens / absl::ToDoubleSeconds(st->time));
+    agent_->SetMetrics(metrics);
+    std::optional<absl::Time> ended_at, ready_at;
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ended_at = ended_at_;
+      ready_at = ready_at_;
+      reason = ended_reason_;
+      ended_at_.reset();
+    }
+    if (ended_at.has_value()) {
+      // The first step after a recovery: how long each phase took, counted
+      // from the moment this worker learned its generation was over.
+      auto since = [&](std::optional<absl::Time> t) {
+        return t.has_value() ? absl::StrFormat("%.2f s", absl::ToDoubleSeconds(*t - *ended_at))
+                             : std::string("-");
+      };
+      Log(absl::StrCat("recovery (", reason, "): communicators ready after ", since(ready_at),
+                       ", restored after ", since(restored_at), ", first resumed step ", done,
+                       " after ", since(absl::Now()), " (generation ", gen, ", rank ", a.rank(),
+                       ")"));
+    }
+    agent_->SetProgress(static_cast<uint64_t>(done), v1::WORKER_STATE_TRAINING);
+    if (leader && (done % options_.log_interval == 0 || done == total)) {
+      const double secs = absl::ToDoubleSeconds(window_time);
+      Log(absl::StrFormat(
+          "gen %d step %d/%d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f comm %.1f%% "
+          "step_ms %.1f",
+          gen, done, total, st->loss, st->learning_rate, st->grad_norm,
+          secs > 0 ? window_tokens / secs : 0.0,
+          secs > 0 ? 100.0 * absl::ToDoubleSeconds(window_comm) / secs : 0.0,
+          absl::ToDoubleMilliseconds(st->time)));
+      window_time = window_comm = absl::ZeroDuration();
+      window_tokens = 0;
+    }
+    if (can_save && (done % interval == 0 || done == total)) {
+      const bool async = spec->checkpoint().async_save() && done != total;
+      if (!async) agent_->SetProgress(static_cast<uint64_t>(done), v1::WORKER_STATE_CHECKPOINTING);
+      const absl::Time start = absl::Now();
+      absl::Status s = checkpointer.Save(agent_->fence(), a.rank(), done,
+                                         static_cast<uint64_t>(done * global_batch), trainer, async);
+      if (!s.ok()) return classify(s);
+      if (leader) {
+        Log(absl::StrFormat("gen %d step %d: checkpoint %s (%s) in %.2f s", gen, done,
+                            checkpointer.last_summary().checkpoint_id(),
+                            async ? "writing in the background"
+                                  : v1::CheckpointState_Name(checkpointer.last_summary().state()),
+                            absl::ToDoubleSeconds(absl::Now() - start)));
+      }
+    }
+  }
+  if (absl::Status s = checkpointer.Finish(); !s.ok()) return classify(s);
+  if (options_.sample_length > 0) {
+    absl::StatusOr<std::string> text =
+        trainer.Sample(options_.sample_prompt, options_.sample_length, 0.8, 1);
+    if (!text.ok()) return classify(text.status());
+    if (leader) Log(absl::StrCat("sample:\n", options_.sample_prompt, *text));
+  }
+  agent_->SetProgress(static_cast<uint64_t>(total), v1::WORKER_STATE_DONE);
+  return Outcome::kFinished;
+}
+
+}  // namespace shardline::worker

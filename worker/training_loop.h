@@ -1,0 +1,91 @@
+// The worker's training loop for one generation: builds the trainer for the
+// assignment on its communicators, restores the named checkpoint, runs
+// steps until train_steps, saves checkpoints every interval_steps, and
+// reports progress (activity, step, loss, tokens/s) through the agent.
+//
+//   TrainingLoop loop(agent, options);
+//   absl::StatusOr<TrainingLoop::Outcome> r = loop.Run(assignment, comms);
+//
+// A generation change (the agent's directive callback aborts the
+// communicators) makes the running step fail with Aborted; Run then
+// returns kGenerationOver and the caller re-joins. Errors that are this
+// worker's own (a failed step while the generation is still live, a
+// checkpoint that cannot be written or read) are returned for the caller to
+// report with ReportError.
+//
+// Thread-safety: one thread calls Run at a time.
+#ifndef SHARDLINE_WORKER_TRAINING_LOOP_H_
+#define SHARDLINE_WORKER_TRAINING_LOOP_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "shardline/v1/coordinator.grpc.pb.h"
+#include "worker/agent.h"
+#include "worker/checkpointer.h"
+#include "worker/communicators.h"
+#include "worker/train/data.h"
+
+namespace shardline::worker {
+
+struct TrainingLoopOptions {
+  // Log a line every this many steps (rank 0 of the world only).
+  int64_t log_interval = 10;
+  // Bytes of text every rank samples together after the last step (logged
+  // by rank 0); 0 skips sampling.
+  int64_t sample_length = 0;
+  std::string sample_prompt = "\n";
+  // OpenBLAS threads per matrix product.
+  int blas_threads = 1;
+  // Where to log (one line per call).
+  std::function<void(const std::string&)> log;
+};
+
+class TrainingLoop {
+ public:
+  enum class Outcome {
+    kFinished,        // train_steps done; DONE reported (the coordinator then stops the job)
+    kGenerationOver,  // the generation ended (directive or a lost peer); re-join
+  };
+
+  // `agent` is not owned and must outlive the loop.
+  TrainingLoop(WorkerAgent* agent, TrainingLoopOptions options);
+
+  // Runs `assignment` (not a spare) on `comms`. Errors: InvalidArgument when
+  // the job spec or the assignment cannot be trained (names the field);
+  // NotFound / PermissionDenied when the corpus cannot be read; DataLoss when
+  // the checkpoint to restore is damaged; a step's or a save's error while
+  // the generation is still live.
+  absl::StatusOr<Outcome> Run(const v1::Assignment& assignment, Communicators& comms);
+
+  // Marks the moment this worker learned its generation ended (and why):
+  // the next Run logs one recovery line with the time to communicators,
+  // restore and the first resumed step. The earliest note wins until that
+  // line is logged. Thread-safe (called from the directive callback).
+  void NoteGenerationEnded(absl::Time when, std::string reason);
+  // Marks when the next generation's communicators were ready. Thread-safe.
+  void NoteCommunicatorsReady(absl::Time when);
+
+ private:
+  absl::StatusOr<const train::Corpus*> CorpusFor(const v1::JobSpec& spec);
+  void Log(const std::string& line) const;
+
+  WorkerAgent* const agent_;
+  mutable std::mutex mu_;  // guards the three fields below
+  std::optional<absl::Time> ended_at_, ready_at_;
+  std::string ended_reason_;
+  const TrainingLoopOptions options_;
+  // By (path, validation_fraction): the corpus is read once per process.
+  std::map<std::pair<std::string, double>, std::unique_ptr<train::Corpus>> corpora_;
+};
+
+}  // namespace shardline::worker
+
+#endif  // SHARDLINE_WORKER_TRAINING_LOOP_H_
