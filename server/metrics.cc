@@ -164,6 +164,11 @@ std::string Metrics::Render() const {
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& host, int port, const Metrics* metrics) {
+  return Start(host, port, [metrics] { return metrics->Render(); });
+}
+
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+    const std::string& host, int port, RenderFn render) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("metrics port ", port, " is not in 0..65535"));
   }
@@ -206,11 +211,12 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   int bound_port = bound.ss_family == AF_INET6
                        ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                        : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(fd, bound_port, metrics));
+  return std::unique_ptr<MetricsHttpServer>(
+      new MetricsHttpServer(fd, bound_port, std::move(render)));
 }
 
-MetricsHttpServer::MetricsHttpServer(int fd, int port, const Metrics* metrics)
-    : listen_fd_(fd), port_(port), metrics_(metrics) {
+MetricsHttpServer::MetricsHttpServer(int fd, int port, RenderFn render)
+    : listen_fd_(fd), port_(port), render_(std::move(render)) {
   thread_ = std::thread([this] { Serve(); });
 }
 
@@ -301,7 +307,7 @@ void MetricsHttpServer::HandleConnection(int fd) {
     SendResponse(fd, "404 Not Found", "text/plain; charset=utf-8", "try /metrics\n", head);
     return;
   }
-  SendResponse(fd, "200 OK", "text/plain; version=0.0.4; charset=utf-8", metrics_->Render(),
+  SendResponse(fd, "200 OK", "text/plain; version=0.0.4; charset=utf-8", render_(),
                head);
 }
 

@@ -110,6 +110,12 @@ class MetricsHttpServer {
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host,
                                                                    int port,
                                                                    const Metrics* metrics);
+  // The same for any exposition text: `render` is called (from the server's
+  // threads, so it must be thread-safe) for every GET /metrics. The worker
+  // serves its own series this way.
+  using RenderFn = std::function<std::string()>;
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host,
+                                                                   int port, RenderFn render);
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
@@ -120,13 +126,13 @@ class MetricsHttpServer {
   void Stop();
 
  private:
-  MetricsHttpServer(int fd, int port, const Metrics* metrics);
+  MetricsHttpServer(int fd, int port, RenderFn render);
   void Serve();
   void HandleConnection(int fd);
 
   const int listen_fd_;
   const int port_;
-  const Metrics* const metrics_;
+  const RenderFn render_;
   std::atomic<bool> stop_{false};
   std::atomic<int> active_{0};  // connection threads running
   static constexpr int kMaxConnections = 16;

@@ -9,7 +9,7 @@
 //       [--device cpu|cuda:N] [--backend auto|gloo|nccl] [--token T]
 //       [--host NAME] [--interface IPV4] [--tls-ca F] [--tls-cert F --tls-key F]
 //       [--timeout D] [--connect-timeout D] [--log-interval N]
-//       [--sample-length N] [--blas-threads N]
+//       [--sample-length N] [--blas-threads N] [--metrics-port N]
 //
 // Exit status: 0 after STOP (or SIGINT/SIGTERM, after LeaveJob); 1 on a
 // runtime error; 2 on bad flags.
@@ -37,7 +37,9 @@
 #include "client/coordinator_client.h"
 #include "worker/agent.h"
 #include "worker/communicators.h"
+#include "server/metrics.h"
 #include "worker/training_loop.h"
+#include "worker/worker_metrics.h"
 
 namespace shardline::worker {
 namespace {
@@ -46,9 +48,27 @@ namespace v1 = ::shardline::v1;
 
 std::atomic<bool> g_shutdown{false};
 
+// Every log line carries the job, generation and rank it is about
+// ("job=shakespeare gen=2 rank=1"; rank=- for a spare or before an
+// assignment), so lines of many workers can be merged and filtered.
+std::mutex g_log_mu;
+std::string g_log_place = "job=- gen=- rank=-";
+
+void SetLogPlace(const std::string& job, uint64_t generation, int64_t rank) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  g_log_place = absl::StrCat("job=", job, " gen=",
+                             generation == 0 ? std::string("-") : absl::StrCat(generation),
+                             " rank=", rank < 0 ? std::string("-") : absl::StrCat(rank));
+}
+
 void Log(const std::string& line) {
+  std::string place;
+  {
+    std::lock_guard<std::mutex> lock(g_log_mu);
+    place = g_log_place;
+  }
   std::cerr << absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::UTCTimeZone())
-            << "shardline-worker: " << line << std::endl;
+            << "shardline-worker " << place << ": " << line << std::endl;
 }
 
 absl::Duration FromProto(const google::protobuf::Duration& d) {
@@ -96,7 +116,10 @@ int Run(int argc, char** argv) {
   std::string job, worker_id, device = "cpu", backend_flag = "auto", host, interface = "127.0.0.1";
   std::string connect_timeout = "10s";
   bool help = false;
-  int64_t log_interval = 10, sample_length = 0, blas_threads = 1;
+  int64_t log_interval = 10, sample_length = 0, blas_threads = 1, metrics_port = -1;
+  parser.AddInt("metrics-port", &metrics_port,
+                "serve Prometheus /metrics on this port of every interface (0 picks one; "
+                "default off)");
   parser.AddInt("log-interval", &log_interval, "log a training line every N steps (default 10)");
   parser.AddInt("sample-length", &sample_length,
                 "bytes of text to sample from the model after the last step (default 0)");
@@ -135,6 +158,11 @@ int Run(int argc, char** argv) {
       connect_timeout_d <= absl::ZeroDuration() || connect_timeout_d == absl::InfiniteDuration()) {
     std::cerr << "shardline-worker: --connect-timeout='" << connect_timeout
               << "' is not a positive duration; give e.g. --connect-timeout=30s\n";
+    return 2;
+  }
+  if (metrics_port < -1 || metrics_port > 65535) {
+    std::cerr << "shardline-worker: --metrics-port=" << metrics_port
+              << " is not in 0..65535 (or -1 for off)\n";
     return 2;
   }
   if (log_interval < 1 || sample_length < 0 || blas_threads < 1) {
@@ -221,7 +249,23 @@ int Run(int argc, char** argv) {
     g_shutdown.store(true);
   }).detach();
 
+  SetLogPlace(job, 0, -1);
+  WorkerMetrics metrics(job, agent->worker_id());
+  std::unique_ptr<server::MetricsHttpServer> metrics_server;
+  if (metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<server::MetricsHttpServer>> started =
+        server::MetricsHttpServer::Start("0.0.0.0", static_cast<int>(metrics_port),
+                                         [&metrics] { return metrics.Render(); });
+    if (!started.ok()) {
+      std::cerr << "shardline-worker: --metrics-port: " << started.status().message() << "\n";
+      return 2;
+    }
+    metrics_server = *std::move(started);
+    Log(absl::StrCat("metrics on port ", metrics_server->port(), " (GET /metrics)"));
+  }
+
   TrainingLoopOptions loop_options;
+  loop_options.metrics = &metrics;
   loop_options.log_interval = log_interval;
   loop_options.sample_length = sample_length;
   loop_options.blas_threads = static_cast<int>(blas_threads);
@@ -256,6 +300,8 @@ int Run(int argc, char** argv) {
     }
     const uint64_t gen = a->generation();
     const v1::JobSpec spec = agent->spec();
+    SetLogPlace(job, gen, a->spare() ? -1 : static_cast<int64_t>(a->rank()));
+    metrics.SetPlace(gen, a->spare() ? -1 : static_cast<int64_t>(a->rank()));
     if (a->spare()) {
       Log(absl::StrCat("generation ", gen, ": spare (world ", a->world_size(), ")"));
       agent->SetProgress(a->start_step(), v1::WORKER_STATE_WAITING);

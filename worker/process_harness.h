@@ -4,7 +4,10 @@
 #ifndef SHARDLINE_WORKER_PROCESS_HARNESS_H_
 #define SHARDLINE_WORKER_PROCESS_HARNESS_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -103,6 +106,30 @@ class Child {
   std::string log_;
   pid_t pid_ = -1;
 };
+
+// GET `path` from 127.0.0.1:`port` (HTTP/1.1, Connection: close); the whole
+// response with headers, or "" when the connection fails.
+inline std::string HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (fd >= 0) ::close(fd);
+    return "";
+  }
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  if (::write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    ::close(fd);
+    return "";
+  }
+  std::string response;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
+  ::close(fd);
+  return response;
+}
 
 // The address a coordinator child printed ("listening on ADDR"), or "".
 inline std::string ListeningAddress(const Child& coordinator) {

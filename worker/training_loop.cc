@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -94,6 +95,7 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
   if (!created.ok()) return created.status();
   train::Trainer& trainer = **created;
   const bool leader = a.rank() == 0;
+  if (options_.metrics != nullptr) options_.metrics->SetPlace(gen, a.rank());
   const int64_t total = static_cast<int64_t>(spec->training().train_steps());
   const int64_t interval = static_cast<int64_t>(spec->checkpoint().interval_steps());
   const bool can_save = !spec->checkpoint().directory().empty() && interval > 0;
@@ -121,6 +123,7 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
     absl::Status s = checkpointer.Restore(agent_->job_id(), a.restore(), trainer);
     if (!s.ok()) return classify(s);
     restored_at = absl::Now();
+    if (options_.metrics != nullptr) options_.metrics->ObserveRestore();
     Log(absl::StrFormat("generation %d rank %d: restored %s (step %d) in %.2f s", gen, a.rank(),
                         a.restore().checkpoint_id(), a.restore().step(),
                         absl::ToDoubleSeconds(absl::Now() - start)));
@@ -149,6 +152,7 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
     absl::StatusOr<train::StepStats> st = trainer.TrainStep();
     if (!st.ok()) return classify(st.status());
     const int64_t done = trainer.step();
+    if (options_.metrics != nullptr) options_.metrics->ObserveStep(*st);
     window_time += st->time;
     window_comm += st->comm_time;
     window_tokens += st->tokens;
@@ -198,7 +202,20 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
       const absl::Time start = absl::Now();
       absl::Status s = checkpointer.Save(agent_->fence(), a.rank(), done,
                                          static_cast<uint64_t>(done * global_batch), trainer, async);
+      if (absl::IsFailedPrecondition(s) && absl::StartsWith(s.message(), "BeginCheckpoint:")) {
+        // The coordinator refused to open this step's checkpoint: nothing
+        // was written and the state is intact. After a restore fell back
+        // past a corrupt checkpoint, that one is still the newest committed
+        // until training passes its step; other refusals (the generation
+        // ending, a save still pending) are also no reason to stop
+        // training. Save a later step.
+        if (leader) {
+          Log(absl::StrFormat("gen %d step %d: checkpoint skipped: %s", gen, done, s.message()));
+        }
+        continue;
+      }
       if (!s.ok()) return classify(s);
+      if (options_.metrics != nullptr) options_.metrics->ObserveCheckpoint(absl::Now() - start);
       if (leader) {
         Log(absl::StrFormat("gen %d step %d: checkpoint %s (%s) in %.2f s", gen, done,
                             checkpointer.last_summary().checkpoint_id(),

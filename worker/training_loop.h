@@ -32,6 +32,7 @@
 #include "worker/checkpointer.h"
 #include "worker/communicators.h"
 #include "worker/train/data.h"
+#include "worker/worker_metrics.h"
 
 namespace shardline::worker {
 
@@ -46,6 +47,8 @@ struct TrainingLoopOptions {
   int blas_threads = 1;
   // Where to log (one line per call).
   std::function<void(const std::string&)> log;
+  // Where to count steps, checkpoints and restores (not owned; may be null).
+  WorkerMetrics* metrics = nullptr;
 };
 
 class TrainingLoop {

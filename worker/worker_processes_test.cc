@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -95,7 +96,8 @@ TEST(WorkerProcessesTest, SurvivorsRebuildCommunicatorsAfterSigkill) {
     workers.push_back(std::make_unique<Child>(
         Runfile("worker/shardline-worker"),
         std::vector<std::string>{"--coordinator", address, "--job", "e2e", "--worker-id",
-                                 absl::StrCat("w", i), "--device", "cpu", "--backend", "gloo"},
+                                 absl::StrCat("w", i), "--device", "cpu", "--backend", "gloo",
+                                 "--metrics-port", i == 0 ? "0" : "-1"},
         absl::StrCat(dir, "/worker", i, ".log")));
   }
   for (int i = 0; i < 3; ++i) {
@@ -129,6 +131,25 @@ TEST(WorkerProcessesTest, SurvivorsRebuildCommunicatorsAfterSigkill) {
     for (const auto& [id, st] : states) {
       EXPECT_EQ(st, v1::WORKER_STATE_TRAINING) << id << " is " << v1::WorkerState_Name(st);
     }
+  }
+
+  // Worker 0 serves its Prometheus series; they show it training.
+  {
+    int port = 0;
+    for (absl::string_view line : absl::StrSplit(workers[0]->Log(), '\n')) {
+      const size_t at = line.find("metrics on port ");
+      if (at != absl::string_view::npos) {
+        absl::string_view rest = line.substr(at + 16);
+        ASSERT_TRUE(absl::SimpleAtoi(rest.substr(0, rest.find(' ')), &port)) << line;
+      }
+    }
+    ASSERT_GT(port, 0) << workers[0]->Log();
+    const std::string text = HttpGet(port, "/metrics");
+    EXPECT_TRUE(absl::StrContains(text, "shardline_worker_generation{job=\"e2e\",worker_id=\"w0\"} 1\n"))
+        << text;
+    EXPECT_TRUE(absl::StrContains(text, "shardline_worker_steps_total{")) << text;
+    EXPECT_FALSE(absl::StrContains(text, "shardline_worker_steps_total{job=\"e2e\",worker_id=\"w0\"} 0\n"))
+        << text;
   }
 
   const absl::Time killed = absl::Now();

@@ -3,8 +3,8 @@
 // experiments, quality runs and benchmarks; production jobs run
 // shardline-worker processes under the coordinator.
 //
-//   shardline-train-local deploy/jobs/shakespeare.yaml --dp 1 --steps 2000 \
-//       --eval-interval 250 --sample-length 300
+//   shardline-train-local deploy/jobs/shakespeare.yaml --dp 1 --steps 2000
+//       --eval-interval 250 --sample-length 300   (one command line)
 //
 // Prints one line per --log-interval steps from rank 0:
 //   step 100/2000 loss 2.4811 lr 1.00e-03 grad_norm 0.412 tokens/s 9120 comm 3.1% step_ms 84.2
