@@ -129,7 +129,8 @@ int Run(int argc, char** argv) {
   parser.AddString("job", &job, "job id to join (required)");
   parser.AddString("worker-id", &worker_id, "stable slot name (default HOST:DEVICE)");
   parser.AddString("device", &device, "cpu or cuda:N (default cpu)");
-  parser.AddString("backend", &backend_flag, "auto, gloo or nccl (default auto: from the device)");
+  parser.AddString("backend", &backend_flag,
+                   "auto, gloo or nccl (default auto: Gloo; nccl needs the GPU trainer, not yet)");
   parser.AddString("host", &host, "host name reported to the coordinator (default hostname)");
   parser.AddString("interface", &interface,
                    "IPv4 address Gloo binds and advertises (default 127.0.0.1)");
@@ -194,10 +195,21 @@ int Run(int argc, char** argv) {
     std::cerr << "shardline-worker: --backend=nccl needs --device=cuda:N\n";
     return 2;
   }
-  const bool use_gloo =
-      backend == v1::BACKEND_GLOO || (backend == v1::BACKEND_UNSPECIFIED && device == "cpu");
+  if (backend == v1::BACKEND_NCCL) {
+    // The NCCL backend exists (worker/comm/nccl_backend.h, in the GPU
+    // plugin) but the trainer has no GPU path yet: refuse at once rather
+    // than join and fail every generation.
+    std::cerr << "shardline-worker: --backend=nccl: this version trains on the CPU only (the "
+                 "trainer has no GPU path yet); use --backend gloo or auto\n";
+    return 2;
+  }
+  // auto means Gloo for now, whatever the device: the trainer runs on the CPU.
+  if (device != "cpu") {
+    std::cerr << "shardline-worker: --device=" << device
+              << ": training runs on the CPU with Gloo in this version (no GPU trainer yet)\n";
+  }
 
-  if (use_gloo) {
+  {
     // The address Gloo binds must be a local IPv4 address; finding out only
     // when communicators are built would fail every generation.
     sockaddr_in addr{};
@@ -234,7 +246,7 @@ int Run(int argc, char** argv) {
   }
   options.worker_id = worker_id.empty() ? absl::StrCat(options.host, ":", device) : worker_id;
   options.device = device;
-  options.backend = backend;
+  options.backend = v1::BACKEND_GLOO;  // see --backend above
   options.connect_timeout = connect_timeout_d;
   absl::StatusOr<std::unique_ptr<WorkerAgent>> created = WorkerAgent::Create(options);
   if (!created.ok()) {
@@ -305,7 +317,7 @@ int Run(int argc, char** argv) {
     if (a->spare()) {
       Log(absl::StrCat("generation ", gen, ": spare (world ", a->world_size(), ")"));
       agent->SetProgress(a->start_step(), v1::WORKER_STATE_WAITING);
-    } else if (use_gloo) {
+    } else {
       agent->SetProgress(a->start_step(), v1::WORKER_STATE_BUILDING_COMMUNICATORS);
       GlooOptions gloo;
       gloo.interface_address = interface;
@@ -364,10 +376,6 @@ int Run(int argc, char** argv) {
       }
       Log(absl::StrCat("generation ", gen, " rank ", a->rank(), ": finished ",
                        spec.training().train_steps(), " steps; waiting for STOP"));
-    } else {
-      Log(absl::StrCat("generation ", gen, " rank ", a->rank(), " world ", a->world_size(),
-                       ": NCCL communicators are not implemented yet; idling"));
-      agent->SetProgress(a->start_step(), v1::WORKER_STATE_WAITING);
     }
 
     // Idle until the generation ends or the job stops.

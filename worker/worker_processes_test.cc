@@ -198,6 +198,12 @@ TEST(WorkerProcessesTest, ClearErrors) {
     EXPECT_TRUE(absl::StrContains(c.Log(), "--job is required")) << c.Log();
   }
   {
+    Child c(worker, {"--job", "j", "--device", "cuda:0", "--backend", "nccl"}, dir + "/nccl.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "--backend=nccl: this version trains on the CPU only"))
+        << c.Log();
+  }
+  {
     Child c(worker, {"--job", "j", "--device", "gpu0"}, dir + "/device.log");
     EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
     EXPECT_TRUE(absl::StrContains(c.Log(), "--device")) << c.Log();
