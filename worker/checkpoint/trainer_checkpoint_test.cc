@@ -28,34 +28,9 @@ using train::TrainingOptions;
 constexpr int kSteps = 5;
 constexpr int kSaveAt = 3;
 
-struct Layout {
-  int tp = 1, pp = 1, vpp = 1, dp = 1, zero = 0;
-  int64_t mbs = 2;
-  plan::ScheduleKind schedule = plan::ScheduleKind::kOneFOneB;
-};
+using train::testing::Layout;
 
-// As in trainer_restore_test.cc, with kSteps total steps.
-TrainingOptions Options(const Layout& l) {
-  TrainingOptions o;
-  o.model.num_layers = 4;
-  o.model.hidden_size = 16;
-  o.model.num_heads = 4;
-  o.model.vocab_size = 256;
-  o.model.seq_length = 16;
-  o.parallel.tp = l.tp;
-  o.parallel.pp = l.pp;
-  o.parallel.vpp = l.vpp;
-  o.parallel.dp = l.dp;
-  o.parallel.zero_stage = l.zero;
-  o.parallel.schedule = l.schedule;
-  o.parallel.micro_batch_size = l.mbs;
-  o.parallel.micro_batches = static_cast<int>(8 / (l.mbs * l.dp));
-  o.learning_rate = {.learning_rate = 1e-2, .min_learning_rate = 1e-3, .warmup_steps = 2,
-                     .total_steps = kSteps};
-  o.adamw = {.beta1 = 0.9, .beta2 = 0.99, .epsilon = 1e-8, .weight_decay = 0.1};
-  o.grad_clip = 1.0;
-  return o;
-}
+TrainingOptions Options(const Layout& l) { return train::testing::SmallGptOptions(l, kSteps); }
 
 // The coordinator's commit: rank records and every rank's pieces by tensor.
 v1::Manifest Merge(const std::map<int, v1::ReportShardRequest>& reports,
@@ -162,7 +137,7 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, TrainerCheckpointTest,
     ::testing::Values(
         // tp=2 (dims 0 and 1 split), pp=2, dp=2 ZeRO-1 -> one rank, ZeRO-3 over dp=2.
-        Param{Layout{.tp = 2, .pp = 2, .dp = 2, .zero = 1, .mbs = 1}, Layout{.dp = 2, .zero = 3}},
+        Param{Layout{.tp = 2, .pp = 2, .dp = 2, .zero = 1, .micro_batch_size = 1}, Layout{.dp = 2, .zero = 3}},
         // Uneven ZeRO-3 shards -> tp=2 pp=2, saved asynchronously.
         Param{Layout{.dp = 2, .zero = 3}, Layout{.tp = 2, .pp = 2, .zero = 0}, /*async=*/true},
         // ZeRO-2 -> interleaved pipeline with tp=2.
@@ -170,7 +145,7 @@ INSTANTIATE_TEST_SUITE_P(
               Layout{.tp = 2, .pp = 2, .vpp = 2, .zero = 0,
                      .schedule = plan::ScheduleKind::kInterleaved}},
         // tp=2 ZeRO-3 -> tp=2 ZeRO-1 at another dp.
-        Param{Layout{.tp = 2, .dp = 2, .zero = 3, .mbs = 1}, Layout{.tp = 2, .zero = 1}}),
+        Param{Layout{.tp = 2, .dp = 2, .zero = 3, .micro_batch_size = 1}, Layout{.tp = 2, .zero = 1}}),
     [](const ::testing::TestParamInfo<Param>& info) {
       auto name = [](const Layout& l) {
         return absl::StrCat("tp", l.tp, "pp", l.pp, "vpp", l.vpp, "dp", l.dp, "z", l.zero);

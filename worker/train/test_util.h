@@ -4,6 +4,7 @@
 #ifndef SHARDLINE_WORKER_TRAIN_TEST_UTIL_H_
 #define SHARDLINE_WORKER_TRAIN_TEST_UTIL_H_
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -33,6 +34,59 @@ inline const Corpus& ShakespeareCorpus() {
     return new Corpus(*std::move(c));
   }();
   return *corpus;
+}
+
+// A parallel layout of the small test model; the global batch is always
+// kTestGlobalBatch samples, so micro_batches = kTestGlobalBatch /
+// (micro_batch_size * dp).
+constexpr int64_t kTestGlobalBatch = 8;
+struct Layout {
+  int tp = 1, pp = 1, vpp = 1, dp = 1, zero = 0;
+  plan::ScheduleKind schedule = plan::ScheduleKind::kOneFOneB;
+  int64_t micro_batch_size = 2;
+  int64_t alignment = 1;
+
+  int micro_batches() const {
+    return static_cast<int>(kTestGlobalBatch / (micro_batch_size * dp));
+  }
+  // e.g. "tp2_pp2_vpp1_dp2_zero1_1F1B_mbs1_m4" (a valid gtest name).
+  std::string Name() const {
+    const std::string schedule_name = plan::ScheduleName(schedule) == "1f1b"
+                                          ? std::string("1F1B")
+                                          : std::string(plan::ScheduleName(schedule));
+    return absl::StrCat("tp", tp, "_pp", pp, "_vpp", vpp, "_dp", dp, "_zero", zero, "_",
+                        schedule_name, "_mbs", micro_batch_size, "_m", micro_batches(),
+                        alignment > 1 ? absl::StrCat("_align", alignment) : "");
+  }
+};
+
+// The small GPT every multi-layout test trains (4 layers, width 16, 4
+// heads, byte vocabulary, context 16) at `layout`, with a learning rate
+// large enough that `total_steps` move the loss far, the clip active early
+// and weight decay on.
+inline TrainingOptions SmallGptOptions(const Layout& l, int total_steps) {
+  TrainingOptions o;
+  o.model.num_layers = 4;
+  o.model.hidden_size = 16;
+  o.model.num_heads = 4;
+  o.model.vocab_size = 256;
+  o.model.seq_length = 16;
+  o.parallel.tp = l.tp;
+  o.parallel.pp = l.pp;
+  o.parallel.vpp = l.vpp;
+  o.parallel.dp = l.dp;
+  o.parallel.zero_stage = l.zero;
+  o.parallel.zero_alignment = l.alignment;
+  o.parallel.schedule = l.schedule;
+  o.parallel.micro_batch_size = l.micro_batch_size;
+  o.parallel.micro_batches = l.micro_batches();
+  o.seed = 1234;
+  o.learning_rate = {.learning_rate = 1e-2, .min_learning_rate = 1e-3,
+                     .warmup_steps = std::min(3, total_steps / 4 + 1),
+                     .total_steps = total_steps};
+  o.adamw = {.beta1 = 0.9, .beta2 = 0.99, .epsilon = 1e-8, .weight_decay = 0.1};
+  o.grad_clip = 1.0;
+  return o;
 }
 
 // Trains `steps` steps with every rank of options.parallel as a thread and

@@ -14,48 +14,10 @@ namespace shardline::worker::train {
 namespace {
 
 constexpr int kSteps = 20;
-constexpr int64_t kGlobalBatch = 8;
 
-struct Layout {
-  int tp = 1, pp = 1, vpp = 1, dp = 1, zero = 0;
-  plan::ScheduleKind schedule = plan::ScheduleKind::kOneFOneB;
-  int64_t micro_batch_size = 2;
-  int64_t alignment = 1;
+using testing::Layout;
 
-  int micro_batches() const { return static_cast<int>(kGlobalBatch / (micro_batch_size * dp)); }
-  std::string Name() const {
-    return absl::StrCat("tp", tp, "_pp", pp, "_vpp", vpp, "_dp", dp, "_zero", zero, "_",
-                        plan::ScheduleName(schedule) == "1f1b" ? "1F1B" : std::string(plan::ScheduleName(schedule)),
-                        "_mbs", micro_batch_size, "_m", micro_batches(),
-                        alignment > 1 ? absl::StrCat("_align", alignment) : "");
-  }
-};
-
-TrainingOptions Options(const Layout& l) {
-  TrainingOptions o;
-  o.model.num_layers = 4;
-  o.model.hidden_size = 16;
-  o.model.num_heads = 4;
-  o.model.vocab_size = 256;
-  o.model.seq_length = 16;
-  o.parallel.tp = l.tp;
-  o.parallel.pp = l.pp;
-  o.parallel.vpp = l.vpp;
-  o.parallel.dp = l.dp;
-  o.parallel.zero_stage = l.zero;
-  o.parallel.zero_alignment = l.alignment;
-  o.parallel.schedule = l.schedule;
-  o.parallel.micro_batch_size = l.micro_batch_size;
-  o.parallel.micro_batches = l.micro_batches();
-  o.seed = 1234;
-  // Large enough that 20 steps move the loss far from its start, with the
-  // clip active in early steps and weight decay on.
-  o.learning_rate = {.learning_rate = 1e-2, .min_learning_rate = 1e-3, .warmup_steps = 3,
-                     .total_steps = kSteps};
-  o.adamw = {.beta1 = 0.9, .beta2 = 0.99, .epsilon = 1e-8, .weight_decay = 0.1};
-  o.grad_clip = 1.0;
-  return o;
-}
+TrainingOptions Options(const Layout& l) { return testing::SmallGptOptions(l, kSteps); }
 
 const std::vector<StepStats>& Reference() {
   static const std::vector<StepStats>* ref =

@@ -18,33 +18,9 @@ namespace {
 constexpr int kSteps = 10;
 constexpr int kSaveAt = 5;
 
-struct Layout {
-  int tp = 1, pp = 1, vpp = 1, dp = 1, zero = 0;
-  int64_t mbs = 2;
-  plan::ScheduleKind schedule = plan::ScheduleKind::kOneFOneB;
-};
+using testing::Layout;
 
-TrainingOptions Options(const Layout& l) {
-  TrainingOptions o;
-  o.model.num_layers = 4;
-  o.model.hidden_size = 16;
-  o.model.num_heads = 4;
-  o.model.vocab_size = 256;
-  o.model.seq_length = 16;
-  o.parallel.tp = l.tp;
-  o.parallel.pp = l.pp;
-  o.parallel.vpp = l.vpp;
-  o.parallel.dp = l.dp;
-  o.parallel.zero_stage = l.zero;
-  o.parallel.schedule = l.schedule;
-  o.parallel.micro_batch_size = l.mbs;
-  o.parallel.micro_batches = static_cast<int>(8 / (l.mbs * l.dp));
-  o.learning_rate = {.learning_rate = 1e-2, .min_learning_rate = 1e-3, .warmup_steps = 2,
-                     .total_steps = kSteps};
-  o.adamw = {.beta1 = 0.9, .beta2 = 0.99, .epsilon = 1e-8, .weight_decay = 0.1};
-  o.grad_clip = 1.0;
-  return o;
-}
+TrainingOptions Options(const Layout& l) { return testing::SmallGptOptions(l, kSteps); }
 
 // Whole tensors by name, and how often each element was written.
 struct GlobalState {
@@ -130,7 +106,7 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_pair(Layout{.dp = 2, .zero = 3}, Layout{.zero = 0}),
         std::make_pair(Layout{.zero = 0}, Layout{.dp = 2, .zero = 2}),
         // Other tp and pp.
-        std::make_pair(Layout{.tp = 2, .pp = 2, .dp = 2, .zero = 1, .mbs = 1},
+        std::make_pair(Layout{.tp = 2, .pp = 2, .dp = 2, .zero = 1, .micro_batch_size = 1},
                        Layout{.dp = 2, .zero = 3}),
         std::make_pair(Layout{.dp = 2, .zero = 2},
                        Layout{.tp = 2, .pp = 2, .vpp = 2, .zero = 0, .schedule = plan::ScheduleKind::kInterleaved})));
