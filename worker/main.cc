@@ -289,6 +289,8 @@ int Run(int argc, char** argv) {
     if (d.has_restart_at_generation()) {
       loop.NoteGenerationEnded(absl::Now(), d.restart_at_generation().reason());
       holder.AbortBefore(d.restart_at_generation().generation());
+    } else if (d.has_checkpoint()) {
+      loop.RequestCheckpoint();
     } else if (d.has_stop()) {
       holder.AbortBefore(UINT64_MAX);
     }

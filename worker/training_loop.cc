@@ -98,7 +98,7 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
   if (options_.metrics != nullptr) options_.metrics->SetPlace(gen, a.rank());
   const int64_t total = static_cast<int64_t>(spec->training().train_steps());
   const int64_t interval = static_cast<int64_t>(spec->checkpoint().interval_steps());
-  const bool can_save = !spec->checkpoint().directory().empty() && interval > 0;
+  const bool can_save = !spec->checkpoint().directory().empty();
   const int64_t global_batch = options->parallel.global_batch();
 
   // A lost peer shows up here as a failed collective, usually just before
@@ -149,7 +149,7 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
   while (trainer.step() < total) {
     if (GenerationOver(*agent_, gen)) return Outcome::kGenerationOver;
     agent_->SetProgress(static_cast<uint64_t>(trainer.step()), v1::WORKER_STATE_TRAINING);
-    absl::StatusOr<train::StepStats> st = trainer.TrainStep();
+    absl::StatusOr<train::StepStats> st = trainer.TrainStep(checkpoint_requested_.exchange(false));
     if (!st.ok()) return classify(st.status());
     const int64_t done = trainer.step();
     if (options_.metrics != nullptr) options_.metrics->ObserveStep(*st);
@@ -196,7 +196,12 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
       window_time = window_comm = absl::ZeroDuration();
       window_tokens = 0;
     }
-    if (can_save && (done % interval == 0 || done == total)) {
+    if (st->checkpoint_requested && !can_save && leader) {
+      Log(absl::StrCat("step ", done, ": a checkpoint was requested but the job has no "
+                       "checkpoint directory (spec.checkpoint.directory); not saved"));
+    }
+    const bool periodic = interval > 0 && (done % interval == 0 || done == total);
+    if (can_save && (periodic || st->checkpoint_requested)) {
       const bool async = spec->checkpoint().async_save() && done != total;
       if (!async) agent_->SetProgress(static_cast<uint64_t>(done), v1::WORKER_STATE_CHECKPOINTING);
       const absl::Time start = absl::Now();

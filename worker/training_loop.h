@@ -17,6 +17,7 @@
 #ifndef SHARDLINE_WORKER_TRAINING_LOOP_H_
 #define SHARDLINE_WORKER_TRAINING_LOOP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -76,11 +77,19 @@ class TrainingLoop {
   // Marks when the next generation's communicators were ready. Thread-safe.
   void NoteCommunicatorsReady(absl::Time when);
 
+  // Asks for a checkpoint after the next step (the coordinator's
+  // CheckpointAtStep directive, e.g. before draining a worker). Every rank
+  // of the world agrees on the step through the trainer's step all-reduce,
+  // so ranks that learn of it at different times still save together.
+  // Thread-safe.
+  void RequestCheckpoint() { checkpoint_requested_.store(true); }
+
  private:
   absl::StatusOr<const train::Corpus*> CorpusFor(const v1::JobSpec& spec);
   void Log(const std::string& line) const;
 
   WorkerAgent* const agent_;
+  std::atomic<bool> checkpoint_requested_{false};
   mutable std::mutex mu_;  // guards the three fields below
   std::optional<absl::Time> ended_at_, ready_at_;
   std::string ended_reason_;

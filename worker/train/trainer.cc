@@ -318,7 +318,7 @@ class Trainer::Impl {
 
   // --- The step ---------------------------------------------------------------
 
-  absl::StatusOr<StepStats> TrainStep() {
+  absl::StatusOr<StepStats> TrainStep(bool request_checkpoint) {
     const absl::Time start = absl::Now();
     comm_time = absl::ZeroDuration();
     const int m = options.parallel.micro_batches;
@@ -386,17 +386,21 @@ class Trainer::Impl {
       }
     }
     const bool last_stage = chunks.count(num_chunks() - 1) > 0;
-    float totals[2] = {static_cast<float>(sumsq),
+    // One all-reduce carries the global norm, the loss and whether any rank
+    // asked for a checkpoint after this step (so every rank decides alike).
+    float totals[3] = {static_cast<float>(sumsq),
                        last_stage && tp_rank() == 0
                            ? static_cast<float>(loss_sum / (static_cast<double>(m) * dp.size()))
-                           : 0.0f};
+                           : 0.0f,
+                       request_checkpoint ? 1.0f : 0.0f};
     for (Collectives* c : {&tp, &dp, &pp}) {
-      if (absl::Status s = c->AllReduce(totals, 2, ReduceOp::kSum); !s.ok()) return s;
+      if (absl::Status s = c->AllReduce(totals, 3, ReduceOp::kSum); !s.ok()) return s;
     }
     StepStats stats;
     stats.step = step;
     stats.grad_norm = std::sqrt(static_cast<double>(totals[0]));
     stats.loss = totals[1];
+    stats.checkpoint_requested = totals[2] > 0.5f;
     stats.learning_rate = LearningRate(step, options.learning_rate);
     stats.tokens = global_batch * options.model.seq_length;
     const float clip =
@@ -507,7 +511,9 @@ Trainer::~Trainer() = default;
 
 int64_t Trainer::step() const { return impl_->step; }
 
-absl::StatusOr<StepStats> Trainer::TrainStep() { return impl_->TrainStep(); }
+absl::StatusOr<StepStats> Trainer::TrainStep(bool request_checkpoint) {
+  return impl_->TrainStep(request_checkpoint);
+}
 
 absl::StatusOr<double> Trainer::EvaluateValidation(int64_t samples) {
   Impl& t = *impl_;

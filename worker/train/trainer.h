@@ -90,6 +90,7 @@ struct StepStats {
   int64_t tokens = 0;         // tokens in the global batch
   absl::Duration time;        // wall time of the step on this rank
   absl::Duration comm_time;   // of which waiting on collectives / send / recv
+  bool checkpoint_requested = false;  // some rank asked to save after this step
 };
 
 class Trainer {
@@ -105,10 +106,13 @@ class Trainer {
   ~Trainer();
 
   // One optimizer step over the global batch of step(). Every rank calls it
-  // together. Errors: the backends' (Unavailable naming a lost peer,
+  // together. `request_checkpoint` is this rank's wish to save after this
+  // step (e.g. an operator's drain); StepStats::checkpoint_requested is
+  // true on every rank when any rank asked, so all ranks agree on the step
+  // to save. Errors: the backends' (Unavailable naming a lost peer,
   // DeadlineExceeded, Aborted); after an error the trainer's state is
   // unspecified (restore from a checkpoint).
-  absl::StatusOr<StepStats> TrainStep();
+  absl::StatusOr<StepStats> TrainStep(bool request_checkpoint = false);
 
   // Mean validation loss over validation samples [0, samples) (forward
   // only, all ranks together; samples is rounded up to whole global

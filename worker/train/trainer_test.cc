@@ -3,6 +3,7 @@
 #include "worker/train/trainer.h"
 
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -162,6 +163,38 @@ TEST(TrainerTest, SampleRejectsEmptyPrompt) {
     EXPECT_EQ(t.Sample("", 4, 0, 1).status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(t.Sample("x", -1, 0, 1).status().code(), absl::StatusCode::kInvalidArgument);
   });
+}
+
+}  // namespace
+}  // namespace shardline::worker::train
+
+namespace shardline::worker::train {
+namespace {
+
+// One rank's wish to checkpoint after a step becomes every rank's decision
+// at that same step (the drain protocol relies on it).
+TEST(TrainerTest, CheckpointRequestIsAgreedByEveryRank) {
+  TrainingOptions o = Small(2, 2, 2, 1, 1);
+  std::mutex mu;
+  std::map<int, std::vector<bool>> seen;
+  absl::Status s = RunLocalCluster(o.parallel, [&](int rank, const RankGroups& g) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<Trainer>> t =
+        Trainer::Create(o, g, &testing::ShakespeareCorpus());
+    if (!t.ok()) return t.status();
+    for (int step = 0; step < 3; ++step) {
+      // Only rank 5 asks, and only at step 1.
+      absl::StatusOr<StepStats> st = (*t)->TrainStep(rank == 5 && step == 1);
+      if (!st.ok()) return st.status();
+      std::lock_guard<std::mutex> lock(mu);
+      seen[rank].push_back(st->checkpoint_requested);
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(seen.size(), 8u);
+  for (const auto& [rank, flags] : seen) {
+    EXPECT_EQ(flags, (std::vector<bool>{false, true, false})) << "rank " << rank;
+  }
 }
 
 }  // namespace
