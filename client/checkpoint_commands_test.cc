@@ -1,4 +1,4 @@
-// End-to-end: `shardctl checkpoint list/show` (and the old `checkpoints`
+// End-to-end: `shardctl checkpoint list/show/verify/consolidate` (and the old `checkpoints`
 // spelling) against the real shardline-coordinator binary. Two simulated
 // ranks write their shard files into the directory BeginCheckpoint names
 // and report them; the coordinator verifies the files, commits, and writes
@@ -25,6 +25,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "server/grpc_test_util.h"
+#include "worker/checkpoint/crc32c.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 
 namespace shardline {
@@ -161,7 +162,9 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
   for (uint32_t rank = 0; rank < 2; ++rank) {
     const std::string file = absl::StrFormat("rank-%05d.bin", rank);
     fs::create_directories(directory);
-    std::ofstream(directory + "/" + file, std::ios::binary) << std::string(20, 'x');
+    const std::string content(20, 'x');
+    const uint32_t crc = worker::checkpoint::Crc32c(content.data(), content.size());
+    std::ofstream(directory + "/" + file, std::ios::binary) << content;
     v1::ReportShardRequest req;
     *req.mutable_fence() = by_rank[rank]->fence();
     req.set_checkpoint_id(id);
@@ -169,6 +172,7 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
     v1::ShardFile* f = req.add_files();
     f->set_path(file);
     f->set_size_bytes(20);
+    f->set_crc32c(crc);
     v1::SavedTensor* t = req.add_tensors();
     t->set_name("w");
     t->set_dtype(v1::DTYPE_FLOAT32);
@@ -182,6 +186,7 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
     p->mutable_range()->set_end(5);
     p->set_file(file);
     p->set_byte_length(20);
+    p->set_crc32c(crc);
     grpc::ClientContext ctx;
     Prepare(&ctx, "");
     grpc::Status s = checkpoints->ReportShard(&ctx, req, &reported);
@@ -243,15 +248,44 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
   r = Shardctl(address, "checkpoint frobnicate ck");
   EXPECT_EQ(r.rc, 2) << r.all;
   EXPECT_THAT(r.all, HasSubstr("unknown checkpoint subcommand 'frobnicate'"));
-  for (const char* sub : {"verify", "consolidate"}) {
-    r = Shardctl(address, absl::StrCat("checkpoint ", sub, " ck"));
-    EXPECT_EQ(r.rc, 1) << r.all;
-    EXPECT_THAT(r.all, HasSubstr("not implemented yet")) << sub;
-  }
   r = Shardctl(address, "checkpoint --help");
   EXPECT_EQ(r.rc, 0) << r.all;
   EXPECT_THAT(r.out, AllOf(HasSubstr("checkpoint list"), HasSubstr("checkpoint show"),
-                           HasSubstr("not yet")));
+                           HasSubstr("checkpoint verify"), HasSubstr("checkpoint consolidate")));
+
+  // verify and consolidate through GetManifest (the files are visible here).
+  r = Shardctl(address, "checkpoint verify ck");
+  ASSERT_EQ(r.rc, 0) << r.all;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("checkpoint ", id, " (step 7): OK: 1 tensors, 2 files, "
+                                            "2 pieces, ")));
+  const std::string out = root + "-model.safetensors";
+  r = Shardctl(address, absl::StrCat("checkpoint consolidate ck ", id, " --out ", out));
+  ASSERT_EQ(r.rc, 0) << r.all;
+  std::ifstream model_file(out, std::ios::binary);
+  const std::string model((std::istreambuf_iterator<char>(model_file)),
+                          std::istreambuf_iterator<char>());
+  ASSERT_GT(model.size(), 48u);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(model[i])} << (8 * i);
+  ASSERT_EQ(model.size(), 8 + n + 40);
+  EXPECT_THAT(model.substr(8, n),
+              HasSubstr("\"w\":{\"dtype\":\"F32\",\"shape\":[2,5],\"data_offsets\":[0,40]}"));
+  EXPECT_EQ(model.substr(8 + n), std::string(40, 'x'));
+  r = Shardctl(address, "checkpoint consolidate ck");
+  EXPECT_EQ(r.rc, 2) << r.all;
+  EXPECT_THAT(r.all, HasSubstr("--out"));
+  r = Shardctl(address, "checkpoint verify ck ckpt-nope");
+  EXPECT_EQ(r.rc, 2) << r.all;
+  // A flipped byte: DataLoss, exit 1, naming the file.
+  {
+    std::fstream shard(directory + "/rank-00001.bin",
+                       std::ios::in | std::ios::out | std::ios::binary);
+    shard.seekp(3);
+    shard.put('y');
+  }
+  r = Shardctl(address, absl::StrCat("checkpoint verify ck ", id));
+  EXPECT_EQ(r.rc, 1) << r.all;
+  EXPECT_THAT(r.all, AllOf(HasSubstr("is damaged"), HasSubstr("rank-00001.bin")));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/args.h"
+#include "client/checkpoint_tools.h"
 #include "client/coordinator_client.h"
 #include "client/job_format.h"
 #include "client/spec_file.h"
@@ -378,8 +379,13 @@ constexpr char kCheckpointUsage[] =
     "  shardctl checkpoint show JOB [ID] [--tensors]\n"
     "                                             one checkpoint's manifest (default: the\n"
     "                                             newest committed); --json prints it whole\n"
-    "  shardctl checkpoint verify JOB [ID]        not yet: check the shard files' checksums\n"
-    "  shardctl checkpoint consolidate JOB [ID]   not yet: write one unsharded copy\n";
+    "  shardctl checkpoint verify JOB [ID]        re-read every shard file and piece and check\n"
+    "                                             the checksums and the coverage\n"
+    "  shardctl checkpoint verify --dir DIR       the same offline, from DIR/manifest.json\n"
+    "  shardctl checkpoint consolidate JOB [ID] --out FILE [--optimizer]\n"
+    "                                             write one unsharded safetensors file\n"
+    "  shardctl checkpoint consolidate --dir DIR --out FILE [--optimizer]\n"
+    "                                             the same offline\n";
 
 // `checkpoint list` and its old spelling `checkpoints`: ListCheckpoints, all
 // pages.
@@ -461,29 +467,140 @@ absl::Status CheckpointShow(const std::vector<std::string>& args, std::ostream& 
   return absl::OkStatus();
 }
 
+// The manifest and the directory holding its files for `checkpoint verify`
+// and `consolidate`: from --dir DIR (DIR/manifest.json, no coordinator), or
+// GetManifest(JOB, ID) and the manifest's directory (the CLI must run where
+// it is visible).
+struct LocatedCheckpoint {
+  v1::Manifest manifest;
+  std::string directory;
+};
+
+absl::StatusOr<LocatedCheckpoint> LocateCheckpoint(Command& c, const std::vector<std::string>& pos,
+                                                   const std::string& dir, const char* usage) {
+  LocatedCheckpoint located;
+  if (c.parser.WasSet("dir")) {
+    if (!pos.empty()) {
+      return Usage(absl::StrCat("--dir names the checkpoint; give no job or checkpoint id with it "
+                                "(got ", absl::StrJoin(pos, " "), ")"),
+                   usage);
+    }
+    if (dir.empty()) return Usage("--dir is empty; give a checkpoint directory", usage);
+    absl::StatusOr<v1::Manifest> m = ReadManifestJson(dir);
+    if (!m.ok()) return m.status();
+    located.manifest = *std::move(m);
+    located.directory = dir;
+    return located;
+  }
+  if (pos.empty() || pos.size() > 2) {
+    return Usage(absl::StrCat("give a job id and optionally a checkpoint id (default: the newest "
+                              "committed), or --dir CHECKPOINT_DIR",
+                              pos.empty() ? "" : absl::StrCat("; got ", pos.size(), " arguments")),
+                 usage);
+  }
+  auto client = c.Connect();
+  if (!client.ok()) return client.status();
+  v1::GetManifestRequest request;
+  request.set_job_id(pos[0]);
+  if (pos.size() == 2) request.set_checkpoint_id(pos[1]);
+  absl::StatusOr<v1::Manifest> manifest = (*client)->GetManifest(request);
+  if (!manifest.ok()) {
+    const absl::Status& s = manifest.status();
+    if (s.code() == absl::StatusCode::kNotFound) {
+      return absl::NotFoundError(absl::StrCat(
+          s.message(), "; 'shardctl checkpoint list ", pos[0], " --all' lists its checkpoints"));
+    }
+    return s;
+  }
+  if (manifest->state() != v1::CHECKPOINT_STATE_COMMITTED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", manifest->checkpoint_id(), " is ",
+        v1::CheckpointState_Name(manifest->state()), ", not COMMITTED; only committed checkpoints "
+        "are complete"));
+  }
+  located.directory = manifest->directory();
+  located.manifest = *std::move(manifest);
+  return located;
+}
+
+// `checkpoint verify JOB [ID]` / `--dir DIR`: VerifyCheckpoint over the files.
+absl::Status CheckpointVerify(const std::vector<std::string>& args, std::ostream& out) {
+  constexpr char kUsage[] =
+      "Usage: shardctl checkpoint verify JOB [ID]\n"
+      "       shardctl checkpoint verify --dir CHECKPOINT_DIR\n"
+      "  Re-reads every shard file (size, CRC-32C) and every piece (bounds, CRC-32C) of\n"
+      "  checkpoint ID (default: the job's newest committed one) and checks that the\n"
+      "  pieces cover every tensor exactly once. Run it where the checkpoint directory\n"
+      "  is visible. --dir reads CHECKPOINT_DIR/manifest.json and needs no coordinator.\n"
+      "  Exit 0 when sound; 1 with the first problem (tensor, file) otherwise.\n";
+  Command c("shardctl checkpoint verify");
+  std::string dir;
+  c.parser.AddString("dir", &dir, "a checkpoint directory holding manifest.json (offline)");
+  auto positional = c.Parse(args, kUsage, out);
+  if (!positional.ok()) return positional.status();
+  if (!positional->has_value()) return absl::OkStatus();
+  absl::StatusOr<LocatedCheckpoint> located = LocateCheckpoint(c, **positional, dir, kUsage);
+  if (!located.ok()) return located.status();
+  absl::StatusOr<std::string> verified =
+      VerifyCheckpointFiles(located->manifest, located->directory);
+  if (!verified.ok()) return verified.status();
+  Print(out, *verified);
+  return absl::OkStatus();
+}
+
+// `checkpoint consolidate JOB [ID] --out FILE [--optimizer]` / `--dir DIR`.
+absl::Status CheckpointConsolidate(const std::vector<std::string>& args, std::ostream& out) {
+  constexpr char kUsage[] =
+      "Usage: shardctl checkpoint consolidate JOB [ID] --out FILE [--optimizer]\n"
+      "       shardctl checkpoint consolidate --dir CHECKPOINT_DIR --out FILE [--optimizer]\n"
+      "  Reads every parameter whole from checkpoint ID (default: the job's newest\n"
+      "  committed one), checking each piece's CRC-32C, and writes ONE unsharded\n"
+      "  safetensors file: F32 tensors sorted by name, __metadata__ with the step, job,\n"
+      "  checkpoint and model config. --optimizer adds the AdamW moments\n"
+      "  (<parameter>/exp_avg, <parameter>/exp_avg_sq). Run it where the checkpoint\n"
+      "  directory is visible; --dir needs no coordinator.\n";
+  Command c("shardctl checkpoint consolidate");
+  std::string dir, out_path;
+  bool optimizer = false;
+  c.parser.AddString("dir", &dir, "a checkpoint directory holding manifest.json (offline)");
+  c.parser.AddString("out", &out_path, "the safetensors file to write (required)");
+  c.parser.AddBool("optimizer", &optimizer, "also write the optimizer state");
+  auto positional = c.Parse(args, kUsage, out);
+  if (!positional.ok()) return positional.status();
+  if (!positional->has_value()) return absl::OkStatus();
+  if (out_path.empty()) {
+    return Usage("consolidate needs --out FILE, e.g. --out model.safetensors", kUsage);
+  }
+  absl::StatusOr<LocatedCheckpoint> located = LocateCheckpoint(c, **positional, dir, kUsage);
+  if (!located.ok()) return located.status();
+  ConsolidateOptions options;
+  options.optimizer = optimizer;
+  absl::StatusOr<ConsolidateResult> r =
+      ConsolidateCheckpoint(located->manifest, located->directory, out_path, options);
+  if (!r.ok()) return r.status();
+  Print(out, absl::StrCat("checkpoint ", located->manifest.checkpoint_id(), " (step ",
+                          located->manifest.step(), "): wrote ", r->tensors, " tensors (",
+                          r->data_bytes, " bytes of data) to ", out_path));
+  return absl::OkStatus();
+}
+
 absl::Status Checkpoint(const std::vector<std::string>& args, std::ostream& out) {
   if (args.empty()) {
-    return Usage("checkpoint needs a subcommand: list, show (verify and consolidate: not yet)",
+    return Usage("checkpoint needs a subcommand: list, show, verify or consolidate",
                  kCheckpointUsage);
   }
   const std::string& sub = args[0];
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (sub == "list") return CheckpointList(rest, out, "shardctl checkpoint list");
   if (sub == "show") return CheckpointShow(rest, out);
-  if (sub == "verify" || sub == "consolidate") {
-    // These read the shard files and need the worker-side checkpoint reader
-    // (crc32c of every piece; interval intersection for consolidate); they
-    // go here, next to `show`, once that reader is a library shardctl can
-    // link.
-    return absl::UnimplementedError(absl::StrCat(
-        "checkpoint ", sub, " is not implemented yet; 'shardctl checkpoint show JOB [ID] "
-        "--tensors' shows what the manifest records"));
-  }
+  if (sub == "verify") return CheckpointVerify(rest, out);
+  if (sub == "consolidate") return CheckpointConsolidate(rest, out);
   if (sub == "--help" || sub == "-h" || sub == "help") {
     out << kCheckpointUsage << "\n" << kConnectionHelp;
     return absl::OkStatus();
   }
-  return Usage(absl::StrCat("unknown checkpoint subcommand '", sub, "'; choose list or show"),
+  return Usage(absl::StrCat("unknown checkpoint subcommand '", sub,
+                            "'; choose list, show, verify or consolidate"),
                kCheckpointUsage);
 }
 

@@ -11,8 +11,13 @@
 //   shardctl checkpoint list JOB [--all]         ListCheckpoints (all pages); the old
 //   shardctl checkpoints JOB [--all]               spelling is an alias
 //   shardctl checkpoint show JOB [ID] [--tensors] GetManifest (no ID: newest committed)
-//   shardctl checkpoint verify|consolidate ...   not yet (Unimplemented): they need
-//                                                the worker-side shard reader
+//   shardctl checkpoint verify JOB [ID]          GetManifest, then VerifyCheckpoint over
+//   shardctl checkpoint verify --dir DIR           the files (DataLoss: exit 1); --dir
+//                                                reads DIR/manifest.json, no coordinator
+//   shardctl checkpoint consolidate JOB [ID] --out FILE [--optimizer]
+//   shardctl checkpoint consolidate --dir DIR --out FILE [--optimizer]
+//                                                one unsharded safetensors file
+//                                                (client/checkpoint_tools.h)
 //   shardctl watch JOB [--after SEQ] [--count N] WatchJob, one line per event
 //   shardctl kv get JOB --generation G [--scope S] KEY
 //                                                KvGet through a live member's fence

@@ -107,6 +107,9 @@ std::string NewToken() {
   return token;
 }
 
+// StateStore kind of the restore fallback's marks (see ReportError).
+constexpr char kUnusableCheckpointKind[] = "checkpoint_unusable";
+
 std::string MemberKey(const std::string& job_id, const std::string& worker_id) {
   return absl::StrCat(job_id, "/", worker_id);
 }
@@ -164,6 +167,9 @@ struct Coordinator::JobRecord {
   std::deque<v1::JobEvent> events;
   uint64_t next_sequence = 1;
   uint64_t progress_step = 0;  // last StepProgress emitted
+  // Checkpoints a restore found corrupt: id -> why. Persisted as kind
+  // kUnusableCheckpointKind, key "<job>/<checkpoint_id>", value the reason.
+  std::map<std::string, std::string> unusable_checkpoints;
 };
 
 Coordinator::Coordinator(Clock* clock, StateStore* store, CoordinatorOptions options)
@@ -206,6 +212,8 @@ absl::Status Coordinator::Recover() {
   if (!members.ok()) return members.status();
   absl::StatusOr<std::vector<Record>> events = store_->Scan("event");
   if (!events.ok()) return events.status();
+  absl::StatusOr<std::vector<Record>> unusable = store_->Scan(kUnusableCheckpointKind);
+  if (!unusable.ok()) return unusable.status();
 
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
@@ -243,6 +251,12 @@ absl::Status Coordinator::Recover() {
     job.next_sequence = std::max(job.next_sequence, e.sequence() + 1);
     job.events.push_back(std::move(e));
     if (job.events.size() > static_cast<size_t>(options_.max_events_per_job)) job.events.pop_front();
+  }
+  for (const Record& r : *unusable) {
+    const size_t slash = r.key.find('/');
+    auto it = jobs_.find(r.key.substr(0, slash));
+    if (slash == std::string::npos || it == jobs_.end()) continue;
+    it->second->unusable_checkpoints[r.key.substr(slash + 1)] = r.value;
   }
   for (auto& [id, job] : jobs_) {
     if (job->job.phase() == v1::JOB_PHASE_RUNNING) {
@@ -903,8 +917,8 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   m.member.set_generation(job->job.generation());
   m.last_heartbeat = now;  // a fresh heartbeat clock
   if (job->job.phase() == v1::JOB_PHASE_RUNNING) {
-    // The world is formed: a newcomer waits as a spare (growing the job at a
-    // checkpoint boundary is the elastic-restart work).
+    // The world is formed: a newcomer waits as a spare; the job grows at
+    // the next committed checkpoint (NoteCheckpointCommitted).
     m.member.set_state(v1::MEMBER_STATE_SPARE);
     job->job.set_num_spares(job->job.num_spares() + 1);
   } else {
@@ -1135,7 +1149,8 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
 }
 
 absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
-    const v1::ReportErrorRequest& request, std::vector<GenerationEnded>* ended) {
+    const v1::ReportErrorRequest& request, std::vector<GenerationEnded>* ended,
+    const std::vector<v1::CheckpointRef>& committed) {
   absl::MutexLock lock(&mu_);
   JobRecord* job = nullptr;
   absl::StatusOr<MemberRecord*> m = CheckFenceLocked(request.fence(), &job);
@@ -1176,6 +1191,21 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
   if (job->job.phase() == v1::JOB_PHASE_RUNNING &&
       job->job.generation() == request.fence().generation()) {
     MemberRecord& reporter_record = **m;
+    const std::string& restoring = job->job.last_checkpoint().checkpoint_id();
+    if (request.code() == static_cast<int>(absl::StatusCode::kDataLoss) && !restoring.empty() &&
+        (absl::StrContains(request.message(), restoring) ||
+         absl::StrContains(request.operation(), restoring))) {
+      // The restore point is corrupt, not this worker: no error streak.
+      FallBackFromRestorePointLocked(*job, what, committed, ended);
+      MaybeFormLocked(*job, ended);
+      v1::ReportErrorResponse response;
+      if (IsTerminal(job->job.phase())) {
+        *response.mutable_directive() = Stop(job->job.phase(), job->job.phase_reason());
+      } else {
+        *response.mutable_directive() = Restart(job->job.generation(), job->job.phase_reason());
+      }
+      return response;
+    }
     ++reporter_record.error_streak;
     reporter_record.last_error = what;
     if (reporter_record.error_streak >= kMaxConsecutiveErrorGenerations) {
@@ -1268,11 +1298,13 @@ std::vector<GenerationEnded> Coordinator::Tick() {
 
 absl::Status Coordinator::NoteCheckpointCommitted(const std::string& job_id,
                                                   const v1::CheckpointRef& ref,
-                                                  uint64_t total_bytes) {
+                                                  uint64_t total_bytes,
+                                                  std::vector<GenerationEnded>* ended) {
   absl::MutexLock lock(&mu_);
   JobRecord* job = FindJobLocked(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  if (!job->job.has_last_checkpoint() || ref.step() >= job->job.last_checkpoint().step()) {
+  if ((!job->job.has_last_checkpoint() || ref.step() >= job->job.last_checkpoint().step()) &&
+      job->unusable_checkpoints.count(ref.checkpoint_id()) == 0) {
     *job->job.mutable_last_checkpoint() = ref;
   }
   v1::JobEvent e;
@@ -1280,7 +1312,41 @@ absl::Status Coordinator::NoteCheckpointCommitted(const std::string& job_id,
   e.mutable_checkpoint_committed()->set_step(ref.step());
   e.mutable_checkpoint_committed()->set_total_bytes(total_bytes);
   EmitLocked(*job, std::move(e));
-  return PersistLocked(*job, {});
+  absl::Status persisted = PersistLocked(*job, {});
+  // Grow only from a restore point that is durable and is `ref` itself (not
+  // an older or unusable checkpoint committed late).
+  if (persisted.ok() && job->job.has_last_checkpoint() &&
+      job->job.last_checkpoint().checkpoint_id() == ref.checkpoint_id()) {
+    std::vector<GenerationEnded> grown;
+    MaybeGrowLocked(*job, ref, &grown);
+    std::vector<GenerationEnded>& out = ended != nullptr ? *ended : pending_ended_;
+    out.insert(out.end(), grown.begin(), grown.end());
+  }
+  return persisted;
+}
+
+void Coordinator::MaybeGrowLocked(JobRecord& job, const v1::CheckpointRef& ref,
+                                  std::vector<GenerationEnded>* ended) {
+  if (job.job.phase() != v1::JOB_PHASE_RUNNING) return;
+  // The last step: the ranks are about to finish; a restart would only redo it.
+  if (ref.step() >= job.job.spec().training().train_steps()) return;
+  int ranks = 0;
+  int spares = 0;  // healthy: of this generation, with a live session stream
+  for (const auto& [id, m] : job.members) {
+    if (m.member.generation() != job.job.generation()) continue;
+    if (m.member.state() == v1::MEMBER_STATE_ACTIVE) ++ranks;
+    if (m.member.state() == v1::MEMBER_STATE_SPARE && m.session.has_value()) ++spares;
+  }
+  if (spares == 0) return;
+  const std::optional<int> dp = ChooseDp(job.job.spec(), ranks + spares);
+  if (!dp.has_value() || *dp <= static_cast<int>(job.job.dp())) return;
+  const uint64_t model_parallel =
+      uint64_t{job.job.spec().parallel().tp()} * job.job.spec().parallel().pp();
+  EndGenerationLocked(job, v1::FORMATION_REASON_GROW,
+                      absl::StrCat("grow: ", spares, " spares joined; world ",
+                                   job.job.world_size(), " -> ", *dp * model_parallel,
+                                   " at checkpoint step ", ref.step()),
+                      ended);
 }
 
 void Coordinator::NoteCheckpointAborted(const std::string& job_id,
@@ -1294,6 +1360,59 @@ void Coordinator::NoteCheckpointAborted(const std::string& job_id,
   e.mutable_checkpoint_aborted()->set_step(step);
   e.mutable_checkpoint_aborted()->set_reason(reason);
   EmitLocked(*job, std::move(e));
+}
+
+std::map<std::string, std::string> Coordinator::UnusableCheckpoints(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  const JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return {};
+  return job->unusable_checkpoints;
+}
+
+void Coordinator::FallBackFromRestorePointLocked(JobRecord& job, const std::string& what,
+                                                 const std::vector<v1::CheckpointRef>& committed,
+                                                 std::vector<GenerationEnded>* ended) {
+  const v1::CheckpointRef bad = job.job.last_checkpoint();
+  job.unusable_checkpoints[bad.checkpoint_id()] = what;
+  // The previous usable one: the newest committed strictly older than the
+  // corrupt one (a newer one would have been the restore point already).
+  const v1::CheckpointRef* previous = nullptr;
+  for (const v1::CheckpointRef& c : committed) {
+    if (c.step() >= bad.step() || c.checkpoint_id().empty() ||
+        job.unusable_checkpoints.count(c.checkpoint_id()) > 0) {
+      continue;
+    }
+    if (previous == nullptr || c.step() > previous->step()) previous = &c;
+  }
+  std::string why = absl::StrCat("restore point ", bad.checkpoint_id(), " (step ", bad.step(),
+                                 ") is unusable (", what, "); ");
+  if (previous != nullptr) {
+    absl::StrAppend(&why, "falling back to the previous committed checkpoint ",
+                    previous->checkpoint_id(), " (step ", previous->step(), ")");
+    *job.job.mutable_last_checkpoint() = *previous;
+  } else {
+    absl::StrAppend(&why, "no earlier committed checkpoint is usable: restarting from step 0");
+    job.job.clear_last_checkpoint();
+  }
+  std::fprintf(stderr, "coordinator: job %s: %s\n", job.job.job_id().c_str(), why.c_str());
+  // The mark first, so that a crash cannot restore the corrupt one again
+  // (the job record with the new restore point follows in
+  // EndGenerationLocked's write).
+  absl::Status s = store_->Write({Mutation::Put(
+      kUnusableCheckpointKind, absl::StrCat(job.job.job_id(), "/", bad.checkpoint_id()), what)});
+  if (!s.ok()) {
+    std::fprintf(stderr, "coordinator: job %s: unusable mark of %s not saved: %s\n",
+                 job.job.job_id().c_str(), bad.checkpoint_id().c_str(),
+                 std::string(s.message()).c_str());
+  }
+  v1::JobEvent e;
+  e.mutable_checkpoint_aborted()->set_checkpoint_id(bad.checkpoint_id());
+  e.mutable_checkpoint_aborted()->set_step(bad.step());
+  e.mutable_checkpoint_aborted()->set_reason(
+      absl::StrCat("not restorable (still listed as committed): ", what));
+  EmitLocked(job, std::move(e));
+  EndGenerationLocked(job, v1::FORMATION_REASON_ERROR_REPORTED, why, ended);
 }
 
 }  // namespace shardline::server

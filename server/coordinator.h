@@ -14,12 +14,16 @@
 //
 // Job phases (DESIGN.md "Lifecycle"):
 //
-//   PENDING --min workers--> RUNNING(g) --rank lost/left/error--> RECOVERING(g+1)
+//   PENDING --min workers--> RUNNING(g) --lost/left/error/grow--> RECOVERING(g+1)
 //      |                        |    ^                                 |
 //      |                        |    +-------- re-formed --------------+
 //      +--cancel--> CANCELLED <-+--> COMPLETED (every rank DONE)   FAILED (below
 //                                                                  min_workers past
 //                                                                  join_timeout)
+//
+// "grow": a checkpoint committed while spares make a larger world fit
+// (NoteCheckpointCommitted); "lost/left/error": a rank was lost, left or
+// reported an error (failure detection below).
 //
 // Member states are v1::MemberState (JOINING, ACTIVE, SPARE, FENCED, LOST,
 // LEFT). When a generation ends every ACTIVE and SPARE member becomes FENCED
@@ -160,7 +164,8 @@ class Coordinator {
   // off (its calls fail with Aborted); if the old one held a rank, the
   // generation ends (returned by the next Tick()). A repeated join of the
   // current generation by the same incarnation changes nothing. A worker
-  // joining a RUNNING job becomes a SPARE of the current generation.
+  // joining a RUNNING job becomes a SPARE of the current generation (the job
+  // grows at the next committed checkpoint, see NoteCheckpointCommitted).
   // Unavailable: the join could not be recorded in the state store.
   absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& request);
 
@@ -203,9 +208,31 @@ class Coordinator {
   // A worker reports a failure. The generation ends (the caller's
   // communicators are broken); the named peer is declared LOST if it is also
   // late or disconnected. Answers RESTART_AT_GENERATION (or STOP).
+  //
+  // Restore fallback (DESIGN.md "Checkpoints": a checksum mismatch is
+  // DataLoss and restore falls back to the previous committed checkpoint):
+  // when the report ends the current generation, its code is DATA_LOSS and
+  // its message or operation names the generation's restore point (the
+  // job's last_checkpoint id, as Checkpointer::Restore's errors do), that
+  // checkpoint is marked unusable (durably, with the report as the reason;
+  // it stays COMMITTED and listed in the registry, see
+  // UnusableCheckpoints) and the next generation restores the newest entry
+  // of `committed` that is older (by step) and not unusable, or starts from
+  // scratch when there is none; the job's phase_reason and a
+  // CheckpointAborted event say which. Such a report does not count towards
+  // kMaxConsecutiveErrorGenerations (the checkpoint is at fault, not the
+  // worker); every further DataLoss moves one checkpoint further back, so
+  // it cannot loop. `committed`: the job's COMMITTED checkpoints (any
+  // order; the adapter passes CheckpointRegistry::List's when the code is
+  // DATA_LOSS).
   // Errors: CheckFence's.
-  absl::StatusOr<v1::ReportErrorResponse> ReportError(const v1::ReportErrorRequest& request,
-                                                      std::vector<GenerationEnded>* ended);
+  absl::StatusOr<v1::ReportErrorResponse> ReportError(
+      const v1::ReportErrorRequest& request, std::vector<GenerationEnded>* ended,
+      const std::vector<v1::CheckpointRef>& committed = {});
+
+  // Checkpoints of the job that a restore found corrupt (see ReportError),
+  // by id, with why; never restored again. Empty for an unknown job.
+  std::map<std::string, std::string> UnusableCheckpoints(const std::string& job_id) const;
 
   // Graceful leave; an ACTIVE member's leave ends the generation. The fence's
   // generation is not checked. NotFound: no job or worker; Aborted: a
@@ -219,8 +246,28 @@ class Coordinator {
 
   // Records a committed checkpoint as the job's latest (the restore point of
   // the next generation) and its step as the job's progress. NotFound.
+  //
+  // Growing (DESIGN.md "Lifecycle": RUNNING --grow--> RECOVERING): a worker
+  // that joins a RUNNING job waits as a SPARE; the job grows only here, at a
+  // checkpoint boundary, so that nothing trained since the restore point is
+  // thrown away. When the job is RUNNING, `ref` is not older (by step) than
+  // the previous restore point, ref.step < train_steps (a job about to
+  // complete does not restart), and ChooseDp over the generation's ranks
+  // plus its healthy spares (SPARE in this generation with an open session)
+  // gives a larger dp than the current one, the generation ends
+  // (FORMATION_REASON_GROW, reason "grow: N spares joined; world A -> B at
+  // checkpoint step S") and every rank and spare re-joins; the next
+  // generation restores `ref`. Policy on spares: the job grows whenever a
+  // larger world fits (up to max_workers); no spare is held back for
+  // failover: a lost rank of the larger world re-forms the job at the
+  // largest world that still fits, from the same kind of restore point a
+  // spare would use. Workers a larger world cannot use (max_workers, or dp
+  // not dividing global_batch / micro_batch) stay spares. A job with no
+  // checkpoints never grows. Ended generations go to `ended`; when it is
+  // null, the next Tick() returns them.
   absl::Status NoteCheckpointCommitted(const std::string& job_id, const v1::CheckpointRef& ref,
-                                       uint64_t total_bytes);
+                                       uint64_t total_bytes,
+                                       std::vector<GenerationEnded>* ended = nullptr);
   void NoteCheckpointAborted(const std::string& job_id, const std::string& checkpoint_id,
                              uint64_t step, const std::string& reason);
 
@@ -249,6 +296,17 @@ class Coordinator {
   // when the others cannot form one.
   void ExcludeMemberLocked(JobRecord& job, MemberRecord& member,
                            std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The restore point of `job`'s current generation failed its checksums
+  // (`what`: the report): marks it unusable and ends the generation with
+  // the previous usable committed checkpoint as the restore point.
+  void FallBackFromRestorePointLocked(JobRecord& job, const std::string& what,
+                                      const std::vector<v1::CheckpointRef>& committed,
+                                      std::vector<GenerationEnded>* ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NoteCheckpointCommitted's grow rule, after `ref` became the restore
+  // point: ends the generation when the spares make a larger world fit.
+  void MaybeGrowLocked(JobRecord& job, const v1::CheckpointRef& ref,
+                       std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopAllLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

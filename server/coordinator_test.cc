@@ -4,8 +4,13 @@
 #include "server/coordinator.h"
 
 #include <cmath>
+#include <optional>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/time_util.h"
 #include "gtest/gtest.h"
@@ -726,6 +731,298 @@ TEST_F(CoordinatorTest, EventsReplayAndWait) {
   auto none = coordinator_->WaitEvents("job", last, absl::Now() + absl::Milliseconds(20));
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->empty());
+}
+
+// Issue 6: a worker joining a RUNNING job waits as a spare; the job grows at
+// the next committed checkpoint (Coordinator::NoteCheckpointCommitted).
+class CoordinatorGrowTest : public CoordinatorTest {
+ protected:
+  // a and b form world 2 after the last call (max_workers is larger).
+  void FormWorldOfTwo() {
+    ASSERT_TRUE(Join("a").ok());
+    ASSERT_TRUE(Join("b").ok());
+    clock_.Advance(absl::Seconds(6));  // past last_call
+    coordinator_->Tick();
+    ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+    ASSERT_EQ(Job().world_size(), 2u);
+  }
+
+  // Joins `worker` into the RUNNING job (a spare) with an open session, as
+  // a live worker process has; returns the session id.
+  uint64_t JoinSpare(const std::string& worker, bool open_session = true) {
+    auto joined = Join(worker);
+    EXPECT_TRUE(joined.ok()) << joined.status();
+    EXPECT_EQ(joined.ok() ? joined->state() : v1::MEMBER_STATE_UNSPECIFIED,
+              v1::MEMBER_STATE_SPARE);
+    if (!open_session) return 0;
+    auto session = coordinator_->OpenSession(Id(worker));
+    EXPECT_TRUE(session.ok()) << session.status();
+    return session.ok() ? *session : 0;
+  }
+
+  static v1::CheckpointRef Ref(uint64_t step) {
+    v1::CheckpointRef ref;
+    ref.set_checkpoint_id(absl::StrCat("ckpt-step", step, "-gen1"));
+    ref.set_step(step);
+    return ref;
+  }
+
+  // Commits `step`'s checkpoint; returns the generations it ended.
+  std::vector<GenerationEnded> Commit(uint64_t step) {
+    std::vector<GenerationEnded> ended;
+    EXPECT_TRUE(coordinator_->NoteCheckpointCommitted("job", Ref(step), 1000, &ended).ok());
+    return ended;
+  }
+
+  // The newest event of the kind `has` selects.
+  template <typename Has>
+  std::optional<v1::JobEvent> LastEvent(Has has) {
+    auto events = coordinator_->WaitEvents("job", std::nullopt, absl::Now());
+    EXPECT_TRUE(events.ok()) << events.status();
+    std::optional<v1::JobEvent> out;
+    for (const v1::JobEvent& e : events.ok() ? *events : std::vector<v1::JobEvent>{}) {
+      if (has(e)) out = e;
+    }
+    return out;
+  }
+};
+
+TEST_F(CoordinatorGrowTest, GrowsAtTheNextCommittedCheckpointNotBefore) {
+  Create(Spec(2, 4));  // 12 micro-batches per step: dp 2 (m 6) and dp 4 (m 3)
+  FormWorldOfTwo();
+  EXPECT_TRUE(Commit(5).empty());  // no spares: nothing to grow into
+  JoinSpare("c");
+  const uint64_t session_d = JoinSpare("d");
+  EXPECT_EQ(Job().num_spares(), 2u);
+  // Not before a checkpoint: time, heartbeats and ticks change nothing.
+  for (int t = 1; t <= 8; ++t) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(Beat("a", 1, 5 + t).ok());
+    ASSERT_TRUE(Beat("b", 1, 5 + t).ok());
+    ASSERT_TRUE(Beat("c", 1, 0, v1::WORKER_STATE_WAITING).ok());
+    ASSERT_TRUE(Beat("d", 1, 0, v1::WORKER_STATE_WAITING).ok());
+    EXPECT_TRUE(coordinator_->Tick().empty());
+  }
+  EXPECT_EQ(Job().generation(), 1u);
+  EXPECT_EQ(Job().world_size(), 2u);
+
+  const std::vector<GenerationEnded> ended = Commit(10);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].generation, 1u);
+  EXPECT_EQ(ended[0].reason, "grow: 2 spares joined; world 2 -> 4 at checkpoint step 10");
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
+  EXPECT_EQ(Job().generation(), 2u);
+  EXPECT_EQ(Job().last_checkpoint().step(), 10u);
+  EXPECT_EQ(Members()["a"].state(), v1::MEMBER_STATE_FENCED);
+  EXPECT_EQ(Members()["d"].state(), v1::MEMBER_STATE_FENCED);
+  EXPECT_TRUE(coordinator_->Tick().empty());  // handed over once, through `ended`
+  // The spare is told to re-join like the ranks.
+  std::optional<v1::Directive> restart;
+  while (!restart.has_value()) {
+    auto msg = coordinator_->NextSessionMessage(Id("d"), session_d, absl::Now());
+    ASSERT_TRUE(msg.ok()) << msg.status();
+    ASSERT_TRUE(msg->has_value()) << "no restart directive for the spare";
+    if ((*msg)->has_directive()) restart = (*msg)->directive();
+  }
+  EXPECT_EQ(restart->restart_at_generation().generation(), 2u);
+  EXPECT_THAT(restart->restart_at_generation().reason(), HasSubstr("grow: "));
+
+  for (const char* w : {"a", "b", "c", "d"}) ASSERT_TRUE(Join(w).ok());
+  const v1::Job job = Job();
+  EXPECT_EQ(job.phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(job.world_size(), 4u);
+  EXPECT_EQ(job.dp(), 4u);
+  EXPECT_EQ(job.num_spares(), 0u);
+  // Ranks keep their places; the newcomers take the new ranks in join order.
+  // Everyone restores the committed checkpoint; the global batch is the same.
+  for (const auto& [worker, rank] :
+       std::vector<std::pair<std::string, uint32_t>>{{"a", 0}, {"b", 1}, {"c", 2}, {"d", 3}}) {
+    const v1::Assignment a = AssignmentOf(worker, 2);
+    EXPECT_EQ(a.rank(), rank) << worker;
+    EXPECT_EQ(a.restore().checkpoint_id(), "ckpt-step10-gen1") << worker;
+    EXPECT_EQ(a.start_step(), 10u) << worker;
+    EXPECT_EQ(a.data_cursor(), 10u * 12) << worker;
+    EXPECT_EQ(a.gradient_accumulation_steps(), 3u) << worker;  // 12 / 4
+  }
+  const std::optional<v1::JobEvent> formed =
+      LastEvent([](const v1::JobEvent& e) { return e.has_generation_formed(); });
+  ASSERT_TRUE(formed.has_value());
+  EXPECT_EQ(formed->generation_formed().generation(), 2u);
+  EXPECT_EQ(formed->generation_formed().reason(), v1::FORMATION_REASON_GROW);
+  EXPECT_EQ(formed->generation_formed().world_size(), 4u);
+  EXPECT_EQ(formed->generation_formed().restore().step(), 10u);
+  const std::optional<v1::JobEvent> recovering = LastEvent([](const v1::JobEvent& e) {
+    return e.has_phase_changed() && e.phase_changed().new_phase() == v1::JOB_PHASE_RECOVERING;
+  });
+  ASSERT_TRUE(recovering.has_value());
+  EXPECT_THAT(recovering->phase_changed().reason(), HasSubstr("world 2 -> 4"));
+  EXPECT_EQ(recovering->generation(), 2u);
+}
+
+TEST_F(CoordinatorGrowTest, GrowsOnlyUpToMaxWorkers) {
+  Create(Spec(2, 3));  // dp 3 divides 12
+  FormWorldOfTwo();
+  for (const char* w : {"c", "d", "e"}) JoinSpare(w);
+  const std::vector<GenerationEnded> ended = Commit(10);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].reason, "grow: 3 spares joined; world 2 -> 3 at checkpoint step 10");
+  for (const char* w : {"a", "b", "c", "d", "e"}) ASSERT_TRUE(Join(w).ok());
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(Job().world_size(), 3u);
+  EXPECT_EQ(Job().num_spares(), 2u);
+  EXPECT_EQ(Members()["e"].state(), v1::MEMBER_STATE_SPARE);
+  // At max_workers: the spares stay spares.
+  EXPECT_TRUE(Commit(15).empty());
+  EXPECT_EQ(Job().generation(), 2u);
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+}
+
+TEST_F(CoordinatorGrowTest, NoGrowWhenDpWouldNotChange) {
+  Create(Spec(2, 4, /*pp=*/1, /*global_batch=*/8));  // dp in {1, 2, 4, 8}: not 3
+  FormWorldOfTwo();
+  JoinSpare("c");
+  EXPECT_TRUE(Commit(10).empty());  // 3 workers: still dp 2
+  EXPECT_EQ(Job().generation(), 1u);
+  EXPECT_EQ(Job().last_checkpoint().step(), 10u);
+  JoinSpare("d");
+  // Without `ended`, the next Tick() hands the ended generation over.
+  ASSERT_TRUE(coordinator_->NoteCheckpointCommitted("job", Ref(15), 1000).ok());
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
+  const std::vector<GenerationEnded> ended = coordinator_->Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].reason, "grow: 2 spares joined; world 2 -> 4 at checkpoint step 15");
+  for (const char* w : {"a", "b", "c", "d"}) ASSERT_TRUE(Join(w).ok());
+  EXPECT_EQ(Job().world_size(), 4u);
+  EXPECT_EQ(AssignmentOf("c", 2).gradient_accumulation_steps(), 2u);  // 8 / 4
+}
+
+TEST_F(CoordinatorGrowTest, NoGrowAtTheLastStepFromAnOlderCheckpointOrForDeadSpares) {
+  Create(Spec(2, 4));  // train_steps 100
+  FormWorldOfTwo();
+  EXPECT_TRUE(Commit(25).empty());
+  // Spares whose session stream is not open are not counted as healthy.
+  JoinSpare("c", /*open_session=*/false);
+  JoinSpare("d", /*open_session=*/false);
+  EXPECT_TRUE(Commit(30).empty());
+  for (const char* w : {"c", "d"}) ASSERT_TRUE(coordinator_->OpenSession(Id(w)).ok());
+  // A checkpoint older than the restore point (committed late) is not one.
+  EXPECT_TRUE(Commit(20).empty());
+  EXPECT_EQ(Job().last_checkpoint().step(), 30u);
+  // The last step: the ranks are about to finish.
+  EXPECT_TRUE(Commit(100).empty());
+  EXPECT_EQ(Job().last_checkpoint().step(), 100u);
+  EXPECT_EQ(Job().generation(), 1u);
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_TRUE(coordinator_->Tick().empty());
+}
+
+// DESIGN.md "Checkpoints": a checksum mismatch is DataLoss and restore
+// falls back to the previous committed checkpoint. Each DataLoss that names
+// the restore point marks it unusable (durably) and moves one checkpoint
+// further back, down to training from scratch; it never loops and does not
+// count as the reporting worker's error streak.
+TEST_F(CoordinatorTest, RestoreDataLossFallsBackToThePreviousCommittedCheckpoint) {
+  Create(Spec(2, 2));
+  for (const char* w : {"a", "b"}) ASSERT_TRUE(Join(w).ok());
+  ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  auto ref = [](uint64_t step) {
+    v1::CheckpointRef r;
+    r.set_checkpoint_id(absl::StrCat("ckpt-step", step, "-gen1"));
+    r.set_step(step);
+    return r;
+  };
+  std::vector<v1::CheckpointRef> committed;
+  for (uint64_t step : {5, 10, 15}) {
+    ASSERT_TRUE(coordinator_->NoteCheckpointCommitted("job", ref(step), 100).ok());
+    committed.push_back(ref(step));
+  }
+  auto report = [&](const std::string& worker, uint64_t generation, absl::StatusCode code,
+                    const std::string& message) {
+    v1::ReportErrorRequest r;
+    *r.mutable_fence() = Fence(worker, generation);
+    r.set_code(static_cast<int>(code));
+    r.set_message(message);
+    r.set_operation("train");
+    std::vector<GenerationEnded> ended;
+    return coordinator_->ReportError(r, &ended, committed);
+  };
+  auto rejoin = [&](uint64_t generation) {
+    for (const char* w : {"a", "b"}) ASSERT_TRUE(Join(w).ok()) << w;
+    ASSERT_EQ(Job().generation(), generation);
+    ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  };
+  // Generation 1 ends for an ordinary reason; generation 2 restores step 15.
+  ASSERT_TRUE(report("b", 1, absl::StatusCode::kDeadlineExceeded, "all_reduce timed out").ok());
+  rejoin(2);
+  EXPECT_EQ(AssignmentOf("a", 2).restore().checkpoint_id(), "ckpt-step15-gen1");
+
+  // A DataLoss that does not name the restore point is an ordinary error.
+  ASSERT_TRUE(report("a", 2, absl::StatusCode::kDataLoss, "restoring ckpt-step99-gen1: x").ok());
+  EXPECT_EQ(Job().last_checkpoint().checkpoint_id(), "ckpt-step15-gen1");
+  EXPECT_TRUE(coordinator_->UnusableCheckpoints("job").empty());
+  rejoin(3);
+
+  // Step 15 is corrupt: generation 4 restores step 10.
+  auto r = report("a", 3, absl::StatusCode::kDataLoss,
+                  "restoring ckpt-step15-gen1: piece of tensor wte in rank-00000.bin: crc32c "
+                  "0x1234 expected 0x5678");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->directive().restart_at_generation().generation(), 4u);
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
+  EXPECT_THAT(Job().phase_reason(),
+              HasSubstr("restore point ckpt-step15-gen1 (step 15) is unusable"));
+  EXPECT_THAT(Job().phase_reason(),
+              HasSubstr("falling back to the previous committed checkpoint ckpt-step10-gen1"));
+  EXPECT_EQ(Job().last_checkpoint().checkpoint_id(), "ckpt-step10-gen1");
+  EXPECT_THAT(coordinator_->UnusableCheckpoints("job")["ckpt-step15-gen1"],
+              HasSubstr("crc32c 0x1234"));
+  // b's report of the same failure is stale: nothing moves further back.
+  EXPECT_EQ(report("b", 3, absl::StatusCode::kDataLoss, "restoring ckpt-step15-gen1: crc")
+                .status()
+                .code(),
+            absl::StatusCode::kAborted);
+  rejoin(4);
+  v1::Assignment a = AssignmentOf("a", 4);
+  EXPECT_EQ(a.restore().checkpoint_id(), "ckpt-step10-gen1");
+  EXPECT_EQ(a.start_step(), 10u);
+  EXPECT_EQ(a.data_cursor(), 10u * 12);
+
+  // The event log says which checkpoint was given up and why.
+  auto events = coordinator_->WaitEvents("job", std::nullopt, absl::InfinitePast());
+  ASSERT_TRUE(events.ok());
+  bool seen = false;
+  for (const v1::JobEvent& e : *events) {
+    seen |= e.has_checkpoint_aborted() &&
+            e.checkpoint_aborted().checkpoint_id() == "ckpt-step15-gen1" &&
+            absl::StrContains(e.checkpoint_aborted().reason(), "not restorable");
+  }
+  EXPECT_TRUE(seen);
+
+  // Step 10 is corrupt too: one further back, to step 5.
+  ASSERT_TRUE(
+      report("a", 4, absl::StatusCode::kDataLoss, "restoring ckpt-step10-gen1: short file").ok());
+  EXPECT_EQ(Job().last_checkpoint().checkpoint_id(), "ckpt-step5-gen1");
+  rejoin(5);
+
+  // The marks and the restore point survive a coordinator restart.
+  Restart();
+  EXPECT_EQ(coordinator_->UnusableCheckpoints("job").size(), 2u);
+  EXPECT_EQ(Job().last_checkpoint().checkpoint_id(), "ckpt-step5-gen1");
+
+  // Step 5 is corrupt: nothing earlier is left, so training starts over.
+  r = report("a", 5, absl::StatusCode::kDataLoss, "restoring ckpt-step5-gen1: crc32c mismatch");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(Job().phase_reason(), HasSubstr("restarting from step 0"));
+  EXPECT_FALSE(Job().has_last_checkpoint());
+  rejoin(6);
+  a = AssignmentOf("a", 6);
+  EXPECT_FALSE(a.has_restore());
+  EXPECT_EQ(a.start_step(), 0u);
+  // An unusable checkpoint never becomes the restore point again, and the
+  // four DataLoss reports from `a` did not exclude it.
+  ASSERT_TRUE(coordinator_->NoteCheckpointCommitted("job", ref(15), 100).ok());
+  EXPECT_FALSE(Job().has_last_checkpoint());
+  EXPECT_EQ(Members()["a"].state(), v1::MEMBER_STATE_ACTIVE);
 }
 
 }  // namespace

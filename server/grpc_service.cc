@@ -271,6 +271,27 @@ class Services {
     }
   }
 
+  // The job's COMMITTED checkpoints (every page), for the restore fallback.
+  std::vector<v1::CheckpointRef> CommittedCheckpoints(const std::string& job_id) {
+    std::vector<v1::CheckpointRef> committed;
+    std::string token;
+    for (int pages = 0; pages < 1000; ++pages) {
+      absl::StatusOr<v1::ListCheckpointsResponse> page =
+          deps_.checkpoints->List(job_id, /*include_aborted=*/false, 1000, token);
+      if (!page.ok()) break;
+      for (const v1::CheckpointSummary& c : page->checkpoints()) {
+        if (c.state() != v1::CHECKPOINT_STATE_COMMITTED) continue;
+        v1::CheckpointRef ref;
+        ref.set_checkpoint_id(c.checkpoint_id());
+        ref.set_step(c.step());
+        committed.push_back(std::move(ref));
+      }
+      token = page->next_page_token();
+      if (token.empty()) break;
+    }
+    return committed;
+  }
+
   void PassOn(const std::vector<GenerationEnded>& ended) {
     for (const GenerationEnded& e : ended) {
       Log(absl::StrCat("generation ended job=", e.job_id, " generation=", e.generation,
@@ -447,12 +468,16 @@ class Services {
     Log(absl::StrCat("checkpoint committed job=", job_id, " generation=", summary.generation(),
                      " checkpoint=", summary.checkpoint_id(), " step=", summary.step(),
                      " bytes=", summary.total_bytes()));
+    // A commit may grow the job (Coordinator::NoteCheckpointCommitted): the
+    // generation it ends is passed on at once.
+    std::vector<GenerationEnded> ended;
     absl::Status s =
-        deps_.coordinator->NoteCheckpointCommitted(job_id, ref, summary.total_bytes());
+        deps_.coordinator->NoteCheckpointCommitted(job_id, ref, summary.total_bytes(), &ended);
     if (!s.ok()) {
       Log(absl::StrCat("note checkpoint committed failed job=", job_id, " status=\"",
                        s.ToString(), "\""));
     }
+    PassOn(ended);
   }
 
   // Whether the member `w` has LEFT (so its Session ends with OK).
@@ -719,9 +744,15 @@ class Services {
             !st.ok()) {
           return st;
         }
+        // A DataLoss may be a corrupt restore point: the coordinator then
+        // falls back to an older committed checkpoint (Coordinator::ReportError).
+        std::vector<v1::CheckpointRef> committed;
+        if (req->code() == static_cast<int>(absl::StatusCode::kDataLoss)) {
+          committed = s_->CommittedCheckpoints(fence.worker().job_id());
+        }
         std::vector<GenerationEnded> ended;
         absl::StatusOr<v1::ReportErrorResponse> r =
-            s_->deps_.coordinator->ReportError(*req, &ended);
+            s_->deps_.coordinator->ReportError(*req, &ended, committed);
         if (r.ok()) {
           Log(absl::StrCat("error reported ", Who(fence.worker()),
                            " generation=", fence.generation(), " code=", req->code(),

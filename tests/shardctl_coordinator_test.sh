@@ -79,7 +79,7 @@ check "members --json" 0 '"members": []' "" -- members shakespeare --json
 check "checkpoints (none yet)" 0 "no checkpoints of job shakespeare" "" -- checkpoints shakespeare
 check "checkpoint list (none yet)" 0 "no checkpoints of job shakespeare" "" -- checkpoint list shakespeare
 check "checkpoint show (nothing committed)" 2 "" "shardctl checkpoint show: " -- checkpoint show shakespeare
-check "checkpoint verify (not yet)" 1 "" "not implemented yet" -- checkpoint verify shakespeare
+check "checkpoint verify (nothing committed)" 2 "" "shardctl checkpoint verify: " -- checkpoint verify shakespeare
 check "topology before the first generation" 1 "" "the topology exists once the first generation forms" -- topology shakespeare
 check "owner before the first generation" 1 "" "shardctl owner: " -- owner shakespeare layers.0.mlp.fc1.weight
 check "kv get of a key nobody set" 0 "Value:       not set" "" -- kv get shakespeare --generation 1 --scope tp/0 k

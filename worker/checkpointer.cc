@@ -161,7 +161,8 @@ absl::Status Checkpointer::Restore(const std::string& job_id, const v1::Checkpoi
   if (absl::Status s = FromGrpc(rpc, "GetManifest"); !s.ok()) {
     // Names the checkpoint, as every restore error does: the coordinator
     // falls back from a restore point named in a DataLoss report.
-    return absl::Status(s.code(), absl::StrCat("restoring ", ref.checkpoint_id(), ": ", s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("restoring ", ref.checkpoint_id(), ": ", s.message()));
   }
   if (absl::Status s = checkpoint::ReadRuns(manifest, manifest.directory(), Runs(slices));
       !s.ok()) {
