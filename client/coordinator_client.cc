@@ -320,6 +320,11 @@ absl::StatusOr<v1::Job> CoordinatorClient::CancelJob(const v1::CancelJobRequest&
                         [&](auto* c, auto* r) { return jobs_->CancelJob(c, request, r); });
 }
 
+absl::StatusOr<v1::Member> CoordinatorClient::DrainWorker(const v1::DrainWorkerRequest& request) {
+  return Unary<v1::Member>("DrainWorker",
+                           [&](auto* c, auto* r) { return jobs_->DrainWorker(c, request, r); });
+}
+
 absl::StatusOr<v1::ListMembersResponse> CoordinatorClient::ListMembers(
     const v1::ListMembersRequest& request) {
   return Unary<v1::ListMembersResponse>("ListMembers", [&](auto* c, auto* r) {

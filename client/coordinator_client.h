@@ -124,6 +124,7 @@ class CoordinatorClient {
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(const v1::CancelJobRequest& request);
   absl::StatusOr<v1::ListMembersResponse> ListMembers(const v1::ListMembersRequest& request);
+  absl::StatusOr<v1::Member> DrainWorker(const v1::DrainWorkerRequest& request);
   absl::StatusOr<v1::Plan> GetPlan(const v1::GetPlanRequest& request);
   absl::StatusOr<v1::GetShardOwnerResponse> GetShardOwner(
       const v1::GetShardOwnerRequest& request);

@@ -290,6 +290,43 @@ absl::StatusOr<std::string> OneJob(Command& c, const std::vector<std::string>& a
   return (**positional)[0];
 }
 
+absl::Status Drain(const std::vector<std::string>& args, std::ostream& out) {
+  constexpr char kUsage[] =
+      "Usage: shardctl drain JOB WORKER_ID [--reason TEXT] [--json]\n"
+      "Takes the worker out at a step boundary: the job saves a checkpoint after its next\n"
+      "step, then re-forms without the worker, which stops and leaves (exit 0).\n";
+  Command c("shardctl drain");
+  std::string reason;
+  c.parser.AddString("reason", &reason, "why, for humans; recorded in the member's detail");
+  auto positional = c.Parse(args, kUsage, out);
+  if (!positional.ok()) return positional.status();
+  if (!positional->has_value()) return absl::OkStatus();
+  if ((*positional)->size() != 2) {
+    return Usage("drain takes a job id and a worker id, e.g. 'shardctl drain shakespeare "
+                 "node3:cpu --reason \"kernel upgrade\"'",
+                 kUsage);
+  }
+  auto client = c.Connect();
+  if (!client.ok()) return client.status();
+  v1::DrainWorkerRequest request;
+  request.set_job_id((**positional)[0]);
+  request.set_worker_id((**positional)[1]);
+  request.set_reason(reason);
+  absl::StatusOr<v1::Member> member = (*client)->DrainWorker(request);
+  if (!member.ok()) return WithJobHint(member.status());
+  if (c.json) {
+    Print(out, ProtoToJson(*member));
+  } else {
+    Print(out, absl::StrCat(member->worker_id(), ": ",
+                            member->state() == v1::MEMBER_STATE_LEFT
+                                ? "left the job"
+                                : "draining; leaves after the next checkpoint commits",
+                            member->detail().empty() ? "" : absl::StrCat(" (", member->detail(), ")"),
+                            "\n"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Members(const std::vector<std::string>& args, std::ostream& out) {
   constexpr char kUsage[] = "Usage: shardctl members JOB [--json]\n";
   Command c("shardctl members");
@@ -734,7 +771,7 @@ absl::Status Kv(const std::vector<std::string>& args, std::ostream& out) {
 }  // namespace
 
 bool IsCoordinatorCommand(const std::string& command) {
-  return command == "job" || command == "members" || command == "topology" ||
+  return command == "job" || command == "members" || command == "drain" || command == "topology" ||
          command == "owner" || command == "checkpoints" || command == "checkpoint" ||
          command == "watch" || command == "kv";
 }
@@ -743,6 +780,7 @@ absl::Status RunCoordinatorCommand(const std::string& command,
                                    const std::vector<std::string>& args, std::ostream& out) {
   if (command == "job") return Job(args, out);
   if (command == "members") return Members(args, out);
+  if (command == "drain") return Drain(args, out);
   if (command == "topology") return Topology(args, out);
   if (command == "owner") return Owner(args, out);
   if (command == "checkpoints") return Checkpoints(args, out);

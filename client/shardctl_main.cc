@@ -32,6 +32,8 @@ constexpr char kUsage[] =
     "  job list [--phase P[,P...]]         list jobs, newest first\n"
     "  job cancel ID [--reason TEXT]       cancel a job\n"
     "  members JOB                         the job's workers: state, rank, heartbeat\n"
+    "  drain JOB WORKER_ID [--reason TEXT] take a worker out at a step boundary (after a\n"
+    "                                      checkpoint); the job re-forms without it\n"
     "  topology JOB                        process groups and pipeline stages of the\n"
     "                                      current generation\n"
     "  owner JOB PARAMETER [--element I]   which ranks hold a parameter's state\n"

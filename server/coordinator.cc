@@ -154,6 +154,11 @@ struct Coordinator::MemberRecord {
   // last such report. In memory only: a coordinator restart forgives.
   int error_streak = 0;
   std::string last_error;
+  // An operator asked to drain it (DrainWorker): it leaves when a
+  // checkpoint of a step after drain_after_step commits.
+  bool draining = false;
+  std::string drain_reason;
+  uint64_t drain_after_step = 0;
 };
 
 struct Coordinator::JobRecord {
@@ -871,6 +876,14 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
         ") is excluded from job '", w.job_id(), "': ", m.member.detail(),
         ". Fix the cause and start a new process; it may join again"));
   }
+  if (!inserted && m.member.incarnation() == w.incarnation() &&
+      m.member.state() == v1::MEMBER_STATE_LEFT &&
+      absl::StartsWith(m.member.detail(), "drained: ")) {
+    // A drained process that missed its STOP must not come back in.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", w.worker_id(), "' (incarnation ", w.incarnation(), ") was ",
+        m.member.detail(), "; start a new process to join job '", w.job_id(), "' again"));
+  }
   if (!inserted && m.member.incarnation() == w.incarnation()) {
     const v1::MemberState s = m.member.state();
     if ((s == v1::MEMBER_STATE_JOINING || s == v1::MEMBER_STATE_ACTIVE ||
@@ -1229,6 +1242,87 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
   return response;
 }
 
+absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
+                                                    const std::string& worker_id,
+                                                    const std::string& reason,
+                                                    std::vector<GenerationEnded>* ended) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (IsTerminal(job->job.phase())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_id, "' is ", v1::JobPhase_Name(job->job.phase()), "; nothing to drain"));
+  }
+  auto it = job->members.find(worker_id);
+  if (it == job->members.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no worker '", worker_id, "' in job '", job_id, "' (see shardctl members)"));
+  }
+  MemberRecord& m = it->second;
+  if (!IsLive(m.member.state())) {
+    return absl::FailedPreconditionError(absl::StrCat("worker '", worker_id, "' is ",
+                                                      v1::MemberState_Name(m.member.state()),
+                                                      "; only live workers can be drained"));
+  }
+  m.draining = true;
+  m.drain_reason = reason.empty() ? std::string("operator request") : reason;
+  const bool graceful = m.member.state() == v1::MEMBER_STATE_ACTIVE &&
+                        job->job.phase() == v1::JOB_PHASE_RUNNING &&
+                        !job->job.spec().checkpoint().directory().empty();
+  if (!graceful) {
+    RemoveDrainedLocked(*job, m, ended);
+    MaybeFormLocked(*job, ended);
+    return m.member;
+  }
+  // Save first: every rank is asked for a checkpoint after its next step
+  // (the ranks agree on which step through their own all-reduce); the
+  // commit takes the member out (NoteCheckpointCommitted).
+  m.drain_after_step = job->job.step();
+  m.member.set_detail(absl::StrCat("draining (", m.drain_reason,
+                                   "): leaves after the next checkpoint commits"));
+  for (auto& [id, other] : job->members) {
+    if (other.member.state() != v1::MEMBER_STATE_ACTIVE) continue;
+    v1::SessionMessage msg;
+    msg.mutable_directive()->mutable_checkpoint()->set_step(job->job.step() + 1);
+    PushLocked(other, std::move(msg));
+  }
+  return m.member;
+}
+
+void Coordinator::RemoveDrainedLocked(JobRecord& job, MemberRecord& m,
+                                      std::vector<GenerationEnded>* ended) {
+  const v1::MemberState was = m.member.state();
+  std::optional<uint32_t> rank;
+  if (m.member.has_rank()) rank = m.member.rank();
+  const std::string why = absl::StrCat("drained: ", m.drain_reason);
+  // STOP goes out on its session before the member stops being live.
+  v1::SessionMessage msg;
+  *msg.mutable_directive() = Stop(job.job.phase(), why);
+  PushLocked(m, std::move(msg));
+  m.draining = false;
+  m.member.set_state(v1::MEMBER_STATE_LEFT);
+  m.member.set_detail(why);
+  m.member.clear_rank();
+  v1::JobEvent e;
+  v1::WorkerLeft* left = e.mutable_worker_left();
+  left->set_worker_id(m.member.worker_id());
+  left->set_incarnation(m.member.incarnation());
+  if (rank.has_value()) left->set_rank(*rank);
+  left->set_reason(why);
+  EmitLocked(job, std::move(e));
+  if (was == v1::MEMBER_STATE_SPARE && job.job.num_spares() > 0) {
+    job.job.set_num_spares(job.job.num_spares() - 1);
+  }
+  if (was == v1::MEMBER_STATE_ACTIVE && job.job.phase() == v1::JOB_PHASE_RUNNING) {
+    EndGenerationLocked(job, v1::FORMATION_REASON_WORKER_LEFT,
+                        absl::StrCat("rank ", rank.value_or(0), " (", m.member.worker_id(), ") ",
+                                     why),
+                        ended);
+  } else {
+    PersistLocked(job, {&m}).IgnoreError();
+  }
+}
+
 absl::Status Coordinator::LeaveJob(const v1::LeaveJobRequest& request,
                                    std::vector<GenerationEnded>* ended) {
   const v1::WorkerIdentity& w = request.fence().worker();
@@ -1313,9 +1407,24 @@ absl::Status Coordinator::NoteCheckpointCommitted(const std::string& job_id,
   e.mutable_checkpoint_committed()->set_total_bytes(total_bytes);
   EmitLocked(*job, std::move(e));
   absl::Status persisted = PersistLocked(*job, {});
+  // Drains waiting for this checkpoint: the members leave now and the job
+  // re-forms without them from `ref`.
+  bool drained = false;
+  if (persisted.ok() && job->job.phase() == v1::JOB_PHASE_RUNNING &&
+      job->job.has_last_checkpoint() &&
+      job->job.last_checkpoint().checkpoint_id() == ref.checkpoint_id()) {
+    std::vector<GenerationEnded>& out = ended != nullptr ? *ended : pending_ended_;
+    for (auto& [id, m] : job->members) {
+      if (m.draining && IsLive(m.member.state()) && ref.step() > m.drain_after_step) {
+        RemoveDrainedLocked(*job, m, &out);
+        drained = true;
+      }
+    }
+    if (drained) MaybeFormLocked(*job, &out);
+  }
   // Grow only from a restore point that is durable and is `ref` itself (not
   // an older or unusable checkpoint committed late).
-  if (persisted.ok() && job->job.has_last_checkpoint() &&
+  if (!drained && persisted.ok() && job->job.has_last_checkpoint() &&
       job->job.last_checkpoint().checkpoint_id() == ref.checkpoint_id()) {
     std::vector<GenerationEnded> grown;
     MaybeGrowLocked(*job, ref, &grown);

@@ -234,6 +234,19 @@ class Coordinator {
   // by id, with why; never restored again. Empty for an unknown job.
   std::map<std::string, std::string> UnusableCheckpoints(const std::string& job_id) const;
 
+  // Drains `worker_id` (coordinator.proto DrainWorker): a rank of a RUNNING
+  // job with a checkpoint directory is marked draining and every rank is
+  // pushed CheckpointAtStep(job step + 1); the next checkpoint that commits
+  // (NoteCheckpointCommitted) then takes it out. Anything else is taken out
+  // at once: LEFT with detail "drained: <reason>", STOP pushed to it, and,
+  // when it held a rank of a RUNNING job, the generation ends
+  // (FORMATION_REASON_WORKER_LEFT). Draining state lives in memory only.
+  // Errors: NotFound (no job / worker); FailedPrecondition (job terminal,
+  // worker not live).
+  absl::StatusOr<v1::Member> DrainWorker(const std::string& job_id, const std::string& worker_id,
+                                         const std::string& reason,
+                                         std::vector<GenerationEnded>* ended);
+
   // Graceful leave; an ACTIVE member's leave ends the generation. The fence's
   // generation is not checked. NotFound: no job or worker; Aborted: a
   // replaced incarnation.
@@ -307,6 +320,10 @@ class Coordinator {
   // point: ends the generation when the spares make a larger world fit.
   void MaybeGrowLocked(JobRecord& job, const v1::CheckpointRef& ref,
                        std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a drained member out: LEFT, STOP pushed, WorkerLeft emitted; the
+  // generation ends when it held a rank of a RUNNING job.
+  void RemoveDrainedLocked(JobRecord& job, MemberRecord& member,
+                           std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopAllLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

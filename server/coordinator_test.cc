@@ -1027,3 +1027,112 @@ TEST_F(CoordinatorTest, RestoreDataLossFallsBackToThePreviousCommittedCheckpoint
 
 }  // namespace
 }  // namespace shardline::server
+
+namespace shardline::server {
+namespace {
+
+// Drains (shardctl drain): a rank leaves only after the next checkpoint
+// commits, so nothing trained is lost; spares and jobs without checkpoints
+// are drained at once; a drained process cannot come back in.
+class CoordinatorDrainTest : public CoordinatorGrowTest {
+ protected:
+  // Every message queued on `session` of `worker` right now.
+  std::vector<v1::SessionMessage> Drain(const std::string& worker, uint64_t session) {
+    std::vector<v1::SessionMessage> out;
+    for (;;) {
+      auto msg = coordinator_->NextSessionMessage(Id(worker), session, absl::Now());
+      if (!msg.ok() || !msg->has_value()) return out;
+      out.push_back(**msg);
+    }
+  }
+};
+
+TEST_F(CoordinatorDrainTest, RankLeavesAfterTheNextCheckpointCommits) {
+  v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_checkpoint()->set_directory("/ckpt");
+  Create(spec);
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  auto sa = coordinator_->OpenSession(Id("a"));
+  auto sb = coordinator_->OpenSession(Id("b"));
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  JoinSpare("c");
+  ASSERT_TRUE(Beat("a", 1, 7).ok());
+  ASSERT_TRUE(Beat("b", 1, 7).ok());
+  Drain("a", *sa);
+  Drain("b", *sb);
+
+  std::vector<GenerationEnded> ended;
+  auto drained = coordinator_->DrainWorker("job", "b", "kernel upgrade", &ended);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_TRUE(ended.empty());
+  EXPECT_EQ(drained->state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_THAT(drained->detail(), HasSubstr("draining (kernel upgrade)"));
+  EXPECT_EQ(Job().generation(), 1u);
+  // Every rank is asked to save after the step following the job's step 7.
+  for (auto [worker, session] : {std::pair<std::string, uint64_t>{"a", *sa}, {"b", *sb}}) {
+    std::vector<v1::SessionMessage> msgs = Drain(worker, session);
+    ASSERT_EQ(msgs.size(), 1u) << worker;
+    EXPECT_EQ(msgs[0].directive().checkpoint().step(), 8u) << worker;
+  }
+  // An older checkpoint committing late does not count.
+  EXPECT_TRUE(Commit(5).empty());
+  EXPECT_EQ(Members()["b"].state(), v1::MEMBER_STATE_ACTIVE);
+  // The requested one does: b is told to stop and leaves; the job re-forms
+  // from it with the spare taking b's place.
+  ended = Commit(8);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_THAT(ended[0].reason, HasSubstr("(b) drained: kernel upgrade"));
+  std::vector<v1::SessionMessage> to_b = Drain("b", *sb);
+  ASSERT_FALSE(to_b.empty());
+  EXPECT_THAT(to_b.back().directive().stop().reason(), HasSubstr("drained: kernel upgrade"));
+  EXPECT_EQ(Members()["b"].state(), v1::MEMBER_STATE_LEFT);
+  EXPECT_EQ(Job().generation(), 2u);
+  EXPECT_EQ(Job().last_checkpoint().step(), 8u);
+  // The drained process cannot re-join; a new one (new incarnation) can.
+  absl::StatusOr<v1::JoinJobResponse> again = Join("b");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+  EXPECT_THAT(again.status().message(), HasSubstr("drained"));
+  EXPECT_TRUE(Join("b", /*incarnation=*/8).ok());
+}
+
+TEST_F(CoordinatorDrainTest, SpareOrJobWithoutCheckpointsIsDrainedAtOnce) {
+  Create(Spec(2, 2));  // no checkpoint directory
+  FormWorldOfTwo();
+  const uint64_t sc = JoinSpare("c");
+  std::vector<GenerationEnded> ended;
+  auto spare = coordinator_->DrainWorker("job", "c", "", &ended);
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  EXPECT_EQ(spare->state(), v1::MEMBER_STATE_LEFT);
+  EXPECT_THAT(spare->detail(), HasSubstr("drained: operator request"));
+  EXPECT_TRUE(ended.empty());
+  EXPECT_EQ(Job().num_spares(), 0u);
+  std::vector<v1::SessionMessage> to_c = Drain("c", sc);
+  ASSERT_FALSE(to_c.empty());
+  EXPECT_TRUE(to_c.back().directive().has_stop());
+  // A rank of a job without checkpoints: the generation ends now.
+  auto rank = coordinator_->DrainWorker("job", "a", "bad disk", &ended);
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  EXPECT_EQ(rank->state(), v1::MEMBER_STATE_LEFT);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(Job().generation(), 2u);
+}
+
+TEST_F(CoordinatorDrainTest, ErrorsNameTheWorkerAndState) {
+  Create(Spec(2, 2));
+  FormWorldOfTwo();
+  std::vector<GenerationEnded> ended;
+  auto unknown = coordinator_->DrainWorker("job", "zz", "", &ended);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("no worker 'zz'"));
+  EXPECT_EQ(coordinator_->DrainWorker("nope", "a", "", &ended).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(coordinator_->DrainWorker("job", "a", "", &ended).ok());
+  auto twice = coordinator_->DrainWorker("job", "a", "", &ended);
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(twice.status().message(), HasSubstr("MEMBER_STATE_LEFT"));
+}
+
+}  // namespace
+}  // namespace shardline::server

@@ -558,6 +558,29 @@ class Services {
                   [&] { return s_->deps_.coordinator->ListMembers(req->job_id()); });
     }
 
+    grpc::Status DrainWorker(grpc::ServerContext* ctx, const v1::DrainWorkerRequest* req,
+                             v1::Member* resp) override {
+      return s_->Run("JobService/DrainWorker", [&]() -> absl::Status {
+        if (auto p = s_->Authorize(*ctx, Access::kAdminOnly, req->job_id()); !p.ok()) {
+          return p.status();
+        }
+        if (absl::Status st = RequireJobId(req->job_id(), "job_id"); !st.ok()) return st;
+        if (req->worker_id().empty()) {
+          return absl::InvalidArgumentError("worker_id is empty; name the worker to drain");
+        }
+        std::vector<GenerationEnded> ended;
+        absl::StatusOr<v1::Member> r =
+            s_->deps_.coordinator->DrainWorker(req->job_id(), req->worker_id(), req->reason(), &ended);
+        s_->PassOn(ended);
+        if (!r.ok()) return r.status();
+        Log(absl::StrCat("worker drain job=", req->job_id(), " worker=", req->worker_id(),
+                         " state=", v1::MemberState_Name(r->state()), " reason=\"",
+                         req->reason(), "\""));
+        *resp = *std::move(r);
+        return absl::OkStatus();
+      });
+    }
+
     grpc::Status GetPlan(grpc::ServerContext* ctx, const v1::GetPlanRequest* req,
                         v1::Plan* resp) override {
       return Read("JobService/GetPlan", *ctx, req->job_id(), resp,

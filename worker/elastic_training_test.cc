@@ -9,225 +9,41 @@
 // Each run must finish all steps with the final loss of an uninterrupted
 // run of the same job (data order and global batch are fixed, so every
 // layout follows the same curve), computed here in-process.
-#include <grpcpp/grpcpp.h>
-#include <sys/stat.h>
+#include <signal.h>
 
-#include <cmath>
-#include <iostream>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "server/job_spec.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
-#include "worker/process_harness.h"
-#include "worker/train/data.h"
-#include "worker/train/job_options.h"
-#include "worker/train/local_cluster.h"
-#include "worker/train/trainer.h"
+#include "worker/training_job_harness.h"
 
 namespace shardline::worker {
 namespace {
 
 namespace v1 = ::shardline::v1;
 
-constexpr int kSteps = 40;
-
+// global batch 12 of micro-batch 2: dp 3 (m 2), dp 2 (m 3) or dp 1 (m 6).
 v1::JobSpec Spec(const std::string& checkpoint_dir, int min_workers, int max_workers) {
-  v1::JobSpec spec;
-  spec.set_name("elastic");
-  v1::ModelConfig* m = spec.mutable_model();
-  m->set_num_layers(2);
-  m->set_hidden_size(16);
-  m->set_num_heads(2);
-  m->set_vocab_size(256);
-  m->set_seq_length(16);
-  spec.mutable_parallel()->set_tp(1);
-  spec.mutable_parallel()->set_pp(1);
-  spec.mutable_parallel()->set_zero_stage(1);
-  // global batch 12: dp 3 (m 2), dp 2 (m 3) or dp 1 (m 6).
-  v1::TrainingConfig* t = spec.mutable_training();
-  t->set_global_batch(12);
-  t->set_micro_batch(2);
-  t->set_train_steps(kSteps);
-  t->set_learning_rate(3e-3);
-  t->set_min_learning_rate(3e-4);
-  t->set_warmup_steps(4);
-  t->set_weight_decay(0.1);
-  t->set_grad_clip(1.0);
-  t->set_seed(7);
-  spec.mutable_data()->set_dataset_path(Runfile("data/tinyshakespeare.txt"));
-  spec.mutable_data()->set_validation_fraction(0.1);
-  spec.mutable_checkpoint()->set_directory(checkpoint_dir);
-  spec.mutable_checkpoint()->set_interval_steps(5);
-  spec.mutable_checkpoint()->set_keep_last(2);
-  v1::ElasticPolicy* e = spec.mutable_elastic();
-  e->set_min_workers(min_workers);
-  e->set_max_workers(max_workers);
-  e->mutable_heartbeat_interval()->set_nanos(200 * 1000 * 1000);
-  e->mutable_heartbeat_timeout()->set_seconds(2);
-  e->mutable_last_call()->set_nanos(500 * 1000 * 1000);
-  e->mutable_join_timeout()->set_seconds(60);
-  e->mutable_collective_timeout()->set_seconds(20);
-  return spec;
+  TinyGptJob job;
+  job.name = "elastic";
+  job.checkpoint_dir = checkpoint_dir;
+  job.steps = 40;
+  job.global_batch = 12;
+  job.min_workers = min_workers;
+  job.max_workers = max_workers;
+  job.heartbeat_timeout = absl::Seconds(2);
+  job.last_call = absl::Milliseconds(500);
+  return TinyGptSpec(job);
 }
 
-// The final loss of the same job trained without interruption (one rank).
-double UninterruptedFinalLoss(const v1::JobSpec& raw) {
-  absl::StatusOr<v1::JobSpec> spec = server::ResolveJobSpec(raw);
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  absl::StatusOr<train::TrainingOptions> options = train::TrainingOptionsFromSpec(*spec, 1);
-  EXPECT_TRUE(options.ok()) << options.status();
-  absl::StatusOr<train::Corpus> corpus =
-      train::Corpus::Load(spec->data().dataset_path(), spec->data().validation_fraction());
-  EXPECT_TRUE(corpus.ok()) << corpus.status();
-  double loss = -1;
-  absl::Status s = train::RunLocalCluster(
-      options->parallel, [&](int, const train::RankGroups& groups) -> absl::Status {
-        absl::StatusOr<std::unique_ptr<train::Trainer>> t =
-            train::Trainer::Create(*options, groups, &*corpus);
-        if (!t.ok()) return t.status();
-        for (int i = 0; i < kSteps; ++i) {
-          absl::StatusOr<train::StepStats> st = (*t)->TrainStep();
-          if (!st.ok()) return st.status();
-          loss = st->loss;
-        }
-        return absl::OkStatus();
-      });
-  EXPECT_TRUE(s.ok()) << s;
-  return loss;
-}
-
-// "gen G step S/T loss L ..." lines of a worker log: step -> loss.
-std::map<int, double> StepLosses(const std::string& log) {
-  std::map<int, double> out;
-  for (absl::string_view line : absl::StrSplit(log, '\n')) {
-    const size_t at = line.find(" step ");
-    const size_t loss_at = line.find(" loss ");
-    if (at == absl::string_view::npos || loss_at == absl::string_view::npos ||
-        !absl::StrContains(line, "gen ")) {
-      continue;
-    }
-    absl::string_view step = line.substr(at + 6);
-    step = step.substr(0, step.find('/'));
-    absl::string_view loss = line.substr(loss_at + 6);
-    loss = loss.substr(0, loss.find(' '));
-    int s;
-    double l;
-    if (absl::SimpleAtoi(step, &s) && absl::SimpleAtod(loss, &l)) out[s] = l;
-  }
-  return out;
-}
-
-class ElasticTrainingTest : public ::testing::Test {
+class ElasticTrainingTest : public TrainingJobTest {
  protected:
-  void StartCoordinator() {
-    coordinator_ = std::make_unique<Child>(
-        Runfile("server/shardline-coordinator"),
-        std::vector<std::string>{"--listen", "127.0.0.1:0", "--state", dir_ + "/state.db"},
-        absl::StrCat(dir_, "/coordinator", ++coordinator_starts_, ".log"));
-    ASSERT_TRUE(coordinator_->WaitFor("listening on ", absl::Seconds(20))) << coordinator_->Log();
-    address_ = ListeningAddress(*coordinator_);
-    ASSERT_FALSE(address_.empty());
-  }
-
-  void CreateJob(const v1::JobSpec& spec) {
-    auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
-    auto jobs = v1::JobService::NewStub(channel);
-    v1::CreateJobRequest req;
-    req.set_job_id("elastic");
-    *req.mutable_spec() = spec;
-    v1::CreateJobResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
-
-  v1::Job GetJob() {
-    auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
-    auto jobs = v1::JobService::NewStub(channel);
-    v1::GetJobRequest req;
-    req.set_job_id("elastic");
-    v1::Job job;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    grpc::Status s = jobs->GetJob(&ctx, req, &job);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return job;
-  }
-
-  std::unique_ptr<Child> StartWorker(int i) {
-    return std::make_unique<Child>(
-        Runfile("worker/shardline-worker"),
-        std::vector<std::string>{"--coordinator", address_, "--job", "elastic", "--worker-id",
-                                 absl::StrCat("w", i), "--log-interval", "1",
-                                 "--connect-timeout", "30s"},
-        absl::StrCat(dir_, "/worker", i, "-", ++worker_starts_, ".log"));
-  }
-
-  // Waits until some worker's log shows step `step` done.
-  bool WaitForStep(const std::vector<std::unique_ptr<Child>>& workers, int step,
-                   absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      for (const auto& w : workers) {
-        if (w != nullptr && StepLosses(w->Log()).count(step) > 0) return true;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return false;
-  }
-
-  // Waits for the job to complete; returns the final step's loss from the
-  // workers' logs (every rank 0 of the last generation logs it).
-  double WaitForCompletion(const std::vector<std::unique_ptr<Child>>& workers) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(240);
-    while (absl::Now() < deadline && GetJob().phase() != v1::JOB_PHASE_COMPLETED) {
-      absl::SleepFor(absl::Milliseconds(200));
-    }
-    const v1::Job job = GetJob();
-    EXPECT_EQ(job.phase(), v1::JOB_PHASE_COMPLETED) << job.phase_reason() << Logs(workers);
-    for (const auto& w : workers) {
-      if (w == nullptr) continue;
-      std::map<int, double> losses = StepLosses(w->Log());
-      if (losses.count(kSteps)) return losses[kSteps];
-    }
-    ADD_FAILURE() << "no worker logged step " << kSteps << Logs(workers);
-    return -1;
-  }
-
-  // Every test ends by printing its processes' logs (test.log keeps them).
-  void TearDown() override { std::cout << Logs(workers_) << std::flush; }
-
-  std::string Logs(const std::vector<std::unique_ptr<Child>>& workers) {
-    std::string out;
-    for (size_t i = 0; i < workers.size(); ++i) {
-      if (workers[i] != nullptr) absl::StrAppend(&out, "\n--- worker ", i, ":\n", workers[i]->Log());
-    }
-    if (coordinator_ != nullptr) absl::StrAppend(&out, "\n--- coordinator:\n", coordinator_->Log());
-    return out;
-  }
-
-  // Per test: logs, state file and checkpoints never mix between tests of
-  // one shard (a stale log could show another coordinator's address).
-  std::string dir_ = [] {
-    const std::string d =
-        TempDir() + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    ::mkdir(d.c_str(), 0755);
-    return d;
-  }();
-  std::unique_ptr<Child> coordinator_;
-  std::vector<std::unique_ptr<Child>> workers_;
-  std::string address_;
-  int coordinator_starts_ = 0;
-  int worker_starts_ = 0;
+  ElasticTrainingTest() : TrainingJobTest("elastic") {}
 };
 
 // Three workers (world 3 at most 3... here max 2: one spare); SIGKILL a
@@ -238,25 +54,26 @@ TEST_F(ElasticTrainingTest, SigkillWithSpareResumesFromCheckpoint) {
   const double reference = UninterruptedFinalLoss(spec);
   StartCoordinator();
   CreateJob(spec);
-  std::vector<std::unique_ptr<Child>>& workers = workers_;
-  for (int i = 0; i < 3; ++i) workers.push_back(StartWorker(i));
-  ASSERT_TRUE(WaitForStep(workers, 12, absl::Seconds(120))) << Logs(workers);
+  for (int i = 0; i < 3; ++i) StartWorker(i);
+  ASSERT_TRUE(WaitForStep(12, absl::Seconds(120))) << Logs();
   // Kill a worker that holds a rank (the spare logs "spare").
   int victim = -1;
   for (int i = 0; i < 3 && victim < 0; ++i) {
-    if (!absl::StrContains(workers[i]->Log(), ": spare")) victim = i;
+    if (!absl::StrContains(workers_[i]->Log(), ": spare")) victim = i;
   }
   ASSERT_GE(victim, 0);
-  workers[victim]->Kill();
-  workers[victim].reset();
-  const double final_loss = WaitForCompletion(workers);
-  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs(workers);
+  workers_[victim]->Kill();
+  workers_[victim].reset();
+  const double final_loss = WaitForCompletion();
+  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs();
   bool logged_recovery = false;
-  for (const auto& w : workers) {
+  for (const auto& w : workers_) {
     if (w != nullptr && absl::StrContains(w->Log(), "recovery (")) logged_recovery = true;
-    if (w != nullptr) EXPECT_TRUE(absl::StrContains(w->Log(), "restored ckpt-step")) << w->Log();
+    if (w != nullptr) {
+      EXPECT_TRUE(absl::StrContains(w->Log(), "restored ckpt-step")) << w->Log();
+    }
   }
-  EXPECT_TRUE(logged_recovery) << Logs(workers);
+  EXPECT_TRUE(logged_recovery) << Logs();
 }
 
 // No spare: dp shrinks from 3 to 2 with more micro-batches per rank; the
@@ -266,13 +83,12 @@ TEST_F(ElasticTrainingTest, SigkillWithoutSpareShrinksDp) {
   const double reference = UninterruptedFinalLoss(spec);
   StartCoordinator();
   CreateJob(spec);
-  std::vector<std::unique_ptr<Child>>& workers = workers_;
-  for (int i = 0; i < 3; ++i) workers.push_back(StartWorker(i));
-  ASSERT_TRUE(WaitForStep(workers, 12, absl::Seconds(120))) << Logs(workers);
-  workers[1]->Kill();
-  workers[1].reset();
-  const double final_loss = WaitForCompletion(workers);
-  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs(workers);
+  for (int i = 0; i < 3; ++i) StartWorker(i);
+  ASSERT_TRUE(WaitForStep(12, absl::Seconds(120))) << Logs();
+  workers_[1]->Kill();
+  workers_[1].reset();
+  const double final_loss = WaitForCompletion();
+  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs();
   EXPECT_EQ(GetJob().dp(), 2u);
 }
 
@@ -284,21 +100,21 @@ TEST_F(ElasticTrainingTest, C9SigstopIsDetectedByHeartbeatTimeout) {
   const double reference = UninterruptedFinalLoss(spec);
   StartCoordinator();
   CreateJob(spec);
-  std::vector<std::unique_ptr<Child>>& workers = workers_;
-  for (int i = 0; i < 3; ++i) workers.push_back(StartWorker(i));
-  ASSERT_TRUE(WaitForStep(workers, 12, absl::Seconds(120))) << Logs(workers);
+  for (int i = 0; i < 3; ++i) StartWorker(i);
+  ASSERT_TRUE(WaitForStep(12, absl::Seconds(120))) << Logs();
   const absl::Time stopped = absl::Now();
-  workers[2]->Signal(SIGSTOP);
+  workers_[2]->Signal(SIGSTOP);
   // Re-formed at generation 2 without it.
-  ASSERT_TRUE(workers[0]->WaitFor("world 2: communicators ready", absl::Seconds(30)))
-      << Logs(workers);
+  ASSERT_TRUE(workers_[0]->WaitFor("world 2: communicators ready", absl::Seconds(30)))
+      << Logs();
   EXPECT_LT(absl::Now() - stopped, absl::Seconds(2 + 1 + 5));  // timeout + interval + slack
-  workers[2]->Signal(SIGCONT);
-  ASSERT_TRUE(workers[2]->WaitFor("generation 1 is over", absl::Seconds(30)) ||
-              workers[2]->WaitFor("ended during training", absl::Seconds(1)))
-      << Logs(workers);
-  const double final_loss = WaitForCompletion(workers);
-  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs(workers);
+  workers_[2]->Signal(SIGCONT);
+  // Woken, it finds its generation over (fenced) and re-joins.
+  ASSERT_TRUE(workers_[2]->WaitFor("generation 1 ended during training", absl::Seconds(30)) ||
+              workers_[2]->WaitFor("generation 1 is over", absl::Seconds(1)))
+      << Logs();
+  const double final_loss = WaitForCompletion();
+  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs();
 }
 
 // The coordinator is killed (SIGKILL) mid-training and restarted on its
@@ -311,23 +127,61 @@ TEST_F(ElasticTrainingTest, CoordinatorRestartMidTraining) {
   const double reference = UninterruptedFinalLoss(spec);
   StartCoordinator();
   CreateJob(spec);
-  const std::string address = address_;
-  std::vector<std::unique_ptr<Child>>& workers = workers_;
-  for (int i = 0; i < 2; ++i) workers.push_back(StartWorker(i));
-  ASSERT_TRUE(WaitForStep(workers, 8, absl::Seconds(120))) << Logs(workers);
+  for (int i = 0; i < 2; ++i) StartWorker(i);
+  ASSERT_TRUE(WaitForStep(8, absl::Seconds(120))) << Logs();
   coordinator_->Kill();
   // Down long enough that checkpoint calls meet a dead coordinator (they
   // retry), then back on the same address and state file.
   absl::SleepFor(absl::Milliseconds(1500));
-  coordinator_ = std::make_unique<Child>(
-      Runfile("server/shardline-coordinator"),
-      std::vector<std::string>{"--listen", address, "--state", dir_ + "/state.db"},
-      absl::StrCat(dir_, "/coordinator", ++coordinator_starts_, ".log"));
-  ASSERT_TRUE(coordinator_->WaitFor("listening on ", absl::Seconds(20))) << coordinator_->Log();
-  const double final_loss = WaitForCompletion(workers);
-  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs(workers);
+  StartCoordinator(address_);
+  const double final_loss = WaitForCompletion();
+  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs();
   // Training went on in the same generation: nothing re-formed.
   EXPECT_EQ(GetJob().generation(), 1u);
+}
+
+}  // namespace
+}  // namespace shardline::worker
+
+namespace shardline::worker {
+namespace {
+
+// shardctl drain: the drained rank leaves only after a checkpoint taken at
+// the next step boundary commits, so no step is trained twice; the spare
+// takes its place, the drained process stops (exit 0), and the run ends at
+// the uninterrupted loss.
+TEST_F(ElasticTrainingTest, DrainLeavesAfterACheckpointAtTheNextStep) {
+  const v1::JobSpec spec = Spec(dir_ + "/ckpt-drain", 2, 2);
+  const double reference = UninterruptedFinalLoss(spec);
+  StartCoordinator();
+  CreateJob(spec);
+  for (int i = 0; i < 3; ++i) StartWorker(i);
+  ASSERT_TRUE(WaitForStep(12, absl::Seconds(120))) << Logs();
+  int victim = -1;
+  for (int i = 0; i < 3 && victim < 0; ++i) {
+    if (!absl::StrContains(workers_[i]->Log(), ": spare")) victim = i;
+  }
+  ASSERT_GE(victim, 0);
+  v1::DrainWorkerRequest req;
+  req.set_job_id("elastic");
+  req.set_worker_id(absl::StrCat("w", victim));
+  req.set_reason("test drain");
+  v1::Member member;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  grpc::Status s = Jobs()->DrainWorker(&ctx, req, &member);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(workers_[victim]->WaitExit(absl::Seconds(60)), 0) << Logs();
+  EXPECT_TRUE(absl::StrContains(workers_[victim]->Log(), "drained: test drain")) << Logs();
+  const double final_loss = WaitForCompletion();
+  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs();
+  // The job resumed from the drain's checkpoint: no step after it was lost.
+  const std::string survivors = workers_[(victim + 1) % 3]->Log();
+  EXPECT_TRUE(absl::StrContains(survivors, "restored ckpt-step")) << Logs();
+  // The generation ended for the drain, not for a lost worker.
+  EXPECT_TRUE(absl::StrContains(survivors, "drained: test drain): communicators ready"))
+      << Logs();
+  EXPECT_FALSE(absl::StrContains(survivors, " lost")) << Logs();
 }
 
 }  // namespace
