@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU checks for the GPU plugin and the NCCL backend: runs gpu_plugin_cuda_test
+# GPU checks for the GPU plugin and the NCCL backend: runs gpu_plugin_cuda_test,
+# train_kernels_test (every training kernel on the GPU against its CPU twin)
 # and nccl_backend_test (GPU tests run, nothing skipped for "no GPU") and the
 # NCCL benchmark for a few sizes, printing the results. Under 5 minutes.
 #
@@ -15,8 +16,9 @@
 #                                    #   run(command="worker/gpu/gpu_check.sh run",
 #                                    #       carry=["bazel-gpu-check"], timeout_s=400)
 #
-# libnccl.so.2 (218 MB) is not bundled: `run` uses /usr/local/cuda/lib64's, or
-# the nvidia-nccl-cu13 Python package's. If that NCCL is not the 2.28 this was
+# libnccl.so.2 (218 MB) and libcublas.so.13 + libcublasLt.so.13 (600 MB) are
+# not bundled: `run` uses /usr/local/cuda/lib64's, or those of the
+# nvidia-nccl-cu13 / nvidia-cublas Python packages. If that NCCL is not the 2.28 this was
 # built with, gpu_plugin_cuda_test's version check says so (expected there).
 #
 # Exit status: 0 when every test passed and the benchmark found no wrong element.
@@ -24,7 +26,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 mode="${1:-bazel}"
 BUNDLE=bazel-gpu-check
-TARGETS=(//worker/gpu:gpu_plugin_cuda_test //worker/gpu:libshardline_gpu.so
+TARGETS=(//worker/gpu:gpu_plugin_cuda_test //worker/gpu:train_kernels_test
+         //worker/gpu:libshardline_gpu.so
          //worker/gpu:libshardline_gpu_fake.so
          //worker/comm:nccl_backend_test //worker/comm:shardline-bench-collectives)
 BENCH_ARGS=(--backend nccl --op all --min-bytes 1024 --max-bytes 67108864 --factor 64
@@ -49,7 +52,8 @@ case "$mode" in
     command -v nvidia-smi >/dev/null && nvidia-smi -L
     bazel build --config=ci "${TARGETS[@]}" || exit 1
     bazel test --config=ci --test_output=all \
-      //worker/gpu:gpu_plugin_cuda_test //worker/comm:nccl_backend_test || fails=$((fails + 1))
+      //worker/gpu:gpu_plugin_cuda_test //worker/gpu:train_kernels_test \
+      //worker/comm:nccl_backend_test || fails=$((fails + 1))
     bench bazel-bin/worker/comm/shardline-bench-collectives
     ;;
 
@@ -57,25 +61,32 @@ case "$mode" in
     bazel build --config=ci "${TARGETS[@]}" || exit 1
     rm -rf "$BUNDLE"
     mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/worker/gpu"
-    for t in worker/gpu/gpu_plugin_cuda_test worker/comm/nccl_backend_test \
-             worker/comm/shardline-bench-collectives; do
+    for t in worker/gpu/gpu_plugin_cuda_test worker/gpu/train_kernels_test \
+             worker/comm/nccl_backend_test worker/comm/shardline-bench-collectives; do
       cp -L "bazel-bin/$t" "$BUNDLE/bin/"
     done
     cp -L bazel-bin/worker/gpu/libshardline_gpu.so bazel-bin/worker/gpu/libshardline_gpu_fake.so \
       "$BUNDLE/worker/gpu/"
     # Every shared library they load except glibc/libstdc++ (the target has
-    # newer ones), the CUDA driver and NCCL (found there).
+    # newer ones), the CUDA driver, NCCL and cuBLAS (found there).
     # ldd the originals: their RUNPATH ($ORIGIN/../../_solib_k8) finds Bazel's
     # own shared libraries there.
-    for f in worker/gpu/gpu_plugin_cuda_test worker/comm/nccl_backend_test \
-             worker/comm/shardline-bench-collectives worker/gpu/libshardline_gpu.so; do
+    for f in worker/gpu/gpu_plugin_cuda_test worker/gpu/train_kernels_test \
+             worker/comm/nccl_backend_test worker/comm/shardline-bench-collectives \
+             worker/gpu/libshardline_gpu.so; do
       ldd "bazel-bin/$f" | awk '$3 ~ /^\// {print $3}'
     done | sort -u | while read -r lib; do
       case "$(basename "$lib")" in
         libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libstdc++.so*|libgcc_s.so*| \
-        libcuda.so*|libnccl.so*) ;;
+        libcuda.so*|libnccl.so*|libcublas.so*|libcublasLt.so*) ;;
         *) cp -L "$lib" "$BUNDLE/lib/" ;;
       esac
+    done
+    # train_kernels_test's libopenblas (37 MB, for the CPU reference) goes
+    # gzip'ed so the bundle stays well inside the device tool's 64 MiB; `run`
+    # unpacks it.
+    for f in "$BUNDLE"/lib/*; do
+      [ "$(stat -c %s "$f")" -gt 16000000 ] && gzip -9 "$f"
     done
     du -sh "$BUNDLE"
     echo "packed; on the GPU machine: worker/gpu/gpu_check.sh run (carry $BUNDLE)"
@@ -85,6 +96,11 @@ case "$mode" in
   run)
     [ -d "$BUNDLE" ] || { echo "no $BUNDLE/: run 'worker/gpu/gpu_check.sh pack' first"; exit 1; }
     command -v nvidia-smi >/dev/null && nvidia-smi -L
+    # Unpack the gzip'ed libraries outside the bundle, which stays carryable.
+    unpacked=$(mktemp -d)
+    for f in "$BUNDLE"/lib/*.gz; do
+      [ -e "$f" ] && gunzip -c "$f" > "$unpacked/$(basename "${f%.gz}")"
+    done
     nccl_dir=""
     if [ -e /usr/local/cuda/lib64/libnccl.so.2 ]; then
       nccl_dir=/usr/local/cuda/lib64
@@ -92,10 +108,19 @@ case "$mode" in
       nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
     fi
     echo "NCCL from: ${nccl_dir:-not found}"
-    export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib:${nccl_dir}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    cublas_dir=""
+    if [ -e /usr/local/cuda/lib64/libcublas.so.13 ]; then
+      cublas_dir=/usr/local/cuda/lib64
+    else
+      cublas_dir=$(python3 -c 'import glob, os, nvidia
+hits = [h for p in nvidia.__path__ for h in glob.glob(os.path.join(p, "**", "libcublas.so.13"), recursive=True)]
+print(os.path.dirname(hits[0]) if hits else "")' 2>/dev/null)
+    fi
+    echo "cuBLAS from: ${cublas_dir:-not found}"
+    export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib:$unpacked:${nccl_dir}:${cublas_dir}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     # The tests open worker/gpu/libshardline_gpu.so relative to the working
     # directory (their Bazel runfiles layout), so run them inside the bundle.
-    for t in gpu_plugin_cuda_test nccl_backend_test; do
+    for t in gpu_plugin_cuda_test train_kernels_test nccl_backend_test; do
       echo "=== $t"
       (cd "$BUNDLE" && timeout 240 "bin/$t" 2>&1) | tee "/tmp/gpu_check_$t.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))

@@ -76,7 +76,19 @@ absl::StatusOr<GpuPlugin> GpuPlugin::Load(const std::string& path) {
         "GPU plugin '", path, "' has no ", SHARDLINE_GPU_API_SYMBOL, " table of ABI version ",
         SHARDLINE_GPU_ABI_VERSION, "; rebuild both from the same tree"));
   }
-  return GpuPlugin(probe, api);  // handle intentionally kept open for the process lifetime
+  // Optional: a plugin without training math (the fake) has no such symbol.
+  auto train_fn =
+      reinterpret_cast<ShardlineGpuTrainApiFn>(dlsym(handle, SHARDLINE_GPU_TRAIN_API_SYMBOL));
+  const ShardlineGpuTrainApi* train_api = train_fn != nullptr ? train_fn() : nullptr;
+  if (train_api != nullptr && train_api->abi_version != SHARDLINE_GPU_ABI_VERSION) {
+    dlclose(handle);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU plugin '", path, "' has a ", SHARDLINE_GPU_TRAIN_API_SYMBOL, " table of ABI version ",
+        train_api->abi_version, " but this worker needs ", SHARDLINE_GPU_ABI_VERSION,
+        "; rebuild both from the same tree"));
+  }
+  // The handle is intentionally kept open for the process lifetime.
+  return GpuPlugin(probe, api, train_api);
 }
 
 absl::StatusOr<GpuInfo> GpuPlugin::Probe() const {

@@ -58,11 +58,17 @@ class GpuPlugin {
   // successful Load. Used by worker/comm/nccl_backend.cc.
   const ShardlineGpuApi& api() const { return *api_; }
 
+  // The plugin's training-math table (plugin_abi.h), or null when the plugin
+  // has none (the fake plugin). Used through worker/gpu/gpu_ops.h.
+  const ShardlineGpuTrainApi* train_api() const { return train_api_; }
+
  private:
   using ProbeFn = int (*)(void*, char*, size_t);
-  GpuPlugin(ProbeFn probe, const ShardlineGpuApi* api) : probe_(probe), api_(api) {}
+  GpuPlugin(ProbeFn probe, const ShardlineGpuApi* api, const ShardlineGpuTrainApi* train_api)
+      : probe_(probe), api_(api), train_api_(train_api) {}
   ProbeFn probe_;
-  const ShardlineGpuApi* api_;  // static storage in the plugin
+  const ShardlineGpuApi* api_;               // static storage in the plugin
+  const ShardlineGpuTrainApi* train_api_;  // static storage in the plugin; may be null
 };
 
 }  // namespace shardline::worker

@@ -1,6 +1,8 @@
 // The loader's error paths; runs on every machine (no CUDA needed).
 #include "worker/gpu/gpu_plugin.h"
 
+#include "worker/gpu/gpu_ops.h"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -30,6 +32,15 @@ TEST(GpuPluginTest, LoadsAPluginOfThisAbiAndItsNcclTable) {
   ASSERT_TRUE(info.ok()) << info.status();
   ASSERT_EQ(info->devices.size(), 1u);
   EXPECT_EQ(info->devices[0].name, "fake GPU");
+}
+
+TEST(GpuPluginTest, APluginWithoutTrainingMathGivesUnavailableGpuOps) {
+  const auto plugin = GpuPlugin::Load("worker/gpu/libshardline_gpu_fake.so");  // runfiles
+  ASSERT_TRUE(plugin.ok()) << plugin.status();
+  EXPECT_EQ(plugin->train_api(), nullptr);
+  const auto ops = GpuOps::Create(*plugin, 0);
+  EXPECT_EQ(ops.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(ops.status().message()), HasSubstr("shardline_gpu_train_api"));
 }
 
 TEST(GpuPluginTest, DefaultPathIsNextToTheExecutable) {

@@ -7,9 +7,13 @@
 // Plain C types only, so the two sides may come from different compilers.
 // Bump SHARDLINE_GPU_ABI_VERSION on any change to these structs or symbols.
 //
-// Two entry points: shardline_gpu_probe (versions and devices; also how the
-// loader checks the ABI version) and shardline_gpu_api (the NCCL
-// communicator, collective, event and device-memory functions below).
+// Three entry points: shardline_gpu_probe (versions and devices; also how the
+// loader checks the ABI version), shardline_gpu_api (the NCCL communicator,
+// collective, event and device-memory functions below) and, optionally,
+// shardline_gpu_train_api (the trainer's fp32 math on device buffers: cuBLAS
+// and the plugin's own CUDA kernels; the fake plugin has none).
+//
+// ABI history: 2 = probe + NCCL table; 3 = adds shardline_gpu_train_api.
 #ifndef SHARDLINE_WORKER_GPU_PLUGIN_ABI_H_
 #define SHARDLINE_WORKER_GPU_PLUGIN_ABI_H_
 
@@ -20,7 +24,7 @@
 extern "C" {
 #endif
 
-#define SHARDLINE_GPU_ABI_VERSION 2
+#define SHARDLINE_GPU_ABI_VERSION 3
 #define SHARDLINE_GPU_MAX_DEVICES 64
 
 typedef struct {
@@ -179,6 +183,116 @@ typedef struct {
 // Returns the plugin's function table (static storage, never null).
 typedef const ShardlineGpuApi* (*ShardlineGpuApiFn)(void);
 #define SHARDLINE_GPU_API_SYMBOL "shardline_gpu_api"
+
+// ---------------------------------------------------------------------------
+// Training math: device versions of every kernel of worker/train/ops.h, with
+// the same contracts (read that header), on DEVICE buffers.
+//
+// Conventions for every function below:
+//   * A context (train_ctx_create) owns one CUDA stream on one device, a
+//     cuBLAS handle bound to it, and a scratch buffer. Every kernel is
+//     enqueued on that stream and returns once enqueued: kernels of one
+//     context run in issue order, and host-visible results need
+//     train_synchronize or a copy_to_host (which waits for the stream).
+//   * Returns one of the codes above. On failure the message (naming the
+//     CUDA/cuBLAS call and its error text) is kept in the context; read it
+//     with train_last_error. Launch errors are reported by the call itself;
+//     errors while a kernel runs surface at the next synchronising call.
+//   * Sizes are ELEMENTS (int64_t); byte counts are size_t and named bytes.
+//     Matrix dimensions of one cuBLAS call must fit in int32
+//     (INVALID_ARGUMENT otherwise).
+//   * Parameter gradients accumulate (+=), activation gradients are
+//     overwritten, exactly as in ops.h. Products use fp32 cuBLAS with
+//     CUBLAS_DEFAULT_MATH (no TF32); reductions of the plugin's own kernels
+//     accumulate in double like the CPU kernels. Atomic scatters
+//     (embedding_backward) are not bit-deterministic.
+//   * A context is not thread-safe: one thread at a time per context.
+// ---------------------------------------------------------------------------
+
+typedef struct ShardlineGpuTrainCtx ShardlineGpuTrainCtx;  // opaque: stream + cuBLAS handle
+
+typedef struct {
+  int32_t abi_version;  // SHARDLINE_GPU_ABI_VERSION
+
+  // Creates a context on CUDA device `device`. UNAVAILABLE without a usable
+  // device (the CUDA error text is in `error`), INVALID_ARGUMENT for a bad
+  // ordinal.
+  int (*train_ctx_create)(int32_t device, ShardlineGpuTrainCtx** ctx, char* error,
+                          size_t error_len);
+  // Waits for the stream, then frees everything the context owns.
+  void (*train_ctx_destroy)(ShardlineGpuTrainCtx* ctx);
+  // The message of the last failed call on `ctx` ("" if none). Valid until
+  // the next call on `ctx`.
+  const char* (*train_last_error)(const ShardlineGpuTrainCtx* ctx);
+
+  // Device memory on the context's device. alloc/free are synchronous
+  // (cudaMalloc/cudaFree); copies are enqueued on the stream and waited for,
+  // so they are ordered after earlier kernels and return with the data in
+  // place. zero is enqueued (cudaMemsetAsync).
+  int (*train_alloc)(ShardlineGpuTrainCtx* ctx, size_t bytes, void** ptr);
+  void (*train_free)(ShardlineGpuTrainCtx* ctx, void* ptr);
+  int (*train_copy_to_device)(ShardlineGpuTrainCtx* ctx, void* dst, const void* src,
+                              size_t bytes);
+  int (*train_copy_to_host)(ShardlineGpuTrainCtx* ctx, void* dst, const void* src,
+                            size_t bytes);
+  int (*train_zero)(ShardlineGpuTrainCtx* ctx, void* ptr, size_t bytes);
+  // cudaStreamSynchronize: returns the first error of an enqueued kernel.
+  int (*train_synchronize)(ShardlineGpuTrainCtx* ctx);
+
+  // ops.h, one for one (bool arguments are int32_t 0/1).
+  int (*gemm)(ShardlineGpuTrainCtx* ctx, int32_t trans_a, int32_t trans_b, int64_t m, int64_t n,
+              int64_t k, float alpha, const float* a, const float* b, float beta, float* c);
+  int (*linear_forward)(ShardlineGpuTrainCtx* ctx, const float* x, const float* w,
+                        const float* b, float* y, int64_t rows, int64_t in, int64_t out);
+  int (*linear_backward)(ShardlineGpuTrainCtx* ctx, const float* x, const float* w,
+                         const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                         int64_t in, int64_t out);
+  int (*layer_norm_forward)(ShardlineGpuTrainCtx* ctx, const float* x, const float* gamma,
+                            const float* beta, float* y, float* mean, float* rstd, int64_t rows,
+                            int64_t width);
+  int (*layer_norm_backward)(ShardlineGpuTrainCtx* ctx, const float* x, const float* gamma,
+                             const float* mean, const float* rstd, const float* dy, float* dx,
+                             float* dgamma, float* dbeta, int64_t rows, int64_t width);
+  int (*gelu_forward)(ShardlineGpuTrainCtx* ctx, const float* x, float* y, int64_t n);
+  int (*gelu_backward)(ShardlineGpuTrainCtx* ctx, const float* x, const float* dy, float* dx,
+                       int64_t n);
+  // Backward uses the context's scratch (batch*heads*seq*seq floats, grown
+  // on demand, which synchronises the device once).
+  int (*attention_forward)(ShardlineGpuTrainCtx* ctx, const float* qkv, float* probs, float* y,
+                           int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
+  int (*attention_backward)(ShardlineGpuTrainCtx* ctx, const float* qkv, const float* probs,
+                            const float* dy, float* dqkv, int64_t batch, int64_t seq,
+                            int64_t heads, int64_t head_dim);
+  int (*embedding_forward)(ShardlineGpuTrainCtx* ctx, const int32_t* tokens, const float* table,
+                           float* y, int64_t rows, int64_t width, int64_t vocab_begin,
+                           int64_t vocab_local);
+  int (*embedding_backward)(ShardlineGpuTrainCtx* ctx, const int32_t* tokens, const float* dy,
+                            float* dtable, int64_t rows, int64_t width, int64_t vocab_begin,
+                            int64_t vocab_local);
+  int (*add_position_forward)(ShardlineGpuTrainCtx* ctx, const float* pos_table, float* y,
+                              int64_t rows, int64_t seq, int64_t width);
+  int (*add_position_backward)(ShardlineGpuTrainCtx* ctx, const float* dy, float* dpos,
+                               int64_t rows, int64_t seq, int64_t width);
+  int (*local_row_max)(ShardlineGpuTrainCtx* ctx, const float* logits, float* row_max,
+                       int64_t rows, int64_t vocab_local);
+  int (*local_sum_exp_and_target)(ShardlineGpuTrainCtx* ctx, const float* logits,
+                                  const float* row_max, const int32_t* targets, float* sum_exp,
+                                  float* target_logit, int64_t rows, int64_t vocab_begin,
+                                  int64_t vocab_local);
+  int (*token_loss)(ShardlineGpuTrainCtx* ctx, const float* row_max, const float* sum_exp,
+                    const float* target_logit, float* loss, int64_t rows);
+  int (*cross_entropy_backward)(ShardlineGpuTrainCtx* ctx, const float* logits,
+                                const float* row_max, const float* sum_exp,
+                                const int32_t* targets, float scale, float* dlogits,
+                                int64_t rows, int64_t vocab_begin, int64_t vocab_local);
+  int (*add_in_place)(ShardlineGpuTrainCtx* ctx, const float* x, float* y, int64_t n);
+} ShardlineGpuTrainApi;
+
+// Returns the plugin's training table (static storage, never null). Optional:
+// a plugin without this symbol has no GPU math (GpuPlugin::train_api() is
+// then null).
+typedef const ShardlineGpuTrainApi* (*ShardlineGpuTrainApiFn)(void);
+#define SHARDLINE_GPU_TRAIN_API_SYMBOL "shardline_gpu_train_api"
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,0 +1,176 @@
+#include "worker/gpu/gpu_ops.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardline::worker {
+
+absl::StatusOr<std::unique_ptr<GpuOps>> GpuOps::Create(const GpuPlugin& plugin, int device) {
+  const ShardlineGpuTrainApi* api = plugin.train_api();
+  if (api == nullptr) {
+    return absl::UnavailableError(
+        "the GPU plugin has no training math (shardline_gpu_train_api); use the CPU ops");
+  }
+  char error[512] = {0};
+  ShardlineGpuTrainCtx* ctx = nullptr;
+  const int code = api->train_ctx_create(device, &ctx, error, sizeof(error));
+  if (code != SHARDLINE_GPU_OK) {
+    return absl::Status(static_cast<absl::StatusCode>(code),
+                        absl::StrCat("GPU ops on device ", device, ": ", error));
+  }
+  return std::unique_ptr<GpuOps>(new GpuOps(api, ctx, device));
+}
+
+GpuOps::~GpuOps() { api_.train_ctx_destroy(ctx_); }
+
+absl::Status GpuOps::ToStatus(int code, const char* op) const {
+  if (code == SHARDLINE_GPU_OK) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::StrCat("GPU ", op, " on device ", device_, ": ",
+                                   api_.train_last_error(ctx_)));
+}
+
+absl::StatusOr<void*> GpuOps::AllocBytes(size_t bytes) {
+  void* ptr = nullptr;
+  absl::Status s = ToStatus(api_.train_alloc(ctx_, bytes, &ptr), "alloc");
+  if (!s.ok()) return s;
+  return ptr;
+}
+
+void GpuOps::Free(void* ptr) { api_.train_free(ctx_, ptr); }
+
+absl::Status GpuOps::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  return ToStatus(api_.train_copy_to_device(ctx_, dst, src, bytes), "copy to device");
+}
+
+absl::Status GpuOps::CopyToHost(void* dst, const void* src, size_t bytes) {
+  return ToStatus(api_.train_copy_to_host(ctx_, dst, src, bytes), "copy to host");
+}
+
+absl::Status GpuOps::Zero(void* ptr, size_t bytes) {
+  return ToStatus(api_.train_zero(ctx_, ptr, bytes), "zero");
+}
+
+absl::Status GpuOps::Synchronize() {
+  return ToStatus(api_.train_synchronize(ctx_), "synchronize");
+}
+
+absl::Status GpuOps::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                          float alpha, const float* a, const float* b, float beta, float* c) {
+  return ToStatus(api_.gemm(ctx_, trans_a ? 1 : 0, trans_b ? 1 : 0, m, n, k, alpha, a, b, beta, c),
+                  "gemm");
+}
+
+absl::Status GpuOps::LinearForward(const float* x, const float* w, const float* b, float* y,
+                                   int64_t rows, int64_t in, int64_t out) {
+  return ToStatus(api_.linear_forward(ctx_, x, w, b, y, rows, in, out), "linear_forward");
+}
+
+absl::Status GpuOps::LinearBackward(const float* x, const float* w, const float* dy, float* dx,
+                                    float* dw, float* db, int64_t rows, int64_t in,
+                                    int64_t out) {
+  return ToStatus(api_.linear_backward(ctx_, x, w, dy, dx, dw, db, rows, in, out),
+                  "linear_backward");
+}
+
+absl::Status GpuOps::LayerNormForward(const float* x, const float* gamma, const float* beta,
+                                      float* y, float* mean, float* rstd, int64_t rows,
+                                      int64_t width) {
+  return ToStatus(api_.layer_norm_forward(ctx_, x, gamma, beta, y, mean, rstd, rows, width),
+                  "layer_norm_forward");
+}
+
+absl::Status GpuOps::LayerNormBackward(const float* x, const float* gamma, const float* mean,
+                                       const float* rstd, const float* dy, float* dx,
+                                       float* dgamma, float* dbeta, int64_t rows,
+                                       int64_t width) {
+  return ToStatus(
+      api_.layer_norm_backward(ctx_, x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows, width),
+      "layer_norm_backward");
+}
+
+absl::Status GpuOps::GeluForward(const float* x, float* y, int64_t n) {
+  return ToStatus(api_.gelu_forward(ctx_, x, y, n), "gelu_forward");
+}
+
+absl::Status GpuOps::GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
+  return ToStatus(api_.gelu_backward(ctx_, x, dy, dx, n), "gelu_backward");
+}
+
+absl::Status GpuOps::AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
+                                      int64_t seq, int64_t heads, int64_t head_dim) {
+  return ToStatus(api_.attention_forward(ctx_, qkv, probs, y, batch, seq, heads, head_dim),
+                  "attention_forward");
+}
+
+absl::Status GpuOps::AttentionBackward(const float* qkv, const float* probs, const float* dy,
+                                       float* dqkv, int64_t batch, int64_t seq, int64_t heads,
+                                       int64_t head_dim) {
+  return ToStatus(
+      api_.attention_backward(ctx_, qkv, probs, dy, dqkv, batch, seq, heads, head_dim),
+      "attention_backward");
+}
+
+absl::Status GpuOps::EmbeddingForward(const int32_t* tokens, const float* table, float* y,
+                                      int64_t rows, int64_t width, int64_t vocab_begin,
+                                      int64_t vocab_local) {
+  return ToStatus(
+      api_.embedding_forward(ctx_, tokens, table, y, rows, width, vocab_begin, vocab_local),
+      "embedding_forward");
+}
+
+absl::Status GpuOps::EmbeddingBackward(const int32_t* tokens, const float* dy, float* dtable,
+                                       int64_t rows, int64_t width, int64_t vocab_begin,
+                                       int64_t vocab_local) {
+  return ToStatus(
+      api_.embedding_backward(ctx_, tokens, dy, dtable, rows, width, vocab_begin, vocab_local),
+      "embedding_backward");
+}
+
+absl::Status GpuOps::AddPositionForward(const float* pos_table, float* y, int64_t rows,
+                                        int64_t seq, int64_t width) {
+  return ToStatus(api_.add_position_forward(ctx_, pos_table, y, rows, seq, width),
+                  "add_position_forward");
+}
+
+absl::Status GpuOps::AddPositionBackward(const float* dy, float* dpos, int64_t rows, int64_t seq,
+                                         int64_t width) {
+  return ToStatus(api_.add_position_backward(ctx_, dy, dpos, rows, seq, width),
+                  "add_position_backward");
+}
+
+absl::Status GpuOps::LocalRowMax(const float* logits, float* row_max, int64_t rows,
+                                 int64_t vocab_local) {
+  return ToStatus(api_.local_row_max(ctx_, logits, row_max, rows, vocab_local), "local_row_max");
+}
+
+absl::Status GpuOps::LocalSumExpAndTarget(const float* logits, const float* row_max,
+                                          const int32_t* targets, float* sum_exp,
+                                          float* target_logit, int64_t rows, int64_t vocab_begin,
+                                          int64_t vocab_local) {
+  return ToStatus(api_.local_sum_exp_and_target(ctx_, logits, row_max, targets, sum_exp,
+                                                target_logit, rows, vocab_begin, vocab_local),
+                  "local_sum_exp_and_target");
+}
+
+absl::Status GpuOps::TokenLoss(const float* row_max, const float* sum_exp,
+                               const float* target_logit, float* loss, int64_t rows) {
+  return ToStatus(api_.token_loss(ctx_, row_max, sum_exp, target_logit, loss, rows),
+                  "token_loss");
+}
+
+absl::Status GpuOps::CrossEntropyBackward(const float* logits, const float* row_max,
+                                          const float* sum_exp, const int32_t* targets,
+                                          float scale, float* dlogits, int64_t rows,
+                                          int64_t vocab_begin, int64_t vocab_local) {
+  return ToStatus(api_.cross_entropy_backward(ctx_, logits, row_max, sum_exp, targets, scale,
+                                              dlogits, rows, vocab_begin, vocab_local),
+                  "cross_entropy_backward");
+}
+
+absl::Status GpuOps::AddInPlace(const float* x, float* y, int64_t n) {
+  return ToStatus(api_.add_in_place(ctx_, x, y, n), "add_in_place");
+}
+
+}  // namespace shardline::worker

@@ -1,0 +1,24 @@
+// CPU stand-in for the CUDA runtime API used by the GPU plugin's training
+// math (train_plugin.cc): "device" memory is host memory (cudaMalloc fills it
+// with NaN so unwritten outputs show), streams are synchronous. For
+// train_kernels_emu_test only; see cuda_runtime.h.
+#pragma once
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+struct CUstream_st {};
+typedef CUstream_st* cudaStream_t;
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9, cudaErrorInvalidDevicePointer = 17 };
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+#define cudaStreamNonBlocking 1
+inline const char* cudaGetErrorString(cudaError_t) { return "mock"; }
+inline const char* cudaGetErrorName(cudaError_t) { return "mock"; }
+inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+inline cudaError_t cudaGetDeviceCount(int* c) { *c = 1; return cudaSuccess; }
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { *s = new CUstream_st; return cudaSuccess; }
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) { delete s; return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaMalloc(void** p, size_t n) { *p = std::malloc(n); for (size_t i = 0; i < n / 4; ++i) ((float*)*p)[i] = __builtin_nanf(""); return cudaSuccess; }
+inline cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
+inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) { std::memcpy(d, s, n); return cudaSuccess; }
+inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) { std::memset(d, v, n); return cudaSuccess; }

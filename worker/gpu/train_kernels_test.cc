@@ -1,0 +1,489 @@
+// Every kernel of the GPU plugin's training math (gpu_ops.h) against its CPU
+// twin in worker/train/ops.h: random inputs on the host, both paths, compared
+// within fp32 tolerance, including the accumulate (parameter gradients) vs
+// overwrite (activation gradients, outputs: pre-filled with NaN) contract and
+// the vocab-parallel split. Runs only where a GPU is present; elsewhere every
+// test is skipped with the CUDA error as the reason (tagged "external", so a
+// skip is never replayed from the cache on a GPU machine).
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/gpu/gpu_ops.h"
+#include "worker/gpu/gpu_plugin.h"
+#include "worker/train/ops.h"
+
+namespace shardline::worker {
+namespace {
+
+namespace ops = ::shardline::worker::train;
+
+// Runfiles-relative. train_kernels_emu_test runs this file against the CPU
+// emulation of the plugin (BUILD, testing/cuda_emu/) instead.
+#ifdef SHARDLINE_TRAIN_KERNELS_EMU
+constexpr char kPlugin[] = "worker/gpu/testing/libshardline_gpu_emu.so";
+#else
+constexpr char kPlugin[] = "worker/gpu/libshardline_gpu.so";
+#endif
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Elementwise kernels: |gpu - cpu| <= kElementwise * max(|cpu|, 1e-2 * max|cpu|)
+// (entries far below the tensor's scale are compared at 1e-6 of the scale).
+constexpr double kElementwise = 1e-4;
+// Products (cuBLAS vs OpenBLAS, different summation orders): relative L2
+// error. fp32 gives ~1e-6 here; TF32 tensor cores would show as ~1e-3.
+constexpr double kGemmRelL2 = 1e-4;
+
+std::vector<float> Random(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+std::vector<int32_t> RandomTokens(int64_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = dist(gen);
+  return v;
+}
+
+// |gpu - cpu| <= rtol * max(|cpu|, floor * max|cpu|): entries far below the
+// tensor's scale are compared against the scale instead.
+void ExpectNear(const std::vector<float>& gpu, const std::vector<float>& cpu, double rtol,
+                const std::string& what, double floor = 1e-2) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  double scale = 0.0;
+  for (float c : cpu) scale = std::max(scale, std::fabs(static_cast<double>(c)));
+  int bad = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double c = cpu[i];
+    const double bound = rtol * std::max(std::fabs(c), floor * scale);
+    const bool ok = std::isnan(c) ? std::isnan(gpu[i]) : std::fabs(gpu[i] - c) <= bound;
+    if (!ok && ++bad <= 5) {
+      ADD_FAILURE() << what << "[" << i << "]: gpu " << gpu[i] << " cpu " << c << " (bound "
+                    << bound << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << cpu.size() << " elements differ";
+}
+
+void ExpectRelL2(const std::vector<float>& gpu, const std::vector<float>& cpu, double tol,
+                 const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  double diff = 0.0;
+  double norm = 0.0;
+  bool finite = true;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    finite = finite && std::isfinite(gpu[i]);
+    const double d = static_cast<double>(gpu[i]) - cpu[i];
+    diff += d * d;
+    norm += static_cast<double>(cpu[i]) * cpu[i];
+  }
+  EXPECT_TRUE(finite) << what << ": the GPU result has NaN/inf (an entry not written?)";
+  EXPECT_LE(std::sqrt(diff), tol * std::sqrt(norm))
+      << what << ": relative L2 error " << std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+class TrainKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto plugin = GpuPlugin::Load(kPlugin);
+    ASSERT_TRUE(plugin.ok()) << plugin.status();
+    ASSERT_NE(plugin->train_api(), nullptr) << "the real plugin must have the training table";
+    auto gpu = GpuOps::Create(*plugin, 0);
+    if (absl::IsUnavailable(gpu.status())) {
+      GTEST_SKIP() << "no GPU: " << gpu.status().message();
+    }
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    gpu_ = std::move(*gpu);
+    ops::SetBlasThreads(1);
+  }
+
+  void TearDown() override {
+    for (void* p : allocated_) gpu_->Free(p);
+  }
+
+  // Device copy of `host`, freed in TearDown.
+  template <typename T>
+  T* Up(const std::vector<T>& host) {
+    absl::StatusOr<T*> d = gpu_->Alloc<T>(static_cast<int64_t>(host.size()));
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (!d.ok()) return nullptr;
+    allocated_.push_back(*d);
+    const absl::Status s = gpu_->CopyToDevice(*d, host.data(), host.size() * sizeof(T));
+    EXPECT_TRUE(s.ok()) << s;
+    return *d;
+  }
+
+  // Device buffer of n NaNs: what an overwriting kernel must not read.
+  float* UpNaN(int64_t n) { return Up(std::vector<float>(n, kNaN)); }
+
+  template <typename T>
+  std::vector<T> Down(const T* device, int64_t n) {
+    std::vector<T> host(n);
+    const absl::Status s = gpu_->CopyToHost(host.data(), device, n * sizeof(T));
+    EXPECT_TRUE(s.ok()) << s;
+    return host;
+  }
+
+  std::unique_ptr<GpuOps> gpu_;
+  std::vector<void*> allocated_;
+};
+
+TEST_F(TrainKernelsTest, GemmAllTransposesOverwriteAndAccumulate) {
+  const int64_t m = 37, n = 53, k = 29;  // odd sizes: no tile is full
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (float beta : {0.0f, 0.5f}) {
+        const std::string what = "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                                 " beta=" + std::to_string(beta);
+        const auto a = Random(m * k, 1);
+        const auto b = Random(k * n, 2);
+        // beta == 0 must ignore C entirely, even NaN.
+        auto c = beta == 0.0f ? std::vector<float>(m * n, kNaN) : Random(m * n, 3);
+        float* da = Up(a);
+        float* db = Up(b);
+        float* dc = Up(c);
+        ASSERT_TRUE(gpu_->Gemm(ta, tb, m, n, k, 0.75f, da, db, beta, dc).ok());
+        ops::Gemm(ta, tb, m, n, k, 0.75f, a.data(), b.data(), beta, c.data());
+        ExpectRelL2(Down(dc, m * n), c, kGemmRelL2, what);
+      }
+    }
+  }
+}
+
+TEST_F(TrainKernelsTest, GemmWithAnEmptyInnerDimensionScalesC) {
+  const int64_t m = 5, n = 7;
+  for (float beta : {0.0f, 2.0f}) {
+    auto c = beta == 0.0f ? std::vector<float>(m * n, kNaN) : Random(m * n, 4);
+    float* dc = Up(c);
+    const std::vector<float> none(1, 0.0f);
+    float* dummy = Up(none);
+    ASSERT_TRUE(gpu_->Gemm(false, false, m, n, 0, 1.0f, dummy, dummy, beta, dc).ok());
+    ops::Gemm(false, false, m, n, 0, 1.0f, none.data(), none.data(), beta, c.data());
+    ExpectNear(Down(dc, m * n), c, 0.0, "k=0 gemm beta=" + std::to_string(beta));
+  }
+}
+
+TEST_F(TrainKernelsTest, LinearForwardWithAndWithoutBias) {
+  const int64_t rows = 24, in = 40, out = 72;
+  const auto x = Random(rows * in, 5), w = Random(out * in, 6), b = Random(out, 7);
+  float* dx = Up(x);
+  float* dw = Up(w);
+  float* dbias = Up(b);
+  for (bool bias : {true, false}) {
+    std::vector<float> y(rows * out);
+    float* dy = UpNaN(rows * out);
+    ASSERT_TRUE(gpu_->LinearForward(dx, dw, bias ? dbias : nullptr, dy, rows, in, out).ok());
+    ops::LinearForward(x.data(), w.data(), bias ? b.data() : nullptr, y.data(), rows, in, out);
+    ExpectRelL2(Down(dy, rows * out), y, kGemmRelL2, bias ? "y (bias)" : "y (no bias)");
+  }
+}
+
+TEST_F(TrainKernelsTest, LinearBackwardOverwritesDxAndAccumulatesDwDb) {
+  const int64_t rows = 24, in = 40, out = 72;
+  const auto x = Random(rows * in, 8), w = Random(out * in, 9), g = Random(rows * out, 10);
+  for (bool optional : {true, false}) {  // with dx and db, then both null
+    auto dw = Random(out * in, 11);  // previous micro-batches' sums
+    auto db = Random(out, 12);
+    std::vector<float> dx(rows * in);
+    float* d_x = Up(x);
+    float* d_w = Up(w);
+    float* d_g = Up(g);
+    float* d_dx = optional ? UpNaN(rows * in) : nullptr;
+    float* d_dw = Up(dw);
+    float* d_db = optional ? Up(db) : nullptr;
+    ASSERT_TRUE(gpu_->LinearBackward(d_x, d_w, d_g, d_dx, d_dw, d_db, rows, in, out).ok());
+    ops::LinearBackward(x.data(), w.data(), g.data(), optional ? dx.data() : nullptr, dw.data(),
+                        optional ? db.data() : nullptr, rows, in, out);
+    ExpectRelL2(Down(d_dw, out * in), dw, kGemmRelL2, "dw");
+    if (optional) {
+      ExpectRelL2(Down(d_dx, rows * in), dx, kGemmRelL2, "dx");
+      ExpectNear(Down(d_db, out), db, kElementwise, "db");
+    }
+  }
+}
+
+TEST_F(TrainKernelsTest, LayerNormForwardAndBackward) {
+  // Widths below, at and above the 256-thread block; rows with a large mean.
+  for (int64_t width : {50, 256, 769}) {
+    const int64_t rows = 13;
+    auto x = Random(rows * width, 13, 2.0f, 4.0f);
+    const auto gamma = Random(width, 14, 0.5f, 1.5f), beta = Random(width, 15);
+    std::vector<float> y(rows * width), mean(rows), rstd(rows);
+    float* d_x = Up(x);
+    float* d_gamma = Up(gamma);
+    float* d_beta = Up(beta);
+    float* d_y = UpNaN(rows * width);
+    float* d_mean = UpNaN(rows);
+    float* d_rstd = UpNaN(rows);
+    ASSERT_TRUE(
+        gpu_->LayerNormForward(d_x, d_gamma, d_beta, d_y, d_mean, d_rstd, rows, width).ok());
+    ops::LayerNormForward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(),
+                          rows, width);
+    const std::string w = " width=" + std::to_string(width);
+    ExpectNear(Down(d_y, rows * width), y, kElementwise, "y" + w);
+    ExpectNear(Down(d_mean, rows), mean, kElementwise, "mean" + w);
+    ExpectNear(Down(d_rstd, rows), rstd, kElementwise, "rstd" + w);
+
+    // Backward from the CPU's saved statistics, so only the backward is tested.
+    const auto g = Random(rows * width, 16);
+    auto dgamma = Random(width, 17), dbeta = Random(width, 18);
+    std::vector<float> dx(rows * width);
+    float* d_cmean = Up(mean);
+    float* d_crstd = Up(rstd);
+    float* d_g = Up(g);
+    float* d_dx = UpNaN(rows * width);
+    float* d_dgamma = Up(dgamma);
+    float* d_dbeta = Up(dbeta);
+    ASSERT_TRUE(gpu_->LayerNormBackward(d_x, d_gamma, d_cmean, d_crstd, d_g, d_dx, d_dgamma,
+                                        d_dbeta, rows, width)
+                    .ok());
+    ops::LayerNormBackward(x.data(), gamma.data(), mean.data(), rstd.data(), g.data(), dx.data(),
+                           dgamma.data(), dbeta.data(), rows, width);
+    ExpectNear(Down(d_dx, rows * width), dx, kElementwise, "dx" + w);
+    ExpectNear(Down(d_dgamma, width), dgamma, kElementwise, "dgamma" + w);
+    ExpectNear(Down(d_dbeta, width), dbeta, kElementwise, "dbeta" + w);
+  }
+}
+
+TEST_F(TrainKernelsTest, GeluForwardAndBackwardAlsoInPlace) {
+  const int64_t n = 10007;
+  const auto x = Random(n, 19, -6.0f, 6.0f), g = Random(n, 20);
+  std::vector<float> y(n), dx(n);
+  ops::GeluForward(x.data(), y.data(), n);
+  ops::GeluBackward(x.data(), g.data(), dx.data(), n);
+  float* d_x = Up(x);
+  float* d_y = UpNaN(n);
+  ASSERT_TRUE(gpu_->GeluForward(d_x, d_y, n).ok());
+  ExpectNear(Down(d_y, n), y, kElementwise, "gelu y");
+  float* d_g = Up(g);
+  float* d_dx = UpNaN(n);
+  ASSERT_TRUE(gpu_->GeluBackward(d_x, d_g, d_dx, n).ok());
+  // gelu' contains v * (1 - tanh^2) * du: where tanh is near +-1, a 1-2 ulp
+  // difference between CUDA's and glibc's tanhf is amplified ~6x, so small
+  // entries are compared at 1e-5 of the scale.
+  constexpr double kGeluGradFloor = 0.1;
+  ExpectNear(Down(d_dx, n), dx, kElementwise, "gelu dx", kGeluGradFloor);
+  // dx may alias dy; y may alias x (checked last: it overwrites d_x).
+  ASSERT_TRUE(gpu_->GeluBackward(d_x, d_g, d_g, n).ok());
+  ExpectNear(Down(d_g, n), dx, kElementwise, "gelu dx in place", kGeluGradFloor);
+  ASSERT_TRUE(gpu_->GeluForward(d_x, d_x, n).ok());
+  ExpectNear(Down(d_x, n), y, kElementwise, "gelu y in place");
+}
+
+struct AttentionShape {
+  int64_t batch, seq, heads, head_dim;
+};
+
+TEST_F(TrainKernelsTest, AttentionForwardAndBackward) {
+  // seq 33: rows longer than a warp; seq 300: longer than the 256-thread block.
+  for (const AttentionShape& s : {AttentionShape{2, 33, 3, 16}, AttentionShape{1, 300, 2, 8},
+                                  AttentionShape{3, 1, 2, 4}}) {
+    const std::string what = " b=" + std::to_string(s.batch) + " s=" + std::to_string(s.seq) +
+                             " h=" + std::to_string(s.heads) + " d=" + std::to_string(s.head_dim);
+    const int64_t qkv_n = s.batch * s.seq * s.heads * 3 * s.head_dim;
+    const int64_t y_n = s.batch * s.seq * s.heads * s.head_dim;
+    const int64_t p_n = s.batch * s.heads * s.seq * s.seq;
+    const auto qkv = Random(qkv_n, 21, -2.0f, 2.0f);
+    std::vector<float> probs(p_n), y(y_n);
+    ops::AttentionForward(qkv.data(), probs.data(), y.data(), s.batch, s.seq, s.heads,
+                          s.head_dim);
+    float* d_qkv = Up(qkv);
+    float* d_probs = UpNaN(p_n);
+    float* d_y = UpNaN(y_n);
+    ASSERT_TRUE(gpu_->AttentionForward(d_qkv, d_probs, d_y, s.batch, s.seq, s.heads, s.head_dim)
+                    .ok());
+    ExpectNear(Down(d_probs, p_n), probs, kElementwise, "probs" + what);
+    ExpectRelL2(Down(d_y, y_n), y, kGemmRelL2, "y" + what);
+
+    const auto g = Random(y_n, 22);
+    std::vector<float> dqkv(qkv_n);
+    ops::AttentionBackward(qkv.data(), probs.data(), g.data(), dqkv.data(), s.batch, s.seq,
+                           s.heads, s.head_dim);
+    float* d_cprobs = Up(probs);  // the CPU's, so only the backward is tested
+    float* d_g = Up(g);
+    float* d_dqkv = UpNaN(qkv_n);
+    ASSERT_TRUE(gpu_->AttentionBackward(d_qkv, d_cprobs, d_g, d_dqkv, s.batch, s.seq, s.heads,
+                                        s.head_dim)
+                    .ok());
+    const auto got = Down(d_dqkv, qkv_n);
+    ExpectRelL2(got, dqkv, kGemmRelL2, "dqkv" + what);
+    // Per slice too, so a wrong q/k/v offset cannot hide in the total.
+    for (int part = 0; part < 3; ++part) {
+      std::vector<float> g_part, c_part;
+      for (int64_t i = 0; i < qkv_n; ++i) {
+        if ((i / s.head_dim) % 3 == part) {
+          g_part.push_back(got[i]);
+          c_part.push_back(dqkv[i]);
+        }
+      }
+      if (s.seq > 1 || part == 2) {  // with seq 1, dq = dk = 0 exactly
+        ExpectRelL2(g_part, c_part, kGemmRelL2, "dqkv part " + std::to_string(part) + what);
+      } else {
+        ExpectNear(g_part, c_part, kElementwise, "dqkv part " + std::to_string(part) + what);
+      }
+    }
+  }
+}
+
+TEST_F(TrainKernelsTest, VocabParallelEmbeddingForwardAndBackward) {
+  const int64_t rows = 40, width = 24, vocab = 50;
+  const auto tokens = RandomTokens(rows, vocab, 23);  // repeats: the scatter must add them
+  const auto table = Random(vocab * width, 24);
+  const auto g = Random(rows * width, 25);
+  int32_t* d_tokens = Up(tokens);
+  float* d_g = Up(g);
+  for (int64_t begin : {int64_t{0}, int64_t{25}}) {  // tp = 2: two halves of the vocabulary
+    const int64_t local = 25;
+    const std::vector<float> shard(table.begin() + begin * width,
+                                   table.begin() + (begin + local) * width);
+    std::vector<float> y(rows * width);
+    ops::EmbeddingForward(tokens.data(), shard.data(), y.data(), rows, width, begin, local);
+    float* d_shard = Up(shard);
+    float* d_y = UpNaN(rows * width);
+    ASSERT_TRUE(gpu_->EmbeddingForward(d_tokens, d_shard, d_y, rows, width, begin, local).ok());
+    ExpectNear(Down(d_y, rows * width), y, 0.0, "embedding y begin=" + std::to_string(begin));
+
+    auto dtable = Random(local * width, 26);  // accumulates
+    float* d_dtable = Up(dtable);
+    ops::EmbeddingBackward(tokens.data(), g.data(), dtable.data(), rows, width, begin, local);
+    ASSERT_TRUE(
+        gpu_->EmbeddingBackward(d_tokens, d_g, d_dtable, rows, width, begin, local).ok());
+    ExpectNear(Down(d_dtable, local * width), dtable, kElementwise,
+               "embedding dtable begin=" + std::to_string(begin));
+  }
+}
+
+TEST_F(TrainKernelsTest, PositionAddForwardAndBackward) {
+  const int64_t seq = 17, width = 40;
+  for (int64_t rows : {3 * seq, int64_t{5}}) {  // full batches; fewer rows than seq
+    const auto pos = Random(seq * width, 27), y0 = Random(rows * width, 28);
+    auto y = y0;
+    ops::AddPositionForward(pos.data(), y.data(), rows, seq, width);
+    float* d_pos = Up(pos);
+    float* d_y = Up(y0);
+    ASSERT_TRUE(gpu_->AddPositionForward(d_pos, d_y, rows, seq, width).ok());
+    ExpectNear(Down(d_y, rows * width), y, kElementwise, "pos y rows=" + std::to_string(rows));
+
+    const auto g = Random(rows * width, 29);
+    auto dpos = Random(seq * width, 30);  // accumulates; rows >= min(rows, seq) untouched
+    float* d_g = Up(g);
+    float* d_dpos = Up(dpos);
+    ops::AddPositionBackward(g.data(), dpos.data(), rows, seq, width);
+    ASSERT_TRUE(gpu_->AddPositionBackward(d_g, d_dpos, rows, seq, width).ok());
+    ExpectNear(Down(d_dpos, seq * width), dpos, kElementwise,
+               "dpos rows=" + std::to_string(rows));
+  }
+}
+
+TEST_F(TrainKernelsTest, VocabParallelCrossEntropyPieces) {
+  // tp = 2 over a vocabulary of 2 * 300 (rows longer than the block).
+  const int64_t rows = 9, local = 300, vocab = 2 * local;
+  const auto full = Random(rows * vocab, 31, -5.0f, 5.0f);
+  auto targets = RandomTokens(rows, static_cast<int32_t>(vocab), 32);
+  targets[0] = 7;  // row 0: a dominant target in rank 0 (softmax ~ 1)
+  targets[1] = static_cast<int32_t>(local + 3);  // row 1: in rank 1
+  int32_t* d_targets = Up(targets);
+  std::vector<float> cpu_max(rows, -INFINITY), cpu_sum(rows, 0.0f), cpu_target(rows, 0.0f);
+  std::vector<std::vector<float>> shards;
+  for (int64_t r = 0; r < 2; ++r) {
+    std::vector<float> shard(rows * local);
+    for (int64_t t = 0; t < rows; ++t) {
+      for (int64_t j = 0; j < local; ++j) shard[t * local + j] = full[t * vocab + r * local + j];
+    }
+    if (r == 0) shard[0 * local + 7] = 40.0f;
+    shards.push_back(shard);
+  }
+  // Step 1 per rank, then the all-reduce MAX on the host.
+  std::vector<float> row_max(rows, -INFINITY);
+  for (int64_t r = 0; r < 2; ++r) {
+    std::vector<float> m(rows);
+    ops::LocalRowMax(shards[r].data(), m.data(), rows, local);
+    float* d_l = Up(shards[r]);
+    float* d_m = UpNaN(rows);
+    ASSERT_TRUE(gpu_->LocalRowMax(d_l, d_m, rows, local).ok());
+    ExpectNear(Down(d_m, rows), m, 0.0, "row_max rank " + std::to_string(r));
+    for (int64_t t = 0; t < rows; ++t) row_max[t] = std::max(row_max[t], m[t]);
+  }
+  // Step 2 per rank with the global max, then the all-reduce SUM.
+  std::vector<float> sum_exp(rows, 0.0f), target_logit(rows, 0.0f);
+  float* d_row_max = Up(row_max);
+  for (int64_t r = 0; r < 2; ++r) {
+    std::vector<float> s(rows), tl(rows);
+    ops::LocalSumExpAndTarget(shards[r].data(), row_max.data(), targets.data(), s.data(),
+                              tl.data(), rows, r * local, local);
+    float* d_l = Up(shards[r]);
+    float* d_s = UpNaN(rows);
+    float* d_tl = UpNaN(rows);
+    ASSERT_TRUE(gpu_->LocalSumExpAndTarget(d_l, d_row_max, d_targets, d_s, d_tl, rows, r * local,
+                                           local)
+                    .ok());
+    ExpectNear(Down(d_s, rows), s, kElementwise, "sum_exp rank " + std::to_string(r));
+    ExpectNear(Down(d_tl, rows), tl, 0.0, "target_logit rank " + std::to_string(r));
+    for (int64_t t = 0; t < rows; ++t) {
+      sum_exp[t] += s[t];
+      target_logit[t] += tl[t];
+    }
+  }
+  // Step 3.
+  std::vector<float> loss(rows);
+  ops::TokenLoss(row_max.data(), sum_exp.data(), target_logit.data(), loss.data(), rows);
+  float* d_sum = Up(sum_exp);
+  float* d_tl = Up(target_logit);
+  float* d_loss = UpNaN(rows);
+  ASSERT_TRUE(gpu_->TokenLoss(d_row_max, d_sum, d_tl, d_loss, rows).ok());
+  ExpectNear(Down(d_loss, rows), loss, kElementwise, "loss");
+  // Backward per rank (overwrites dlogits).
+  const float scale = 1.0f / rows;
+  for (int64_t r = 0; r < 2; ++r) {
+    std::vector<float> dl(rows * local);
+    ops::CrossEntropyBackward(shards[r].data(), row_max.data(), sum_exp.data(), targets.data(),
+                              scale, dl.data(), rows, r * local, local);
+    float* d_l = Up(shards[r]);
+    float* d_dl = UpNaN(rows * local);
+    ASSERT_TRUE(gpu_->CrossEntropyBackward(d_l, d_row_max, d_sum, d_targets, scale, d_dl, rows,
+                                           r * local, local)
+                    .ok());
+    ExpectNear(Down(d_dl, rows * local), dl, kElementwise, "dlogits rank " + std::to_string(r));
+  }
+}
+
+TEST_F(TrainKernelsTest, AddInPlace) {
+  const int64_t n = 1000;
+  const auto x = Random(n, 33);
+  auto y = Random(n, 34);
+  float* d_x = Up(x);
+  float* d_y = Up(y);
+  ops::AddInPlace(x.data(), y.data(), n);
+  ASSERT_TRUE(gpu_->AddInPlace(d_x, d_y, n).ok());
+  ExpectNear(Down(d_y, n), y, kElementwise, "add");
+}
+
+TEST_F(TrainKernelsTest, NegativeSizesAreInvalidArgument) {
+  const absl::Status s = gpu_->GeluForward(nullptr, nullptr, -1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+}
+
+// On a machine without a GPU: the reason names CUDA's call.
+TEST(TrainKernelsNoGpuTest, CreateWithoutAGpuIsUnavailableNamingCuda) {
+  const auto plugin = GpuPlugin::Load(kPlugin);
+  ASSERT_TRUE(plugin.ok()) << plugin.status();
+  if (plugin->Probe().ok()) GTEST_SKIP() << "this machine has a GPU; this checks the no-GPU path";
+  const auto gpu = GpuOps::Create(*plugin, 0);
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnavailable) << gpu.status();
+  EXPECT_NE(std::string(gpu.status().message()).find("cudaGetDeviceCount"), std::string::npos)
+      << gpu.status();
+}
+
+}  // namespace
+}  // namespace shardline::worker
