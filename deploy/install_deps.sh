@@ -2,6 +2,9 @@
 # Installs, from Debian 12's archive, what building and testing Shardline
 # needs. Idempotent: does nothing when every package is already there.
 # Needs root (or sudo) only when something is missing.
+#
+#   deploy/install_deps.sh           # build and test
+#   deploy/install_deps.sh --bench   # also the peers of bench/run.sh (torch, etcd, ...)
 set -euo pipefail
 
 PACKAGES=(
@@ -17,7 +20,24 @@ PACKAGES=(
   libopenblas-dev          # the trainer's CPU matrix products (cblas_sgemm)
   libisal-dev              # CRC-32C of checkpoint shards (ISA-L crc32_iscsi)
   openssl                  # tests make TLS certificates
+  iproute2                 # ip netns: deploy/netns/, tests/netns_test.sh
+  shellcheck               # tests/deploy_files_test.sh lints deploy/ scripts
+  python3-yaml             # tests/deploy_files_test.sh parses deploy/k8s/
 )
+
+# Only for bench/run.sh (the tools users would pick instead, and plotting);
+# the build and the tests never need them.
+BENCH_PACKAGES=(
+  python3-torch            # torch 1.13: torch.distributed gloo, TCPStore, torchrun, the CPU GPT
+  python3-numpy
+  python3-matplotlib       # docs/plots/*.png
+  etcd-server              # etcd 3.4, the coordinator's key-value peer
+)
+case "${1:-}" in
+  --bench) PACKAGES+=("${BENCH_PACKAGES[@]}") ;;
+  "") ;;
+  *) echo "install_deps: unknown argument '$1'; give nothing or --bench" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do

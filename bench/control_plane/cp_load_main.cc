@@ -1,0 +1,1002 @@
+// cp_load: the control-plane load generator of bench/control_plane (items
+// 2-4 of the benchmark set). Every mode prints one JSON object on stdout;
+// progress goes to stderr. The Python scripts beside it start the servers
+// (shardline-coordinator, etcd) and turn the JSON into CSV rows.
+//
+//   cp_load kv         --target shardline|etcd --address A --clients N --seconds S
+//   cp_load barrier    --address A --clients N --rounds R
+//   cp_load rendezvous --address A --workers N
+//   cp_load heartbeats --address A --workers N --seconds S --interval-ms I --timeout-ms T
+//   cp_load leases     --address A --workers N --seconds S --interval-ms I --ttl-s T   (etcd)
+//
+// Every simulated worker or client has its own gRPC channel and TCP
+// connection, as separate processes would. Shardline workers do what a real
+// shardline-worker does before training: JoinJob, open the Session stream,
+// wait for SessionOpened, GetAssignment(wait). The coordinator runs without
+// an admin token (no auth), so no metadata is sent.
+//
+// Thread-safety: not a library; each mode owns its threads.
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/alarm.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "etcdlite/v3/rpc.grpc.pb.h"
+#include "shardline/v1/coordinator.grpc.pb.h"
+
+namespace shardline::bench {
+namespace {
+
+namespace v1 = ::shardline::v1;
+namespace etcd = ::etcdserverpb;
+
+// --- flags and output -------------------------------------------------------
+
+class Flags {
+ public:
+  Flags(int argc, char** argv) {
+    for (int i = 2; i + 1 < argc; i += 2) {
+      std::string k = argv[i];
+      if (k.rfind("--", 0) == 0) k = k.substr(2);
+      values_[k] = argv[i + 1];
+    }
+  }
+  std::string Str(const std::string& k, const std::string& def) const {
+    auto it = values_.find(k);
+    return it == values_.end() ? def : it->second;
+  }
+  int64_t Int(const std::string& k, int64_t def) const {
+    auto it = values_.find(k);
+    int64_t v = def;
+    if (it != values_.end() && !absl::SimpleAtoi(it->second, &v)) {
+      std::fprintf(stderr, "cp_load: --%s=%s is not an integer\n", k.c_str(), it->second.c_str());
+      std::exit(2);
+    }
+    return v;
+  }
+  double Double(const std::string& k, double def) const {
+    auto it = values_.find(k);
+    double v = def;
+    if (it != values_.end() && !absl::SimpleAtod(it->second, &v)) std::exit(2);
+    return v;
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+void Log(const std::string& s) { std::fprintf(stderr, "cp_load: %s\n", s.c_str()); }
+
+// `s` as the inside of a JSON string.
+std::string Esc(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Latencies in microseconds; Percentile sorts on first use.
+struct Latencies {
+  std::vector<double> us;
+  void Add(absl::Duration d) { us.push_back(absl::ToDoubleMicroseconds(d)); }
+  void Merge(const Latencies& o) { us.insert(us.end(), o.us.begin(), o.us.end()); }
+  double Percentile(double p) {
+    if (us.empty()) return 0;
+    std::sort(us.begin(), us.end());
+    size_t i = static_cast<size_t>(p / 100.0 * (us.size() - 1) + 0.5);
+    return us[std::min(i, us.size() - 1)];
+  }
+};
+
+// Each channel gets a distinct argument so that gRPC does not share one
+// subchannel (TCP connection) between them.
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& address, int id) {
+  grpc::ChannelArguments args;
+  args.SetInt("cp_load.channel_id", id);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
+}
+
+google::protobuf::Duration ProtoDuration(absl::Duration d) {
+  google::protobuf::Duration p;
+  const int64_t ns = absl::ToInt64Nanoseconds(d);
+  p.set_seconds(ns / 1000000000);
+  p.set_nanos(static_cast<int32_t>(ns % 1000000000));
+  return p;
+}
+
+// --- Shardline: a job and a fleet of simulated workers ----------------------
+
+// The coordinator's defaults (server/job_spec.h): workers not under test
+// heartbeat at this pace.
+constexpr absl::Duration kDefaultInterval = absl::Seconds(5);
+constexpr absl::Duration kDefaultTimeout = absl::Seconds(30);
+
+// L=2, h=8, 2 heads, V=16, s=4, tp=pp=1, dp = `workers` exactly (global batch
+// = workers, micro-batch 1), so every worker gets a rank.
+v1::JobSpec FleetSpec(int workers, absl::Duration heartbeat_interval,
+                      absl::Duration heartbeat_timeout) {
+  v1::JobSpec spec;
+  spec.set_name("cp-bench");
+  v1::ModelConfig* m = spec.mutable_model();
+  m->set_num_layers(2);
+  m->set_hidden_size(8);
+  m->set_num_heads(2);
+  m->set_vocab_size(16);
+  m->set_seq_length(4);
+  spec.mutable_parallel()->set_tp(1);
+  spec.mutable_parallel()->set_pp(1);
+  spec.mutable_training()->set_global_batch(workers);
+  spec.mutable_training()->set_micro_batch(1);
+  spec.mutable_training()->set_train_steps(1000000);
+  v1::ElasticPolicy* e = spec.mutable_elastic();
+  e->set_min_workers(workers);
+  e->set_max_workers(workers);
+  *e->mutable_heartbeat_interval() = ProtoDuration(heartbeat_interval);
+  *e->mutable_heartbeat_timeout() = ProtoDuration(heartbeat_timeout);
+  e->mutable_last_call()->set_seconds(1);
+  e->mutable_join_timeout()->set_seconds(1800);
+  return spec;
+}
+
+bool CreateJob(const std::string& address, const std::string& job_id, const v1::JobSpec& spec) {
+  auto jobs = v1::JobService::NewStub(NewChannel(address, -1));
+  v1::CreateJobRequest req;
+  req.set_job_id(job_id);
+  *req.mutable_spec() = spec;
+  v1::CreateJobResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(30));
+  grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
+  if (!s.ok()) Log(absl::StrCat("CreateJob: ", s.error_message()));
+  return s.ok();
+}
+
+struct Worker;
+struct Tag {
+  enum Kind { kJoin, kSessionStart, kSessionRead, kSessionFinish, kAssign, kHeartbeat, kAlarm };
+  Worker* w;
+  Kind kind;
+};
+
+// One simulated worker: its channel, and the state of its three chains of
+// asynchronous calls (join -> assignment; the Session stream; heartbeats
+// every interval from the join on). Each chain has at most one call in
+// flight.
+struct Worker {
+  int index = 0;
+  std::string id;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::WorkerService::Stub> stub;
+  std::atomic<uint64_t> generation{0};
+
+  Tag join_tag, start_tag, read_tag, finish_tag, assign_tag, hb_tag, alarm_tag;
+
+  std::unique_ptr<grpc::ClientContext> unary_ctx;
+  grpc::Status unary_status;
+  v1::JoinJobResponse join_resp;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::JoinJobResponse>> join_rpc;
+  v1::Assignment assignment;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::Assignment>> assign_rpc;
+  // The heartbeat chain, from JoinJob on (as a real worker's agent).
+  std::unique_ptr<grpc::ClientContext> hb_ctx;
+  grpc::Status hb_status;
+  v1::HeartbeatResponse hb_resp;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatResponse>> hb_rpc;
+  absl::Time hb_sent;
+  absl::Time hb_next;
+  grpc::Alarm alarm;
+
+  grpc::ClientContext session_ctx;
+  std::unique_ptr<grpc::ClientAsyncReader<v1::SessionMessage>> session;
+  v1::SessionMessage session_msg;
+  grpc::Status session_status;
+  bool session_opened = false;
+
+  absl::Time join_start, joined, assigned;
+  std::atomic<bool> ok{false};  // holds its assignment
+
+  v1::Fence Fence() const {
+    v1::Fence f;
+    f.mutable_worker()->set_job_id(job_id);
+    f.mutable_worker()->set_worker_id(id);
+    f.mutable_worker()->set_incarnation(1);
+    f.set_generation(generation.load());
+    return f;
+  }
+  std::string job_id;
+};
+
+// N simulated workers driven by one completion queue and a few threads.
+class Fleet {
+ public:
+  // Workers heartbeat every `heartbeat_interval` from their JoinJob on.
+  Fleet(std::string address, std::string job_id, int workers, int poll_threads,
+        absl::Duration heartbeat_interval)
+      : address_(std::move(address)), job_id_(std::move(job_id)) {
+    interval_ns_.store(absl::ToInt64Nanoseconds(heartbeat_interval));
+    for (int i = 0; i < workers; ++i) {
+      auto w = std::make_unique<Worker>();
+      w->index = i;
+      w->id = absl::StrCat("w", i);
+      w->job_id = job_id_;
+      w->channel = NewChannel(address_, i);
+      w->stub = v1::WorkerService::NewStub(w->channel);
+      w->join_tag = {w.get(), Tag::kJoin};
+      w->start_tag = {w.get(), Tag::kSessionStart};
+      w->read_tag = {w.get(), Tag::kSessionRead};
+      w->finish_tag = {w.get(), Tag::kSessionFinish};
+      w->assign_tag = {w.get(), Tag::kAssign};
+      w->hb_tag = {w.get(), Tag::kHeartbeat};
+      w->alarm_tag = {w.get(), Tag::kAlarm};
+      workers_.push_back(std::move(w));
+    }
+    for (int i = 0; i < poll_threads; ++i) threads_.emplace_back([this] { Poll(); });
+  }
+
+  // Joins every worker at once and waits until each holds its assignment or
+  // failed, or `timeout` passed. Returns the seconds from the first JoinJob
+  // to the last assignment.
+  double Rendezvous(absl::Duration timeout) {
+    start_ = absl::Now();
+    for (auto& w : workers_) StartJoin(w.get());
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return assigned_ + failed_ >= static_cast<int>(workers_.size());
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+    absl::Time last = start_;
+    for (auto& w : workers_) {
+      if (w->ok) last = std::max(last, w->assigned);
+    }
+    return absl::ToDoubleSeconds(last - start_);
+  }
+
+  int assigned() {
+    absl::MutexLock lock(&mu_);
+    return assigned_;
+  }
+  int failed() {
+    absl::MutexLock lock(&mu_);
+    return failed_;
+  }
+  std::string first_error() {
+    absl::MutexLock lock(&mu_);
+    return first_error_.empty() ? setup_hb_error_ : first_error_;
+  }
+  Latencies JoinLatencies() {
+    Latencies l;
+    for (auto& w : workers_) {
+      if (w->ok) l.Add(w->joined - w->join_start);
+    }
+    return l;
+  }
+  Worker* worker(int i) { return workers_[i].get(); }
+  int size() const { return static_cast<int>(workers_.size()); }
+
+  // Counts the heartbeats answered during `duration`, every worker now
+  // sending one every `interval` (0: the next as soon as the previous is
+  // answered, a closed loop).
+  void MeasureHeartbeats(absl::Duration interval, absl::Duration duration) {
+    const absl::Duration previous = absl::Nanoseconds(interval_ns_.exchange(
+        absl::ToInt64Nanoseconds(interval)));
+    // Time for every worker's chain to pick up the new pace.
+    absl::SleepFor(previous + absl::Milliseconds(200));
+    {
+      absl::MutexLock lock(&mu_);
+      hb_ = HeartbeatStats();
+      hb_start_ = absl::Now();
+    }
+    measuring_.store(true);
+    absl::SleepFor(duration);
+    measuring_.store(false);
+    absl::MutexLock lock(&mu_);
+    hb_end_ = absl::Now();
+  }
+
+  struct HeartbeatStats {
+    int64_t ok = 0, errors = 0, aborted = 0, restart_directives = 0;
+    double seconds = 0;
+    Latencies latency;
+    std::string first_error;
+  };
+  HeartbeatStats heartbeat_stats() {
+    absl::MutexLock lock(&mu_);
+    HeartbeatStats s = hb_;
+    s.seconds = absl::ToDoubleSeconds(hb_end_ - hb_start_);
+    return s;
+  }
+  int sessions_ended() {
+    absl::MutexLock lock(&mu_);
+    return sessions_ended_;
+  }
+
+ private:
+  void Fail(Worker* w, const std::string& what, const grpc::Status& s) {
+    absl::MutexLock lock(&mu_);
+    ++failed_;
+    if (first_error_.empty()) {
+      first_error_ = absl::StrCat(w->id, " ", what, ": code ", s.error_code(), " ", s.error_message());
+    }
+  }
+
+  void StartJoin(Worker* w) {
+    v1::JoinJobRequest req;
+    req.mutable_worker()->set_job_id(job_id_);
+    req.mutable_worker()->set_worker_id(w->id);
+    req.mutable_worker()->set_incarnation(1);
+    req.set_host(absl::StrCat("host-", w->index));
+    req.set_device("cpu");
+    w->unary_ctx = std::make_unique<grpc::ClientContext>();
+    SetDeadline(w->unary_ctx.get(), absl::Seconds(600));
+    w->join_start = absl::Now();
+    w->join_rpc = w->stub->PrepareAsyncJoinJob(w->unary_ctx.get(), req, &cq_);
+    w->join_rpc->StartCall();
+    w->join_rpc->Finish(&w->join_resp, &w->unary_status, &w->join_tag);
+  }
+
+  void StartAssignment(Worker* w) {
+    v1::GetAssignmentRequest req;
+    *req.mutable_fence() = w->Fence();
+    req.set_wait(true);
+    req.mutable_timeout()->set_seconds(600);
+    w->unary_ctx = std::make_unique<grpc::ClientContext>();
+    SetDeadline(w->unary_ctx.get(), absl::Seconds(610));
+    w->assign_rpc = w->stub->PrepareAsyncGetAssignment(w->unary_ctx.get(), req, &cq_);
+    w->assign_rpc->StartCall();
+    w->assign_rpc->Finish(&w->assignment, &w->unary_status, &w->assign_tag);
+  }
+
+  void SendHeartbeat(Worker* w) {
+    v1::HeartbeatRequest req;
+    *req.mutable_fence() = w->Fence();
+    req.set_state(w->ok.load() ? v1::WORKER_STATE_TRAINING : v1::WORKER_STATE_WAITING);
+    w->hb_ctx = std::make_unique<grpc::ClientContext>();
+    SetDeadline(w->hb_ctx.get(), absl::Seconds(30));
+    w->hb_sent = absl::Now();
+    w->hb_rpc = w->stub->PrepareAsyncHeartbeat(w->hb_ctx.get(), req, &cq_);
+    w->hb_rpc->StartCall();
+    w->hb_rpc->Finish(&w->hb_resp, &w->hb_status, &w->hb_tag);
+  }
+
+  // Schedules w's next heartbeat: at once in a closed loop, else one
+  // interval after the previous one was due.
+  void NextHeartbeat(Worker* w, absl::Time now) {
+    const absl::Duration interval = absl::Nanoseconds(interval_ns_.load());
+    if (interval <= absl::ZeroDuration()) {
+      w->hb_next = now;
+      return SendHeartbeat(w);
+    }
+    w->hb_next += interval;
+    if (w->hb_next <= now) {
+      w->hb_next = now;  // behind schedule: send at once
+      return SendHeartbeat(w);
+    }
+    w->alarm.Set(&cq_, absl::ToChronoTime(w->hb_next), &w->alarm_tag);
+  }
+
+  void Handle(Tag* tag, bool ok) {
+    Worker* w = tag->w;
+    switch (tag->kind) {
+      case Tag::kJoin:
+        if (!w->unary_status.ok()) return Fail(w, "JoinJob", w->unary_status);
+        w->joined = absl::Now();
+        w->generation.store(w->join_resp.generation());
+        {
+          // The first heartbeat within one interval, spread as independent
+          // workers' would be.
+          const absl::Duration interval = absl::Nanoseconds(interval_ns_.load());
+          w->hb_next = w->joined + interval * (static_cast<double>(w->index % 997) / 997.0);
+          w->alarm.Set(&cq_, absl::ToChronoTime(w->hb_next), &w->alarm_tag);
+        }
+        {
+          v1::SessionRequest req;
+          req.mutable_worker()->set_job_id(job_id_);
+          req.mutable_worker()->set_worker_id(w->id);
+          req.mutable_worker()->set_incarnation(1);
+          w->session = w->stub->PrepareAsyncSession(&w->session_ctx, req, &cq_);
+          w->session->StartCall(&w->start_tag);
+        }
+        return;
+      case Tag::kSessionStart:
+        if (!ok) {
+          w->session->Finish(&w->session_status, &w->finish_tag);
+          return;
+        }
+        w->session->Read(&w->session_msg, &w->read_tag);
+        return;
+      case Tag::kSessionRead:
+        if (!ok) {
+          w->session->Finish(&w->session_status, &w->finish_tag);
+          return;
+        }
+        if (w->session_msg.has_opened() && !w->session_opened) {
+          w->session_opened = true;
+          StartAssignment(w);
+        }
+        w->session->Read(&w->session_msg, &w->read_tag);
+        return;
+      case Tag::kSessionFinish: {
+        absl::MutexLock lock(&mu_);
+        ++sessions_ended_;
+        if (!w->session_opened) {
+          ++failed_;
+          if (first_error_.empty()) {
+            first_error_ = absl::StrCat(w->id, " Session: ", w->session_status.error_message());
+          }
+        }
+        return;
+      }
+      case Tag::kAssign: {
+        if (!w->unary_status.ok()) return Fail(w, "GetAssignment", w->unary_status);
+        w->generation.store(w->assignment.generation());
+        w->assigned = absl::Now();
+        w->ok = true;
+        w->assignment.Clear();  // thousands of them hold every worker_id
+        absl::MutexLock lock(&mu_);
+        ++assigned_;
+        return;
+      }
+      case Tag::kHeartbeat: {
+        const absl::Time now = absl::Now();
+        {
+          absl::MutexLock lock(&mu_);
+          if (!w->hb_status.ok() && setup_hb_error_.empty()) {
+            setup_hb_error_ = absl::StrCat(w->id, ": ", w->hb_status.error_message());
+          }
+          if (measuring_.load()) {
+            if (w->hb_status.ok()) {
+              ++hb_.ok;
+              hb_.latency.Add(now - w->hb_sent);
+              if (w->hb_resp.has_directive() &&
+                  w->hb_resp.directive().has_restart_at_generation()) {
+                ++hb_.restart_directives;
+              }
+            } else {
+              ++hb_.errors;
+              if (w->hb_status.error_code() == grpc::StatusCode::ABORTED) ++hb_.aborted;
+              if (hb_.first_error.empty()) hb_.first_error = w->hb_status.error_message();
+            }
+          }
+        }
+        return NextHeartbeat(w, now);
+      }
+      case Tag::kAlarm:
+        if (ok) SendHeartbeat(w);
+        return;
+    }
+  }
+
+  void Poll() {
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) Handle(static_cast<Tag*>(tag), ok);
+  }
+
+  const std::string address_;
+  const std::string job_id_;
+  grpc::CompletionQueue cq_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::thread> threads_;
+  absl::Time start_;
+  std::atomic<int64_t> interval_ns_{0};
+  std::atomic<bool> measuring_{false};
+
+  absl::Mutex mu_;
+  int assigned_ ABSL_GUARDED_BY(mu_) = 0;
+  int failed_ ABSL_GUARDED_BY(mu_) = 0;
+  int sessions_ended_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string first_error_ ABSL_GUARDED_BY(mu_);
+  HeartbeatStats hb_ ABSL_GUARDED_BY(mu_);
+  absl::Time hb_start_ ABSL_GUARDED_BY(mu_), hb_end_ ABSL_GUARDED_BY(mu_);
+  std::string setup_hb_error_ ABSL_GUARDED_BY(mu_);
+};
+
+// The job's members as ListMembers shows them: how many are not ACTIVE
+// (LOST, FENCED, LEFT...), how many of those are LOST (declared dead), and the
+// generation.
+struct MemberCounts {
+  int not_active = -1;
+  int lost = -1;
+  uint64_t generation = 0;
+};
+MemberCounts NotActive(const std::string& address, const std::string& job_id,
+                       std::string* example) {
+  auto jobs = v1::JobService::NewStub(NewChannel(address, -2));
+  v1::ListMembersRequest req;
+  req.set_job_id(job_id);
+  v1::ListMembersResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(60));
+  grpc::Status s = jobs->ListMembers(&ctx, req, &resp);
+  if (!s.ok()) {
+    *example = s.error_message();
+    return {};
+  }
+  MemberCounts c;
+  c.not_active = 0;
+  c.lost = 0;
+  c.generation = resp.generation();
+  for (const v1::Member& m : resp.members()) {
+    if (m.state() == v1::MEMBER_STATE_LOST) {
+      if (c.lost++ == 0) *example = absl::StrCat(m.worker_id(), " ", m.detail());
+    }
+    if (m.state() != v1::MEMBER_STATE_ACTIVE) ++c.not_active;
+  }
+  return c;
+}
+
+// Forms a job of `n` workers; exits the process on failure.
+std::unique_ptr<Fleet> FormFleet(const std::string& address, const std::string& job_id, int n,
+                                 absl::Duration hb_interval, absl::Duration hb_timeout,
+                                 double* seconds) {
+  if (!CreateJob(address, job_id, FleetSpec(n, hb_interval, hb_timeout))) std::exit(1);
+  auto fleet = std::make_unique<Fleet>(address, job_id, n, 2, hb_interval);
+  *seconds = fleet->Rendezvous(absl::Seconds(900));
+  if (fleet->assigned() != n) {
+    std::printf("{\"error\": \"%d of %d workers hold an assignment; first error: %s\"}\n",
+                fleet->assigned(), n, Esc(fleet->first_error()).c_str());
+    std::fflush(stdout);
+    std::_Exit(1);
+  }
+  return fleet;
+}
+
+// --- mode kv ----------------------------------------------------------------
+
+// Each client: set key c<i>/k<j> (value_bytes bytes), then get it, j cycling
+// over 64 keys; both calls count as operations.
+int RunKv(const Flags& f) {
+  const std::string target = f.Str("target", "shardline");
+  const std::string address = f.Str("address", "127.0.0.1:7070");
+  const int clients = static_cast<int>(f.Int("clients", 1));
+  const absl::Duration duration = absl::Seconds(f.Double("seconds", 3));
+  const std::string value(static_cast<size_t>(f.Int("value-bytes", 64)), 'v');
+
+  std::unique_ptr<Fleet> fleet;
+  if (target == "shardline") {
+    double unused;
+    fleet = FormFleet(address, f.Str("job", absl::StrCat("kv-", clients)), clients,
+                      kDefaultInterval, kDefaultTimeout, &unused);
+  }
+  std::vector<Latencies> lat(clients);
+  std::vector<int64_t> errors(clients, 0);
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false}, stop{false};
+  std::string first_error;
+  absl::Mutex error_mu;
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      std::unique_ptr<v1::RendezvousService::Stub> rdv;
+      std::unique_ptr<etcd::KV::Stub> kv;
+      v1::Fence fence;
+      if (fleet != nullptr) {
+        rdv = v1::RendezvousService::NewStub(fleet->worker(c)->channel);
+        fence = fleet->worker(c)->Fence();
+      } else {
+        kv = etcd::KV::NewStub(NewChannel(address, c));
+      }
+      auto error = [&](const grpc::Status& s) {
+        ++errors[c];
+        absl::MutexLock lock(&error_mu);
+        if (first_error.empty()) first_error = s.error_message();
+      };
+      ++ready;
+      while (!go.load()) absl::SleepFor(absl::Microseconds(100));
+      for (int64_t j = 0; !stop.load(); ++j) {
+        const std::string key = absl::StrCat("c", c, "/k", j % 64);
+        {
+          grpc::ClientContext ctx;
+          SetDeadline(&ctx, absl::Seconds(30));
+          const absl::Time t0 = absl::Now();
+          grpc::Status s;
+          if (rdv != nullptr) {
+            v1::KvSetRequest req;
+            *req.mutable_fence() = fence;
+            req.set_scope("bench");
+            req.set_key(key);
+            req.set_value(value);
+            v1::KvSetResponse resp;
+            s = rdv->KvSet(&ctx, req, &resp);
+          } else {
+            etcd::PutRequest req;
+            req.set_key(key);
+            req.set_value(value);
+            etcd::PutResponse resp;
+            s = kv->Put(&ctx, req, &resp);
+          }
+          if (s.ok()) lat[c].Add(absl::Now() - t0); else error(s);
+        }
+        {
+          grpc::ClientContext ctx;
+          SetDeadline(&ctx, absl::Seconds(30));
+          const absl::Time t0 = absl::Now();
+          grpc::Status s;
+          bool found = false;
+          if (rdv != nullptr) {
+            v1::KvGetRequest req;
+            *req.mutable_fence() = fence;
+            req.set_scope("bench");
+            req.set_key(key);
+            v1::KvGetResponse resp;
+            s = rdv->KvGet(&ctx, req, &resp);
+            found = resp.found() && resp.value().size() == value.size();
+          } else {
+            etcd::RangeRequest req;
+            req.set_key(key);
+            etcd::RangeResponse resp;
+            s = kv->Range(&ctx, req, &resp);
+            found = resp.kvs_size() == 1 && resp.kvs(0).value().size() == value.size();
+          }
+          if (s.ok() && !found) s = grpc::Status(grpc::StatusCode::NOT_FOUND, "key not found");
+          if (s.ok()) lat[c].Add(absl::Now() - t0); else error(s);
+        }
+      }
+    });
+  }
+  while (ready.load() < clients) absl::SleepFor(absl::Milliseconds(1));
+  const absl::Time t0 = absl::Now();
+  go.store(true);
+  absl::SleepFor(duration);
+  stop.store(true);
+  for (auto& t : threads) t.join();
+  const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  Latencies all;
+  int64_t errs = 0;
+  for (int c = 0; c < clients; ++c) {
+    all.Merge(lat[c]);
+    errs += errors[c];
+  }
+  std::printf(
+      "{\"target\": \"%s\", \"clients\": %d, \"ops\": %zu, \"seconds\": %.3f, \"ops_per_s\": %.1f, "
+      "\"p50_us\": %.1f, \"p99_us\": %.1f, \"errors\": %" PRId64 ", \"first_error\": \"%s\"}\n",
+      target.c_str(), clients, all.us.size(), secs, all.us.size() / secs, all.Percentile(50),
+      all.Percentile(99), errs, Esc(first_error).c_str());
+  std::fflush(stdout);
+  std::_Exit(0);  // skip tearing down thousands of streams
+}
+
+// --- mode barrier -----------------------------------------------------------
+
+// `clients` workers pass `rounds` barriers (participants = clients) one
+// after the other; reports rounds per second and each client's wait per
+// round.
+int RunBarrier(const Flags& f) {
+  const std::string address = f.Str("address", "127.0.0.1:7070");
+  const int clients = static_cast<int>(f.Int("clients", 2));
+  const int rounds = static_cast<int>(f.Int("rounds", 50));
+  double unused;
+  std::unique_ptr<Fleet> fleet =
+      FormFleet(address, f.Str("job", absl::StrCat("barrier-", clients)), clients,
+                kDefaultInterval, kDefaultTimeout, &unused);
+  std::vector<Latencies> lat(clients);
+  std::atomic<int64_t> errors{0};
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      auto rdv = v1::RendezvousService::NewStub(fleet->worker(c)->channel);
+      const v1::Fence fence = fleet->worker(c)->Fence();
+      ++ready;
+      while (!go.load()) absl::SleepFor(absl::Microseconds(100));
+      for (int r = 0; r < rounds; ++r) {
+        v1::BarrierRequest req;
+        *req.mutable_fence() = fence;
+        req.set_scope("bench");
+        req.set_name(absl::StrCat("round", r));
+        req.set_participants(clients);
+        req.mutable_timeout()->set_seconds(120);
+        v1::BarrierResponse resp;
+        grpc::ClientContext ctx;
+        SetDeadline(&ctx, absl::Seconds(130));
+        const absl::Time t0 = absl::Now();
+        grpc::Status s = rdv->Barrier(&ctx, req, &resp);
+        if (s.ok()) lat[c].Add(absl::Now() - t0); else ++errors;
+      }
+    });
+  }
+  while (ready.load() < clients) absl::SleepFor(absl::Milliseconds(1));
+  const absl::Time t0 = absl::Now();
+  go.store(true);
+  for (auto& t : threads) t.join();
+  const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  Latencies all;
+  for (auto& l : lat) all.Merge(l);
+  std::printf(
+      "{\"target\": \"shardline\", \"clients\": %d, \"rounds\": %d, \"seconds\": %.3f, "
+      "\"rounds_per_s\": %.2f, \"p50_us\": %.1f, \"p99_us\": %.1f, \"errors\": %" PRId64 "}\n",
+      clients, rounds, secs, rounds / secs, all.Percentile(50), all.Percentile(99),
+      errors.load());
+  std::fflush(stdout);
+  std::_Exit(0);
+}
+
+// --- modes rendezvous and heartbeats -----------------------------------------
+
+int RunRendezvous(const Flags& f) {
+  const std::string address = f.Str("address", "127.0.0.1:7070");
+  const int n = static_cast<int>(f.Int("workers", 64));
+  const std::string job = f.Str("job", absl::StrCat("rdv-", n));
+  if (!CreateJob(address, job, FleetSpec(n, kDefaultInterval, kDefaultTimeout))) return 1;
+  Fleet fleet(address, job, n, 2, kDefaultInterval);
+  const double secs = fleet.Rendezvous(absl::Seconds(f.Double("timeout-s", 600)));
+  Latencies join = fleet.JoinLatencies();
+  std::printf(
+      "{\"workers\": %d, \"assigned\": %d, \"failed\": %d, \"seconds\": %.4f, "
+      "\"join_p50_us\": %.1f, \"join_p99_us\": %.1f, \"first_error\": \"%s\"}\n",
+      n, fleet.assigned(), fleet.failed(), secs, join.Percentile(50), join.Percentile(99),
+      Esc(fleet.first_error()).c_str());
+  std::fflush(stdout);
+  std::_Exit(0);
+}
+
+// Forms a job of N workers heartbeating every interval-ms (heartbeat_timeout
+// timeout-ms), then measures two phases one after the other: `seconds` paced
+// at the interval, then `closed-seconds` in a closed loop (each worker sends
+// its next heartbeat as soon as the last is answered: the capacity; skipped
+// when 0). Evictions are counted after each phase.
+int RunHeartbeats(const Flags& f) {
+  const std::string address = f.Str("address", "127.0.0.1:7070");
+  const int n = static_cast<int>(f.Int("workers", 1024));
+  const absl::Duration interval = absl::Milliseconds(f.Int("interval-ms", 1000));
+  const absl::Duration timeout = absl::Milliseconds(f.Int("timeout-ms", 10000));
+  const absl::Duration paced = absl::Seconds(f.Double("seconds", 5));
+  const absl::Duration closed = absl::Seconds(f.Double("closed-seconds", 0));
+  const std::string job = f.Str("job", absl::StrCat("hb-", n));
+  if (!CreateJob(address, job, FleetSpec(n, interval, timeout))) return 1;
+  auto fleet = std::make_unique<Fleet>(address, job, n, 2, interval);
+  const double formed = fleet->Rendezvous(absl::Seconds(f.Double("form-timeout-s", 600)));
+  if (fleet->assigned() != n) {
+    // Not formed: report how many members the coordinator dropped meanwhile
+    // (false evictions too: every simulated worker was alive).
+    std::string example;
+    const MemberCounts c = NotActive(address, job, &example);
+    std::printf(
+        "{\"workers\": %d, \"formation_failed\": true, \"assigned\": %d, \"not_active\": %d, "
+        "\"lost\": %d, \"sessions_ended\": %d, \"generation\": %llu, \"seconds\": %.3f, "
+        "\"first_error\": \"%s\", \"example\": \"%s\"}\n",
+        n, fleet->assigned(), c.not_active, c.lost, fleet->sessions_ended(),
+        static_cast<unsigned long long>(c.generation), formed, Esc(fleet->first_error()).c_str(),
+        Esc(example).c_str());
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  std::string out = absl::StrFormat("{\"workers\": %d, \"interval_ms\": %d, \"formed_s\": %.3f", n,
+                                    absl::ToInt64Milliseconds(interval), formed);
+  auto phase = [&](const std::string& name, absl::Duration pace, absl::Duration duration) {
+    fleet->MeasureHeartbeats(pace, duration);
+    Fleet::HeartbeatStats s = fleet->heartbeat_stats();
+    std::string example;
+    const MemberCounts c = NotActive(address, job, &example);
+    absl::StrAppend(
+        &out, absl::StrFormat(
+                  ", \"%s\": {\"seconds\": %.3f, \"heartbeats\": %d, \"per_s\": %.1f, "
+                  "\"p50_us\": %.1f, \"p99_us\": %.1f, \"errors\": %d, \"aborted\": %d, "
+                  "\"restart_directives\": %d, \"sessions_ended\": %d, \"not_active\": %d, "
+                  "\"lost\": %d, \"generation\": %d, \"first_error\": \"%s\", \"example\": \"%s\"}",
+                  name, s.seconds, s.ok, s.ok / s.seconds, s.latency.Percentile(50),
+                  s.latency.Percentile(99), s.errors, s.aborted, s.restart_directives,
+                  fleet->sessions_ended(), c.not_active, c.lost, c.generation, Esc(s.first_error), Esc(example)));
+  };
+  phase("paced", interval, paced);
+  if (closed > absl::ZeroDuration()) phase("closed", absl::ZeroDuration(), closed);
+  std::printf("%s}\n", out.c_str());
+  std::fflush(stdout);
+  std::_Exit(0);
+}
+
+// --- mode leases (etcd) -------------------------------------------------------
+
+// The etcd way to say "alive": one lease per worker (TTL ttl-s), kept alive
+// over a LeaseKeepAlive stream every interval. A keep-alive answered with
+// TTL <= 0 means the lease had expired: a false eviction.
+int RunLeases(const Flags& f) {
+  const std::string address = f.Str("address", "127.0.0.1:2379");
+  const int n = static_cast<int>(f.Int("workers", 1024));
+  const absl::Duration interval = absl::Milliseconds(f.Int("interval-ms", 1000));
+  const int64_t ttl = f.Int("ttl-s", 10);
+  const absl::Duration duration = absl::Seconds(f.Double("seconds", 5));
+
+  struct Lease;
+  struct LTag {
+    Lease* l;
+    int kind;  // 0 start, 1 write, 2 read, 3 alarm
+  };
+  struct Lease {
+    int index;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<etcd::Lease::Stub> stub;
+    int64_t id = 0;
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientAsyncReaderWriter<etcd::LeaseKeepAliveRequest,
+                                                  etcd::LeaseKeepAliveResponse>>
+        stream;
+    etcd::LeaseKeepAliveResponse resp;
+    LTag start{this, 0}, write{this, 1}, read{this, 2}, alarm_tag{this, 3};
+    grpc::Alarm alarm;
+    absl::Time sent, next;
+    bool dead = false;
+  };
+  std::vector<std::unique_ptr<Lease>> leases;
+  // Grant the leases (a few threads; not timed).
+  for (int i = 0; i < n; ++i) {
+    auto l = std::make_unique<Lease>();
+    l->index = i;
+    l->channel = NewChannel(address, i);
+    l->stub = etcd::Lease::NewStub(l->channel);
+    leases.push_back(std::move(l));
+  }
+  {
+    std::vector<std::thread> granters;
+    std::atomic<int> next{0};
+    std::atomic<int> failed{0};
+    for (int t = 0; t < 16; ++t) {
+      granters.emplace_back([&] {
+        for (int i; (i = next++) < n;) {
+          etcd::LeaseGrantRequest req;
+          req.set_ttl(ttl);
+          etcd::LeaseGrantResponse resp;
+          grpc::ClientContext ctx;
+          SetDeadline(&ctx, absl::Seconds(60));
+          grpc::Status s = leases[i]->stub->LeaseGrant(&ctx, req, &resp);
+          if (!s.ok() || resp.id() == 0) {
+            ++failed;
+          } else {
+            leases[i]->id = resp.id();
+          }
+        }
+      });
+    }
+    for (auto& t : granters) t.join();
+    if (failed.load() > 0) {
+      std::printf("{\"error\": \"%d LeaseGrant calls failed\"}\n", failed.load());
+      std::fflush(stdout);
+      std::_Exit(1);
+    }
+  }
+  grpc::CompletionQueue cq;
+  std::atomic<bool> running{true};
+  absl::Mutex mu;
+  int64_t ok_count = 0, expired = 0, errors = 0;
+  Latencies lat;
+  auto send = [&](Lease* l) {
+    etcd::LeaseKeepAliveRequest req;
+    req.set_id(l->id);
+    l->sent = absl::Now();
+    l->stream->Write(req, &l->write);
+  };
+  auto handle = [&](LTag* tag, bool ok) {
+    Lease* l = tag->l;
+    switch (tag->kind) {
+      case 0:
+        if (!ok) {
+          absl::MutexLock lock(&mu);
+          ++errors;
+          return;
+        }
+        if (l->next <= absl::Now()) {
+          send(l);
+        } else {
+          l->alarm.Set(&cq, absl::ToChronoTime(l->next), &l->alarm_tag);
+        }
+        return;
+      case 1:
+        if (!ok) {
+          absl::MutexLock lock(&mu);
+          ++errors;
+          return;
+        }
+        l->stream->Read(&l->resp, &l->read);
+        return;
+      case 2: {
+        const absl::Time now = absl::Now();
+        if (!ok) {
+          absl::MutexLock lock(&mu);
+          ++errors;
+          return;
+        }
+        if (running.load()) {
+          absl::MutexLock lock(&mu);
+          if (l->resp.ttl() > 0) {
+            ++ok_count;
+            lat.Add(now - l->sent);
+          } else if (!l->dead) {
+            l->dead = true;
+            ++expired;
+          }
+        }
+        if (!running.load()) return;
+        if (interval <= absl::ZeroDuration()) return send(l);
+        l->next += interval;
+        if (l->next <= now) {
+          l->next = now;
+          return send(l);
+        }
+        l->alarm.Set(&cq, absl::ToChronoTime(l->next), &l->alarm_tag);
+        return;
+      }
+      case 3:
+        if (running.load()) send(l);
+        return;
+    }
+  };
+  std::vector<std::thread> pollers;
+  for (int t = 0; t < 2; ++t) {
+    pollers.emplace_back([&] {
+      void* tag;
+      bool ok;
+      while (cq.Next(&tag, &ok)) handle(static_cast<LTag*>(tag), ok);
+    });
+  }
+  const absl::Time start = absl::Now();
+  for (auto& l : leases) {
+    l->next = start + interval * (static_cast<double>(l->index) / n);
+    l->stream = l->stub->PrepareAsyncLeaseKeepAlive(&l->ctx, &cq);
+    l->stream->StartCall(&l->start);
+  }
+  absl::SleepFor(duration);
+  running.store(false);
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  absl::SleepFor(std::max(interval, absl::Milliseconds(200)));
+  absl::MutexLock lock(&mu);
+  std::printf(
+      "{\"workers\": %d, \"interval_ms\": %lld, \"seconds\": %.3f, \"heartbeats\": %" PRId64
+      ", \"per_s\": %.1f, \"p50_us\": %.1f, \"p99_us\": %.1f, \"expired\": %" PRId64
+      ", \"errors\": %" PRId64 "}\n",
+      n, static_cast<long long>(absl::ToInt64Milliseconds(interval)), secs, ok_count,
+      ok_count / secs, lat.Percentile(50), lat.Percentile(99), expired, errors);
+  std::fflush(stdout);
+  std::_Exit(0);
+}
+
+int Main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: cp_load kv|barrier|rendezvous|heartbeats|leases --flag value ...\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  Flags flags(argc, argv);
+  if (mode == "kv") return RunKv(flags);
+  if (mode == "barrier") return RunBarrier(flags);
+  if (mode == "rendezvous") return RunRendezvous(flags);
+  if (mode == "heartbeats") return RunHeartbeats(flags);
+  if (mode == "leases") return RunLeases(flags);
+  std::fprintf(stderr, "cp_load: unknown mode '%s'\n", mode.c_str());
+  return 2;
+}
+
+}  // namespace
+}  // namespace shardline::bench
+
+int main(int argc, char** argv) { return shardline::bench::Main(argc, argv); }

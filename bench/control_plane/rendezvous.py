@@ -1,0 +1,86 @@
+#!/usr/bin/python3
+"""Benchmark `rendezvous` (bench/README.md, item 3): the time from the first
+JoinJob until N simulated workers (64..4096) all hold their assignments,
+against torchrun's c10d rendezvous (torch 1.13) of N nodes over a TCPStore.
+
+    bench/control_plane/rendezvous.py --out bench/out/rendezvous.csv [--quick]
+"""
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+from _common import benchlib  # noqa: E402
+
+NAME = "rendezvous"
+
+
+def main():
+    quick = benchlib.quick()
+    out = benchlib.out_path("bench/out/%s.csv" % NAME)
+    rows = benchlib.Rows(out, NAME)
+    sizes = [64, 256] if quick else [64, 256, 1024, 4096]
+    # torch's rendezvous rewrites one pickled state with every participant
+    # (O(N) per join): past this size it does not finish in a benchmark's time.
+    torch_max = 64 if quick else 256
+    torch_timeout = 30 if quick else 90
+    shardline_timeout = 60 if quick else 120
+    for n in sizes:
+        benchlib.log("%s: %d workers" % (NAME, n))
+        sl, note = None, ""
+        coord = _common.Coordinator("rendezvous-coordinator-%d" % n)
+        try:
+            sl = _common.cp_load("rendezvous", address=coord.address, workers=n,
+                                 timeout_s=shardline_timeout, timeout=shardline_timeout + 120)
+            if sl["assigned"] != n:
+                note = "shardline: %d of %d assigned within %d s (%d failed: %s)" % (
+                    sl["assigned"], n, shardline_timeout, sl["failed"],
+                    sl["first_error"][:100].replace(",", ";"))
+                sl = None
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            benchlib.log("  shardline failed: %s" % e)
+            note = "shardline failed: %s" % str(e).splitlines()[0][:150]
+        finally:
+            coord.stop()
+        peer = None
+        if n <= torch_max:
+            store = _common.TorchStore("rendezvous-tcpstore-%d" % n)
+            try:
+                pr = _common.run_json(
+                    [_common.PYTHON, os.path.join(_common.HERE, "_torch_rendezvous.py"),
+                     "--port", str(store.port), "--nodes", str(n),
+                     "--timeout-s", str(torch_timeout)], timeout=torch_timeout + 120)
+                if pr["done"] == n:
+                    peer = pr["seconds"]
+                else:
+                    note += " torch: %d of %d nodes done in %d s (%s)" % (
+                        pr["done"], n, torch_timeout, pr["first_error"][:80])
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                benchlib.log("  torch failed: %s" % e)
+                note += " torch failed: %s" % str(e).splitlines()[0][:150]
+            finally:
+                store.stop()
+        else:
+            note += " torch c10d not run at this size (its rendezvous state grows with every node)"
+        rows.add("all workers hold assignments", "workers=%d" % n,
+                 sl["seconds"] if sl else None, "torch c10d rendezvous", peer, "s", False,
+                 note.strip())
+    benchlib.write_notes(out, """
+**How measured.** A fresh `shardline-coordinator --state memory` per size; one job with
+`min_workers = max_workers = N` (tp = pp = 1, dp = N). The load generator (`cp_load rendezvous`) starts N
+simulated workers at once, each with its own gRPC connection, each doing what `shardline-worker` does: `JoinJob`,
+open the `Session` stream, wait for `SessionOpened`, `GetAssignment(wait)`. The time runs from the first
+`JoinJob` to the last worker holding its assignment (each assignment lists all N worker ids, so the coordinator
+sends O(N²) bytes in all). The coordinator's synchronous gRPC server holds one thread per open Session stream,
+so at 4096 workers it runs 4096 threads on a 2-core machine. Peer: torchrun's c10d rendezvous
+(`DynamicRendezvousHandler` + `C10dRendezvousBackend`, min = max nodes = N) over a TCPStore, N nodes as threads in
+up to 8 processes; it polls its shared state once a second, and each join rewrites the whole pickled state, so
+it is run up to %d nodes only. torchrun has one node per *machine* (agent), Shardline one worker per *rank*: at
+8 GPUs a node, N Shardline workers correspond to N/8 torch nodes.
+""" % torch_max)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
