@@ -56,11 +56,8 @@ TEST_F(ElasticTrainingTest, SigkillWithSpareResumesFromCheckpoint) {
   CreateJob(spec);
   for (int i = 0; i < 3; ++i) StartWorker(i);
   ASSERT_TRUE(WaitForStep(12, absl::Seconds(120))) << Logs();
-  // Kill a worker that holds a rank (the spare logs "spare").
-  int victim = -1;
-  for (int i = 0; i < 3 && victim < 0; ++i) {
-    if (!absl::StrContains(workers_[i]->Log(), ": spare")) victim = i;
-  }
+  // Kill a worker that holds a rank.
+  const int victim = RankedWorker();
   ASSERT_GE(victim, 0);
   workers_[victim]->Kill();
   workers_[victim].reset();
@@ -157,10 +154,7 @@ TEST_F(ElasticTrainingTest, DrainLeavesAfterACheckpointAtTheNextStep) {
   CreateJob(spec);
   for (int i = 0; i < 3; ++i) StartWorker(i);
   ASSERT_TRUE(WaitForStep(12, absl::Seconds(120))) << Logs();
-  int victim = -1;
-  for (int i = 0; i < 3 && victim < 0; ++i) {
-    if (!absl::StrContains(workers_[i]->Log(), ": spare")) victim = i;
-  }
+  const int victim = RankedWorker();
   ASSERT_GE(victim, 0);
   v1::DrainWorkerRequest req;
   req.set_job_id("elastic");

@@ -205,6 +205,17 @@ class TrainingJobTest : public ::testing::Test {
     return *workers_.back();
   }
 
+  // The first started worker that holds a rank (a spare logs "spare"), or
+  // -1.
+  int RankedWorker() const {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i] != nullptr && !absl::StrContains(workers_[i]->Log(), ": spare")) {
+        return static_cast<int>(i);
+      }
+    }
+    return -1;
+  }
+
   // Waits until some worker's log shows step `step` done.
   bool WaitForStep(int step, absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
