@@ -24,7 +24,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
 
-def proc_main(args, ids, start_at, q):
+def run_nodes(args, ids, start_at, q):
     logging.disable(logging.WARNING)
     results = {}
 
@@ -60,7 +60,7 @@ def main():
     args = p.parse_args()
     q = queue.Queue()
     start_at = time.time() + 1.0 + 0.005 * args.nodes
-    proc_main(args, list(range(args.nodes)), start_at, q)
+    run_nodes(args, list(range(args.nodes)), start_at, q)
     results = q.get()
     done = [r for r in results.values() if r[0] is not None]
     errors = [r[1] for r in results.values() if r[0] is None]

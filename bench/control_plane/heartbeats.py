@@ -32,7 +32,7 @@ def main():
     out = benchlib.out_path("bench/out/%s.csv" % NAME)
     rows = benchlib.Rows(out, NAME)
     # (workers, paced seconds, closed-loop seconds)
-    cases = [(256, 2, 2)] if quick else [(256, 10, 5), (1024, 20, 10), (2048, 20, 10)]
+    cases = [(256, 2, 2)] if quick else [(256, 10, 5), (1024, 15, 5), (2048, 15, 5)]
     for n, paced_s, closed_s in cases:
         benchlib.log("%s: %d workers, %d s paced + %d s closed loop" % (NAME, n, paced_s, closed_s))
         coord = _common.Coordinator("heartbeats-coordinator-%d" % n)
@@ -40,7 +40,7 @@ def main():
             sl, sl_err = run(lambda: _common.cp_load(
                 "heartbeats", address=coord.address, workers=n, interval_ms=INTERVAL_MS,
                 timeout_ms=TIMEOUT_MS, seconds=paced_s, closed_seconds=closed_s,
-                form_timeout_s=90, timeout=600), "shardline")
+                form_timeout_s=60, timeout=600), "shardline")
         finally:
             coord.stop()
         peer = {}
@@ -96,7 +96,7 @@ driven by one completion queue), then measures two phases one after the other: p
 `Heartbeat` with its fence every interval, first beats spread over one interval) and a closed loop (each worker
 sends the next as soon as the last is answered: N in flight, the capacity). Only answered heartbeats count. False evictions = members the coordinator declared LOST (`ListMembers` at the end of each phase; every simulated
 worker stayed alive, so any is a false eviction; one loss ends the generation and fences every other member, the
-note gives that count too). When the job does not even form within 90 s (members declared lost during the join
+note gives that count too). When the job does not even form within 60 s (members declared lost during the join
 storm), the throughput is not measured and the members declared LOST count as false evictions. Peer: etcd 3.4 (data on tmpfs), one lease per worker with TTL %d s,
 each kept alive over its own `LeaseKeepAlive` stream on the same schedule (same C++ gRPC load generator); a
 keep-alive answered with TTL 0 is an expired lease, the false eviction of that design. Client and server share the
