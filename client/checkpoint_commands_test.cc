@@ -25,6 +25,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "server/grpc_test_util.h"
+#include "tests/coordinator_process.h"
 #include "worker/checkpoint/crc32c.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 
@@ -36,53 +37,8 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using server::testing::Prepare;
 using server::testing::SimWorker;
-
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/shardline/", path);
-}
-
-// The coordinator as a child process; SIGTERM on destruction.
-class CoordinatorProcess {
- public:
-  CoordinatorProcess() {
-    int out[2];
-    if (pipe(out) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      close(out[0]);
-      close(out[1]);
-      const std::string binary = Runfile("server/shardline-coordinator");
-      execl(binary.c_str(), binary.c_str(), "--listen", "127.0.0.1:0", "--state", "memory",
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(out[1]);
-    stdout_ = fdopen(out[0], "r");
-    char line[512];
-    while (stdout_ != nullptr && std::fgets(line, sizeof(line), stdout_) != nullptr) {
-      std::string l(line);
-      if (absl::StartsWith(l, "listening on ")) {
-        address_ = l.substr(13, l.find_last_not_of("\r\n") - 12);
-        break;
-      }
-    }
-  }
-  ~CoordinatorProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (stdout_ != nullptr) std::fclose(stdout_);
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  pid_t pid_ = -1;
-  FILE* stdout_ = nullptr;
-  std::string address_;
-};
+using e2e::CoordinatorProcess;
+using e2e::Runfile;
 
 struct Result {
   int rc = -1;
@@ -96,15 +52,9 @@ Result Shardctl(const std::string& address, const std::string& args) {
     const std::string command = absl::StrCat(Runfile("client/shardctl"), " ", args,
                                              " --coordinator ", address,
                                              with_stderr ? " 2>&1" : " 2>/dev/null");
-    FILE* p = popen(command.c_str(), "r");
-    if (p == nullptr) return r;
-    std::string text;
-    std::array<char, 4096> buffer;
-    size_t n;
-    while ((n = std::fread(buffer.data(), 1, buffer.size(), p)) > 0) text.append(buffer.data(), n);
-    const int status = pclose(p);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    (with_stderr ? r.all : r.out) = text;
+    const e2e::CommandResult run = e2e::RunCommand(command);
+    r.rc = run.rc;
+    (with_stderr ? r.all : r.out) = run.output;
   }
   return r;
 }

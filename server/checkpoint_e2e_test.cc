@@ -31,6 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
+using testing::Harness;
 using testing::JoinAll;
 using testing::MakeChannel;
 using testing::Prepare;
@@ -49,51 +50,14 @@ std::string Fresh(const std::string& name) {
 }
 
 // The coordinator's components over a SQLite store, as main.cc wires them
-// (verify_files = VerifyShardFiles).
-class Harness {
- public:
-  explicit Harness(const std::string& state_path) {
-    absl::StatusOr<std::unique_ptr<StateStore>> s = OpenSqliteStore(state_path);
-    EXPECT_TRUE(s.ok()) << s.status();
-    store_ = *std::move(s);
-    coordinator_ = std::make_unique<Coordinator>(&clock_, store_.get());
-    absl::Status recovered = coordinator_->Recover();
-    EXPECT_TRUE(recovered.ok()) << recovered;
-    rendezvous_ = std::make_unique<Rendezvous>(&clock_);
-    CheckpointRegistryOptions options;
-    options.verify_files = VerifyShardFiles;
-    absl::StatusOr<std::unique_ptr<CheckpointRegistry>> registry =
-        CheckpointRegistry::Create(store_.get(), &clock_, options);
-    EXPECT_TRUE(registry.ok()) << registry.status();
-    checkpoints_ = *std::move(registry);
-    ServerOptions server_options;
-    server_options.listen_address = "127.0.0.1:0";
-    absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(
-        {coordinator_.get(), rendezvous_.get(), checkpoints_.get(), nullptr}, server_options);
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-  }
-  ~Harness() { Kill(); }
-
-  // Like a crashed process: everything goes, the store keeps what was durable.
-  void Kill() {
-    server_.reset();
-    checkpoints_.reset();
-    rendezvous_.reset();
-    coordinator_.reset();
-    store_.reset();
-  }
-
-  std::shared_ptr<grpc::Channel> Channel() { return MakeChannel(server_->address()); }
-
- private:
-  RealClock clock_;
-  std::unique_ptr<StateStore> store_;
-  std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<Rendezvous> rendezvous_;
-  std::unique_ptr<CheckpointRegistry> checkpoints_;
-  std::unique_ptr<CoordinatorServer> server_;
-};
+// (verify_files = VerifyShardFiles; no metrics).
+testing::HarnessOptions Options(const std::string& state_path) {
+  testing::HarnessOptions options;
+  options.state_path = state_path;
+  options.checkpoints.verify_files = VerifyShardFiles;
+  options.metrics = false;
+  return options;
+}
 
 // One job of `world` ranks with its checkpoint root, and the calls a rank
 // makes to save.
@@ -104,7 +68,7 @@ class CheckpointE2eTest : public ::testing::Test {
     world_ = world;
     root_ = Fresh(name + "-ckpt");
     state_ = absl::StrCat(Fresh(name + "-state"), "/state.db");
-    h_ = std::make_unique<Harness>(state_);
+    h_ = std::make_unique<Harness>(Options(state_));
     Connect();
     v1::JobSpec spec = SmallSpec(world, world, world);
     spec.mutable_checkpoint()->set_directory(root_);
@@ -439,7 +403,7 @@ TEST_F(CheckpointE2eTest, C10CoordinatorRestartsDuringTheSave) {
   }
   WriteShard(b.directory(), 2);
   h_->Kill();
-  h_ = std::make_unique<Harness>(state_);
+  h_ = std::make_unique<Harness>(Options(state_));
   Connect();
   EXPECT_FALSE(fs::exists(b.directory()));
   ASSERT_NO_FATAL_FAILURE(ExpectLatest(five.checkpoint_id(), 5));
@@ -501,7 +465,7 @@ TEST_F(CheckpointE2eTest, RestartRepairsManifestJsonAndLatest) {
   h_->Kill();
   fs::remove(b.directory() + "/manifest.json");
   ASSERT_TRUE(WriteLatestFile(root_, a.checkpoint_id()).ok());
-  h_ = std::make_unique<Harness>(state_);
+  h_ = std::make_unique<Harness>(Options(state_));
   Connect();
   ASSERT_NO_FATAL_FAILURE(ExpectLatest(b.checkpoint_id(), 20));
 }

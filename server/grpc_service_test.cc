@@ -35,6 +35,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
+using testing::Harness;
 using testing::IsRestart;
 using testing::JoinAll;
 using testing::MakeChannel;
@@ -42,64 +43,6 @@ using testing::Pointers;
 using testing::Prepare;
 using testing::SimWorker;
 using testing::SmallSpec;
-
-// The coordinator's components and a server over them.
-class Harness {
- public:
-  // `state_path` empty: memory store.
-  explicit Harness(const std::string& admin_token = "", const std::string& state_path = "",
-                   std::shared_ptr<grpc::ServerCredentials> credentials = nullptr) {
-    if (state_path.empty()) {
-      store_ = NewMemoryStore();
-    } else {
-      absl::StatusOr<std::unique_ptr<StateStore>> s = OpenSqliteStore(state_path);
-      EXPECT_TRUE(s.ok()) << s.status();
-      store_ = *std::move(s);
-    }
-    coordinator_ = std::make_unique<Coordinator>(&clock_, store_.get());
-    absl::Status recovered = coordinator_->Recover();
-    EXPECT_TRUE(recovered.ok()) << recovered;
-    rendezvous_ = std::make_unique<Rendezvous>(&clock_);
-    absl::StatusOr<std::unique_ptr<CheckpointRegistry>> registry =
-        CheckpointRegistry::Create(store_.get(), &clock_);
-    EXPECT_TRUE(registry.ok()) << registry.status();
-    checkpoints_ = *std::move(registry);
-    metrics_ = std::make_unique<Metrics>([this] { return SnapshotJobs(*coordinator_); });
-    ServerOptions options;
-    options.listen_address = "127.0.0.1:0";
-    options.admin_token = admin_token;
-    options.credentials = std::move(credentials);
-    absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(
-        {coordinator_.get(), rendezvous_.get(), checkpoints_.get(), metrics_.get()}, options);
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-  }
-  ~Harness() { Kill(); }
-
-  // Destroys the server and every component, like a crashed process (the
-  // store keeps what was durable).
-  void Kill() {
-    server_.reset();
-    checkpoints_.reset();
-    rendezvous_.reset();
-    coordinator_.reset();
-    store_.reset();
-  }
-
-  const std::string& address() const { return server_->address(); }
-  std::shared_ptr<grpc::Channel> Channel() { return MakeChannel(address()); }
-  Coordinator& coordinator() { return *coordinator_; }
-  Metrics& metrics() { return *metrics_; }
-
- private:
-  RealClock clock_;
-  std::unique_ptr<StateStore> store_;
-  std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<Rendezvous> rendezvous_;
-  std::unique_ptr<CheckpointRegistry> checkpoints_;
-  std::unique_ptr<Metrics> metrics_;
-  std::unique_ptr<CoordinatorServer> server_;
-};
 
 v1::CreateJobResponse CreateJob(v1::JobService::Stub* jobs, const std::string& job_id,
                                 const v1::JobSpec& spec, const std::string& token = "") {

@@ -9,6 +9,10 @@
 //   absl::StatusOr<v1::Assignment> a = w.GetAssignment(/*wait=*/true, absl::Seconds(10));
 //
 // Thread-safety: SimWorker is thread-safe.
+//
+// Harness: the coordinator's components (store, Coordinator, Rendezvous,
+// CheckpointRegistry, Metrics) and a real in-process server on 127.0.0.1
+// (port 0) over them.
 #ifndef SHARDLINE_SERVER_GRPC_TEST_UTIL_H_
 #define SHARDLINE_SERVER_GRPC_TEST_UTIL_H_
 
@@ -29,7 +33,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint_registry.h"
+#include "server/clock.h"
+#include "server/coordinator.h"
 #include "server/grpc_service.h"
+#include "server/metrics.h"
+#include "server/rendezvous.h"
+#include "server/state_store.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 
 namespace shardline::server::testing {
@@ -83,6 +94,86 @@ inline void Prepare(grpc::ClientContext* ctx, const std::string& token,
   if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
 }
+
+struct HarnessOptions {
+  std::string admin_token;
+  std::string state_path;  // empty: memory store
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  CheckpointRegistryOptions checkpoints;  // e.g. verify_files
+  bool metrics = true;                    // false: the server gets no Metrics
+};
+
+// The coordinator's components and a server over them.
+class Harness {
+ public:
+  explicit Harness(HarnessOptions options) {
+    if (options.state_path.empty()) {
+      store_ = NewMemoryStore();
+    } else {
+      absl::StatusOr<std::unique_ptr<StateStore>> s = OpenSqliteStore(options.state_path);
+      EXPECT_TRUE(s.ok()) << s.status();
+      store_ = *std::move(s);
+    }
+    coordinator_ = std::make_unique<Coordinator>(&clock_, store_.get());
+    absl::Status recovered = coordinator_->Recover();
+    EXPECT_TRUE(recovered.ok()) << recovered;
+    rendezvous_ = std::make_unique<Rendezvous>(&clock_);
+    absl::StatusOr<std::unique_ptr<CheckpointRegistry>> registry =
+        CheckpointRegistry::Create(store_.get(), &clock_, std::move(options.checkpoints));
+    EXPECT_TRUE(registry.ok()) << registry.status();
+    checkpoints_ = *std::move(registry);
+    if (options.metrics) {
+      metrics_ = std::make_unique<Metrics>([this] { return SnapshotJobs(*coordinator_); });
+    }
+    ServerOptions server_options;
+    server_options.listen_address = "127.0.0.1:0";
+    server_options.admin_token = options.admin_token;
+    server_options.credentials = std::move(options.credentials);
+    absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(
+        {coordinator_.get(), rendezvous_.get(), checkpoints_.get(), metrics_.get()},
+        server_options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+  // `state_path` empty: memory store.
+  explicit Harness(const std::string& admin_token = "", const std::string& state_path = "",
+                   std::shared_ptr<grpc::ServerCredentials> credentials = nullptr)
+      : Harness(Options(admin_token, state_path, std::move(credentials))) {}
+  ~Harness() { Kill(); }
+
+  // Destroys the server and every component, like a crashed process (the
+  // store keeps what was durable).
+  void Kill() {
+    server_.reset();
+    checkpoints_.reset();
+    rendezvous_.reset();
+    coordinator_.reset();
+    store_.reset();
+  }
+
+  const std::string& address() const { return server_->address(); }
+  std::shared_ptr<grpc::Channel> Channel() { return MakeChannel(address()); }
+  Coordinator& coordinator() { return *coordinator_; }
+  Metrics& metrics() { return *metrics_; }
+
+ private:
+  static HarnessOptions Options(const std::string& admin_token, const std::string& state_path,
+                                std::shared_ptr<grpc::ServerCredentials> credentials) {
+    HarnessOptions options;
+    options.admin_token = admin_token;
+    options.state_path = state_path;
+    options.credentials = std::move(credentials);
+    return options;
+  }
+
+  RealClock clock_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<Rendezvous> rendezvous_;
+  std::unique_ptr<CheckpointRegistry> checkpoints_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<CoordinatorServer> server_;
+};
 
 class SimWorker {
  public:

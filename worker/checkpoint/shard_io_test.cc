@@ -21,6 +21,7 @@
 #include "plan/model.h"
 #include "plan/zero.h"
 #include "worker/checkpoint/crc32c.h"
+#include "worker/checkpoint/manifest_test_util.h"
 #include "worker/train/init.h"
 
 namespace shardline::worker::checkpoint {
@@ -55,32 +56,11 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
-// What the coordinator does at commit: one RankRecord per rank, pieces of
-// each tensor ordered by rank then file position, rank filled in.
+// What the coordinator does at commit (see MergeReports).
 v1::Manifest Merge(const std::map<int, v1::ReportShardRequest>& reports) {
-  v1::Manifest m;
+  v1::Manifest m = testing::MergeReports(reports);
   m.set_checkpoint_id("ckpt-test");
   m.set_step(3);
-  std::map<std::string, v1::SavedTensor*> by_name;
-  for (const auto& [rank, report] : reports) {
-    v1::RankRecord* r = m.add_ranks();
-    r->set_rank(rank);
-    *r->mutable_files() = report.files();
-    for (const v1::SavedTensor& t : report.tensors()) {
-      v1::SavedTensor*& dst = by_name[t.name()];
-      if (dst == nullptr) {
-        dst = m.add_tensors();
-        dst->set_name(t.name());
-        dst->set_dtype(t.dtype());
-        *dst->mutable_global_shape() = t.global_shape();
-      }
-      for (const v1::SavedPiece& p : t.pieces()) {
-        v1::SavedPiece* q = dst->add_pieces();
-        *q = p;
-        q->set_rank(rank);
-      }
-    }
-  }
   return m;
 }
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "plan/model.h"
+#include "worker/checkpoint/manifest_test_util.h"
 #include "worker/checkpoint/shard_io.h"
 #include "worker/checkpoint/trainer_state.h"
 #include "worker/train/test_util.h"
@@ -32,34 +33,14 @@ using train::testing::Layout;
 
 TrainingOptions Options(const Layout& l) { return train::testing::SmallGptOptions(l, kSteps); }
 
-// The coordinator's commit: rank records and every rank's pieces by tensor.
+// The coordinator's commit (see MergeReports), committed.
 v1::Manifest Merge(const std::map<int, v1::ReportShardRequest>& reports,
                    const std::string& directory) {
-  v1::Manifest m;
+  v1::Manifest m = testing::MergeReports(reports);
   m.set_checkpoint_id("job-1/step-3");
   m.set_step(kSaveAt);
   m.set_state(v1::CHECKPOINT_STATE_COMMITTED);
   m.set_directory(directory);
-  std::map<std::string, v1::SavedTensor*> by_name;
-  for (const auto& [rank, report] : reports) {
-    v1::RankRecord* r = m.add_ranks();
-    r->set_rank(rank);
-    *r->mutable_files() = report.files();
-    for (const v1::SavedTensor& t : report.tensors()) {
-      v1::SavedTensor*& dst = by_name[t.name()];
-      if (dst == nullptr) {
-        dst = m.add_tensors();
-        dst->set_name(t.name());
-        dst->set_dtype(t.dtype());
-        *dst->mutable_global_shape() = t.global_shape();
-      }
-      for (const v1::SavedPiece& p : t.pieces()) {
-        v1::SavedPiece* q = dst->add_pieces();
-        *q = p;
-        q->set_rank(rank);
-      }
-    }
-  }
   return m;
 }
 
