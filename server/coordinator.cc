@@ -550,6 +550,12 @@ void Coordinator::FormGenerationLocked(JobRecord& job, int dp,
     PushLocked(*m, std::move(msg));
   }
   PersistAllMembersLocked(job).IgnoreError();
+  // Forming counts as a sign of life for every member of the generation:
+  // its heartbeats may have waited on this lock while a large generation
+  // was planned, assigned and written, and the coordinator's own delay must
+  // not get them declared lost.
+  const absl::Time now = clock_->Now();
+  for (MemberRecord* m : candidates) m->last_heartbeat = std::max(m->last_heartbeat, now);
 }
 
 absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord& job,

@@ -1136,3 +1136,27 @@ TEST_F(CoordinatorDrainTest, ErrorsNameTheWorkerAndState) {
 
 }  // namespace
 }  // namespace shardline::server
+
+namespace shardline::server {
+namespace {
+
+// Members whose heartbeats waited while the coordinator formed a (large)
+// generation are not declared lost for the coordinator's own delay: the
+// formation counts as a sign of life.
+TEST_F(CoordinatorTest, FormingAGenerationCountsAsASignOfLife) {
+  Create(Spec(2, 3));  // heartbeat_timeout 10 s, last_call 5 s
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  clock_.Advance(absl::Seconds(9));  // no heartbeats meanwhile
+  coordinator_->Tick();              // last call over: forms now
+  ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  clock_.Advance(absl::Seconds(9));  // 18 s after joining, 9 s after forming
+  EXPECT_TRUE(coordinator_->Tick().empty());
+  EXPECT_EQ(Members()["a"].state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_EQ(Members()["b"].state(), v1::MEMBER_STATE_ACTIVE);
+  clock_.Advance(absl::Seconds(2));  // now past the timeout since forming
+  EXPECT_FALSE(coordinator_->Tick().empty());
+}
+
+}  // namespace
+}  // namespace shardline::server
