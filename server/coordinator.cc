@@ -159,6 +159,13 @@ struct Coordinator::MemberRecord {
   bool draining = false;
   std::string drain_reason;
   uint64_t drain_after_step = 0;
+  // Wakes the thread streaming this member's session (NextSessionMessage)
+  // when its outbox gets a message or the session changes. One per member
+  // rather than an absl::Condition on mu_, whose waiters would all be
+  // re-evaluated at every unlock: with thousands of open sessions that
+  // made every heartbeat cost O(members). Shared so MemberRecord stays
+  // movable; members are never erased, so the CondVar outlives its waiters.
+  std::shared_ptr<absl::CondVar> session_cv = std::make_shared<absl::CondVar>();
 };
 
 struct Coordinator::JobRecord {
@@ -336,6 +343,7 @@ void Coordinator::PushLocked(MemberRecord& member, v1::SessionMessage message) {
   auto& outbox = member.session->outbox;
   if (outbox.size() >= kMaxOutbox) outbox.pop_front();  // a stuck stream loses the oldest
   outbox.push_back(std::move(message));
+  member.session_cv->SignalAll();
 }
 
 void Coordinator::StopAllLocked(JobRecord& job) {
@@ -917,6 +925,7 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
                        &ended);
     }
     m.session.reset();
+    m.session_cv->SignalAll();
     m.previous_rank = -1;
     m.error_streak = 0;
     m.last_error.clear();
@@ -991,6 +1000,7 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const v1::WorkerIdentity& w) {
                                            "; re-join with JoinJob"));
   }
   m.session = Session{next_session_id_++, {}};
+  m.session_cv->SignalAll();
   m.last_heartbeat = clock_->Now();
   v1::SessionMessage opened;
   opened.mutable_opened()->set_generation(job->job.generation());
@@ -1019,7 +1029,10 @@ absl::StatusOr<std::optional<v1::SessionMessage>> Coordinator::NextSessionMessag
   auto ready = [m, session_id]() {
     return !m->session.has_value() || m->session->id != session_id || !m->session->outbox.empty();
   };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  // Keep our own reference: the CondVar must outlive this wait.
+  const std::shared_ptr<absl::CondVar> cv = m->session_cv;
+  while (!ready() && !cv->WaitWithDeadline(&mu_, deadline)) {
+  }
   if (!m->session.has_value() || m->session->id != session_id ||
       m->member.incarnation() != w.incarnation()) {
     return absl::AbortedError("this session was replaced or closed");
@@ -1045,6 +1058,7 @@ std::vector<GenerationEnded> Coordinator::CloseSession(const v1::WorkerIdentity&
     return ended;
   }
   m.session.reset();
+  m.session_cv->SignalAll();
   if (!IsTerminal(job->job.phase())) {
     LoseMemberLocked(*job, m, v1::LOSS_REASON_STREAM_BROKEN, "its session stream broke", &ended);
     MaybeFormLocked(*job, &ended);
@@ -1352,6 +1366,7 @@ absl::Status Coordinator::LeaveJob(const v1::LeaveJobRequest& request,
   m.member.set_detail(request.reason());
   m.member.clear_rank();
   m.session.reset();
+  m.session_cv->SignalAll();
   v1::JobEvent e;
   v1::WorkerLeft* left = e.mutable_worker_left();
   left->set_worker_id(w.worker_id());

@@ -144,12 +144,19 @@ TEST(WorkerProcessesTest, SurvivorsRebuildCommunicatorsAfterSigkill) {
       }
     }
     ASSERT_GT(port, 0) << workers[0]->Log();
-    const std::string text = HttpGet(port, "/metrics");
+    // TRAINING is reported before the first step ends: poll until one has.
+    const std::string no_steps = "shardline_worker_steps_total{job=\"e2e\",worker_id=\"w0\"} 0\n";
+    std::string text;
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    do {
+      text = HttpGet(port, "/metrics");
+      if (!absl::StrContains(text, no_steps)) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    } while (absl::Now() < deadline);
     EXPECT_TRUE(absl::StrContains(text, "shardline_worker_generation{job=\"e2e\",worker_id=\"w0\"} 1\n"))
         << text;
     EXPECT_TRUE(absl::StrContains(text, "shardline_worker_steps_total{")) << text;
-    EXPECT_FALSE(absl::StrContains(text, "shardline_worker_steps_total{job=\"e2e\",worker_id=\"w0\"} 0\n"))
-        << text;
+    EXPECT_FALSE(absl::StrContains(text, no_steps)) << text;
   }
 
   const absl::Time killed = absl::Now();
