@@ -76,6 +76,7 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
     *req.mutable_spec() = server::testing::SmallSpec(2, 2, 2);
     req.mutable_spec()->mutable_checkpoint()->set_directory(root);
     req.mutable_spec()->mutable_checkpoint()->set_keep_last(2);
+    root += "/ck";  // the job's checkpoints live in <directory>/<job_id>/
     v1::CreateJobResponse resp;
     grpc::ClientContext ctx;
     Prepare(&ctx, "");

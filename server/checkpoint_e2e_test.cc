@@ -66,12 +66,15 @@ class CheckpointE2eTest : public ::testing::Test {
   void Start(const std::string& name, int world, uint32_t keep_last) {
     job_ = name;
     world_ = world;
-    root_ = Fresh(name + "-ckpt");
+    // spec.checkpoint.directory; the job's checkpoints live in its
+    // <directory>/<job_id>/ root.
+    const std::string directory = Fresh(name + "-ckpt");
+    root_ = absl::StrCat(directory, "/", job_);
     state_ = absl::StrCat(Fresh(name + "-state"), "/state.db");
     h_ = std::make_unique<Harness>(Options(state_));
     Connect();
     v1::JobSpec spec = SmallSpec(world, world, world);
-    spec.mutable_checkpoint()->set_directory(root_);
+    spec.mutable_checkpoint()->set_directory(directory);
     spec.mutable_checkpoint()->set_keep_last(keep_last);
     v1::CreateJobRequest req;
     req.set_job_id(job_);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -239,7 +241,7 @@ class Services {
   // coordinator that died between the durable commit and the file writes).
   void RecoverCheckpointFiles() {
     for (const v1::Job& job : AllJobs(*deps_.coordinator)) {
-      const std::string& root = job.spec().checkpoint().directory();
+      const std::string root = JobCheckpointRoot(job);
       if (root.empty()) continue;
       std::string token;
       for (int pages = 0; pages < 1000; ++pages) {
@@ -400,10 +402,17 @@ class Services {
 
   // --- Checkpoint files (server/checkpoint_files.h) --------------------------
 
-  // The job's checkpoint root (spec.checkpoint.directory), or "".
+  // The job's checkpoint root: <spec.checkpoint.directory>/<job_id>, so that
+  // jobs sharing a directory (one spec file created twice) never overwrite
+  // each other's checkpoints or LATEST; "" without a directory.
+  static std::string JobCheckpointRoot(const v1::Job& job) {
+    const std::string& dir = job.spec().checkpoint().directory();
+    if (dir.empty()) return std::string();
+    return absl::StrCat(absl::StripSuffix(dir, "/"), "/", job.job_id());
+  }
   std::string CheckpointRoot(const std::string& job_id) {
     absl::StatusOr<v1::Job> job = deps_.coordinator->GetJob(job_id);
-    return job.ok() ? job->spec().checkpoint().directory() : std::string();
+    return job.ok() ? JobCheckpointRoot(*job) : std::string();
   }
 
   // After the registry made `manifest` durable: manifest.json, then LATEST
@@ -503,6 +512,19 @@ class Services {
       return s_->Run("JobService/CreateJob", [&]() -> absl::Status {
         if (auto p = s_->Authorize(*ctx, Access::kAdminOnly, req->job_id()); !p.ok()) {
           return p.status();
+        }
+        // The checkpoint directory must be usable before any worker trains
+        // (a bad one would fail every save); it is created now.
+        if (const std::string& dir = req->spec().checkpoint().directory();
+            !dir.empty() && dir.front() == '/') {
+          std::error_code ec;
+          std::filesystem::create_directories(dir, ec);
+          if (ec || !std::filesystem::is_directory(dir)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "spec.checkpoint.directory='", dir, "' cannot be created by the coordinator: ",
+                ec ? ec.message() : "not a directory",
+                "; give a directory the coordinator and the workers can write"));
+          }
         }
         absl::StatusOr<v1::CreateJobResponse> r = s_->deps_.coordinator->CreateJob(*req);
         if (!r.ok()) return r.status();
@@ -1073,7 +1095,7 @@ class Services {
         params.generation = fw->generation;
         params.world_size = static_cast<uint32_t>(fw->world_size);
         params.step = req->step();
-        params.directory = spec.checkpoint().directory();
+        params.directory = s_->JobCheckpointRoot(*job);
         params.keep_last = spec.checkpoint().keep_last();
         params.model = spec.model();
         params.parallel = spec.parallel();

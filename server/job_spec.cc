@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/time_util.h"
 
@@ -149,6 +150,14 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
       return Invalid(absl::StrCat("spec.", r.field, "=", r.value, " is invalid; use a value in [",
                                   r.low, ", ", r.high, r.high_open ? ")" : "]"));
     }
+  }
+  // Checkpoints go to <directory>/<job_id>/ on a filesystem the coordinator
+  // and every worker see at the same path, whatever their working directory.
+  const std::string& ckpt = spec.checkpoint().directory();
+  if (!ckpt.empty() && (ckpt.front() != '/' || absl::StrContains(absl::StrCat(ckpt, "/"), "/../"))) {
+    return Invalid(absl::StrCat("spec.checkpoint.directory='", ckpt,
+                                "' must be an absolute path without '..' (the coordinator and "
+                                "every worker use it as given), e.g. /var/lib/shardline/checkpoints"));
   }
   if (t.learning_rate() > 0 && t.min_learning_rate() > t.learning_rate()) {
     return Invalid(absl::StrCat("spec.training.min_learning_rate=", t.min_learning_rate(),

@@ -11,7 +11,8 @@
 //       [--timeout D] [--connect-timeout D] [--log-interval N]
 //       [--sample-length N] [--blas-threads N] [--metrics-port N]
 //
-// Exit status: 0 after STOP (or SIGINT/SIGTERM, after LeaveJob); 1 on a
+// Exit status: 0 after STOP (job COMPLETED or CANCELLED, or this worker
+// drained) or SIGINT/SIGTERM (after LeaveJob); 1 when the job FAILED or on a
 // runtime error; 2 on bad flags.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -304,6 +305,7 @@ int Run(int argc, char** argv) {
                    agent->incarnation(), ") at generation ", agent->generation()));
 
   std::string stop_reason;
+  v1::JobPhase stop_phase = v1::JOB_PHASE_UNSPECIFIED;
   while (!g_shutdown.load() && !agent->stopped()) {
     absl::StatusOr<v1::Assignment> a = agent->WaitForAssignment(absl::Seconds(2));
     if (!a.ok()) {
@@ -386,6 +388,7 @@ int Run(int argc, char** argv) {
       if (d.has_value()) {
         if (d->has_stop()) {
           stop_reason = d->stop().reason();
+          stop_phase = d->stop().phase();
           break;
         }
         if (d->has_restart_at_generation() && d->restart_at_generation().generation() > gen) {
@@ -405,13 +408,19 @@ int Run(int argc, char** argv) {
   while (stop_reason.empty()) {
     std::optional<v1::Directive> d = agent->NextDirective(absl::ZeroDuration());
     if (!d.has_value()) break;
-    if (d->has_stop()) stop_reason = d->stop().reason();
+    if (d->has_stop()) {
+      stop_reason = d->stop().reason();
+      stop_phase = d->stop().phase();
+    }
   }
   const std::string reason =
       g_shutdown.load() ? "shutting down (signal)" : absl::StrCat("stopped: ", stop_reason);
   Log(absl::StrCat("leaving job '", job, "': ", reason));
   if (absl::Status s = agent->Leave(reason); !s.ok()) Log(s.ToString());
-  return 0;
+  // A job that FAILED is a failure of this process too (a supervisor such as
+  // systemd's Restart=on-failure should see it); COMPLETED, CANCELLED, a
+  // drain or a signal are not.
+  return stop_phase == v1::JOB_PHASE_FAILED ? 1 : 0;
 }
 
 }  // namespace

@@ -63,8 +63,8 @@ class RestoreFallbackTest : public TrainingJobTest {
 };
 
 TEST_F(RestoreFallbackTest, CorruptLatestCheckpointFallsBackToThePreviousOne) {
-  const std::string root = dir_ + "/ckpt";
-  const v1::JobSpec spec = Spec(root);
+  const v1::JobSpec spec = Spec(dir_ + "/ckpt");
+  const std::string root = dir_ + "/ckpt/fallback";  // <directory>/<job_id>
   const double reference = UninterruptedFinalLoss(spec);
 
   ASSERT_NO_FATAL_FAILURE(StartCoordinator());

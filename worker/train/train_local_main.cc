@@ -9,9 +9,10 @@
 // Prints one line per --log-interval steps from rank 0:
 //   step 100/2000 loss 2.4811 lr 1.00e-03 grad_norm 0.412 tokens/s 9120 comm 3.1% step_ms 84.2
 // then the validation loss and, with --sample-length, a text sample.
-// Exit status 0 on success, 1 on a bad argument or a failed step (the
-// message names the cause).
+// Exit status 0 on success, 2 on a bad argument or spec, 1 when the corpus
+// cannot be read or a step fails (the message names the cause).
 #include <cstdio>
+#include <limits>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -32,14 +33,16 @@
 namespace shardline::worker::train {
 namespace {
 
-int Fail(const std::string& what) {
+// Exit 2 for bad input (flags, the spec), 1 for a failure while running.
+int Fail(const std::string& what, int code = 2) {
   std::cerr << "shardline-train-local: " << what << "\n";
-  return 1;
+  return code;
 }
 
 int Main(int argc, char** argv) {
   client::ArgParser args("shardline-train-local SPEC");
-  int64_t dp = 1, steps = -1, log_interval = 10, eval_interval = 0, eval_samples = 240,
+  constexpr int64_t kSpecSteps = std::numeric_limits<int64_t>::min();  // --steps not given
+  int64_t dp = 1, steps = kSpecSteps, log_interval = 10, eval_interval = 0, eval_samples = 240,
           sample_length = 0, blas_threads = 1;
   std::string data_override, prompt = "\n";
   args.AddInt("dp", &dp, "data-parallel degree (world = tp * pp * dp threads); default 1");
@@ -65,14 +68,15 @@ int Main(int argc, char** argv) {
   absl::StatusOr<v1::JobSpec> raw = client::ReadJobSpecFile((*positional)[0]);
   if (!raw.ok()) return Fail(std::string(raw.status().message()));
   if (!data_override.empty()) raw->mutable_data()->set_dataset_path(data_override);
-  if (steps >= 0) raw->mutable_training()->set_train_steps(static_cast<uint64_t>(steps));
+  if (steps != kSpecSteps && steps < 0) return Fail(absl::StrCat("--steps=", steps, " must be >= 0"));
+  if (steps != kSpecSteps) raw->mutable_training()->set_train_steps(static_cast<uint64_t>(steps));
   absl::StatusOr<v1::JobSpec> spec = server::ResolveJobSpec(*raw);
   if (!spec.ok()) return Fail(std::string(spec.status().message()));
   absl::StatusOr<TrainingOptions> options = TrainingOptionsFromSpec(*spec, static_cast<int>(dp));
   if (!options.ok()) return Fail(std::string(options.status().message()));
   absl::StatusOr<Corpus> corpus =
       Corpus::Load(spec->data().dataset_path(), spec->data().validation_fraction());
-  if (!corpus.ok()) return Fail(std::string(corpus.status().message()));
+  if (!corpus.ok()) return Fail(std::string(corpus.status().message()), 1);
   SetBlasThreads(static_cast<int>(blas_threads));
 
   const int64_t total = static_cast<int64_t>(spec->training().train_steps());
@@ -135,7 +139,7 @@ int Main(int argc, char** argv) {
     std::fflush(stdout);
     return absl::OkStatus();
   });
-  if (!status.ok()) return Fail(std::string(status.message()));
+  if (!status.ok()) return Fail(std::string(status.message()), 1);
   return 0;
 }
 
