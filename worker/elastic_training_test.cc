@@ -52,10 +52,7 @@ class ElasticTrainingTest : public TrainingJobTest {
 TEST_F(ElasticTrainingTest, SigkillWithSpareResumesFromCheckpoint) {
   const v1::JobSpec spec = Spec(dir_ + "/ckpt-kill", 2, 2);
   const double reference = UninterruptedFinalLoss(spec);
-  StartCoordinator();
-  CreateJob(spec);
-  for (int i = 0; i < 3; ++i) StartWorker(i);
-  ASSERT_TRUE(WaitForStep(12, absl::Seconds(120))) << Logs();
+  ASSERT_NO_FATAL_FAILURE(StartTraining(spec, /*workers=*/3, /*until_step=*/12));
   // Kill a worker that holds a rank.
   const int victim = RankedWorker();
   ASSERT_GE(victim, 0);
@@ -78,10 +75,7 @@ TEST_F(ElasticTrainingTest, SigkillWithSpareResumesFromCheckpoint) {
 TEST_F(ElasticTrainingTest, SigkillWithoutSpareShrinksDp) {
   const v1::JobSpec spec = Spec(dir_ + "/ckpt-shrink", 2, 3);
   const double reference = UninterruptedFinalLoss(spec);
-  StartCoordinator();
-  CreateJob(spec);
-  for (int i = 0; i < 3; ++i) StartWorker(i);
-  ASSERT_TRUE(WaitForStep(12, absl::Seconds(120))) << Logs();
+  ASSERT_NO_FATAL_FAILURE(StartTraining(spec, /*workers=*/3, /*until_step=*/12));
   workers_[1]->Kill();
   workers_[1].reset();
   const double final_loss = WaitForCompletion();
@@ -95,10 +89,7 @@ TEST_F(ElasticTrainingTest, SigkillWithoutSpareShrinksDp) {
 TEST_F(ElasticTrainingTest, C9SigstopIsDetectedByHeartbeatTimeout) {
   const v1::JobSpec spec = Spec(dir_ + "/ckpt-stop", 2, 3);
   const double reference = UninterruptedFinalLoss(spec);
-  StartCoordinator();
-  CreateJob(spec);
-  for (int i = 0; i < 3; ++i) StartWorker(i);
-  ASSERT_TRUE(WaitForStep(12, absl::Seconds(120))) << Logs();
+  ASSERT_NO_FATAL_FAILURE(StartTraining(spec, /*workers=*/3, /*until_step=*/12));
   const absl::Time stopped = absl::Now();
   workers_[2]->Signal(SIGSTOP);
   // Re-formed at generation 2 without it.
@@ -124,10 +115,7 @@ TEST_F(ElasticTrainingTest, CoordinatorRestartMidTraining) {
   // longer than that (the default is 30 s) keeps the generation.
   spec.mutable_elastic()->mutable_heartbeat_timeout()->set_seconds(10);
   const double reference = UninterruptedFinalLoss(spec);
-  StartCoordinator();
-  CreateJob(spec);
-  for (int i = 0; i < 2; ++i) StartWorker(i);
-  ASSERT_TRUE(WaitForStep(8, absl::Seconds(120))) << Logs();
+  ASSERT_NO_FATAL_FAILURE(StartTraining(spec, /*workers=*/2, /*until_step=*/8));
   coordinator_->Kill();
   // Down long enough that checkpoint calls meet a dead coordinator (they
   // retry), then back on the same address and state file.
@@ -152,10 +140,7 @@ namespace {
 TEST_F(ElasticTrainingTest, DrainLeavesAfterACheckpointAtTheNextStep) {
   const v1::JobSpec spec = Spec(dir_ + "/ckpt-drain", 2, 2);
   const double reference = UninterruptedFinalLoss(spec);
-  StartCoordinator();
-  CreateJob(spec);
-  for (int i = 0; i < 3; ++i) StartWorker(i);
-  ASSERT_TRUE(WaitForStep(12, absl::Seconds(120))) << Logs();
+  ASSERT_NO_FATAL_FAILURE(StartTraining(spec, /*workers=*/3, /*until_step=*/12));
   const int victim = RankedWorker();
   ASSERT_GE(victim, 0);
   v1::DrainWorkerRequest req;

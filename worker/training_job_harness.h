@@ -205,6 +205,15 @@ class TrainingJobTest : public ::testing::Test {
     return *workers_.back();
   }
 
+  // A coordinator, the job of `spec`, and `workers` workers, running until
+  // some worker logged step `until_step` (fatal failure otherwise).
+  void StartTraining(const ::shardline::v1::JobSpec& spec, int workers, int until_step) {
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator());
+    ASSERT_NO_FATAL_FAILURE(CreateJob(spec));
+    for (int i = 0; i < workers; ++i) StartWorker(i);
+    ASSERT_TRUE(WaitForStep(until_step, absl::Seconds(120))) << Logs();
+  }
+
   // The first started worker that holds a rank (a spare logs "spare"), or
   // -1.
   int RankedWorker() const {
