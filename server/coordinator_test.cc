@@ -30,7 +30,7 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_->Recover().ok());
   }
 
-  // L=2, h=8, 2 heads, V=16, s=4; global batch 12 samples of micro-batch 1.
+  // L=2, h=8, 2 heads, V=256, s=4; global batch 12 samples of micro-batch 1.
   static v1::JobSpec Spec(int min_workers, int max_workers, int pp = 1, int global_batch = 12) {
     v1::JobSpec spec;
     spec.set_name("test");
@@ -38,7 +38,7 @@ class CoordinatorTest : public ::testing::Test {
     m->set_num_layers(2);
     m->set_hidden_size(8);
     m->set_num_heads(2);
-    m->set_vocab_size(16);
+    m->set_vocab_size(256);
     m->set_seq_length(4);
     spec.mutable_parallel()->set_tp(1);
     spec.mutable_parallel()->set_pp(pp);

@@ -47,7 +47,7 @@ namespace shardline::server::testing {
 
 namespace v1 = ::shardline::v1;
 
-// L=2, h=8, 2 heads, V=16, s=4, tp=pp=1; global_batch samples of
+// L=2, h=8, 2 heads, V=256, s=4, tp=pp=1; global_batch samples of
 // micro-batch 1; heartbeat every 200 ms, timeout `heartbeat_timeout`
 // (default 10 s); last call 1 s.
 inline v1::JobSpec SmallSpec(int min_workers, int max_workers, int global_batch,
@@ -58,7 +58,7 @@ inline v1::JobSpec SmallSpec(int min_workers, int max_workers, int global_batch,
   m->set_num_layers(2);
   m->set_hidden_size(8);
   m->set_num_heads(2);
-  m->set_vocab_size(16);
+  m->set_vocab_size(256);
   m->set_seq_length(4);
   spec.mutable_parallel()->set_tp(1);
   spec.mutable_parallel()->set_pp(1);

@@ -151,6 +151,12 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
                                   r.low, ", ", r.high, r.high_open ? ")" : "]"));
     }
   }
+  // The data is bytes (worker/train/data.h): every byte value is a token.
+  if (spec.model().vocab_size() < 256) {
+    return Invalid(absl::StrCat("spec.model.vocab_size=", spec.model().vocab_size(),
+                                " is smaller than the byte vocabulary the data uses; set "
+                                "vocab_size to 256 (or more)"));
+  }
   // Checkpoints go to <directory>/<job_id>/ on a filesystem the coordinator
   // and every worker see at the same path, whatever their working directory.
   const std::string& ckpt = spec.checkpoint().directory();
