@@ -9,6 +9,7 @@
 // 0 after a clean shutdown, 2 for bad flags, 1 when it cannot start.
 #include <signal.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -110,6 +111,10 @@ int Main(int argc, char** argv) {
                  "(--tls-client-ca only with them)\n");
     return 2;
   }
+
+  // A client that disconnects mid-answer (a metrics scraper, a worker that
+  // died) must cost a failed write (EPIPE), not the coordinator.
+  std::signal(SIGPIPE, SIG_IGN);
 
   // Block the shutdown signals in every thread; the main thread waits for
   // them with sigwait below.

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -226,6 +227,11 @@ int Run(int argc, char** argv) {
       return 2;
     }
   }
+
+  // A write to a socket whose peer died (Gloo's writev to a lost rank) must
+  // fail with EPIPE, not kill this process: the default SIGPIPE action
+  // silently killed survivors of a peer's SIGKILL.
+  std::signal(SIGPIPE, SIG_IGN);
 
   // SIGINT / SIGTERM: leave the job and exit. Blocked before any thread
   // starts (the agent's, gRPC's) so every thread inherits the mask and only

@@ -42,6 +42,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <csignal>
 #include <cstdio>
 #include <unistd.h>
 #include <cstring>
@@ -659,6 +660,8 @@ std::string PluginPath(const Config& cfg) {
 }
 
 int Main(int argc, char** argv) {
+  // Writes to a lost peer's socket fail with EPIPE instead of killing us.
+  std::signal(SIGPIPE, SIG_IGN);
   bool help = false;
   std::string usage;
   absl::StatusOr<Config> parsed =

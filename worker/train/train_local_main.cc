@@ -11,6 +11,7 @@
 // then the validation loss and, with --sample-length, a text sample.
 // Exit status 0 on success, 2 on a bad argument or spec, 1 when the corpus
 // cannot be read or a step fails (the message names the cause).
+#include <csignal>
 #include <cstdio>
 #include <limits>
 #include <iostream>
@@ -40,6 +41,8 @@ int Fail(const std::string& what, int code = 2) {
 }
 
 int Main(int argc, char** argv) {
+  // Writes to a lost peer's socket fail with EPIPE instead of killing us.
+  std::signal(SIGPIPE, SIG_IGN);
   client::ArgParser args("shardline-train-local SPEC");
   constexpr int64_t kSpecSteps = std::numeric_limits<int64_t>::min();  // --steps not given
   int64_t dp = 1, steps = kSpecSteps, log_interval = 10, eval_interval = 0, eval_samples = 240,
