@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "plan/model.h"
+#include "worker/checkpoint/manifest_test_util.h"
 #include "worker/checkpoint/shard_io.h"
 #include "worker/checkpoint/trainer_state.h"
 #include "worker/train/test_util.h"
@@ -134,7 +135,7 @@ class CheckpointToolsTest : public ::testing::Test {
     ASSERT_EQ(parameters_->size(), specs.size());
 
     // The coordinator's commit: rank records and every rank's pieces by tensor.
-    v1::Manifest m;
+    v1::Manifest m = worker::checkpoint::testing::MergeReports(reports);
     m.set_checkpoint_id("ckpt-step000000000002-gen1");
     m.set_job_id("tools");
     m.set_step(kSteps);
@@ -149,26 +150,6 @@ class CheckpointToolsTest : public ::testing::Test {
     m.mutable_model()->set_num_heads(options.model.num_heads);
     m.mutable_model()->set_vocab_size(options.model.vocab_size);
     m.mutable_model()->set_seq_length(options.model.seq_length);
-    std::map<std::string, v1::SavedTensor*> by_name;
-    for (const auto& [rank, report] : reports) {
-      v1::RankRecord* record = m.add_ranks();
-      record->set_rank(rank);
-      *record->mutable_files() = report.files();
-      for (const v1::SavedTensor& t : report.tensors()) {
-        v1::SavedTensor*& dst = by_name[t.name()];
-        if (dst == nullptr) {
-          dst = m.add_tensors();
-          dst->set_name(t.name());
-          dst->set_dtype(t.dtype());
-          *dst->mutable_global_shape() = t.global_shape();
-        }
-        for (const v1::SavedPiece& p : t.pieces()) {
-          v1::SavedPiece* q = dst->add_pieces();
-          *q = p;
-          q->set_rank(rank);
-        }
-      }
-    }
     std::string json;
     google::protobuf::util::JsonPrintOptions print;
     print.preserve_proto_field_names = true;

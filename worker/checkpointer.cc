@@ -7,27 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "worker/checkpoint/shard_io.h"
+#include "worker/checkpoint/trainer_state.h"
 
 namespace shardline::worker {
 namespace {
 
-std::vector<checkpoint::LocalRun> Runs(const std::vector<train::Trainer::StateSlice>& slices) {
-  std::vector<checkpoint::LocalRun> runs;
-  runs.reserve(slices.size());
-  for (const train::Trainer::StateSlice& s : slices) {
-    checkpoint::LocalRun r;
-    r.tensor = s.tensor;
-    r.global_shape = s.spec->shape;
-    r.split_dim = s.spec->tp_split_dim;
-    r.tp = s.tp;
-    r.tp_rank = s.tp_rank;
-    r.begin = s.begin;
-    r.end = s.end;
-    r.data = s.data;
-    runs.push_back(std::move(r));
-  }
-  return runs;
-}
 
 // Token and deadline of one call. Checkpoint calls may wait for a commit
 // (fsyncs on the coordinator) or carry a large manifest: at least a minute.
@@ -114,7 +98,8 @@ absl::Status Checkpointer::Save(const v1::Fence& fence, uint32_t rank, int64_t s
   last_summary_.set_checkpoint_id(opened.checkpoint_id());
   last_summary_.set_step(static_cast<uint64_t>(step));
   last_summary_.set_state(v1::CHECKPOINT_STATE_PENDING);
-  const std::vector<checkpoint::LocalRun> runs = Runs(trainer.SaveSlices());
+  const std::vector<checkpoint::LocalRun> runs =
+      checkpoint::FromStateSlices(trainer.SaveSlices());
   if (!async) {
     absl::StatusOr<v1::ReportShardRequest> written =
         checkpoint::WriteShard(opened.directory(), static_cast<int>(rank), runs);
@@ -164,7 +149,8 @@ absl::Status Checkpointer::Restore(const std::string& job_id, const v1::Checkpoi
     return absl::Status(s.code(),
                         absl::StrCat("restoring ", ref.checkpoint_id(), ": ", s.message()));
   }
-  if (absl::Status s = checkpoint::ReadRuns(manifest, manifest.directory(), Runs(slices));
+  if (absl::Status s = checkpoint::ReadRuns(manifest, manifest.directory(),
+                                             checkpoint::FromStateSlices(slices));
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("restoring ", ref.checkpoint_id(), ": ", s.message()));
   }

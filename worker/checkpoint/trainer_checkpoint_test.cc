@@ -93,21 +93,12 @@ TEST_P(TrainerCheckpointTest, ContinuesTheUninterruptedCurveFromShardFiles) {
   for (const auto& s : specs) numel += s.numel();
   EXPECT_EQ(verify.bytes_checked, static_cast<uint64_t>(2 * 3 * numel * 4));
 
-  std::vector<double> resumed;
-  train::testing::Train(Options(param.after), 0, [&](int rank, Trainer& t) {
-    const absl::Status read = ReadRuns(manifest, dir, FromStateSlices(t.RestoreSlices()));
-    ASSERT_TRUE(read.ok()) << read;
-    ASSERT_TRUE(t.FinishRestore(kSaveAt).ok());
-    std::vector<double> mine;
-    for (int s = kSaveAt; s < kSteps; ++s) {
-      absl::StatusOr<StepStats> st = t.TrainStep();
-      ASSERT_TRUE(st.ok()) << st.status();
-      EXPECT_EQ(st->step, s);
-      mine.push_back(st->loss);
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    if (rank == 0) resumed = mine;
-  });
+  const std::vector<double> resumed =
+      train::testing::ResumeAndTrain(Options(param.after), kSaveAt, kSteps, [&](Trainer& t) {
+        const absl::Status read = ReadRuns(manifest, dir, FromStateSlices(t.RestoreSlices()));
+        ASSERT_TRUE(read.ok()) << read;
+        ASSERT_TRUE(t.FinishRestore(kSaveAt).ok());
+      });
   ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - kSaveAt));
   for (int s = kSaveAt; s < kSteps; ++s) {
     EXPECT_NEAR(resumed[s - kSaveAt], (*reference)[s], 1e-4 * (*reference)[s]) << "step " << s;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -125,6 +126,28 @@ inline std::vector<StepStats> Train(
     }
   }
   return stats[0];
+}
+
+// Every rank of `options` is restored by `restore` (which must leave it at
+// step `from`), then trains steps [from, to); returns rank 0's losses and
+// checks each step's index.
+inline std::vector<double> ResumeAndTrain(const TrainingOptions& options, int from, int to,
+                                          const std::function<void(Trainer&)>& restore) {
+  std::mutex mu;
+  std::vector<double> resumed;
+  Train(options, 0, [&](int rank, Trainer& t) {
+    restore(t);
+    std::vector<double> mine;
+    for (int s = from; s < to; ++s) {
+      absl::StatusOr<StepStats> st = t.TrainStep();
+      ASSERT_TRUE(st.ok()) << st.status();
+      EXPECT_EQ(st->step, s);
+      mine.push_back(st->loss);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (rank == 0) resumed = std::move(mine);
+  });
+  return resumed;
 }
 
 }  // namespace shardline::worker::train::testing

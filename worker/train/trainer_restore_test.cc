@@ -76,21 +76,8 @@ TEST_P(RestoreTest, ContinuesTheUninterruptedCurveAtAnotherLayout) {
     for (size_t i = 0; i < writes.size(); ++i)
       ASSERT_EQ(writes[i], 1) << name << " element " << i;
   }
-  std::vector<double> resumed;
-  std::mutex mu;
-  TrainingOptions o = Options(after);
-  const std::vector<StepStats> got = testing::Train(o, 0, [&](int rank, Trainer& t) {
-    Restore(t, state, kSaveAt);
-    std::vector<double> mine;
-    for (int s = kSaveAt; s < kSteps; ++s) {
-      absl::StatusOr<StepStats> st = t.TrainStep();
-      ASSERT_TRUE(st.ok()) << st.status();
-      EXPECT_EQ(st->step, s);
-      mine.push_back(st->loss);
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    if (rank == 0) resumed = mine;
-  });
+  const std::vector<double> resumed = testing::ResumeAndTrain(
+      Options(after), kSaveAt, kSteps, [&](Trainer& t) { Restore(t, state, kSaveAt); });
   ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - kSaveAt));
   for (int s = kSaveAt; s < kSteps; ++s) {
     EXPECT_NEAR(resumed[s - kSaveAt], (*reference)[s], 1e-4 * (*reference)[s]) << "step " << s;
