@@ -60,13 +60,19 @@ Checkpointer::~Checkpointer() { Finish().IgnoreError(); }
 
 absl::Status Checkpointer::Finish() {
   if (background_.joinable()) background_.join();
+  if (background_summary_.has_value()) {
+    // The background save's outcome, visible only after the join.
+    last_summary_ = *std::move(background_summary_);
+    background_summary_.reset();
+  }
   absl::Status s = std::move(background_status_);
   background_status_ = absl::OkStatus();
   return s;
 }
 
 absl::Status Checkpointer::Report(const v1::Fence& fence, const std::string& checkpoint_id,
-                                  v1::ReportShardRequest request) {
+                                  v1::ReportShardRequest request,
+                                  v1::CheckpointSummary* summary) {
   *request.mutable_fence() = fence;
   request.set_checkpoint_id(checkpoint_id);
   v1::ReportShardResponse response;
@@ -76,7 +82,7 @@ absl::Status Checkpointer::Report(const v1::Fence& fence, const std::string& che
     return stub_->ReportShard(ctx, request, &response);
   });
   if (absl::Status s = FromGrpc(rpc, "ReportShard"); !s.ok()) return s;
-  last_summary_ = response.checkpoint();
+  *summary = response.checkpoint();
   if (response.checkpoint().state() == v1::CHECKPOINT_STATE_ABORTED) {
     return absl::AbortedError(absl::StrCat("checkpoint ", checkpoint_id,
                                            " was aborted: ", response.checkpoint().abort_reason()));
@@ -105,7 +111,7 @@ absl::Status Checkpointer::Save(const v1::Fence& fence, uint32_t rank, int64_t s
         checkpoint::WriteShard(opened.directory(), static_cast<int>(rank), runs);
     if (!written.ok()) return written.status();
     written->set_data_cursor(data_cursor);
-    return Report(fence, opened.checkpoint_id(), *std::move(written));
+    return Report(fence, opened.checkpoint_id(), *std::move(written), &last_summary_);
   }
   // The state is copied now; the write and the report run in the
   // background while training goes on.
@@ -119,7 +125,7 @@ absl::Status Checkpointer::Save(const v1::Fence& fence, uint32_t rank, int64_t s
       return;
     }
     written->set_data_cursor(data_cursor);
-    background_status_ = Report(fence, id, *std::move(written));
+    background_status_ = Report(fence, id, *std::move(written), &background_summary_.emplace());
   });
   return absl::OkStatus();
 }

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -64,18 +65,24 @@ class Checkpointer {
   absl::Status Restore(const std::string& job_id, const v1::CheckpointRef& ref,
                        train::Trainer& trainer);
 
-  // What the last successful Save committed or left pending, for logs.
+  // What the last successful Save committed or left pending, for logs (for
+  // a background save: PENDING until the next Save, Restore or Finish).
   const v1::CheckpointSummary& last_summary() const { return last_summary_; }
 
  private:
+  // ReportShard (retried while UNAVAILABLE); the answer goes to *summary.
   absl::Status Report(const v1::Fence& fence, const std::string& checkpoint_id,
-                      v1::ReportShardRequest request);
+                      v1::ReportShardRequest request, v1::CheckpointSummary* summary);
 
   std::shared_ptr<grpc::Channel> channel_;
   client::ConnectionOptions connection_;
   std::unique_ptr<v1::CheckpointService::Stub> stub_;
   std::thread background_;
+  // Written by the background save's thread; read only after joining it.
   absl::Status background_status_;
+  std::optional<v1::CheckpointSummary> background_summary_;
+  // The calling thread's view: the last save's summary (a background save's
+  // once Finish joined it).
   v1::CheckpointSummary last_summary_;
 };
 
