@@ -24,14 +24,6 @@ using google::protobuf::util::TimeUtil;
 constexpr size_t kMaxOutbox = 256;  // session messages waiting for a slow stream
 constexpr size_t kMaxMembersPerJob = 65536;  // coordinator.proto
 
-// Heartbeat states that show the worker got past building its communicators
-// in its generation (session.proto WorkerState): they reset its streak of
-// generations ended by its own error reports.
-bool IsSuccessState(v1::WorkerState s) {
-  return s == v1::WORKER_STATE_READY || s == v1::WORKER_STATE_RESTORING ||
-         s == v1::WORKER_STATE_TRAINING || s == v1::WORKER_STATE_CHECKPOINTING ||
-         s == v1::WORKER_STATE_DONE;
-}
 
 google::protobuf::Timestamp ToProto(absl::Time t) {
   return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
@@ -150,10 +142,14 @@ struct Coordinator::MemberRecord {
   // processes with one worker_id would otherwise take turns forever).
   std::set<uint64_t> retired_incarnations;
   // Consecutive generations of this incarnation that its own ReportError
-  // ended, with no success (IsSuccessState heartbeat) in between; and the
+  // ended, with no success (a heartbeat reporting a step done in the
+  // generation) in between; and the
   // last such report. In memory only: a coordinator restart forgives.
   int error_streak = 0;
   std::string last_error;
+  // The step its generation started from (the restore point's, or 0): a
+  // heartbeat reporting a later step means it trained in this generation.
+  uint64_t generation_start_step = 0;
   // An operator asked to drain it (DrainWorker): it leaves when a
   // checkpoint of a step after drain_after_step commits.
   bool draining = false;
@@ -539,6 +535,8 @@ void Coordinator::FormGenerationLocked(JobRecord& job, int dp,
     if (static_cast<int>(i) < world) {
       m.set_state(v1::MEMBER_STATE_ACTIVE);
       m.set_rank(static_cast<uint32_t>(i));
+      candidates[i]->generation_start_step =
+          job.job.has_last_checkpoint() ? job.job.last_checkpoint().step() : 0;
       candidates[i]->previous_rank = static_cast<int>(i);
       formed->add_worker_ids(m.worker_id());
     } else {
@@ -1143,7 +1141,10 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   member.set_step(std::max(member.step(), request.step()));
   member.set_worker_state(request.state());
   *member.mutable_last_heartbeat_time() = ToProto(clock_->Now());
-  if (member.state() == v1::MEMBER_STATE_ACTIVE && IsSuccessState(request.state())) {
+  // Success is a step done in this generation: states such as READY come
+  // before the parts that can fail every time (opening the data, restoring),
+  // and a heartbeat racing the worker's error report must not reset it.
+  if (member.state() == v1::MEMBER_STATE_ACTIVE && request.step() > (*m)->generation_start_step) {
     (*m)->error_streak = 0;
   }
   if (member.state() == v1::MEMBER_STATE_ACTIVE) {

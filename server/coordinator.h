@@ -108,8 +108,9 @@ class Coordinator {
   // FailedPrecondition (a new process of the slot may join). If the others
   // cannot form a generation the job FAILS at once, naming the worker and
   // its error. "Success" is a heartbeat from the worker, ACTIVE in its
-  // generation, in state READY (communicators built and checked),
-  // RESTORING, TRAINING, CHECKPOINTING or DONE: it resets the count.
+  // generation, reporting a step beyond the one the generation started from
+  // (it trained): it resets the count. Earlier states (READY, RESTORING)
+  // do not, since what fails every time may come after them.
   // Generations that end for another reason neither count nor reset.
   static constexpr int kMaxConsecutiveErrorGenerations = 3;
 

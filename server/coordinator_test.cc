@@ -448,9 +448,10 @@ TEST_F(CoordinatorTest, RepeatedErrorReportsExcludeTheWorker) {
   EXPECT_EQ(fresh->state(), v1::MEMBER_STATE_SPARE);
 }
 
-// A heartbeat showing the worker got its communicators ready (READY) resets
-// its count; generations ended by others neither count nor reset.
-TEST_F(CoordinatorTest, ReadyHeartbeatResetsTheErrorStreak) {
+// A heartbeat reporting a step done in the generation resets the count
+// (READY alone does not: what fails every time may come after it);
+// generations ended by others neither count nor reset.
+TEST_F(CoordinatorTest, AStepDoneResetsTheErrorStreak) {
   Create(Spec(2, 3));
   for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
   const uint64_t n = Coordinator::kMaxConsecutiveErrorGenerations;
@@ -466,8 +467,10 @@ TEST_F(CoordinatorTest, ReadyHeartbeatResetsTheErrorStreak) {
   // Another worker's report: neutral.
   ASSERT_TRUE(ReportBindError(*coordinator_, Fence("a", g)).ok());
   next();
-  // c gets its communicators ready once, then fails again.
+  // c gets its communicators ready (no reset) and trains a step (reset),
+  // then fails again.
   ASSERT_TRUE(Beat("c", g, 0, v1::WORKER_STATE_READY).ok());
+  ASSERT_TRUE(Beat("c", g, 1, v1::WORKER_STATE_TRAINING).ok());
   for (uint64_t i = 0; i + 1 < n; ++i) {
     ASSERT_TRUE(ReportBindError(*coordinator_, Fence("c", g)).ok());
     next();
@@ -1156,6 +1159,34 @@ TEST_F(CoordinatorTest, FormingAGenerationCountsAsASignOfLife) {
   EXPECT_EQ(Members()["b"].state(), v1::MEMBER_STATE_ACTIVE);
   clock_.Advance(absl::Seconds(2));  // now past the timeout since forming
   EXPECT_FALSE(coordinator_->Tick().empty());
+}
+
+}  // namespace
+}  // namespace shardline::server
+
+namespace shardline::server {
+namespace {
+
+// A worker that gets its communicators ready every time but fails before
+// its first step (e.g. it cannot open the data) is still excluded after
+// kMaxConsecutiveErrorGenerations: READY heartbeats racing its error
+// reports do not reset the count.
+TEST_F(CoordinatorTest, ReadyAloneDoesNotResetTheErrorStreak) {
+  Create(Spec(2, 3));
+  for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
+  const uint64_t n = Coordinator::kMaxConsecutiveErrorGenerations;
+  for (uint64_t g = 1; g <= n; ++g) {
+    ASSERT_TRUE(Beat("c", g, 0, v1::WORKER_STATE_READY).ok());
+    auto r = ReportBindError(*coordinator_, Fence("c", g));
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (g < n) {
+      EXPECT_TRUE(r->directive().has_restart_at_generation()) << g;
+      for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok()) << w;
+    } else {
+      EXPECT_TRUE(r->directive().has_stop());
+    }
+  }
+  EXPECT_EQ(Members()["c"].loss_reason(), v1::LOSS_REASON_REPEATED_ERRORS);
 }
 
 }  // namespace

@@ -12,8 +12,9 @@
 //       [--sample-length N] [--blas-threads N] [--metrics-port N]
 //
 // Exit status: 0 after STOP (job COMPLETED or CANCELLED, or this worker
-// drained) or SIGINT/SIGTERM (after LeaveJob); 1 when the job FAILED or on a
-// runtime error; 2 on bad flags.
+// drained) or SIGINT/SIGTERM (after LeaveJob); 1 when the job FAILED, when
+// the coordinator excluded this worker, or on a runtime error; 2 on bad
+// flags.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -426,7 +427,10 @@ int Run(int argc, char** argv) {
   // A job that FAILED is a failure of this process too (a supervisor such as
   // systemd's Restart=on-failure should see it); COMPLETED, CANCELLED, a
   // drain or a signal are not.
-  return stop_phase == v1::JOB_PHASE_FAILED ? 1 : 0;
+  // The coordinator's exclusion (its own errors ended too many generations)
+  // stops it while the job goes on: a failure of this process as well.
+  return stop_phase == v1::JOB_PHASE_FAILED || absl::StartsWith(stop_reason, "excluded: ") ? 1
+                                                                                          : 0;
 }
 
 }  // namespace
