@@ -130,6 +130,7 @@ v1::Directive Stop(v1::JobPhase phase, const std::string& reason) {
 struct Coordinator::Session {
   uint64_t id = 0;
   std::deque<v1::SessionMessage> outbox;
+  SessionWaker waker;  // may be empty (a stream that waits on session_cv)
 };
 
 struct Coordinator::MemberRecord {
@@ -169,6 +170,7 @@ struct Coordinator::JobRecord {
   std::string worker_token;  // persisted
   std::map<std::string, MemberRecord> members;  // by worker_id; never erased
   std::optional<plan::Plan> plan;               // the current generation, once formed
+  PlanGroups plan_groups;                       // GroupsOfPlan(*plan) while plan is set
   absl::Time waiting_since;                     // entered PENDING / RECOVERING
   std::optional<absl::Time> last_call_deadline;
   v1::FormationReason pending_reason = v1::FORMATION_REASON_INITIAL;
@@ -178,6 +180,13 @@ struct Coordinator::JobRecord {
   // Checkpoints a restore found corrupt: id -> why. Persisted as kind
   // kUnusableCheckpointKind, key "<job>/<checkpoint_id>", value the reason.
   std::map<std::string, std::string> unusable_checkpoints;
+  // Signalled at every event (EmitLocked). Every change that GetAssignment
+  // and WaitEvents wait for (formation, a generation's end, a phase, a
+  // member joining, leaving or lost) emits one. A CondVar rather than an
+  // absl::Condition on mu_: with thousands of workers waiting in
+  // GetAssignment, every unlock of mu_ re-evaluated every waiter, so each
+  // join cost O(waiters). Shared so a waiter keeps it alive.
+  std::shared_ptr<absl::CondVar> changed = std::make_shared<absl::CondVar>();
 };
 
 Coordinator::Coordinator(Clock* clock, StateStore* store, CoordinatorOptions options)
@@ -274,6 +283,7 @@ absl::Status Coordinator::Recover() {
                                                 "' cannot be planned again: ", p.status().message()));
       }
       job->plan = *std::move(p);
+      job->plan_groups = GroupsOfPlan(*job->plan);
     }
   }
   return absl::OkStatus();
@@ -293,6 +303,7 @@ const Coordinator::JobRecord* Coordinator::FindJobLocked(const std::string& job_
 }
 
 void Coordinator::EmitLocked(JobRecord& job, v1::JobEvent event) {
+  job.changed->SignalAll();
   event.set_sequence(job.next_sequence++);
   *event.mutable_time() = ToProto(clock_->Now());
   event.set_job_id(job.job.job_id());
@@ -339,7 +350,20 @@ void Coordinator::PushLocked(MemberRecord& member, v1::SessionMessage message) {
   auto& outbox = member.session->outbox;
   if (outbox.size() >= kMaxOutbox) outbox.pop_front();  // a stuck stream loses the oldest
   outbox.push_back(std::move(message));
+  WakeSessionLocked(member);
+}
+
+void Coordinator::WakeSessionLocked(MemberRecord& member) {
   member.session_cv->SignalAll();
+  if (member.session.has_value() && member.session->waker) member.session->waker();
+}
+
+void Coordinator::EndSessionLocked(MemberRecord& member) {
+  if (!member.session.has_value()) return;
+  SessionWaker waker = std::move(member.session->waker);
+  member.session.reset();
+  member.session_cv->SignalAll();
+  if (waker) waker();
 }
 
 void Coordinator::StopAllLocked(JobRecord& job) {
@@ -358,6 +382,7 @@ void Coordinator::EndGenerationLocked(JobRecord& job, v1::FormationReason reason
   if (ended != nullptr) ended->push_back({job.job.job_id(), old_generation, why});
   job.job.set_generation(old_generation + 1);
   job.plan.reset();
+  job.plan_groups = {};
   job.last_call_deadline.reset();
   job.waiting_since = clock_->Now();
   job.pending_reason = reason;
@@ -518,6 +543,7 @@ void Coordinator::FormGenerationLocked(JobRecord& job, int dp,
                    });
   const int world = p->parallel.world_size();
   job.plan = *std::move(p);
+  job.plan_groups = GroupsOfPlan(*job.plan);
   job.job.set_world_size(world);
   job.job.set_dp(dp);
   job.job.set_num_spares(static_cast<uint32_t>(candidates.size()) - world);
@@ -573,15 +599,7 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord&
   v1::Assignment a;
   const v1::JobSpec& spec = job.job.spec();
   if (m.member.state() == v1::MEMBER_STATE_ACTIVE) {
-    a = AssignmentFor(*job.plan, static_cast<int>(m.member.rank()));
-    std::vector<std::string> by_rank(job.plan->parallel.world_size());
-    for (const auto& [id, other] : job.members) {
-      if (other.member.state() == v1::MEMBER_STATE_ACTIVE && other.member.has_rank() &&
-          other.member.rank() < by_rank.size()) {
-        by_rank[other.member.rank()] = id;
-      }
-    }
-    for (std::string& id : by_rank) a.add_worker_ids(std::move(id));
+    a = AssignmentFor(*job.plan, job.plan_groups, static_cast<int>(m.member.rank()));
     if (job.job.has_last_checkpoint()) *a.mutable_restore() = job.job.last_checkpoint();
     const uint64_t start = job.job.has_last_checkpoint() ? job.job.last_checkpoint().step() : 0;
     a.set_start_step(start);
@@ -830,8 +848,9 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitEvents(
   const JobRecord* job = FindJobLocked(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   const uint64_t from = after.value_or(0);
-  auto has_new = [job, from]() { return job->next_sequence > from + 1; };
-  mu_.AwaitWithDeadline(absl::Condition(&has_new), deadline);
+  const std::shared_ptr<absl::CondVar> changed = job->changed;
+  while (job->next_sequence <= from + 1 && !changed->WaitWithDeadline(&mu_, deadline)) {
+  }
   std::vector<v1::JobEvent> out;
   for (const v1::JobEvent& e : job->events) {
     if (e.sequence() > from) out.push_back(e);
@@ -922,8 +941,7 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
                        absl::StrCat("replaced by a new process (incarnation ", w.incarnation(), ")"),
                        &ended);
     }
-    m.session.reset();
-    m.session_cv->SignalAll();
+    EndSessionLocked(m);
     m.previous_rank = -1;
     m.error_streak = 0;
     m.last_error.clear();
@@ -977,7 +995,8 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   return response;
 }
 
-absl::StatusOr<uint64_t> Coordinator::OpenSession(const v1::WorkerIdentity& w) {
+absl::StatusOr<uint64_t> Coordinator::OpenSession(const v1::WorkerIdentity& w,
+                                                  SessionWaker waker) {
   if (absl::Status s = ValidIdentity(w, "worker"); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   JobRecord* job = FindJobLocked(w.job_id());
@@ -997,8 +1016,8 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const v1::WorkerIdentity& w) {
                                            v1::MemberState_Name(m.member.state()),
                                            "; re-join with JoinJob"));
   }
-  m.session = Session{next_session_id_++, {}};
-  m.session_cv->SignalAll();
+  EndSessionLocked(m);  // an older stream of this incarnation ends
+  m.session = Session{next_session_id_++, {}, std::move(waker)};
   m.last_heartbeat = clock_->Now();
   v1::SessionMessage opened;
   opened.mutable_opened()->set_generation(job->job.generation());
@@ -1055,8 +1074,7 @@ std::vector<GenerationEnded> Coordinator::CloseSession(const v1::WorkerIdentity&
       m.session->id != session_id) {
     return ended;
   }
-  m.session.reset();
-  m.session_cv->SignalAll();
+  EndSessionLocked(m);
   if (!IsTerminal(job->job.phase())) {
     LoseMemberLocked(*job, m, v1::LOSS_REASON_STREAM_BROKEN, "its session stream broke", &ended);
     MaybeFormLocked(*job, &ended);
@@ -1097,7 +1115,9 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignment(const v1::Fence& fence
             (s == v1::MEMBER_STATE_ACTIVE || s == v1::MEMBER_STATE_SPARE)) ||
            !IsLive(s);
   };
-  if (wait) mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
+  const std::shared_ptr<absl::CondVar> changed = job->changed;
+  while (wait && !settled() && !changed->WaitWithDeadline(&mu_, deadline)) {
+  }
   absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(*job, *member);
   if (a.ok() && member->member.incarnation() == incarnation) return a;
   // Re-check the fence: the generation may have ended while waiting.
@@ -1366,8 +1386,7 @@ absl::Status Coordinator::LeaveJob(const v1::LeaveJobRequest& request,
   m.member.set_state(v1::MEMBER_STATE_LEFT);
   m.member.set_detail(request.reason());
   m.member.clear_rank();
-  m.session.reset();
-  m.session_cv->SignalAll();
+  EndSessionLocked(m);
   v1::JobEvent e;
   v1::WorkerLeft* left = e.mutable_worker_left();
   left->set_worker_id(w.worker_id());

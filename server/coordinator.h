@@ -50,6 +50,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -176,10 +177,20 @@ class Coordinator {
   // replaces an older one of the same incarnation (the old one ends).
   // NotFound: unknown job or worker. Aborted: the incarnation was replaced or
   //   is LOST/LEFT (re-join with JoinJob first).
-  absl::StatusOr<uint64_t> OpenSession(const v1::WorkerIdentity& worker);
-  // The next message for the session, waiting until `deadline`; nullopt at
-  // the deadline. Aborted: the session was replaced or closed, or the member
-  // is gone; the stream should end.
+  //
+  // `waker`, if set, is called whenever NextSessionMessage would return
+  // something new for this session: a message was queued, or the session
+  // was replaced or closed. It lets an asynchronous stream (no thread per
+  // session) pull with a past deadline instead of waiting. It runs with the
+  // coordinator's lock held, on whatever thread changed the session: it must
+  // be quick, must not block and must not call the Coordinator (hand the
+  // work to another thread). It is dropped when the session ends.
+  using SessionWaker = std::function<void()>;
+  absl::StatusOr<uint64_t> OpenSession(const v1::WorkerIdentity& worker,
+                                       SessionWaker waker = nullptr);
+  // The next message for the session, waiting until `deadline` (a past
+  // deadline does not wait); nullopt at the deadline. Aborted: the session
+  // was replaced or closed, or the member is gone; the stream should end.
   absl::StatusOr<std::optional<v1::SessionMessage>> NextSessionMessage(
       const v1::WorkerIdentity& worker, uint64_t session_id, absl::Time deadline);
   // The stream broke (client gone): if `session_id` is the member's current
@@ -328,6 +339,10 @@ class Coordinator {
   void SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopAllLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes whoever streams `member`'s session (its CondVar and its waker).
+  void WakeSessionLocked(MemberRecord& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends `member`'s session, if any, and wakes its stream.
+  void EndSessionLocked(MemberRecord& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PushLocked(MemberRecord& member, v1::SessionMessage message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmitLocked(JobRecord& job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

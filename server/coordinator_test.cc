@@ -141,8 +141,14 @@ TEST_F(CoordinatorTest, FormsAtOnceWhenMaxWorkersJoin) {
   EXPECT_EQ(a.rank(), 2u);
   EXPECT_EQ(a.world_size(), 3u);
   EXPECT_EQ(a.gradient_accumulation_steps(), 4u);
-  EXPECT_EQ(std::vector<std::string>(a.worker_ids().begin(), a.worker_ids().end()),
-            (std::vector<std::string>{"a", "b", "c"}));
+  // Only the groups that hold rank 2 (its tp group, dp, its pp
+  // group), each with its name and position in Plan.groups.
+  std::vector<std::string> names;
+  for (const v1::ProcessGroup& g : a.groups()) {
+    EXPECT_NE(std::find(g.ranks().begin(), g.ranks().end(), 2u), g.ranks().end()) << g.name();
+    names.push_back(g.name());
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"tp/2", "dp/0", "pp/2"}));
   EXPECT_FALSE(a.has_restore());
 }
 

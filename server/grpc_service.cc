@@ -5,12 +5,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -74,13 +77,13 @@ absl::StatusOr<std::optional<absl::Duration>> ParseTimeout(bool has,
   return t;
 }
 
-absl::Time RpcDeadline(const grpc::ServerContext& ctx) {
+absl::Time RpcDeadline(const grpc::ServerContextBase& ctx) {
   const auto d = ctx.deadline();
   if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(d);
 }
 
-std::vector<absl::string_view> AuthorizationValues(const grpc::ServerContext& ctx) {
+std::vector<absl::string_view> AuthorizationValues(const grpc::ServerContextBase& ctx) {
   std::vector<absl::string_view> out;
   auto range = ctx.client_metadata().equal_range("authorization");
   for (auto it = range.first; it != range.second; ++it) {
@@ -188,6 +191,55 @@ std::vector<JobSnapshot> SnapshotJobs(const Coordinator& coordinator) {
   return out;
 }
 
+// Moves Session streams forward on one thread, so an open stream costs no
+// thread of its own (a sync server held one per worker: thousands of threads
+// waking every poll_interval on 2 cores). Post() is called by the
+// coordinator's session wakers with the coordinator's lock held: it only
+// queues. Thread-safe. Run(fn) is given each posted item once per Post that
+// found it not already queued.
+class SessionPump {
+ public:
+  using Item = std::function<void()>;
+  SessionPump() : thread_([this] { Loop(); }) {}
+  ~SessionPump() { Stop(); }
+
+  void Post(Item item) {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    queue_.push_back(std::move(item));
+  }
+
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopped_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      std::deque<Item> batch;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopped_ || !queue_.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;  // stopped
+        batch.swap(queue_);
+      }
+      for (Item& item : batch) item();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 // ---------------------------------------------------------------------------
 // The services.
 
@@ -223,7 +275,19 @@ class Services {
   }
 
   Coordinator* coordinator() const { return deps_.coordinator; }
-  void BeginShutdown() { shutting_down_.store(true); }
+  // Open Session streams end with UNAVAILABLE right away (workers reconnect
+  // to the next coordinator; none is declared lost).
+  void BeginShutdown() {
+    shutting_down_.store(true);
+    std::vector<std::shared_ptr<SessionStream>> open;
+    {
+      absl::MutexLock lock(&streams_mu_);
+      for (auto& [raw, weak] : streams_) {
+        if (auto st = weak.lock()) open.push_back(std::move(st));
+      }
+    }
+    for (auto& st : open) st->Wake();
+  }
   bool shutting_down() const { return shutting_down_.load(); }
 
   // Ends every blocked rendezvous call (see the header's Shutdown).
@@ -331,14 +395,14 @@ class Services {
     return ToGrpcStatus(status);
   }
 
-  absl::StatusOr<Principal> Authorize(const grpc::ServerContext& ctx, Access access,
+  absl::StatusOr<Principal> Authorize(const grpc::ServerContextBase& ctx, Access access,
                                       absl::string_view job_id) {
     return auth_.Authorize(AuthorizationValues(ctx), access, job_id);
   }
 
   // A worker-level call on `job_id` (named `field` in errors): the caller
   // holds the job's worker token or the admin token, and the id is present.
-  absl::Status AuthorizeWorker(const grpc::ServerContext& ctx, const std::string& job_id,
+  absl::Status AuthorizeWorker(const grpc::ServerContextBase& ctx, const std::string& job_id,
                                const char* field) {
     if (auto p = Authorize(ctx, Access::kWorker, job_id); !p.ok()) return p.status();
     return RequireJobId(job_id, field);
@@ -705,7 +769,8 @@ class Services {
 
   // --- WorkerService ------------------------------------------------------
 
-  class WorkerServiceImpl final : public v1::WorkerService::Service {
+  class WorkerServiceImpl final
+      : public v1::WorkerService::WithCallbackMethod_Session<v1::WorkerService::Service> {
    public:
     explicit WorkerServiceImpl(Services* s) : s_(s) {}
 
@@ -726,15 +791,30 @@ class Services {
       });
     }
 
-    grpc::Status Session(grpc::ServerContext* ctx, const v1::SessionRequest* req,
-                         grpc::ServerWriter<v1::SessionMessage>* writer) override {
-      return s_->Run("WorkerService/Session", [&]() -> absl::Status {
-        const v1::WorkerIdentity& w = req->worker();
-        if (absl::Status st = s_->AuthorizeWorker(*ctx, w.job_id(), "worker.job_id"); !st.ok()) {
-          return st;
-        }
-        return RunSession(ctx, w, writer);
-      });
+    grpc::ServerWriteReactor<v1::SessionMessage>* Session(grpc::CallbackServerContext* ctx,
+                                                          const v1::SessionRequest* req) override {
+      auto* reactor = new SessionReactor(s_, req->worker());
+      SessionStream& stream = reactor->stream();
+      const v1::WorkerIdentity& w = req->worker();
+      if (s_->shutting_down()) {
+        stream.FinishEarly(absl::UnavailableError("the coordinator is shutting down; retry"));
+        return reactor;
+      }
+      if (absl::Status st = s_->AuthorizeWorker(*ctx, w.job_id(), "worker.job_id"); !st.ok()) {
+        stream.FinishEarly(st);
+        return reactor;
+      }
+      // A new stream of the same incarnation replaces an open one
+      // (coordinator.proto): the coordinator ends the old session, which
+      // then finishes with ABORTED without declaring the worker lost.
+      absl::StatusOr<uint64_t> session = s_->deps_.coordinator->OpenSession(w, stream.Waker());
+      if (!session.ok()) {
+        stream.FinishEarly(session.status());
+        return reactor;
+      }
+      Log(absl::StrCat("session opened ", Who(w), " session=", *session));
+      stream.Opened(*session);
+      return reactor;
     }
 
     grpc::Status GetAssignment(grpc::ServerContext* ctx, const v1::GetAssignmentRequest* req,
@@ -831,57 +911,6 @@ class Services {
     }
 
    private:
-    absl::Status RunSession(grpc::ServerContext* ctx, const v1::WorkerIdentity& w,
-                            grpc::ServerWriter<v1::SessionMessage>* writer) {
-      // A new stream of the same incarnation replaces an open one
-      // (coordinator.proto): the coordinator ends the old session, whose
-      // loop below then returns ABORTED without declaring the worker lost.
-      Coordinator& c = *s_->deps_.coordinator;
-      absl::StatusOr<uint64_t> session = c.OpenSession(w);
-      if (!session.ok()) return session.status();
-      Log(absl::StrCat("session opened ", Who(w), " session=", *session));
-      auto broken = [&](absl::string_view why) {
-        std::vector<GenerationEnded> ended = c.CloseSession(w, *session);
-        Log(absl::StrCat("session broken ", Who(w), " session=", *session, " why=\"", why, "\""));
-        s_->PassOn(ended);
-      };
-      while (true) {
-        // Shutdown first: a server going away must not declare its workers
-        // LOST (they reconnect to the next coordinator).
-        if (s_->shutting_down()) {
-          return absl::UnavailableError("the coordinator is shutting down; reconnect");
-        }
-        if (ctx->IsCancelled()) {
-          broken("cancelled by the client or the connection broke");
-          return absl::CancelledError("the session was cancelled");
-        }
-        absl::StatusOr<std::optional<v1::SessionMessage>> msg =
-            c.NextSessionMessage(w, *session, absl::Now() + s_->poll_interval_);
-        if (!msg.ok()) {
-          if (s_->HasLeft(w)) {
-            Log(absl::StrCat("session ended ", Who(w), " session=", *session, " (left)"));
-            return absl::OkStatus();
-          }
-          Log(absl::StrCat("session ended ", Who(w), " session=", *session, " status=\"",
-                           msg.status().ToString(), "\""));
-          return msg.status();
-        }
-        if (!msg->has_value()) continue;
-        const v1::SessionMessage& m = **msg;
-        if (!writer->Write(m)) {
-          if (s_->shutting_down()) {
-            return absl::UnavailableError("the coordinator is shutting down; reconnect");
-          }
-          broken("write failed");
-          return absl::UnavailableError("the session stream broke");
-        }
-        if (m.has_directive() && m.directive().has_stop()) {
-          Log(absl::StrCat("session ended ", Who(w), " session=", *session, " (stop)"));
-          return absl::OkStatus();
-        }
-      }
-    }
-
     Services* const s_;
   };
 
@@ -1285,8 +1314,198 @@ class Services {
     Services* const s_;
   };
 
+  // One Session stream on the callback API: the coordinator's waker posts
+  // it to the pump, which pulls the next message (NextSessionMessage with a
+  // past deadline) and starts its write; at most one write is in flight.
+  // A cancelled stream (the client went away) or a failed write calls
+  // CloseSession (the worker is LOST at once) unless the server is shutting
+  // down. Lock order: mu_, then the coordinator's lock (Advance); the
+  // coordinator's lock is never held while taking mu_ (the waker only posts).
+  class SessionStream : public std::enable_shared_from_this<SessionStream> {
+   public:
+    SessionStream(Services* s, v1::WorkerIdentity w,
+                  grpc::ServerWriteReactor<v1::SessionMessage>* reactor)
+        : s_(s), w_(std::move(w)), reactor_(reactor), start_(absl::Now()) {}
+
+    // Any thread, even with the coordinator's lock held: schedule Advance.
+    void Wake() {
+      if (queued_.exchange(true)) return;
+      std::weak_ptr<SessionStream> weak = weak_from_this();
+      s_->pump_->Post([weak] {
+        if (auto st = weak.lock()) st->Advance();
+      });
+    }
+
+    // The waker handed to Coordinator::OpenSession.
+    Coordinator::SessionWaker Waker() {
+      std::weak_ptr<SessionStream> weak = weak_from_this();
+      return [weak] {
+        if (auto st = weak.lock()) st->Wake();
+      };
+    }
+
+    // The handler, once OpenSession returned.
+    void Opened(uint64_t session_id) {
+      {
+        absl::MutexLock lock(&mu_);
+        session_id_ = session_id;
+        if (cancelled_ && finished_ && !s_->shutting_down()) {
+          // The client went away before the session was recorded.
+          s_->PassOn(s_->deps_.coordinator->CloseSession(w_, session_id_));
+          return;
+        }
+      }
+      Wake();
+    }
+
+    // Ends a stream that never opened (bad request, unknown worker ...).
+    void FinishEarly(const absl::Status& status) {
+      absl::MutexLock lock(&mu_);
+      FinishLocked(status);
+    }
+
+    // Pump thread: writes the next queued message, or ends the stream.
+    void Advance() {
+      queued_.store(false);
+      absl::MutexLock lock(&mu_);
+      if (finished_ || writing_ || session_id_ == 0) return;
+      if (s_->shutting_down()) {
+        FinishLocked(absl::UnavailableError("the coordinator is shutting down; reconnect"));
+        return;
+      }
+      absl::StatusOr<std::optional<v1::SessionMessage>> msg =
+          s_->deps_.coordinator->NextSessionMessage(w_, session_id_, absl::InfinitePast());
+      if (!msg.ok()) {
+        // Replaced by a newer stream, closed, or the member is gone.
+        if (s_->HasLeft(w_)) {
+          Log(absl::StrCat("session ended ", Who(w_), " session=", session_id_, " (left)"));
+          FinishLocked(absl::OkStatus());
+          return;
+        }
+        Log(absl::StrCat("session ended ", Who(w_), " session=", session_id_, " status=\"",
+                         msg.status().ToString(), "\""));
+        FinishLocked(msg.status());
+        return;
+      }
+      if (!msg->has_value()) return;
+      current_ = **std::move(msg);
+      writing_ = true;
+      reactor_->StartWrite(&current_);
+    }
+
+    // gRPC: a write finished (ok = false: the stream is broken).
+    void WriteDone(bool ok) {
+      bool more = false;
+      {
+        absl::MutexLock lock(&mu_);
+        writing_ = false;
+        if (finished_) return;
+        if (s_->shutting_down()) {
+          FinishLocked(absl::UnavailableError("the coordinator is shutting down; reconnect"));
+          return;
+        }
+        if (!ok || cancelled_) {
+          BrokenLocked(cancelled_ ? "cancelled by the client or the connection broke"
+                                  : "write failed");
+          return;
+        }
+        if (current_.has_directive() && current_.directive().has_stop()) {
+          Log(absl::StrCat("session ended ", Who(w_), " session=", session_id_, " (stop)"));
+          FinishLocked(absl::OkStatus());
+          return;
+        }
+        more = true;
+      }
+      if (more) Wake();  // more messages may be queued
+    }
+
+    // gRPC: the client cancelled or the connection broke.
+    void Cancelled() {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      if (finished_ || writing_) return;  // WriteDone finishes a pending write
+      if (s_->shutting_down()) {
+        FinishLocked(absl::UnavailableError("the coordinator is shutting down; reconnect"));
+        return;
+      }
+      BrokenLocked("cancelled by the client or the connection broke");
+    }
+
+    // gRPC: the stream is over; the reactor is deleted after this.
+    void Done() {
+      absl::MutexLock lock(&mu_);
+      reactor_ = nullptr;
+      if (s_->deps_.metrics != nullptr) {
+        s_->deps_.metrics->ObserveRpc("WorkerService/Session", absl::Now() - start_, final_code_);
+      }
+      absl::MutexLock streams(&s_->streams_mu_);
+      s_->streams_.erase(this);
+    }
+
+   private:
+    void BrokenLocked(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (session_id_ != 0) {
+        std::vector<GenerationEnded> ended = s_->deps_.coordinator->CloseSession(w_, session_id_);
+        Log(absl::StrCat("session broken ", Who(w_), " session=", session_id_, " why=\"", why,
+                         "\""));
+        s_->PassOn(ended);
+      }
+      FinishLocked(absl::UnavailableError("the session stream broke"));
+    }
+
+    void FinishLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (finished_ || reactor_ == nullptr) return;
+      finished_ = true;
+      if (!status.ok() && s_->shutting_down()) {
+        status = absl::UnavailableError("the coordinator is shutting down; reconnect");
+      }
+      final_code_ = status.code();
+      if (status.code() == absl::StatusCode::kInternal) {
+        Log(absl::StrCat("internal error method=WorkerService/Session status=\"",
+                         status.ToString(), "\""));
+      }
+      reactor_->Finish(ToGrpcStatus(status));
+    }
+
+    Services* const s_;
+    const v1::WorkerIdentity w_;
+    const absl::Time start_;
+    std::atomic<bool> queued_{false};
+    absl::Mutex mu_;
+    grpc::ServerWriteReactor<v1::SessionMessage>* reactor_ ABSL_GUARDED_BY(mu_);
+    uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
+    v1::SessionMessage current_ ABSL_GUARDED_BY(mu_);  // the message being written
+    bool writing_ ABSL_GUARDED_BY(mu_) = false;
+    bool finished_ ABSL_GUARDED_BY(mu_) = false;
+    bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+    absl::StatusCode final_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
+  };
+
+  class SessionReactor final : public grpc::ServerWriteReactor<v1::SessionMessage> {
+   public:
+    SessionReactor(Services* s, const v1::WorkerIdentity& w)
+        : stream_(std::make_shared<SessionStream>(s, w, this)) {
+      absl::MutexLock lock(&s->streams_mu_);
+      s->streams_[stream_.get()] = stream_;
+    }
+    SessionStream& stream() { return *stream_; }
+    void OnWriteDone(bool ok) override { stream_->WriteDone(ok); }
+    void OnCancel() override { stream_->Cancelled(); }
+    void OnDone() override {
+      stream_->Done();
+      delete this;
+    }
+
+   private:
+    const std::shared_ptr<SessionStream> stream_;
+  };
+
   const ServiceDeps deps_;
   const absl::Duration poll_interval_;
+  // Shared with the wakers the coordinator holds, which may outlive us.
+  const std::shared_ptr<SessionPump> pump_ = std::make_shared<SessionPump>();
+  absl::Mutex streams_mu_;
+  std::map<SessionStream*, std::weak_ptr<SessionStream>> streams_ ABSL_GUARDED_BY(streams_mu_);
   const Authenticator auth_;
   std::atomic<bool> shutting_down_{false};
   // Serializes the checkpoint file work (LATEST writers race otherwise).

@@ -180,7 +180,17 @@ v1::Plan PlanToProto(const plan::Plan& p, const std::string& job_id, uint64_t ge
   return out;
 }
 
-v1::Assignment AssignmentFor(const plan::Plan& p, int rank) {
+PlanGroups GroupsOfPlan(const plan::Plan& p) {
+  PlanGroups out;
+  out.groups = GroupsToProto(p.topology);
+  out.of_rank.resize(static_cast<size_t>(p.parallel.world_size()));
+  for (size_t i = 0; i < out.groups.size(); ++i) {
+    for (uint32_t r : out.groups[i].ranks()) out.of_rank[r].push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+v1::Assignment AssignmentFor(const plan::Plan& p, const PlanGroups& groups, int rank) {
   v1::Assignment a;
   const plan::RankCoordinates c = p.topology.CoordinatesOf(rank);
   a.set_rank(rank);
@@ -190,7 +200,7 @@ v1::Assignment AssignmentFor(const plan::Plan& p, int rank) {
   a.mutable_coordinates()->set_dp_rank(c.dp_rank);
   *a.mutable_parallel() = ParallelToProto(p.parallel);
   a.set_dp(p.parallel.dp);
-  for (v1::ProcessGroup& g : GroupsToProto(p.topology)) *a.add_groups() = std::move(g);
+  for (int i : groups.of_rank[static_cast<size_t>(rank)]) *a.add_groups() = groups.groups[i];
   for (int ch : p.pipeline.ChunksOfRank(c.pp_rank)) {
     *a.add_chunks() = ChunkToProto(p.pipeline.chunks[ch], p.pipeline.pp);
   }

@@ -2,7 +2,8 @@
 // rank's Assignment, and shard holders.
 //
 //   v1::Plan p = PlanToProto(plan, "job-1", /*generation=*/3);
-//   v1::Assignment a = AssignmentFor(plan, /*rank=*/5);
+//   PlanGroups groups = GroupsOfPlan(plan);          // once per generation
+//   v1::Assignment a = AssignmentFor(plan, groups, /*rank=*/5);
 //
 // Pure functions; thread-safe.
 #ifndef SHARDLINE_SERVER_PLAN_PROTO_H_
@@ -27,11 +28,22 @@ std::vector<v1::ProcessGroup> GroupsToProto(const plan::Topology& topology);
 
 v1::Plan PlanToProto(const plan::Plan& plan, const std::string& job_id, uint64_t generation);
 
+// A plan's groups in proto form (GroupsToProto) and, for each rank, the
+// indices of the groups that contain it, ascending. Built once per
+// generation so that each assignment costs O(its own groups), not
+// O(every group): N assignments of a dp = N job would otherwise cost O(N^2).
+struct PlanGroups {
+  std::vector<v1::ProcessGroup> groups;
+  std::vector<std::vector<int>> of_rank;  // index = rank
+};
+PlanGroups GroupsOfPlan(const plan::Plan& plan);
+
 // Rank-specific fields of an assignment: rank, world_size, coordinates,
-// parallel, dp, groups, chunks, zero_shards, gradient_accumulation_steps,
-// micro_batch. The caller sets generation, worker_ids, restore, data_cursor
-// and start_step. Precondition: 0 <= rank < world_size.
-v1::Assignment AssignmentFor(const plan::Plan& plan, int rank);
+// parallel, dp, groups (only those containing `rank`), chunks, zero_shards,
+// gradient_accumulation_steps, micro_batch. The caller sets generation,
+// restore, data_cursor and start_step. Preconditions: 0 <= rank <
+// world_size; `groups` = GroupsOfPlan(plan).
+v1::Assignment AssignmentFor(const plan::Plan& plan, const PlanGroups& groups, int rank);
 
 // The TP slice of `spec` held by tp rank `tp_rank` as a TensorSlice.
 v1::TensorSlice SliceOf(const plan::ParameterSpec& spec, int tp, int tp_rank);

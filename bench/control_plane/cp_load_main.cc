@@ -141,7 +141,7 @@ google::protobuf::Duration ProtoDuration(absl::Duration d) {
 constexpr absl::Duration kDefaultInterval = absl::Seconds(5);
 constexpr absl::Duration kDefaultTimeout = absl::Seconds(30);
 
-// L=2, h=8, 2 heads, V=16, s=4, tp=pp=1, dp = `workers` exactly (global batch
+// L=2, h=8, 2 heads, V=256 (bytes), s=4, tp=pp=1, dp = `workers` exactly (global batch
 // = workers, micro-batch 1), so every worker gets a rank.
 v1::JobSpec FleetSpec(int workers, absl::Duration heartbeat_interval,
                       absl::Duration heartbeat_timeout) {
@@ -151,7 +151,7 @@ v1::JobSpec FleetSpec(int workers, absl::Duration heartbeat_interval,
   m->set_num_layers(2);
   m->set_hidden_size(8);
   m->set_num_heads(2);
-  m->set_vocab_size(16);
+  m->set_vocab_size(256);
   m->set_seq_length(4);
   spec.mutable_parallel()->set_tp(1);
   spec.mutable_parallel()->set_pp(1);
