@@ -675,6 +675,22 @@ absl::StatusOr<ReportShardResult> CheckpointRegistry::ReportShard(absl::string_v
         absl::StrFormat("checkpoint %s was aborted: %s", id, head.abort_reason()));
   }
   if (e->phase == Phase::kCommitted) {
+    // The raw reports are gone (a newer commit or a coordinator restart),
+    // but the manifest keeps each rank's files: a repeat naming the same
+    // files (path, size, CRC-32C) is a retry whose first answer was lost,
+    // e.g. sent just before the coordinator restarted.
+    for (const v1::RankRecord& r : head.ranks()) {
+      if (r.rank() != report.rank) continue;
+      bool same = r.files_size() == normalized.request.files_size();
+      for (int i = 0; same && i < r.files_size(); ++i) {
+        same = google::protobuf::util::MessageDifferencer::Equals(r.files(i),
+                                                                normalized.request.files(i));
+      }
+      if (same) {
+        result.checkpoint = SummaryLocked(*e);
+        return result;
+      }
+    }
     return absl::FailedPreconditionError(absl::StrFormat("checkpoint %s is already committed", id));
   }
   // Cross-rank consistency.

@@ -70,8 +70,10 @@
 //     summary whatever the state (it is a retry after a lost answer); a new
 //     report to a checkpoint that is not PENDING is FAILED_PRECONDITION. The
 //     raw reports of a committed checkpoint are dropped once a newer one
-//     commits or the coordinator restarts; a repeat then gets
-//     FAILED_PRECONDITION ("already committed"), which is also true.
+//     commits or the coordinator restarts; a repeat is then still answered
+//     with the summary when the manifest records the same files (path, size,
+//     CRC-32C) for that rank, and gets FAILED_PRECONDITION ("already
+//     committed") otherwise.
 //   * Pieces outside their tensor or file are rejected at ReportShard with
 //     INVALID_ARGUMENT (the rank may fix and re-report); gaps and overlaps
 //     between ranks can only be seen at commit and abort the checkpoint with

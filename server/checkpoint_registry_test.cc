@@ -697,6 +697,20 @@ TEST_F(CheckpointRegistryTest, CommitIsDurableAcrossRestartPendingIsNot) {
   ASSERT_TRUE(after.ok());
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(before, *after));
   EXPECT_EQ(registry_->GetManifest(kJob, step5)->step(), 5u);
+  // A rank whose report's answer was lost in the restart retries it: the
+  // raw reports are gone, but the manifest holds the same files, so it is
+  // still a retry (answered with the summary). Different files are not.
+  absl::StatusOr<ReportShardResult> retry = registry_->ReportShard(kJob, 1, W4Report(2, step7));
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->checkpoint.checkpoint_id(), step7);
+  EXPECT_EQ(retry->checkpoint.state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_EQ(retry->checkpoint.reported_ranks(), 4u);
+  EXPECT_EQ(registry_->ReportShard(kJob, 1, W4Report(3, step7 + "x")).status().code(),
+            absl::StatusCode::kNotFound);
+  ShardReport other = W4Report(2, step7);
+  other.request.mutable_files(0)->set_crc32c(other.request.files(0).crc32c() ^ 1);
+  EXPECT_EQ(registry_->ReportShard(kJob, 1, other).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 
   absl::StatusOr<v1::ListCheckpointsResponse> list = registry_->List(kJob, true, 0, "");
   ASSERT_TRUE(list.ok());
