@@ -1182,11 +1182,19 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
       EmitLocked(*job, std::move(e));
     }
   }
-  // The job completes when every rank has finished its steps.
-  bool all_done = job->job.phase() == v1::JOB_PHASE_RUNNING;
-  for (const auto& [id, other] : job->members) {
-    if (other.member.state() == v1::MEMBER_STATE_ACTIVE) {
-      all_done = all_done && other.member.worker_state() == v1::WORKER_STATE_DONE;
+  // The job completes when every rank has finished its steps. Only a rank
+  // that says DONE can complete it: the O(members) check stays off the
+  // ordinary heartbeat's path.
+  bool all_done = job->job.phase() == v1::JOB_PHASE_RUNNING &&
+                  member.state() == v1::MEMBER_STATE_ACTIVE &&
+                  member.worker_state() == v1::WORKER_STATE_DONE;
+  if (all_done) {
+    for (const auto& [id, other] : job->members) {
+      if (other.member.state() == v1::MEMBER_STATE_ACTIVE &&
+          other.member.worker_state() != v1::WORKER_STATE_DONE) {
+        all_done = false;
+        break;
+      }
     }
   }
   if (all_done) {

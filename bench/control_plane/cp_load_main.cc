@@ -461,7 +461,7 @@ class Fleet {
         w->generation.store(w->assignment.generation());
         w->assigned = absl::Now();
         w->ok = true;
-        w->assignment.Clear();  // thousands of them hold every worker_id
+        w->assignment.Clear();  // thousands of them add up
         absl::MutexLock lock(&mu_);
         ++assigned_;
         return;
@@ -861,26 +861,37 @@ int RunLeases(const Flags& f) {
     std::vector<std::thread> granters;
     std::atomic<int> next{0};
     std::atomic<int> failed{0};
+    absl::Mutex error_mu;
+    std::string first_error;
     for (int t = 0; t < 16; ++t) {
       granters.emplace_back([&] {
         for (int i; (i = next++) < n;) {
-          etcd::LeaseGrantRequest req;
-          req.set_ttl(ttl);
-          etcd::LeaseGrantResponse resp;
-          grpc::ClientContext ctx;
-          SetDeadline(&ctx, absl::Seconds(60));
-          grpc::Status s = leases[i]->stub->LeaseGrant(&ctx, req, &resp);
-          if (!s.ok() || resp.id() == 0) {
+          // Setup, not measured: a grant refused while etcd is busy with
+          // thousands of new connections is retried (3 tries).
+          grpc::Status s;
+          for (int attempt = 0; attempt < 3 && leases[i]->id == 0; ++attempt) {
+            etcd::LeaseGrantRequest req;
+            req.set_ttl(ttl);
+            etcd::LeaseGrantResponse resp;
+            grpc::ClientContext ctx;
+            SetDeadline(&ctx, absl::Seconds(60));
+            s = leases[i]->stub->LeaseGrant(&ctx, req, &resp);
+            if (s.ok() && resp.id() != 0) leases[i]->id = resp.id();
+          }
+          if (leases[i]->id == 0) {
             ++failed;
-          } else {
-            leases[i]->id = resp.id();
+            absl::MutexLock lock(&error_mu);
+            if (first_error.empty()) {
+              first_error = absl::StrCat("code ", s.error_code(), " ", s.error_message());
+            }
           }
         }
       });
     }
     for (auto& t : granters) t.join();
     if (failed.load() > 0) {
-      std::printf("{\"error\": \"%d LeaseGrant calls failed\"}\n", failed.load());
+      std::printf("{\"error\": \"%d LeaseGrant calls failed (3 tries each); first: %s\"}\n",
+                  failed.load(), Esc(first_error).c_str());
       std::fflush(stdout);
       std::_Exit(1);
     }

@@ -20,7 +20,7 @@ def main():
     quick = benchlib.quick()
     out = benchlib.out_path("bench/out/%s.csv" % NAME)
     rows = benchlib.Rows(out, NAME)
-    sizes = [64, 256] if quick else [64, 128, 256, 1024, 4096]
+    sizes = [64, 256] if quick else [64, 128, 256, 1024, 2048, 4096]
     # torch's rendezvous rewrites one pickled state with every participant
     # (O(N) per join): past this size it does not finish in a benchmark's time.
     torch_max = 64 if quick else 128
