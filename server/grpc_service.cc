@@ -195,8 +195,8 @@ std::vector<JobSnapshot> SnapshotJobs(const Coordinator& coordinator) {
 // thread of its own (a sync server held one per worker: thousands of threads
 // waking every poll_interval on 2 cores). Post() is called by the
 // coordinator's session wakers with the coordinator's lock held: it only
-// queues. Thread-safe. Run(fn) is given each posted item once per Post that
-// found it not already queued.
+// queues. Thread-safe. Runs each posted item once, in order, on its thread;
+// items posted after Stop() are dropped.
 class SessionPump {
  public:
   using Item = std::function<void()>;

@@ -56,12 +56,15 @@
 //     limits per the proto) and the gRPC deadline. GetAssignment, KvGet and
 //     KvWait wait in slices of at most kWaitSlice, so a cancelled caller or
 //     a shutdown frees their thread promptly.
-//   * Session: OpenSession, then NextSessionMessage in rounds of
-//     poll_interval, checking ServerContext::IsCancelled() every round. A
-//     cancelled stream (the client went away) or a failed write calls
-//     CloseSession (the worker is LOST at once). A second Session of an
-//     incarnation whose stream is still open here is ALREADY_EXISTS. The
-//     stream ends OK after a STOP directive or once the member has LEFT.
+//   * Session runs on gRPC's callback API, so an open stream holds no
+//     thread: OpenSession with a waker; each queued message wakes one pump
+//     thread, which pulls it (NextSessionMessage, no wait) and starts the
+//     write, one write in flight per stream. A cancelled stream (the client
+//     went away, noticed when gRPC reports it, not polled) or a failed write
+//     calls CloseSession (the worker is LOST at once). A second Session of
+//     the same incarnation replaces the open one, which ends ABORTED. The
+//     stream ends OK after a STOP directive or once the member has LEFT, and
+//     UNAVAILABLE at once when the server shuts down (no one declared lost).
 //   * WatchJob: replay, then WaitEvents in rounds of poll_interval; ends OK
 //     after the PhaseChanged to a terminal phase. OUT_OF_RANGE for an
 //     after_sequence outside [oldest retained - 1, newest];
@@ -139,8 +142,8 @@ struct ServerOptions {
   // How often Coordinator::Tick runs; zero or less: never (tests that tick
   // by hand).
   absl::Duration tick_interval = absl::Milliseconds(100);
-  // One round of the Session and WatchJob loops (how fast a cancelled
-  // stream is noticed).
+  // One round of the WatchJob loop (how fast a cancelled watcher is
+  // noticed).
   absl::Duration poll_interval = absl::Milliseconds(100);
   // gRPC keepalive pings from the server, so half-open connections break
   // (and their Session with them).
