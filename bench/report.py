@@ -124,8 +124,13 @@ def table(rows):
             if r is None:
                 cells.append("")
             elif r["peer_value"] == "":
-                cells.append("not measured (%s)" % (r["note"] or "no value")
-                             if r["note"] else "—")
+                if not r["note"]:
+                    cells.append("—")
+                elif not first["shardline"] and r["note"] == first["note"]:
+                    # One note explains both: written once, in our cell.
+                    cells.append("not measured (see the Shardline cell)")
+                else:
+                    cells.append("not measured (%s)" % r["note"])
             else:
                 c = fmt(r["peer_value"])
                 if r["ratio"]:

@@ -191,17 +191,22 @@ std::vector<JobSnapshot> SnapshotJobs(const Coordinator& coordinator) {
   return out;
 }
 
-// Moves Session streams forward on one thread, so an open stream costs no
-// thread of its own (a sync server held one per worker: thousands of threads
-// waking every poll_interval on 2 cores). Post() is called by the
-// coordinator's session wakers with the coordinator's lock held: it only
-// queues. Thread-safe. Runs each posted item once, in order, on its thread;
-// items posted after Stop() are dropped.
-class SessionPump {
+// A few threads that run the callback-API handlers' work, so that gRPC's own
+// threads (which also move the bytes of every connection) never wait on the
+// coordinator's lock: a reaction that blocks stalls I/O for other calls,
+// and at 4096 workers that meant unanswered keepalive pings. Open Session
+// streams hold no thread at all (a sync server held one per worker:
+// thousands of threads waking every poll_interval on 2 cores). Post() may be
+// called with the coordinator's lock held (session wakers): it only queues.
+// Thread-safe. Runs each posted item once, FIFO; items posted after Stop()
+// are dropped.
+class HandlerPool {
  public:
   using Item = std::function<void()>;
-  SessionPump() : thread_([this] { Loop(); }) {}
-  ~SessionPump() { Stop(); }
+  explicit HandlerPool(int threads) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+  }
+  ~HandlerPool() { Stop(); }
 
   void Post(Item item) {
     absl::MutexLock lock(&mu_);
@@ -214,13 +219,15 @@ class SessionPump {
       absl::MutexLock lock(&mu_);
       stopped_ = true;
     }
-    if (thread_.joinable()) thread_.join();
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
   }
 
  private:
   void Loop() {
     while (true) {
-      std::deque<Item> batch;
+      Item item;
       {
         absl::MutexLock lock(&mu_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -228,16 +235,17 @@ class SessionPump {
         };
         mu_.Await(absl::Condition(&ready));
         if (queue_.empty()) return;  // stopped
-        batch.swap(queue_);
+        item = std::move(queue_.front());
+        queue_.pop_front();
       }
-      for (Item& item : batch) item();
+      item();
     }
   }
 
   absl::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 // ---------------------------------------------------------------------------
@@ -395,6 +403,22 @@ class Services {
     return ToGrpcStatus(status);
   }
 
+  // Run() for a handler on the callback API: `body` runs on pool_, not on
+  // the gRPC thread that received the call and not on a sync-server thread
+  // (whose hand-off put 70 ms on the p99 of heartbeats at 256/s). `body`
+  // must capture by value (the handler has returned when it runs); the
+  // request, response and context stay valid until Finish. Only for
+  // handlers that never wait long: a few such bodies fill the pool.
+  template <typename F>
+  grpc::ServerUnaryReactor* RunPooled(grpc::CallbackServerContext* ctx, const char* method,
+                                      F body) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    pool_->Post([this, reactor, method, body = std::move(body)]() mutable {
+      reactor->Finish(Run(method, body));
+    });
+    return reactor;
+  }
+
   absl::StatusOr<Principal> Authorize(const grpc::ServerContextBase& ctx, Access access,
                                       absl::string_view job_id) {
     return auth_.Authorize(AuthorizationValues(ctx), access, job_id);
@@ -409,7 +433,7 @@ class Services {
   }
 
   // Authentication, then the fence.
-  absl::StatusOr<FencedWorker> AuthorizeFence(const grpc::ServerContext& ctx,
+  absl::StatusOr<FencedWorker> AuthorizeFence(const grpc::ServerContextBase& ctx,
                                               const v1::Fence& fence) {
     if (absl::Status st = AuthorizeWorker(ctx, fence.worker().job_id(), "fence.worker.job_id");
         !st.ok()) {
@@ -424,7 +448,7 @@ class Services {
   // DeadlineExceeded, or DeadlineExceeded once `deadline` passed.
   template <typename T>
   absl::StatusOr<T> SlicedWait(
-      grpc::ServerContext* ctx, absl::Time deadline,
+      grpc::ServerContextBase* ctx, absl::Time deadline,
       const std::function<absl::StatusOr<T>(absl::Duration remaining, absl::Time slice_end)>&
           call) {
     const absl::Time start = absl::Now();
@@ -445,7 +469,7 @@ class Services {
 
   // The earlier of now + the request's timeout (or `default_timeout`) and
   // the gRPC deadline.
-  static absl::Time WaitDeadline(const grpc::ServerContext& ctx,
+  static absl::Time WaitDeadline(const grpc::ServerContextBase& ctx,
                                  std::optional<absl::Duration> timeout,
                                  absl::Duration default_timeout) {
     return std::min(absl::Now() + timeout.value_or(default_timeout), RpcDeadline(ctx));
@@ -770,7 +794,8 @@ class Services {
   // --- WorkerService ------------------------------------------------------
 
   class WorkerServiceImpl final
-      : public v1::WorkerService::WithCallbackMethod_Session<v1::WorkerService::Service> {
+      : public v1::WorkerService::WithCallbackMethod_Session<
+            v1::WorkerService::WithCallbackMethod_Heartbeat<v1::WorkerService::Service>> {
    public:
     explicit WorkerServiceImpl(Services* s) : s_(s) {}
 
@@ -845,9 +870,10 @@ class Services {
       });
     }
 
-    grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
-                           v1::HeartbeatResponse* resp) override {
-      return s_->Run("WorkerService/Heartbeat", [&]() -> absl::Status {
+    // Never waits: on the callback API (Services::RunPooled).
+    grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
+                                    v1::HeartbeatResponse* resp) override {
+      return s_->RunPooled(ctx, "WorkerService/Heartbeat", [=]() -> absl::Status {
         const v1::Fence& fence = req->fence();
         if (absl::Status st = s_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
             !st.ok()) {
@@ -916,13 +942,20 @@ class Services {
 
   // --- RendezvousService ----------------------------------------------------
 
-  class RendezvousServiceImpl final : public v1::RendezvousService::Service {
+  class RendezvousServiceImpl final
+      : public v1::RendezvousService::WithCallbackMethod_KvSet<
+            v1::RendezvousService::WithCallbackMethod_KvGet<
+            v1::RendezvousService::WithCallbackMethod_KvAdd<
+                v1::RendezvousService::WithCallbackMethod_KvCompareAndSet<
+                    v1::RendezvousService::WithCallbackMethod_KvDelete<
+                        v1::RendezvousService::Service>>>>> {
    public:
     explicit RendezvousServiceImpl(Services* s) : s_(s) {}
 
-    grpc::Status KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req,
-                       v1::KvSetResponse*) override {
-      return s_->Run("RendezvousService/KvSet", [&]() -> absl::Status {
+    // Never waits: on the callback API (Services::RunPooled).
+    grpc::ServerUnaryReactor* KvSet(grpc::CallbackServerContext* ctx, const v1::KvSetRequest* req,
+                                    v1::KvSetResponse*) override {
+      return s_->RunPooled(ctx, "RendezvousService/KvSet", [=]() -> absl::Status {
         absl::StatusOr<FencedWorker> fw = Fence(*ctx, req->fence());
         if (!fw.ok()) return fw.status();
         return s_->deps_.rendezvous->Set(fw->job_id, fw->generation, req->scope(), req->key(),
@@ -930,37 +963,54 @@ class Services {
       });
     }
 
-    grpc::Status KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
-                       v1::KvGetResponse* resp) override {
-      return s_->Run("RendezvousService/KvGet", [&]() -> absl::Status {
-        if (!req->has_fence()) return OperatorRead(*ctx, *req, resp);
-        absl::StatusOr<FencedWorker> fw = Fence(*ctx, req->fence());
-        if (!fw.ok()) return fw.status();
-        absl::StatusOr<std::optional<absl::Duration>> timeout =
-            ParseTimeout(req->has_timeout(), req->timeout(), kMaxWaitTimeout, "timeout");
-        if (!timeout.ok()) return timeout.status();
-        Rendezvous& rv = *s_->deps_.rendezvous;
-        absl::StatusOr<std::optional<std::string>> r;
-        if (!req->wait()) {
-          r = rv.Get(fw->job_id, fw->generation, req->scope(), req->key(), false, *timeout);
-        } else {
-          const absl::Time deadline = WaitDeadline(*ctx, *timeout, kDefaultWaitTimeout);
-          r = s_->SlicedWait<std::optional<std::string>>(
-              ctx, deadline, [&](absl::Duration remaining, absl::Time slice_end) {
-                return rv.Get(fw->job_id, fw->generation, req->scope(), req->key(), true,
-                              remaining, slice_end);
-              });
-        }
-        if (!r.ok()) return r.status();
-        resp->set_found(r->has_value());
-        if (r->has_value()) resp->set_value(**std::move(r));
-        return absl::OkStatus();
-      });
+    // On the callback API: a read that does not wait runs on the pool
+    // (Services::RunPooled); one that waits gets a thread of its own for
+    // the wait, as the sync server would have given it.
+    grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* req,
+                                    v1::KvGetResponse* resp) override {
+      if (!req->wait()) {
+        return s_->RunPooled(ctx, "RendezvousService/KvGet", [=] { return Get(ctx, req, resp); });
+      }
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      std::thread([this, ctx, req, resp, reactor] {
+        // Finish is the last touch: the call (and maybe the server) may be
+        // gone right after it.
+        reactor->Finish(
+            s_->Run("RendezvousService/KvGet", [&] { return Get(ctx, req, resp); }));
+      }).detach();
+      return reactor;
+    }
+
+    // KvGet's body; waits only when req->wait().
+    absl::Status Get(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* req,
+                     v1::KvGetResponse* resp) {
+      if (!req->has_fence()) return OperatorRead(*ctx, *req, resp);
+      absl::StatusOr<FencedWorker> fw = Fence(*ctx, req->fence());
+      if (!fw.ok()) return fw.status();
+      absl::StatusOr<std::optional<absl::Duration>> timeout =
+          ParseTimeout(req->has_timeout(), req->timeout(), kMaxWaitTimeout, "timeout");
+      if (!timeout.ok()) return timeout.status();
+      Rendezvous& rv = *s_->deps_.rendezvous;
+      absl::StatusOr<std::optional<std::string>> r;
+      if (!req->wait()) {
+        r = rv.Get(fw->job_id, fw->generation, req->scope(), req->key(), false, *timeout);
+      } else {
+        const absl::Time deadline = WaitDeadline(*ctx, *timeout, kDefaultWaitTimeout);
+        r = s_->SlicedWait<std::optional<std::string>>(
+            ctx, deadline, [&](absl::Duration remaining, absl::Time slice_end) {
+              return rv.Get(fw->job_id, fw->generation, req->scope(), req->key(), true,
+                            remaining, slice_end);
+            });
+      }
+      if (!r.ok()) return r.status();
+      resp->set_found(r->has_value());
+      if (r->has_value()) resp->set_value(**std::move(r));
+      return absl::OkStatus();
     }
 
     // KvGet without a fence: an operator's read-only look (admin token), which
     // proves nobody's liveness and never waits.
-    absl::Status OperatorRead(const grpc::ServerContext& ctx, const v1::KvGetRequest& req,
+    absl::Status OperatorRead(const grpc::ServerContextBase& ctx, const v1::KvGetRequest& req,
                               v1::KvGetResponse* resp) {
       if (req.job_id().empty()) {
         return absl::InvalidArgumentError(
@@ -992,9 +1042,10 @@ class Services {
       return absl::OkStatus();
     }
 
-    grpc::Status KvAdd(grpc::ServerContext* ctx, const v1::KvAddRequest* req,
-                       v1::KvAddResponse* resp) override {
-      return s_->Run("RendezvousService/KvAdd", [&]() -> absl::Status {
+    // Never waits: on the callback API (Services::RunPooled).
+    grpc::ServerUnaryReactor* KvAdd(grpc::CallbackServerContext* ctx, const v1::KvAddRequest* req,
+                                    v1::KvAddResponse* resp) override {
+      return s_->RunPooled(ctx, "RendezvousService/KvAdd", [=]() -> absl::Status {
         absl::StatusOr<FencedWorker> fw = Fence(*ctx, req->fence());
         if (!fw.ok()) return fw.status();
         absl::StatusOr<int64_t> r = s_->deps_.rendezvous->Add(fw->job_id, fw->generation,
@@ -1006,9 +1057,10 @@ class Services {
       });
     }
 
-    grpc::Status KvCompareAndSet(grpc::ServerContext* ctx, const v1::KvCompareAndSetRequest* req,
-                                 v1::KvCompareAndSetResponse* resp) override {
-      return s_->Run("RendezvousService/KvCompareAndSet", [&]() -> absl::Status {
+    // Never waits: on the callback API (Services::RunPooled).
+    grpc::ServerUnaryReactor* KvCompareAndSet(grpc::CallbackServerContext* ctx, const v1::KvCompareAndSetRequest* req,
+                                    v1::KvCompareAndSetResponse* resp) override {
+      return s_->RunPooled(ctx, "RendezvousService/KvCompareAndSet", [=]() -> absl::Status {
         absl::StatusOr<FencedWorker> fw = Fence(*ctx, req->fence());
         if (!fw.ok()) return fw.status();
         std::optional<absl::string_view> expected;
@@ -1046,9 +1098,10 @@ class Services {
       });
     }
 
-    grpc::Status KvDelete(grpc::ServerContext* ctx, const v1::KvDeleteRequest* req,
-                          v1::KvDeleteResponse* resp) override {
-      return s_->Run("RendezvousService/KvDelete", [&]() -> absl::Status {
+    // Never waits: on the callback API (Services::RunPooled).
+    grpc::ServerUnaryReactor* KvDelete(grpc::CallbackServerContext* ctx, const v1::KvDeleteRequest* req,
+                                    v1::KvDeleteResponse* resp) override {
+      return s_->RunPooled(ctx, "RendezvousService/KvDelete", [=]() -> absl::Status {
         absl::StatusOr<FencedWorker> fw = Fence(*ctx, req->fence());
         if (!fw.ok()) return fw.status();
         absl::StatusOr<bool> r =
@@ -1079,7 +1132,7 @@ class Services {
     }
 
    private:
-    absl::StatusOr<FencedWorker> Fence(const grpc::ServerContext& ctx, const v1::Fence& fence) {
+    absl::StatusOr<FencedWorker> Fence(const grpc::ServerContextBase& ctx, const v1::Fence& fence) {
       return s_->AuthorizeFence(ctx, fence);
     }
 
@@ -1315,7 +1368,7 @@ class Services {
   };
 
   // One Session stream on the callback API: the coordinator's waker posts
-  // it to the pump, which pulls the next message (NextSessionMessage with a
+  // it to the pool, which pulls the next message (NextSessionMessage with a
   // past deadline) and starts its write; at most one write is in flight.
   // A cancelled stream (the client went away) or a failed write calls
   // CloseSession (the worker is LOST at once) unless the server is shutting
@@ -1327,11 +1380,13 @@ class Services {
                   grpc::ServerWriteReactor<v1::SessionMessage>* reactor)
         : s_(s), w_(std::move(w)), reactor_(reactor), start_(absl::Now()) {}
 
+    Services* services() const { return s_; }
+
     // Any thread, even with the coordinator's lock held: schedule Advance.
     void Wake() {
       if (queued_.exchange(true)) return;
       std::weak_ptr<SessionStream> weak = weak_from_this();
-      s_->pump_->Post([weak] {
+      s_->pool_->Post([weak] {
         if (auto st = weak.lock()) st->Advance();
       });
     }
@@ -1364,7 +1419,7 @@ class Services {
       FinishLocked(status);
     }
 
-    // Pump thread: writes the next queued message, or ends the stream.
+    // Pool thread: writes the next queued message, or ends the stream.
     void Advance() {
       queued_.store(false);
       absl::MutexLock lock(&mu_);
@@ -1489,8 +1544,13 @@ class Services {
       s->streams_[stream_.get()] = stream_;
     }
     SessionStream& stream() { return *stream_; }
-    void OnWriteDone(bool ok) override { stream_->WriteDone(ok); }
-    void OnCancel() override { stream_->Cancelled(); }
+    // Both may take the coordinator's lock: on the pool, off gRPC's thread.
+    void OnWriteDone(bool ok) override {
+      stream_->services()->pool_->Post([st = stream_, ok] { st->WriteDone(ok); });
+    }
+    void OnCancel() override {
+      stream_->services()->pool_->Post([st = stream_] { st->Cancelled(); });
+    }
     void OnDone() override {
       stream_->Done();
       delete this;
@@ -1503,7 +1563,7 @@ class Services {
   const ServiceDeps deps_;
   const absl::Duration poll_interval_;
   // Shared with the wakers the coordinator holds, which may outlive us.
-  const std::shared_ptr<SessionPump> pump_ = std::make_shared<SessionPump>();
+  const std::shared_ptr<HandlerPool> pool_ = std::make_shared<HandlerPool>(4);
   absl::Mutex streams_mu_;
   std::map<SessionStream*, std::weak_ptr<SessionStream>> streams_ ABSL_GUARDED_BY(streams_mu_);
   const Authenticator auth_;

@@ -57,7 +57,7 @@
 //     KvWait wait in slices of at most kWaitSlice, so a cancelled caller or
 //     a shutdown frees their thread promptly.
 //   * Session runs on gRPC's callback API, so an open stream holds no
-//     thread: OpenSession with a waker; each queued message wakes one pump
+//     thread: OpenSession with a waker; each queued message wakes a pool
 //     thread, which pulls it (NextSessionMessage, no wait) and starts the
 //     write, one write in flight per stream. A cancelled stream (the client
 //     went away, noticed when gRPC reports it, not polled) or a failed write
@@ -65,6 +65,11 @@
 //     the same incarnation replaces the open one, which ends ABORTED. The
 //     stream ends OK after a STOP directive or once the member has LEFT, and
 //     UNAVAILABLE at once when the server shuts down (no one declared lost).
+//   * Heartbeat, KvSet, KvAdd, KvCompareAndSet, KvDelete and KvGet without
+//     wait also run on the callback API, their bodies on a pool of 4 threads
+//     (never on gRPC's own threads, which would stall every connection's I/O
+//     while a body waits for the coordinator's lock); a KvGet that waits
+//     gets a thread of its own. The other RPCs use the sync server.
 //   * WatchJob: replay, then WaitEvents in rounds of poll_interval; ends OK
 //     after the PhaseChanged to a terminal phase. OUT_OF_RANGE for an
 //     after_sequence outside [oldest retained - 1, newest];
