@@ -268,7 +268,9 @@ std::string FormatCheckpoints(
     t.AddRow({c.checkpoint_id(), absl::StrCat(c.step()), absl::StrCat(c.generation()),
               EnumName(v1::CheckpointState_descriptor(), c.state()),
               absl::StrCat(c.reported_ranks(), "/", c.world_size()), HumanBytes(c.total_bytes()),
-              FormatTimestamp(c.commit_time()), c.abort_reason()});
+              FormatTimestamp(c.commit_time()),
+              c.unusable_reason().empty() ? c.abort_reason()
+                                          : absl::StrCat("UNUSABLE: ", c.unusable_reason())});
   }
   return t.Render();
 }
@@ -286,7 +288,9 @@ std::string FormatManifest(const v1::Manifest& m, bool tensors) {
   std::vector<std::pair<std::string, std::string>> lines;
   lines.emplace_back("Checkpoint", m.checkpoint_id());
   lines.emplace_back("Job", m.job_id());
-  lines.emplace_back("State", m.abort_reason().empty()
+  lines.emplace_back("State", !m.unusable_reason().empty()
+                                  ? absl::StrCat(state, ", UNUSABLE (", m.unusable_reason(), ")")
+                              : m.abort_reason().empty()
                                   ? state
                                   : absl::StrCat(state, " (", m.abort_reason(), ")"));
   lines.emplace_back("Step", absl::StrCat(m.step()));

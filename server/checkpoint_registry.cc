@@ -744,10 +744,16 @@ absl::Status CheckpointRegistry::CommitLocked(const std::string& job_id, const s
   // Retention: committed checkpoints cannot change while this one is the
   // job's active checkpoint, so the set computed now is the set at commit.
   std::vector<std::pair<uint64_t, std::string>> committed;
+  // Newest first, checkpoints marked unusable after every usable one (they
+  // expire first).
+  std::vector<std::tuple<bool, uint64_t, std::string>> ranked;
   for (const auto& [cid, c] : job.entries) {
-    if (c.phase == Phase::kCommitted) committed.emplace_back(c.manifest->step(), cid);
+    if (c.phase == Phase::kCommitted) {
+      ranked.emplace_back(job.unusable.count(cid) == 0, c.manifest->step(), cid);
+    }
   }
-  std::sort(committed.rbegin(), committed.rend());  // newest first
+  std::sort(ranked.rbegin(), ranked.rend());
+  for (auto& [usable, step, cid] : ranked) committed.emplace_back(step, cid);
   std::vector<ExpiredCheckpoint> expired;
   if (e->keep_last > 0) {
     // The new checkpoint takes slot 0; existing ones from slot 1.
@@ -995,6 +1001,41 @@ absl::StatusOr<v1::Manifest> CheckpointRegistry::GetManifest(
   }
   m.mutable_tensors()->Swap(&kept);
   return m;
+}
+
+absl::Status CheckpointRegistry::MarkUnusable(absl::string_view job_id,
+                                              absl::string_view checkpoint_id) {
+  std::vector<Mutation> writes;
+  {
+    absl::MutexLock lock(&mu_);
+    JobCheckpoints& job = jobs_[std::string(job_id)];
+    job.unusable.insert(std::string(checkpoint_id));
+    if (job.latest_id != checkpoint_id) return absl::OkStatus();
+    job.latest_id.clear();
+    for (const auto& [id, e] : job.entries) {
+      if (e.phase != Phase::kCommitted || job.unusable.count(id) > 0) continue;
+      if (job.latest_id.empty() ||
+          e.manifest->step() > job.entries.at(job.latest_id).manifest->step()) {
+        job.latest_id = id;
+      }
+    }
+    if (job.latest_id.empty()) {
+      writes.push_back(Mutation::Delete(std::string(kCheckpointLatestKind), std::string(job_id)));
+    } else {
+      v1::CheckpointRef ref;
+      ref.set_checkpoint_id(job.latest_id);
+      ref.set_step(job.entries.at(job.latest_id).manifest->step());
+      writes.push_back(Mutation::Put(std::string(kCheckpointLatestKind), std::string(job_id),
+                                     ref.SerializeAsString()));
+    }
+  }
+  if (absl::Status s = store_->Write(writes); !s.ok()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "checkpoint %s is marked unusable, but the new latest pointer of job \"%s\" was not "
+        "saved (%s)",
+        checkpoint_id, job_id, s.ToString()));
+  }
+  return absl::OkStatus();
 }
 
 std::optional<v1::CheckpointRef> CheckpointRegistry::Latest(absl::string_view job_id) const {

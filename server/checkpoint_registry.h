@@ -100,6 +100,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -283,7 +284,24 @@ class CheckpointRegistry {
       absl::string_view job_id, absl::string_view checkpoint_id,
       const std::vector<std::string>& tensors = {}) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The newest COMMITTED checkpoint (Assignment.restore), or nullopt.
+  // Marks a checkpoint unusable: a restore found it corrupt (DATA_LOSS) and
+  // the coordinator fell back from it (Coordinator::UnusableCheckpoints,
+  // which holds the marks durably). It stays COMMITTED, so its files can be
+  // inspected, but it is no longer the job's latest: if it was, Latest()
+  // (and GetManifest with an empty id) move to the newest committed
+  // checkpoint not marked, or to none, and that pointer is written to the
+  // store; Begin then accepts any step above the new latest (the job
+  // re-trains the lost steps and must be able to save them). Retention
+  // expires marked checkpoints before usable ones. Marks live in memory:
+  // the caller re-applies every mark after a restart, before anything else.
+  // Idempotent; an unknown id is remembered. Errors: Unavailable: the moved
+  // pointer could not be written (memory has it; a restart recomputes it
+  // from the re-applied marks).
+  absl::Status MarkUnusable(absl::string_view job_id, absl::string_view checkpoint_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The newest COMMITTED checkpoint not marked unusable (Assignment.restore),
+  // or nullopt.
   std::optional<shardline::v1::CheckpointRef> Latest(absl::string_view job_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -323,7 +341,8 @@ class CheckpointRegistry {
   struct JobCheckpoints {
     std::map<std::string, Entry> entries;  // by checkpoint_id
     std::string active_id;                 // OPENING/PENDING/COMMITTING one, or ""
-    std::string latest_id;                 // newest COMMITTED, or ""
+    std::string latest_id;                 // newest COMMITTED not unusable, or ""
+    std::set<std::string> unusable;        // MarkUnusable
   };
 
   CheckpointRegistry(StateStore* store, const Clock* clock, CheckpointRegistryOptions options)

@@ -739,6 +739,49 @@ TEST_F(CheckpointRegistryTest, CorruptRecordIsDataLoss) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
 }
 
+// A restore found the newest checkpoint corrupt and the coordinator fell
+// back to the previous one: Latest moves back (durably), the lost steps can
+// be saved again, and retention expires the corrupt one first.
+TEST_F(CheckpointRegistryTest, MarkUnusableMovesLatestBackAndAllowsResaving) {
+  const std::string s5 = SaveW4(1, 5, 2);
+  const std::string s10 = SaveW4(1, 10, 2);
+  ASSERT_EQ(registry_->Latest(kJob)->checkpoint_id(), s10);
+  // A save at or below the newest committed step is refused...
+  EXPECT_EQ(registry_->Begin(Params(2, 4, 10)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  ASSERT_TRUE(registry_->MarkUnusable(kJob, s10).ok());
+  ASSERT_TRUE(registry_->MarkUnusable(kJob, s10).ok());  // idempotent
+  EXPECT_EQ(registry_->Latest(kJob)->checkpoint_id(), s5);
+  EXPECT_EQ(registry_->GetManifest(kJob, "")->checkpoint_id(), s5);
+  // ...it stays COMMITTED and readable by id...
+  EXPECT_EQ(registry_->GetManifest(kJob, s10)->state(), v1::CHECKPOINT_STATE_COMMITTED);
+  // ...and the pointer survives a restart (the marks are re-applied by the
+  // caller; the durable pointer already names s5).
+  registry_ = Open();
+  EXPECT_EQ(registry_->Latest(kJob)->checkpoint_id(), s5);
+  ASSERT_TRUE(registry_->MarkUnusable(kJob, s10).ok());
+
+  // The re-trained step 10 is saved again in generation 2; retention
+  // (keep_last 2) drops the corrupt one, not s5.
+  std::vector<ExpiredCheckpoint> expired;
+  const std::string again = SaveW4(2, 10, 2, &expired);
+  EXPECT_NE(again, s10);
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0].ref.checkpoint_id(), s10);
+  EXPECT_EQ(registry_->Latest(kJob)->checkpoint_id(), again);
+
+  // Marking every committed checkpoint leaves no latest, durably.
+  ASSERT_TRUE(registry_->MarkUnusable(kJob, again).ok());
+  ASSERT_TRUE(registry_->MarkUnusable(kJob, s5).ok());
+  EXPECT_FALSE(registry_->Latest(kJob).has_value());
+  EXPECT_EQ(registry_->GetManifest(kJob, "").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store_.Scan(kCheckpointLatestKind)->empty());
+  // An id the registry never saw is remembered and harmless.
+  EXPECT_TRUE(registry_->MarkUnusable("other-job", "ckpt-x").ok());
+  EXPECT_FALSE(registry_->Latest("other-job").has_value());
+}
+
 TEST_F(CheckpointRegistryTest, KeepLastRetention) {
   std::vector<ExpiredCheckpoint> expired;
   const std::string s1 = SaveW4(1, 1, 2, &expired);

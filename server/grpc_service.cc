@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -313,6 +314,7 @@ class Services {
   // coordinator that died between the durable commit and the file writes).
   void RecoverCheckpointFiles() {
     for (const v1::Job& job : AllJobs(*deps_.coordinator)) {
+      ApplyUnusableMarks(job.job_id());  // first: Latest() below skips them
       const std::string root = JobCheckpointRoot(job);
       if (root.empty()) continue;
       std::string token;
@@ -501,6 +503,51 @@ class Services {
   std::string CheckpointRoot(const std::string& job_id) {
     absl::StatusOr<v1::Job> job = deps_.coordinator->GetJob(job_id);
     return job.ok() ? JobCheckpointRoot(*job) : std::string();
+  }
+
+  // Tells the registry every checkpoint the coordinator marked unusable (a
+  // restore found it corrupt), so that Latest(), Begin and retention skip
+  // them; then points LATEST at the newest usable committed checkpoint, or
+  // removes it when there is none (a reader of LATEST must never be sent to
+  // a checkpoint known to be corrupt). At start and after a DATA_LOSS
+  // report.
+  void ApplyUnusableMarks(const std::string& job_id) {
+    for (const auto& [id, reason] : deps_.coordinator->UnusableCheckpoints(job_id)) {
+      if (absl::Status s = deps_.checkpoints->MarkUnusable(job_id, id); !s.ok()) {
+        Log(absl::StrCat("checkpoint mark not saved job=", job_id, " checkpoint=", id,
+                         " status=\"", s.ToString(), "\""));
+      }
+    }
+    const std::string root = CheckpointRoot(job_id);
+    if (root.empty()) return;
+    std::optional<v1::CheckpointRef> latest = deps_.checkpoints->Latest(job_id);
+    absl::StatusOr<std::string> on_disk = ReadLatestFile(root);
+    if (latest) {
+      if (on_disk.ok() && *on_disk == latest->checkpoint_id()) return;
+      absl::StatusOr<v1::Manifest> manifest =
+          deps_.checkpoints->GetManifest(job_id, latest->checkpoint_id());
+      if (!manifest.ok()) return;
+      Log(absl::StrCat("checkpoint LATEST moved job=", job_id, " checkpoint=",
+                       latest->checkpoint_id(), " (newest committed checkpoint not marked "
+                       "unusable)"));
+      WriteCommittedFiles(job_id, *manifest, {});
+      return;
+    }
+    if (!on_disk.ok()) return;
+    absl::MutexLock lock(&files_mu_);
+    std::error_code ec;
+    std::filesystem::remove(std::filesystem::path(root) / std::string(kLatestFileName), ec);
+    Log(absl::StrCat("checkpoint LATEST removed job=", job_id, " (it named ", *on_disk,
+                     "; no committed checkpoint is usable)",
+                     ec ? absl::StrCat(" status=\"", ec.message(), "\"") : std::string()));
+  }
+
+  // The reason `checkpoint_id` is marked unusable, or "".
+  std::string UnusableReason(const std::string& job_id, const std::string& checkpoint_id) {
+    const std::map<std::string, std::string> marks =
+        deps_.coordinator->UnusableCheckpoints(job_id);
+    auto it = marks.find(checkpoint_id);
+    return it == marks.end() ? std::string() : it->second;
   }
 
   // After the registry made `manifest` durable: manifest.json, then LATEST
@@ -911,6 +958,9 @@ class Services {
                            "\""));
         }
         s_->PassOn(ended);
+        if (r.ok() && req->code() == static_cast<int>(absl::StatusCode::kDataLoss)) {
+          s_->ApplyUnusableMarks(fence.worker().job_id());
+        }
         if (!r.ok()) return r.status();
         *resp = *std::move(r);
         return absl::OkStatus();
@@ -1322,6 +1372,12 @@ class Services {
         absl::StatusOr<v1::ListCheckpointsResponse> r = s_->deps_.checkpoints->List(
             req->job_id(), req->include_aborted(), req->page_size(), req->page_token());
         if (!r.ok()) return r.status();
+        const std::map<std::string, std::string> marks =
+            s_->deps_.coordinator->UnusableCheckpoints(req->job_id());
+        for (v1::CheckpointSummary& c : *r->mutable_checkpoints()) {
+          auto it = marks.find(c.checkpoint_id());
+          if (it != marks.end()) c.set_unusable_reason(it->second);
+        }
         *resp = *std::move(r);
         return absl::OkStatus();
       });
@@ -1338,6 +1394,7 @@ class Services {
         absl::StatusOr<v1::Manifest> r =
             s_->deps_.checkpoints->GetManifest(req->job_id(), req->checkpoint_id(), tensors);
         if (!r.ok()) return r.status();
+        r->set_unusable_reason(s_->UnusableReason(req->job_id(), r->checkpoint_id()));
         *resp = *std::move(r);
         return absl::OkStatus();
       });

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
@@ -127,14 +128,38 @@ TEST_F(RestoreFallbackTest, CorruptLatestCheckpointFallsBackToThePreviousOne) {
   EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs();
   EXPECT_TRUE(restored_previous) << "no worker restored " << previous << Logs();
   EXPECT_FALSE(restored_corrupt) << Logs();
-  // The corrupt one stays the newest committed until training passes its
-  // step: the save of that step is refused and skipped, not fatal.
-  EXPECT_TRUE(skipped) << Logs();
+  // Once marked unusable the corrupt one is no longer the newest committed:
+  // LATEST moves back to the previous one at once, and the re-trained
+  // steps are saved again (the save of the corrupt one's step is accepted
+  // in the new generation, not skipped).
+  EXPECT_FALSE(skipped) << Logs();
   const std::string log = coordinator_->Log();
   EXPECT_TRUE(absl::StrContains(log, absl::StrCat("restore point ", corrupt))) << log;
   EXPECT_TRUE(absl::StrContains(
       log, absl::StrCat("falling back to the previous committed checkpoint ", previous)))
       << log;
+  EXPECT_TRUE(absl::StrContains(
+      log, absl::StrCat("checkpoint LATEST moved job=fallback checkpoint=", previous)))
+      << log;
+  bool resaved = false;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    resaved |= absl::StrContains(line, "checkpoint committed job=fallback") &&
+               absl::StrContains(line, absl::StrCat(" step=", corrupt_step, " ")) &&
+               !absl::StrContains(line, corrupt);
+  }
+  EXPECT_TRUE(resaved) << "step " << corrupt_step << " was not saved again" << log;
+  // The listing says why the corrupt one is kept but not used (or retention
+  // already removed it: it expires first).
+  auto checkpoints = v1::CheckpointService::NewStub(
+      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  v1::ListCheckpointsRequest req;
+  req.set_job_id("fallback");
+  v1::ListCheckpointsResponse listed;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(checkpoints->ListCheckpoints(&ctx, req, &listed).ok());
+  for (const v1::CheckpointSummary& c : listed.checkpoints()) {
+    EXPECT_EQ(c.unusable_reason().empty(), c.checkpoint_id() != corrupt) << c.DebugString();
+  }
 }
 
 }  // namespace
