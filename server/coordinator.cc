@@ -151,11 +151,8 @@ struct Coordinator::MemberRecord {
   // The step its generation started from (the restore point's, or 0): a
   // heartbeat reporting a later step means it trained in this generation.
   uint64_t generation_start_step = 0;
-  // An operator asked to drain it (DrainWorker): it leaves when a
-  // checkpoint of a step after drain_after_step commits.
-  bool draining = false;
-  std::string drain_reason;
-  uint64_t drain_after_step = 0;
+  // An operator asked to drain it: member.drain_reason() is set (durable).
+  bool draining() const { return !member.drain_reason().empty(); }
   // Wakes the thread streaming this member's session (NextSessionMessage)
   // when its outbox gets a message or the session changes. One per member
   // rather than an absl::Condition on mu_, whose waiters would all be
@@ -1313,8 +1310,7 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
                                                       v1::MemberState_Name(m.member.state()),
                                                       "; only live workers can be drained"));
   }
-  m.draining = true;
-  m.drain_reason = reason.empty() ? std::string("operator request") : reason;
+  m.member.set_drain_reason(reason.empty() ? std::string("operator request") : reason);
   const bool graceful = m.member.state() == v1::MEMBER_STATE_ACTIVE &&
                         job->job.phase() == v1::JOB_PHASE_RUNNING &&
                         !job->job.spec().checkpoint().directory().empty();
@@ -1326,9 +1322,15 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
   // Save first: every rank is asked for a checkpoint after its next step
   // (the ranks agree on which step through their own all-reduce); the
   // commit takes the member out (NoteCheckpointCommitted).
-  m.drain_after_step = job->job.step();
-  m.member.set_detail(absl::StrCat("draining (", m.drain_reason,
+  m.member.set_drain_after_step(job->job.step());
+  m.member.set_detail(absl::StrCat("draining (", m.member.drain_reason(),
                                    "): leaves after the next checkpoint commits"));
+  if (absl::Status s = PersistLocked(*job, {&m}); !s.ok()) {
+    // Kept in memory: the drain still happens unless this coordinator
+    // restarts before the checkpoint commits.
+    std::fprintf(stderr, "coordinator: job %s: drain of %s not saved: %s\n", job_id.c_str(),
+                 worker_id.c_str(), std::string(s.message()).c_str());
+  }
   for (auto& [id, other] : job->members) {
     if (other.member.state() != v1::MEMBER_STATE_ACTIVE) continue;
     v1::SessionMessage msg;
@@ -1343,12 +1345,13 @@ void Coordinator::RemoveDrainedLocked(JobRecord& job, MemberRecord& m,
   const v1::MemberState was = m.member.state();
   std::optional<uint32_t> rank;
   if (m.member.has_rank()) rank = m.member.rank();
-  const std::string why = absl::StrCat("drained: ", m.drain_reason);
+  const std::string why = absl::StrCat("drained: ", m.member.drain_reason());
   // STOP goes out on its session before the member stops being live.
   v1::SessionMessage msg;
   *msg.mutable_directive() = Stop(job.job.phase(), why);
   PushLocked(m, std::move(msg));
-  m.draining = false;
+  m.member.clear_drain_reason();
+  m.member.clear_drain_after_step();
   m.member.set_state(v1::MEMBER_STATE_LEFT);
   m.member.set_detail(why);
   m.member.clear_rank();
@@ -1464,7 +1467,7 @@ absl::Status Coordinator::NoteCheckpointCommitted(const std::string& job_id,
       job->job.last_checkpoint().checkpoint_id() == ref.checkpoint_id()) {
     std::vector<GenerationEnded>& out = ended != nullptr ? *ended : pending_ended_;
     for (auto& [id, m] : job->members) {
-      if (m.draining && IsLive(m.member.state()) && ref.step() > m.drain_after_step) {
+      if (m.draining() && IsLive(m.member.state()) && ref.step() > m.member.drain_after_step()) {
         RemoveDrainedLocked(*job, m, &out);
         drained = true;
       }

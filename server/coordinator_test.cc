@@ -1106,6 +1106,35 @@ TEST_F(CoordinatorDrainTest, RankLeavesAfterTheNextCheckpointCommits) {
   EXPECT_TRUE(Join("b", /*incarnation=*/8).ok());
 }
 
+// The drain is durable: a coordinator restarted before the checkpoint
+// commits still lets the member go at that commit.
+TEST_F(CoordinatorDrainTest, PendingDrainSurvivesACoordinatorRestart) {
+  v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_checkpoint()->set_directory("/ckpt");
+  Create(spec);
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  JoinSpare("c");
+  ASSERT_TRUE(Beat("a", 1, 7).ok());
+  ASSERT_TRUE(Beat("b", 1, 7).ok());
+  std::vector<GenerationEnded> ended;
+  ASSERT_TRUE(coordinator_->DrainWorker("job", "b", "disk swap", &ended).ok());
+
+  Restart();  // kill -9 of the coordinator; a new one on the same store
+  EXPECT_EQ(Members()["b"].drain_reason(), "disk swap");
+  EXPECT_EQ(Members()["b"].drain_after_step(), 7u);
+  EXPECT_EQ(Members()["b"].state(), v1::MEMBER_STATE_ACTIVE);
+  ended = Commit(8);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_THAT(ended[0].reason, HasSubstr("(b) drained: disk swap"));
+  EXPECT_EQ(Members()["b"].state(), v1::MEMBER_STATE_LEFT);
+  EXPECT_TRUE(Members()["b"].drain_reason().empty());
+  // And that is durable too.
+  Restart();
+  EXPECT_EQ(Members()["b"].state(), v1::MEMBER_STATE_LEFT);
+}
+
 TEST_F(CoordinatorDrainTest, SpareOrJobWithoutCheckpointsIsDrainedAtOnce) {
   Create(Spec(2, 2));  // no checkpoint directory
   FormWorldOfTwo();
