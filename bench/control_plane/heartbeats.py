@@ -100,7 +100,9 @@ note gives that count too). When the job does not even form within 60 s (members
 storm), the throughput is not measured and the members declared LOST count as false evictions. Peer: etcd 3.4 (data on tmpfs), one lease per worker with TTL %d s,
 each kept alive over its own `LeaseKeepAlive` stream on the same schedule (same C++ gRPC load generator); a
 keep-alive answered with TTL 0 is an expired lease, the false eviction of that design. Client and server share the
-machine's cores.
+machine's cores: at 4096 workers the one load-generator process drives 4096 connections and answers the
+coordinator's keepalive pings (every 5 s, 10 s to answer) from the same two cores, so a starved client can lose
+its connections; the note then says the job did not form.
 """ % (INTERVAL_MS, TIMEOUT_MS // 1000, TIMEOUT_MS // 1000))
     return 0
 

@@ -73,10 +73,10 @@ def main():
 `min_workers = max_workers = N` (tp = pp = 1, dp = N). The load generator (`cp_load rendezvous`) starts N
 simulated workers at once, each with its own gRPC connection, each doing what `shardline-worker` does: `JoinJob`,
 open the `Session` stream, wait for `SessionOpened`, `GetAssignment(wait)`. The time runs from the first
-`JoinJob` to the last worker holding its assignment (each assignment lists all N worker ids, so the coordinator
-sends O(N²) bytes in all). The coordinator's synchronous gRPC server holds one thread per open Session stream,
-so at 4096 workers it runs 4096 threads on a 2-core machine; a size that does not form within %d s is reported as
-not measured, with how many workers got their assignment and the first error. Peer: torchrun's c10d rendezvous
+`JoinJob` to the last worker holding its assignment. Each assignment carries only the process groups of its
+rank (at dp = N the dp group still lists N ranks, 2 bytes each); Session streams run on gRPC's callback API (no
+thread per stream), and `GetAssignment(wait)` holds a sync-server thread per waiting worker. A size that does
+not form within %d s is reported as not measured, with how many workers got their assignment and the first error. Peer: torchrun's c10d rendezvous
 (`DynamicRendezvousHandler` + `C10dRendezvousBackend`, min = max nodes = N) over a TCPStore, N nodes as threads of
 one process, each with its own TCPStore connection; it polls its shared state once a second, and each join rewrites the whole pickled state, so
 it is run up to %d nodes only. torchrun has one node per *machine* (agent), Shardline one worker per *rank*: at
