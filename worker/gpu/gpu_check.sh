@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for the GPU plugin and the NCCL backend: runs gpu_plugin_cuda_test,
-# train_kernels_test (every training kernel on the GPU against its CPU twin)
+# train_kernels_test (every training kernel on the GPU against its CPU twin),
+# gpu_trainer_test (the trainer on the GPU against the trainer on the CPU)
 # and nccl_backend_test (GPU tests run, nothing skipped for "no GPU") and the
 # NCCL benchmark for a few sizes, printing the results. Under 5 minutes.
 #
@@ -27,6 +28,7 @@ cd "$(dirname "$0")/../.." || exit 1
 mode="${1:-bazel}"
 BUNDLE=bazel-gpu-check
 TARGETS=(//worker/gpu:gpu_plugin_cuda_test //worker/gpu:train_kernels_test
+         //worker/gpu:gpu_trainer_test
          //worker/gpu:libshardline_gpu.so
          //worker/gpu:libshardline_gpu_fake.so
          //worker/comm:nccl_backend_test //worker/comm:shardline-bench-collectives)
@@ -53,16 +55,18 @@ case "$mode" in
     bazel build --config=ci "${TARGETS[@]}" || exit 1
     bazel test --config=ci --test_output=all \
       //worker/gpu:gpu_plugin_cuda_test //worker/gpu:train_kernels_test \
-      //worker/comm:nccl_backend_test || fails=$((fails + 1))
+      //worker/gpu:gpu_trainer_test //worker/comm:nccl_backend_test || fails=$((fails + 1))
     bench bazel-bin/worker/comm/shardline-bench-collectives
     ;;
 
   pack)
     bazel build --config=ci "${TARGETS[@]}" || exit 1
     rm -rf "$BUNDLE"
-    mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/worker/gpu"
+    mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/worker/gpu" "$BUNDLE/data"
+    # gpu_trainer_test reads the corpus relative to its working directory.
+    cp data/tinyshakespeare.txt "$BUNDLE/data/"
     for t in worker/gpu/gpu_plugin_cuda_test worker/gpu/train_kernels_test \
-             worker/comm/nccl_backend_test worker/comm/shardline-bench-collectives; do
+             worker/gpu/gpu_trainer_test worker/comm/nccl_backend_test worker/comm/shardline-bench-collectives; do
       cp -L "bazel-bin/$t" "$BUNDLE/bin/"
     done
     cp -L bazel-bin/worker/gpu/libshardline_gpu.so bazel-bin/worker/gpu/libshardline_gpu_fake.so \
@@ -72,8 +76,8 @@ case "$mode" in
     # ldd the originals: their RUNPATH ($ORIGIN/../../_solib_k8) finds Bazel's
     # own shared libraries there.
     for f in worker/gpu/gpu_plugin_cuda_test worker/gpu/train_kernels_test \
-             worker/comm/nccl_backend_test worker/comm/shardline-bench-collectives \
-             worker/gpu/libshardline_gpu.so; do
+             worker/gpu/gpu_trainer_test worker/comm/nccl_backend_test \
+             worker/comm/shardline-bench-collectives worker/gpu/libshardline_gpu.so; do
       ldd "bazel-bin/$f" | awk '$3 ~ /^\// {print $3}'
     done | sort -u | while read -r lib; do
       case "$(basename "$lib")" in
@@ -120,7 +124,7 @@ print(os.path.dirname(hits[0]) if hits else "")' 2>/dev/null)
     export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib:$unpacked:${nccl_dir}:${cublas_dir}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     # The tests open worker/gpu/libshardline_gpu.so relative to the working
     # directory (their Bazel runfiles layout), so run them inside the bundle.
-    for t in gpu_plugin_cuda_test train_kernels_test nccl_backend_test; do
+    for t in gpu_plugin_cuda_test train_kernels_test gpu_trainer_test nccl_backend_test; do
       echo "=== $t"
       (cd "$BUNDLE" && timeout 240 "bin/$t" 2>&1) | tee "/tmp/gpu_check_$t.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))

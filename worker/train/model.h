@@ -1,12 +1,15 @@
 // The GPT's pieces on one tensor-parallel rank, forward and backward, with
 // Megatron-LM's tensor-parallel collectives (Shoeybi et al., "Megatron-LM",
 // 2019, Section 3, Figure 3): the transformer layer, the vocab-parallel
-// embedding, and the output head with the vocab-parallel cross entropy.
+// embedding, and the output head with the vocab-parallel cross entropy. The
+// math runs on a compute Device (device.h): the CPU, or a GPU.
 //
-//   TensorParallel tp(tp_backend, &comm_seconds);
+//   Device& device = *CpuDevice::Default();
+//   Collectives tp(tp_backend, &comm_time);
 //   LayerActivations saved;
-//   absl::Status s = LayerForward(shape, params, tp, x, y, &saved);
-//   s = LayerBackward(shape, params, grads, tp, saved, dy, dx);
+//   DeviceBuffer<float> y;
+//   absl::Status s = LayerForward(device, shape, params, tp, std::move(x), &y, &saved);
+//   s = LayerBackward(device, shape, params, grads, tp, saved, dy.data(), dx.data());
 //
 // Shapes (elements): T = batch * seq tokens; h = hidden; the layer's QKV is
 // column-parallel ([3h/tp, h] per rank: this rank's heads), the attention
@@ -18,11 +21,20 @@
 // layers (the paper's f and g operators). The word embedding is split over
 // the vocabulary ([V/tp, h] per rank).
 //
-// Every function returns the status of its collectives (the Backend's
-// errors: Unavailable, DeadlineExceeded, Aborted); on error the outputs are
-// unspecified. Parameter gradients accumulate (+=), activation gradients are
-// overwritten (ops.h). Not thread-safe per call; distinct calls on distinct
-// buffers may run concurrently.
+// Memory: every pointer and buffer given to or kept by these functions
+// (parameters, gradients, tokens, targets, activations) is memory of the
+// `device` argument. The tensor-parallel collectives run on host memory
+// (Gloo): on a device whose memory is not host memory, Collectives stages
+// each all-reduce through a host buffer (copy to host, all-reduce, copy back)
+// and counts the copies as communication time.
+//
+// Every function returns the status of its device calls (device.h's errors:
+// InvalidArgument, ResourceExhausted, Unavailable) and of its collectives
+// (the Backend's errors: Unavailable, DeadlineExceeded, Aborted); on error
+// the outputs are unspecified. Parameter gradients accumulate (+=),
+// activation gradients are overwritten (ops.h). On CpuDevice every result is
+// bit-identical to calling ops.h directly. Not thread-safe per call;
+// distinct calls on distinct buffers and devices may run concurrently.
 #ifndef SHARDLINE_WORKER_TRAIN_MODEL_H_
 #define SHARDLINE_WORKER_TRAIN_MODEL_H_
 
@@ -32,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "worker/comm/backend.h"
+#include "worker/train/device.h"
 
 namespace shardline::worker::train {
 
@@ -46,7 +59,13 @@ class Collectives {
       : backend_(backend), comm_time_(comm_time) {}
   int size() const { return backend_ == nullptr ? 1 : backend_->size(); }
   int rank() const { return backend_ == nullptr ? 0 : backend_->rank(); }
+  // All-reduces `count` floats of HOST memory in place.
   absl::Status AllReduce(float* data, int64_t count, ReduceOp op);
+  // All-reduces `count` floats of `device`'s memory in place: directly when
+  // the device's memory is host memory, else through a host buffer (copy to
+  // host, all-reduce, copy back), the copies counted as communication time.
+  // Errors: the device's copies' and the Backend's.
+  absl::Status AllReduce(Device& device, float* data, int64_t count, ReduceOp op);
   // Waits for `work`, counting the time.
   absl::Status Wait(const std::shared_ptr<Work>& work);
   Backend* backend() const { return backend_; }
@@ -67,7 +86,7 @@ struct LayerShape {
   int64_t local_width() const { return heads * head_dim; }  // h / tp
 };
 
-// One layer's tp-local parameters (pointers into unit buffers), in
+// One layer's tp-local parameters (device pointers into unit buffers), in
 // plan/model.h's names and layouts. Gradients use the same struct.
 struct LayerParams {
   float* ln1_weight = nullptr;   // [h]
@@ -84,66 +103,78 @@ struct LayerParams {
   float* fc2_bias = nullptr;     // [h]
 };
 
-// What a layer's forward keeps for its backward.
+// What a layer's forward keeps for its backward (device memory).
 struct LayerActivations {
-  std::vector<float> x;                // [T, h] input
-  std::vector<float> ln1, ln1_mean, ln1_rstd;
-  std::vector<float> qkv;              // [T, 3h/tp]
-  std::vector<float> probs;            // [batch, heads, seq, seq]
-  std::vector<float> attention;        // [T, h/tp]
-  std::vector<float> mid;              // [T, h] after the attention residual
-  std::vector<float> ln2, ln2_mean, ln2_rstd;
-  std::vector<float> fc1;              // [T, f/tp] before GELU
-  std::vector<float> gelu;             // [T, f/tp]
+  DeviceBuffer<float> x;                          // [T, h] input
+  DeviceBuffer<float> ln1, ln1_mean, ln1_rstd;    // [T, h], [T], [T]
+  DeviceBuffer<float> qkv;                        // [T, 3h/tp]
+  DeviceBuffer<float> probs;                      // [batch, heads, seq, seq]
+  DeviceBuffer<float> attention;                  // [T, h/tp]
+  DeviceBuffer<float> mid;                        // [T, h] after the attention residual
+  DeviceBuffer<float> ln2, ln2_mean, ln2_rstd;    // [T, h], [T], [T]
+  DeviceBuffer<float> fc1;                        // [T, f/tp] before GELU
+  DeviceBuffer<float> gelu;                       // [T, f/tp]
 };
 
 // y[T, h] = the pre-LayerNorm transformer layer of x[T, h]:
 //   mid = x + Dense(Attention(QKV(LN1(x)))),  y = mid + FC2(GELU(FC1(LN2(mid)))).
-absl::Status LayerForward(const LayerShape& shape, const LayerParams& params, Collectives& tp,
-                          const float* x, float* y, LayerActivations* saved);
+// Takes x (kept as saved->x, no copy); *y is (re)allocated on `device`.
+absl::Status LayerForward(Device& device, const LayerShape& shape, const LayerParams& params,
+                          Collectives& tp, DeviceBuffer<float> x, DeviceBuffer<float>* y,
+                          LayerActivations* saved);
 
-// dx[T, h] from dy[T, h]; grads accumulate into `grads`.
-absl::Status LayerBackward(const LayerShape& shape, const LayerParams& params,
+// dx[T, h] from dy[T, h] (distinct device buffers); grads accumulate into
+// `grads`.
+absl::Status LayerBackward(Device& device, const LayerShape& shape, const LayerParams& params,
                            const LayerParams& grads, Collectives& tp,
                            const LayerActivations& saved, const float* dy, float* dx);
 
 // y[T, h] = word[token] + position[t mod seq]. `word` holds this rank's
 // vocabulary rows [vocab_begin, vocab_begin + vocab_local); the partial
 // lookups are all-reduced over tp, then positions ([seq, h], replicated)
-// are added.
-absl::Status EmbeddingForward(const LayerShape& shape, const int32_t* tokens, const float* word,
-                              const float* position, int64_t vocab_begin, int64_t vocab_local,
-                              Collectives& tp, float* y);
-void EmbeddingBackward(const LayerShape& shape, const int32_t* tokens, const float* dy,
-                       float* dword, float* dposition, int64_t vocab_begin, int64_t vocab_local);
+// are added. tokens[T] and y are device memory.
+absl::Status EmbeddingForward(Device& device, const LayerShape& shape, const int32_t* tokens,
+                              const float* word, const float* position, int64_t vocab_begin,
+                              int64_t vocab_local, Collectives& tp, float* y);
+// dword[V/tp, h] and dposition[seq, h] accumulate from dy[T, h].
+absl::Status EmbeddingBackward(Device& device, const LayerShape& shape, const int32_t* tokens,
+                               const float* dy, float* dword, float* dposition,
+                               int64_t vocab_begin, int64_t vocab_local);
 
-// What the head's forward keeps for its backward.
+// What the head's forward keeps for its backward (device memory).
 struct HeadActivations {
-  std::vector<float> x, ln, ln_mean, ln_rstd;  // [T, h]
-  std::vector<float> logits;                    // [T, V/tp]
-  std::vector<float> row_max, sum_exp;          // [T], over the whole vocabulary
-  std::vector<int32_t> targets;                 // [T]
+  DeviceBuffer<float> x, ln;                 // [T, h]
+  DeviceBuffer<float> ln_mean, ln_rstd;      // [T]
+  DeviceBuffer<float> logits;                // [T, V/tp]
+  DeviceBuffer<float> row_max;               // [T], over the whole vocabulary
+  DeviceBuffer<float> sums;                  // [2T]: sum_exp[T] (whole vocabulary), then
+                                             // the target's logit[T]
+  DeviceBuffer<int32_t> targets;             // [T]
+  const float* sum_exp() const { return sums.data(); }
 };
 
 // Final LayerNorm, logits against the (tied) word embedding word[V/tp, h],
-// and the mean cross entropy over the T tokens, returned in *loss (the same
-// on every tp rank).
-absl::Status HeadForward(const LayerShape& shape, const float* x, const int32_t* targets,
-                         const float* ln_weight, const float* ln_bias, const float* word,
-                         int64_t vocab_begin, int64_t vocab_local, Collectives& tp,
-                         HeadActivations* saved, double* loss);
+// and the mean cross entropy over the T tokens, returned in *loss (host; the
+// same on every tp rank; summed in double on the host). Takes x[T, h] and
+// targets[T] (kept in *saved, no copy).
+absl::Status HeadForward(Device& device, const LayerShape& shape, DeviceBuffer<float> x,
+                         DeviceBuffer<int32_t> targets, const float* ln_weight,
+                         const float* ln_bias, const float* word, int64_t vocab_begin,
+                         int64_t vocab_local, Collectives& tp, HeadActivations* saved,
+                         double* loss);
 
-// Backward of loss_scale * (mean cross entropy): dx[T, h]; gradients of the
-// final LayerNorm and of the word embedding accumulate.
-absl::Status HeadBackward(const LayerShape& shape, const float* ln_weight, const float* word,
-                          int64_t vocab_begin, int64_t vocab_local, float loss_scale,
-                          const HeadActivations& saved, Collectives& tp, float* dln_weight,
-                          float* dln_bias, float* dword, float* dx);
+// Backward of loss_scale * (mean cross entropy): dx[T, h] (overwritten);
+// gradients of the final LayerNorm and of the word embedding accumulate.
+absl::Status HeadBackward(Device& device, const LayerShape& shape, const float* ln_weight,
+                          const float* word, int64_t vocab_begin, int64_t vocab_local,
+                          float loss_scale, const HeadActivations& saved, Collectives& tp,
+                          float* dln_weight, float* dln_bias, float* dword, float* dx);
 
-// Logits of the last token of each sample, gathered over tp: out[batch, V].
-// (Sampling text.)
-absl::Status LastTokenLogits(const LayerShape& shape, const HeadActivations& saved,
-                             int64_t vocab_size, Collectives& tp, std::vector<float>* out);
+// Logits of the last token of each sample, gathered over tp into HOST
+// memory: out[batch, V]. (Sampling text.)
+absl::Status LastTokenLogits(Device& device, const LayerShape& shape,
+                             const HeadActivations& saved, int64_t vocab_size, Collectives& tp,
+                             std::vector<float>* out);
 
 }  // namespace shardline::worker::train
 

@@ -9,6 +9,12 @@
 // Prints one line per --log-interval steps from rank 0:
 //   step 100/2000 loss 2.4811 lr 1.00e-03 grad_norm 0.412 tokens/s 9120 comm 3.1% step_ms 84.2
 // then the validation loss and, with --sample-length, a text sample.
+//
+// --device cuda:N runs every rank's layers on GPU N through the GPU plugin
+// (--gpu-plugin, default libshardline_gpu.so next to this binary, else in its
+// Bazel runfiles), the optimizer and communication staying on the host
+// (trainer.h). Without a usable GPU it exits 1 before training, naming the
+// cause (the CUDA error); a malformed --device exits 2.
 // Exit status 0 on success, 2 on a bad argument or spec, 1 when the corpus
 // cannot be read or a step fails (the message names the cause).
 #include <csignal>
@@ -25,6 +31,8 @@
 #include "client/args.h"
 #include "client/spec_file.h"
 #include "server/job_spec.h"
+#include "worker/gpu/gpu_compute_device.h"
+#include "worker/gpu/gpu_plugin.h"
 #include "worker/train/data.h"
 #include "worker/train/job_options.h"
 #include "worker/train/local_cluster.h"
@@ -47,7 +55,7 @@ int Main(int argc, char** argv) {
   constexpr int64_t kSpecSteps = std::numeric_limits<int64_t>::min();  // --steps not given
   int64_t dp = 1, steps = kSpecSteps, log_interval = 10, eval_interval = 0, eval_samples = 240,
           sample_length = 0, blas_threads = 1;
-  std::string data_override, prompt = "\n";
+  std::string data_override, prompt = "\n", device_name = "cpu", gpu_plugin;
   args.AddInt("dp", &dp, "data-parallel degree (world = tp * pp * dp threads); default 1");
   args.AddInt("steps", &steps, "optimizer steps (default: the spec's training.train_steps)");
   args.AddInt("log-interval", &log_interval, "print every N steps (default 10)");
@@ -58,6 +66,11 @@ int Main(int argc, char** argv) {
   args.AddString("prompt", &prompt, "prompt of the text sample (default a newline)");
   args.AddInt("blas-threads", &blas_threads, "OpenBLAS threads per product (default 1)");
   args.AddString("data", &data_override, "corpus path (default: the spec's data.dataset_path)");
+  args.AddString("device", &device_name,
+                 "where the layers run: cpu (default) or cuda[:N] (the GPU plugin's CUDA math)");
+  args.AddString("gpu-plugin", &gpu_plugin,
+                 "path of libshardline_gpu.so (default: next to this binary, else its "
+                 "runfiles)");
   std::vector<std::string> tail(argv + 1, argv + argc);
   absl::StatusOr<std::vector<std::string>> positional = args.Parse(tail);
   if (!positional.ok()) return Fail(std::string(positional.status().message()) + "\n" + args.Usage());
@@ -81,13 +94,24 @@ int Main(int argc, char** argv) {
       Corpus::Load(spec->data().dataset_path(), spec->data().validation_fraction());
   if (!corpus.ok()) return Fail(std::string(corpus.status().message()), 1);
   SetBlasThreads(static_cast<int>(blas_threads));
+  const bool on_gpu = device_name != "cpu";
+  if (on_gpu) {
+    // Fail before training, naming the cause, when the GPU is not usable.
+    absl::StatusOr<std::unique_ptr<GpuComputeDevice>> probe =
+        GpuComputeDevice::FromName(device_name, gpu_plugin);
+    if (!probe.ok()) {
+      return Fail(absl::StrCat("--device ", device_name, ": ", probe.status().message()),
+                  absl::IsInvalidArgument(probe.status()) ? 2 : 1);
+    }
+  }
 
   const int64_t total = static_cast<int64_t>(spec->training().train_steps());
   const plan::ParallelConfig& p = options->parallel;
-  std::printf("shardline-train-local: %s  layers=%lld hidden=%lld heads=%lld seq=%lld  "
+  std::printf("shardline-train-local: %s  device=%s  layers=%lld hidden=%lld heads=%lld seq=%lld  "
               "tp=%d pp=%d vpp=%d dp=%d zero_stage=%d schedule=%s  global_batch=%lld "
               "(micro_batch %lld x %d x dp %d)  steps=%lld\n",
-              spec->name().c_str(), static_cast<long long>(options->model.num_layers),
+              spec->name().c_str(), device_name.c_str(),
+              static_cast<long long>(options->model.num_layers),
               static_cast<long long>(options->model.hidden_size),
               static_cast<long long>(options->model.num_heads),
               static_cast<long long>(options->model.seq_length), p.tp, p.pp, p.vpp, p.dp,
@@ -99,7 +123,18 @@ int Main(int argc, char** argv) {
 
   const absl::Time start = absl::Now();
   absl::Status status = RunLocalCluster(p, [&](int rank, const RankGroups& groups) -> absl::Status {
-    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*options, groups, &*corpus);
+    // One GPU device per rank (thread), declared first so it outlives the trainer.
+    std::unique_ptr<GpuComputeDevice> gpu;
+    TrainingOptions rank_options = *options;
+    if (on_gpu) {
+      absl::StatusOr<std::unique_ptr<GpuComputeDevice>> d =
+          GpuComputeDevice::FromName(device_name, gpu_plugin);
+      if (!d.ok()) return d.status();
+      gpu = *std::move(d);
+      rank_options.device = gpu.get();
+    }
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create(rank_options, groups, &*corpus);
     if (!trainer.ok()) return trainer.status();
     absl::Duration window_time, window_comm;
     int64_t window_tokens = 0;

@@ -11,12 +11,19 @@
 #include "plan/model.h"
 #include "plan/pipeline.h"
 #include "plan/zero.h"
+#include "worker/train/device.h"
 #include "worker/train/init.h"
 #include "worker/train/model.h"
 #include "worker/train/ops.h"
 
 namespace shardline::worker::train {
 namespace {
+
+#define SL_RETURN_IF_ERROR(expr)               \
+  do {                                         \
+    absl::Status sl_status_ = (expr);          \
+    if (!sl_status_.ok()) return sl_status_;   \
+  } while (0)
 
 // One ZeRO unit of this rank's model slice and every state kept for it.
 struct UnitState {
@@ -33,6 +40,12 @@ struct UnitState {
   std::vector<uint8_t> decay;        // [padded]: 1 where weight decay applies
   std::vector<uint8_t> norm;         // [padded]: 1 where this rank counts the element in the norm
   std::map<std::string, int64_t> offset;  // parameter name -> first element in the unit
+  // Only on a device whose memory is not host memory (else the math runs on
+  // `params` and `grads` themselves):
+  DeviceBuffer<float> device_params;  // [padded]: a copy of `params`
+  bool device_params_fresh = false;   // device_params == params (this step)
+  DeviceBuffer<float> device_grads;   // [padded]: this step's gradients, not yet downloaded
+  bool device_grads_live = false;     // device_grads zeroed and in use this step
 };
 
 // What a chunk runs: its units, by role.
@@ -46,7 +59,7 @@ struct ChunkLayout {
 
 // A forward's saved state until its backward.
 struct Stash {
-  std::vector<int32_t> tokens;  // chunk 0
+  DeviceBuffer<int32_t> tokens;  // chunk 0, [batch * seq] on the device
   std::vector<LayerActivations> layers;
   HeadActivations head;
   std::vector<float> dloss_input;  // unused placeholder for symmetry
@@ -72,6 +85,7 @@ class Trainer::Impl {
   std::vector<UnitState> units;
   std::map<int, ChunkLayout> chunks;  // this pp rank's chunks
   int word_unit = -1;                 // unit holding the head's word embedding
+  Device* device = nullptr;           // options.device or CpuDevice::Default(); not owned
   absl::Duration comm_time;
   Collectives tp{nullptr, &comm_time}, dp{nullptr, &comm_time}, pp{nullptr, &comm_time},
       embedding{nullptr, &comm_time};
@@ -102,17 +116,29 @@ class Trainer::Impl {
 
   // --- Units -------------------------------------------------------------
 
-  absl::Status Acquire(int u) {
+  bool on_host() const { return device->host_memory(); }
+
+  // Makes unit u's whole parameters available until Release: ZeRO-3
+  // all-gathers them into `params`; with `to_device` and a device that is
+  // not host memory, they are also uploaded to `device_params` (once per
+  // step: ResetDeviceState drops the copies).
+  absl::Status Acquire(int u, bool to_device = true) {
     UnitState& s = units[u];
-    if (zero() < 3) return absl::OkStatus();
-    if (s.acquired++ > 0) return absl::OkStatus();
-    s.params.assign(s.unit.padded, 0.0f);
-    if (dp.size() == 1) {
-      std::copy(s.shard_params.begin(), s.shard_params.end(), s.params.begin());
-      return absl::OkStatus();
+    if (zero() == 3 && s.acquired++ == 0) {
+      s.params.assign(s.unit.padded, 0.0f);
+      if (dp.size() == 1) {
+        std::copy(s.shard_params.begin(), s.shard_params.end(), s.params.begin());
+      } else {
+        SL_RETURN_IF_ERROR(dp.Wait(dp.backend()->AllGather(
+            s.shard_params.data(), s.shard, s.params.data(), DType::kFloat32)));
+      }
     }
-    return dp.Wait(dp.backend()->AllGather(s.shard_params.data(), s.shard, s.params.data(),
-                                           DType::kFloat32));
+    if (!to_device || on_host() || s.device_params_fresh) return absl::OkStatus();
+    SL_RETURN_IF_ERROR(s.device_params.Resize(*device, s.unit.padded));
+    SL_RETURN_IF_ERROR(
+        device->CopyToDevice(s.device_params.data(), s.params.data(), s.device_params.bytes()));
+    s.device_params_fresh = true;
+    return absl::OkStatus();
   }
 
   void Release(int u) {
@@ -120,20 +146,83 @@ class Trainer::Impl {
     if (zero() < 3) return;
     if (--s.acquired > 0) return;
     std::vector<float>().swap(s.params);
+    s.device_params.Reset();
+    s.device_params_fresh = false;
   }
 
-  float* Param(int u, const std::string& name) { return units[u].params.data() + units[u].offset.at(name); }
-  float* Grad(int u, const std::string& name) {
+  // At the start of every step, evaluation and sample: the host parameters
+  // may have changed since (an optimizer step, a restore), so the device
+  // copies are uploaded again before use, and no device gradient is live
+  // (even after a step that failed half-way).
+  void ResetDeviceState() {
+    for (UnitState& s : units) {
+      s.device_params_fresh = false;
+      s.device_grads_live = false;
+    }
+  }
+
+  // Parameter `name` of unit u (acquired) where the math runs: the host
+  // buffer on a host-memory device, else the device copy.
+  float* Param(int u, const std::string& name) {
+    UnitState& s = units[u];
+    return (on_host() ? s.params.data() : s.device_params.data()) + s.offset.at(name);
+  }
+  // The same for gradients (zeroed at first use in a step). On a device
+  // whose memory is not host memory, DownloadGradients adds them into the
+  // host buffer (HostGrad) after the step's last backward.
+  absl::StatusOr<float*> Grad(int u, const std::string& name) {
+    UnitState& s = units[u];
+    if (on_host()) return HostGrad(u, name);
+    if (!s.device_grads_live) {
+      SL_RETURN_IF_ERROR(s.device_grads.Resize(*device, s.unit.padded));
+      SL_RETURN_IF_ERROR(device->Zero(s.device_grads.data(), s.device_grads.bytes()));
+      s.device_grads_live = true;
+    }
+    return s.device_grads.data() + s.offset.at(name);
+  }
+  float* HostGrad(int u, const std::string& name) {
     UnitState& s = units[u];
     if (s.grads.empty()) s.grads.assign(s.unit.padded, 0.0f);
     return s.grads.data() + s.offset.at(name);
   }
 
-  LayerParams LayerPointers(int u, int64_t layer, bool grads) {
+  // Adds every unit's device gradients of this step into its host gradient
+  // buffer (a device that is not host memory only).
+  absl::Status DownloadGradients() {
+    if (on_host()) return absl::OkStatus();
+    std::vector<float> host;
+    for (UnitState& s : units) {
+      if (!s.device_grads_live) continue;
+      host.resize(s.unit.padded);
+      SL_RETURN_IF_ERROR(
+          device->CopyToHost(host.data(), s.device_grads.data(), s.device_grads.bytes()));
+      if (s.grads.empty()) s.grads.assign(s.unit.padded, 0.0f);
+      AddInPlace(host.data(), s.grads.data(), s.unit.padded);
+      s.device_grads_live = false;
+    }
+    return absl::OkStatus();
+  }
+
+  // Host -> a new device buffer of `count` elements.
+  template <typename T>
+  absl::Status Upload(const T* host, int64_t count, DeviceBuffer<T>* out) {
+    SL_RETURN_IF_ERROR(out->Resize(*device, count));
+    return device->CopyToDevice(out->data(), host, out->bytes());
+  }
+
+  // Unit u's layer pointers where the math runs (Param / Grad). For
+  // gradients this may fail (device allocation); *status holds the error.
+  LayerParams LayerPointers(int u, int64_t layer, bool grads, absl::Status* status = nullptr) {
     const std::string p = absl::StrCat("layers.", layer, ".");
-    auto at = [&](const char* suffix) {
+    auto at = [&](const char* suffix) -> float* {
       const std::string name = p + suffix;
-      return grads ? Grad(u, name) : Param(u, name);
+      if (!grads) return Param(u, name);
+      absl::StatusOr<float*> g = Grad(u, name);
+      if (!g.ok()) {
+        if (status != nullptr && status->ok()) *status = g.status();
+        return nullptr;
+      }
+      return *g;
     };
     LayerParams l;
     l.ln1_weight = at("input_layernorm.weight");
@@ -202,50 +291,67 @@ class Trainer::Impl {
 
   // --- Forward and backward of one chunk ----------------------------------
 
-  // Runs chunk c forward for one micro-batch. tokens/targets are
+  // Runs chunk c forward for one micro-batch. tokens/targets are HOST
   // [batch * seq] (tokens used by chunk 0, targets by the last chunk). With
   // `stash` null nothing is kept for a backward. The last chunk adds its
   // loss to *loss and, when `head` is given, leaves its activations there.
+  // Activations live on the device; pipeline messages travel in host
+  // buffers (copied at the chunk boundaries).
   absl::Status Forward(int mb, int c, int64_t batch, const int32_t* tokens, const int32_t* targets,
                        Stash* stash, double* loss, HeadActivations* head) {
     const ChunkLayout& layout = chunks.at(c);
     const LayerShape shape = Shape(batch);
     const int64_t n = shape.tokens() * shape.hidden;
-    std::vector<float> x(n), y(n);
+    DeviceBuffer<float> x;
+    SL_RETURN_IF_ERROR(x.Resize(*device, n));
     if (layout.embedding_unit >= 0) {
       const int u = layout.embedding_unit;
-      if (absl::Status s = Acquire(u); !s.ok()) return s;
-      absl::Status s = EmbeddingForward(shape, tokens, Param(u, kWord), Param(u, kPosition),
-                                        vocab_begin(), vocab_local(), tp, x.data());
+      DeviceBuffer<int32_t> device_tokens;
+      SL_RETURN_IF_ERROR(Upload(tokens, shape.tokens(), &device_tokens));
+      SL_RETURN_IF_ERROR(Acquire(u));
+      absl::Status s = EmbeddingForward(*device, shape, device_tokens.data(), Param(u, kWord),
+                                        Param(u, kPosition), vocab_begin(), vocab_local(), tp,
+                                        x.data());
       Release(u);
-      if (!s.ok()) return s;
-      if (stash != nullptr) stash->tokens.assign(tokens, tokens + shape.tokens());
+      SL_RETURN_IF_ERROR(s);
+      if (stash != nullptr) stash->tokens = std::move(device_tokens);
     } else {
-      if (absl::Status s = RecvFrom(c - 1, Tag(mb, c - 1, 0), &x); !s.ok()) return s;
+      std::vector<float> host(n);
+      SL_RETURN_IF_ERROR(RecvFrom(c - 1, Tag(mb, c - 1, 0), &host));
+      SL_RETURN_IF_ERROR(device->CopyToDevice(x.data(), host.data(), x.bytes()));
     }
     LayerActivations scratch;
     if (stash != nullptr) stash->layers.resize(layout.layer_units.size());
     for (size_t i = 0; i < layout.layer_units.size(); ++i) {
       const int u = layout.layer_units[i];
-      if (absl::Status s = Acquire(u); !s.ok()) return s;
-      absl::Status s = LayerForward(shape, LayerPointers(u, layout.layers[i], false), tp, x.data(),
-                                    y.data(), stash != nullptr ? &stash->layers[i] : &scratch);
+      SL_RETURN_IF_ERROR(Acquire(u));
+      DeviceBuffer<float> y;
+      absl::Status s = LayerForward(*device, shape, LayerPointers(u, layout.layers[i], false), tp,
+                                    std::move(x), &y,
+                                    stash != nullptr ? &stash->layers[i] : &scratch);
       Release(u);
-      if (!s.ok()) return s;
-      std::swap(x, y);
+      SL_RETURN_IF_ERROR(s);
+      x = std::move(y);
     }
-    if (layout.head_unit < 0) return SendTo(c + 1, Tag(mb, c, 0), std::move(x));
+    if (layout.head_unit < 0) {
+      std::vector<float> host(n);
+      SL_RETURN_IF_ERROR(device->CopyToHost(host.data(), x.data(), x.bytes()));
+      return SendTo(c + 1, Tag(mb, c, 0), std::move(host));
+    }
 
     const int u = layout.head_unit;
-    if (absl::Status s = AcquireHead(u); !s.ok()) return s;
+    DeviceBuffer<int32_t> device_targets;
+    SL_RETURN_IF_ERROR(Upload(targets, shape.tokens(), &device_targets));
+    SL_RETURN_IF_ERROR(AcquireHead(u));
     HeadActivations local;
     HeadActivations* saved = stash != nullptr ? &stash->head : head != nullptr ? head : &local;
     double mb_loss = 0;
-    absl::Status s = HeadForward(shape, x.data(), targets, Param(u, "final_layernorm.weight"),
+    absl::Status s = HeadForward(*device, shape, std::move(x), std::move(device_targets),
+                                 Param(u, "final_layernorm.weight"),
                                  Param(u, "final_layernorm.bias"), Param(word_unit, kWord),
                                  vocab_begin(), vocab_local(), tp, saved, &mb_loss);
     ReleaseHead(u);
-    if (!s.ok()) return s;
+    SL_RETURN_IF_ERROR(s);
     *loss += mb_loss;
     return absl::OkStatus();
   }
@@ -263,37 +369,56 @@ class Trainer::Impl {
     const ChunkLayout& layout = chunks.at(c);
     const LayerShape shape = Shape(options.parallel.micro_batch_size);
     const int64_t n = shape.tokens() * shape.hidden;
-    std::vector<float> dy(n), dx(n);
+    DeviceBuffer<float> dy, dx;
+    SL_RETURN_IF_ERROR(dy.Resize(*device, n));
     if (layout.head_unit >= 0) {
       const int u = layout.head_unit;
-      if (absl::Status s = AcquireHead(u); !s.ok()) return s;
-      absl::Status s = HeadBackward(
-          shape, Param(u, "final_layernorm.weight"), Param(word_unit, kWord), vocab_begin(),
-          vocab_local(), loss_scale, stash.head, tp, Grad(u, "final_layernorm.weight"),
-          Grad(u, "final_layernorm.bias"), Grad(word_unit, kWord), dy.data());
+      SL_RETURN_IF_ERROR(AcquireHead(u));
+      absl::StatusOr<float*> dln_weight = Grad(u, "final_layernorm.weight");
+      absl::StatusOr<float*> dln_bias = Grad(u, "final_layernorm.bias");
+      absl::StatusOr<float*> dword = Grad(word_unit, kWord);
+      absl::Status s = !dln_weight.ok() ? dln_weight.status()
+                       : !dln_bias.ok() ? dln_bias.status()
+                       : !dword.ok()    ? dword.status()
+                                        : absl::OkStatus();
+      if (s.ok()) {
+        s = HeadBackward(*device, shape, Param(u, "final_layernorm.weight"),
+                         Param(word_unit, kWord), vocab_begin(), vocab_local(), loss_scale,
+                         stash.head, tp, *dln_weight, *dln_bias, *dword, dy.data());
+      }
       ReleaseHead(u);
-      if (!s.ok()) return s;
+      SL_RETURN_IF_ERROR(s);
     } else {
-      if (absl::Status s = RecvFrom(c + 1, Tag(mb, c, 1), &dy); !s.ok()) return s;
+      std::vector<float> host(n);
+      SL_RETURN_IF_ERROR(RecvFrom(c + 1, Tag(mb, c, 1), &host));
+      SL_RETURN_IF_ERROR(device->CopyToDevice(dy.data(), host.data(), dy.bytes()));
     }
+    if (!layout.layer_units.empty()) SL_RETURN_IF_ERROR(dx.Resize(*device, n));
     for (size_t k = layout.layer_units.size(); k-- > 0;) {
       const int u = layout.layer_units[k];
-      if (absl::Status s = Acquire(u); !s.ok()) return s;
-      absl::Status s =
-          LayerBackward(shape, LayerPointers(u, layout.layers[k], false),
-                        LayerPointers(u, layout.layers[k], true), tp, stash.layers[k], dy.data(),
-                        dx.data());
+      SL_RETURN_IF_ERROR(Acquire(u));
+      absl::Status s;
+      const LayerParams grads = LayerPointers(u, layout.layers[k], true, &s);
+      if (s.ok()) {
+        s = LayerBackward(*device, shape, LayerPointers(u, layout.layers[k], false), grads, tp,
+                          stash.layers[k], dy.data(), dx.data());
+      }
       Release(u);
-      if (!s.ok()) return s;
+      SL_RETURN_IF_ERROR(s);
       std::swap(dx, dy);
     }
     if (layout.embedding_unit >= 0) {
       const int u = layout.embedding_unit;
-      EmbeddingBackward(shape, stash.tokens.data(), dy.data(), Grad(u, kWord), Grad(u, kPosition),
-                        vocab_begin(), vocab_local());
-      return absl::OkStatus();
+      absl::StatusOr<float*> dword = Grad(u, kWord);
+      if (!dword.ok()) return dword.status();
+      absl::StatusOr<float*> dposition = Grad(u, kPosition);
+      if (!dposition.ok()) return dposition.status();
+      return EmbeddingBackward(*device, shape, stash.tokens.data(), dy.data(), *dword,
+                               *dposition, vocab_begin(), vocab_local());
     }
-    return SendTo(c - 1, Tag(mb, c - 1, 1), std::move(dy));
+    std::vector<float> host(n);
+    SL_RETURN_IF_ERROR(device->CopyToHost(host.data(), dy.data(), dy.bytes()));
+    return SendTo(c - 1, Tag(mb, c - 1, 1), std::move(host));
   }
 
   // --- Data ------------------------------------------------------------------
@@ -321,6 +446,7 @@ class Trainer::Impl {
   absl::StatusOr<StepStats> TrainStep(bool request_checkpoint) {
     const absl::Time start = absl::Now();
     comm_time = absl::ZeroDuration();
+    ResetDeviceState();
     const int m = options.parallel.micro_batches;
     const int64_t global_batch = options.parallel.global_batch();
     const int64_t first = step * global_batch;
@@ -342,12 +468,14 @@ class Trainer::Impl {
       }
     }
     if (absl::Status s = FinishSends(); !s.ok()) return s;
+    // From here on everything is on the host (ZeRO-Offload style).
+    if (absl::Status s = DownloadGradients(); !s.ok()) return s;
 
     // Tied word embedding: first and last stage add their gradients.
     if (groups.embedding != nullptr && embedding.size() > 1) {
       UnitState& w = units[groups.coordinates.pp_rank == 0 ? chunks.begin()->second.embedding_unit
                                                            : word_unit];
-      float* g = Grad(&w - units.data(), kWord);
+      float* g = HostGrad(&w - units.data(), kWord);
       const plan::ParameterSpec& spec = *spec_of.at(kWord);
       if (absl::Status s = embedding.AllReduce(g, spec.local_numel(options.parallel.tp), ReduceOp::kSum);
           !s.ok())
@@ -480,6 +608,7 @@ class Trainer::Impl {
   // Forward only over every chunk of this rank for micro-batches in order:
   // a pipeline without backward (each F waits only for earlier chunks).
   absl::StatusOr<double> ForwardOnly(bool validation, int64_t first) {
+    ResetDeviceState();
     const int m = options.parallel.micro_batches;
     double loss_sum = 0;
     std::vector<int32_t> tokens, targets;
@@ -542,6 +671,7 @@ absl::StatusOr<std::string> Trainer::Sample(const std::string& prompt, int64_t l
   std::string out;
   const LayerShape shape = t.Shape(1);
   const bool last_stage = t.chunks.count(t.num_chunks() - 1) > 0;
+  t.ResetDeviceState();
   for (int64_t i = 0; i < length; ++i) {
     // The last seq tokens, left-padded with newlines.
     std::vector<int32_t> window(seq, '\n'), targets(seq, 0);
@@ -557,7 +687,8 @@ absl::StatusOr<std::string> Trainer::Sample(const std::string& prompt, int64_t l
     float next = 0;
     if (last_stage) {
       std::vector<float> logits;
-      if (absl::Status s = LastTokenLogits(shape, head, vocab, t.tp, &logits); !s.ok()) return s;
+      if (absl::Status s = LastTokenLogits(*t.device, shape, head, vocab, t.tp, &logits); !s.ok())
+        return s;
       int best = 0;
       if (temperature <= 0) {
         best = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -588,7 +719,7 @@ absl::StatusOr<std::vector<float>> Trainer::Parameter(const std::string& name) {
     UnitState& s = t.units[u];
     auto it = s.offset.find(name);
     if (it == s.offset.end()) continue;
-    if (absl::Status st = t.Acquire(static_cast<int>(u)); !st.ok()) return st;
+    if (absl::Status st = t.Acquire(static_cast<int>(u), /*to_device=*/false); !st.ok()) return st;
     const int64_t n = t.spec_of.at(name)->local_numel(t.options.parallel.tp);
     std::vector<float> out(s.params.begin() + it->second, s.params.begin() + it->second + n);
     t.Release(static_cast<int>(u));
@@ -652,6 +783,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainingOptions& 
   auto impl = std::make_unique<Impl>();
   Impl& t = *impl;
   t.options = options;
+  t.device = options.device != nullptr ? options.device : CpuDevice::Default();
   t.groups = groups;
   if (!end_stage) t.groups.embedding = nullptr;
   t.corpus = corpus;
@@ -727,5 +859,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainingOptions& 
   }
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
+
+#undef SL_RETURN_IF_ERROR
 
 }  // namespace shardline::worker::train

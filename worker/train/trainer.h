@@ -2,6 +2,7 @@
 // byte-level text, one optimizer step at a time.
 //
 //   TrainingOptions options = ...;                       // model, layout, optimizer
+//   options.device = gpu.get();                          // optional: layers on a GPU
 //   RankGroups groups{coords, tp.get(), dp.get(), pp.get(), embedding.get()};
 //   absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(options, groups, &corpus);
 //   absl::StatusOr<StepStats> s = (*t)->TrainStep();     // every rank, in lockstep
@@ -33,12 +34,33 @@
 // the same global batch follows the same loss curve (DESIGN.md "Numbers
 // that are contracts").
 //
+// Compute device (TrainingOptions::device, device.h): the layers' forward and
+// backward run on it; everything else stays on the host, as in ZeRO-Offload
+// (Ren et al., 2021): the fp32 master parameters, the gradient buffers, ZeRO
+// sharding, clipping, AdamW and all dp / pp / embedding-group communication.
+// On a device whose memory is host memory (CpuDevice, the default) the math
+// runs on the host buffers themselves: no copies, results bit-identical to
+// calling ops.h. On any other device (a GPU):
+//   * each unit's parameters are uploaded when first used in a step (ZeRO-3:
+//     after its all-gather, and freed with it), and reused for the rest of
+//     the step (also for EvaluateValidation's batch and Sample's call);
+//   * each unit's gradients accumulate on the device during the step and are
+//     downloaded and added into the host gradient buffer after the last
+//     backward, before the embedding-group and dp reductions;
+//   * activations stay on the device; pipeline messages are copied to and
+//     from host buffers at the chunk boundaries; tensor-parallel all-reduces
+//     are staged through host memory (model.h), counted as comm_time.
+// Device memory per rank: every unit's parameters and gradients (whole
+// units) plus the activations of the micro-batches in flight.
+//
 // Precision: fp32 parameters, gradients and moments. Gradient accumulation
 // keeps a full gradient buffer per unit during the step (as Megatron-LM's
 // distributed optimizer); ZeRO-2/3 reduce-scatter it once per step.
 //
-// Thread-safety: a Trainer is used by one thread. The backends it is given
-// must outlive it and carry no other traffic while a step runs.
+// Thread-safety: a Trainer is used by one thread. The backends and the
+// device it is given must outlive it; the backends carry no other traffic
+// while a step runs, and a device that is not thread-safe (a GPU device,
+// device.h) serves one Trainer (one rank).
 #ifndef SHARDLINE_WORKER_TRAIN_TRAINER_H_
 #define SHARDLINE_WORKER_TRAIN_TRAINER_H_
 
@@ -56,6 +78,7 @@
 #include "worker/comm/backend.h"
 #include "worker/train/adamw.h"
 #include "worker/train/data.h"
+#include "worker/train/device.h"
 
 namespace shardline::worker::train {
 
@@ -68,6 +91,10 @@ struct TrainingOptions {
   LearningRateSchedule learning_rate;
   AdamWConfig adamw;
   double grad_clip = 1.0;  // max global L2 norm; 0 turns clipping off
+  // Where the layers' math runs (see the file comment). Not owned; must
+  // outlive the Trainer; null means CpuDevice::Default(). Ranks that run as
+  // threads of one process each need their own GPU device object.
+  Device* device = nullptr;
 };
 
 // This rank's place and its communicators. Backends are not owned. A group
@@ -110,7 +137,9 @@ class Trainer {
   // step (e.g. an operator's drain); StepStats::checkpoint_requested is
   // true on every rank when any rank asked, so all ranks agree on the step
   // to save. Errors: the backends' (Unavailable naming a lost peer,
-  // DeadlineExceeded, Aborted); after an error the trainer's state is
+  // DeadlineExceeded, Aborted); the device's (device.h: ResourceExhausted
+  // out of device memory, Unavailable the device failed, InvalidArgument a
+  // product too large for it); after an error the trainer's state is
   // unspecified (restore from a checkpoint).
   absl::StatusOr<StepStats> TrainStep(bool request_checkpoint = false);
 

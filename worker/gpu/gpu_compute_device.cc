@@ -1,0 +1,63 @@
+#include "worker/gpu/gpu_compute_device.h"
+
+#include <limits.h>
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace shardline::worker {
+namespace {
+
+// GpuPlugin::DefaultPath() (next to the executable) when the file is there,
+// else the copy in the executable's Bazel runfiles (bazel run, bazel-bin/),
+// else DefaultPath() again so that the error names the install location.
+std::string DefaultPluginPath() {
+  const std::string next_to_exe = GpuPlugin::DefaultPath();
+  if (access(next_to_exe.c_str(), F_OK) == 0) return next_to_exe;
+  char exe[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    const std::string runfiles = std::string(exe, static_cast<size_t>(n)) +
+                                 ".runfiles/shardline/worker/gpu/libshardline_gpu.so";
+    if (access(runfiles.c_str(), F_OK) == 0) return runfiles;
+  }
+  return next_to_exe;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GpuComputeDevice>> GpuComputeDevice::Create(
+    const GpuPlugin& plugin, int device) {
+  absl::StatusOr<std::unique_ptr<GpuOps>> ops = GpuOps::Create(plugin, device);
+  if (!ops.ok()) return ops.status();
+  return std::unique_ptr<GpuComputeDevice>(new GpuComputeDevice(*std::move(ops)));
+}
+
+absl::StatusOr<std::unique_ptr<GpuComputeDevice>> GpuComputeDevice::FromName(
+    const std::string& device_name, const std::string& plugin_path) {
+  absl::string_view rest = device_name;
+  int ordinal = 0;
+  if (!absl::ConsumePrefix(&rest, "cuda") ||
+      (!rest.empty() &&
+       (!absl::ConsumePrefix(&rest, ":") || !absl::SimpleAtoi(rest, &ordinal) || ordinal < 0))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device '", device_name, "' is not a GPU device name; use cuda or cuda:N (N >= 0)"));
+  }
+  absl::StatusOr<GpuPlugin> plugin =
+      GpuPlugin::Load(plugin_path.empty() ? DefaultPluginPath() : plugin_path);
+  if (!plugin.ok()) return plugin.status();
+  return Create(*plugin, ordinal);
+}
+
+std::string GpuComputeDevice::name() const { return absl::StrCat("cuda:", ops_->device()); }
+
+absl::StatusOr<void*> GpuComputeDevice::AllocBytes(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  return ops_->AllocBytes(bytes);
+}
+
+}  // namespace shardline::worker

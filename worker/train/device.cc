@@ -1,0 +1,162 @@
+#include "worker/train/device.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "worker/train/ops.h"
+
+namespace shardline::worker::train {
+
+CpuDevice* CpuDevice::Default() {
+  static CpuDevice* const device = new CpuDevice();
+  return device;
+}
+
+absl::StatusOr<void*> CpuDevice::AllocBytes(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  // Zero-filled like the std::vector buffers this replaces.
+  void* p = std::calloc(bytes, 1);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cpu: cannot allocate ", bytes, " bytes of host memory"));
+  }
+  return p;
+}
+
+void CpuDevice::Free(void* ptr) { std::free(ptr); }
+
+absl::Status CpuDevice::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::CopyToHost(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Zero(void* ptr, size_t bytes) {
+  if (bytes > 0) std::memset(ptr, 0, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float* a, const float* b, float beta, float* c) {
+  train::Gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::LinearForward(const float* x, const float* w, const float* b, float* y,
+                                      int64_t rows, int64_t in, int64_t out) {
+  train::LinearForward(x, w, b, y, rows, in, out);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::LinearBackward(const float* x, const float* w, const float* dy,
+                                       float* dx, float* dw, float* db, int64_t rows,
+                                       int64_t in, int64_t out) {
+  train::LinearBackward(x, w, dy, dx, dw, db, rows, in, out);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::LayerNormForward(const float* x, const float* gamma, const float* beta,
+                                         float* y, float* mean, float* rstd, int64_t rows,
+                                         int64_t width) {
+  train::LayerNormForward(x, gamma, beta, y, mean, rstd, rows, width);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::LayerNormBackward(const float* x, const float* gamma, const float* mean,
+                                          const float* rstd, const float* dy, float* dx,
+                                          float* dgamma, float* dbeta, int64_t rows,
+                                          int64_t width) {
+  train::LayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows, width);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::GeluForward(const float* x, float* y, int64_t n) {
+  train::GeluForward(x, y, n);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
+  train::GeluBackward(x, dy, dx, n);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
+                                         int64_t seq, int64_t heads, int64_t head_dim) {
+  train::AttentionForward(qkv, probs, y, batch, seq, heads, head_dim);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::AttentionBackward(const float* qkv, const float* probs, const float* dy,
+                                          float* dqkv, int64_t batch, int64_t seq,
+                                          int64_t heads, int64_t head_dim) {
+  train::AttentionBackward(qkv, probs, dy, dqkv, batch, seq, heads, head_dim);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::EmbeddingForward(const int32_t* tokens, const float* table, float* y,
+                                         int64_t rows, int64_t width, int64_t vocab_begin,
+                                         int64_t vocab_local) {
+  train::EmbeddingForward(tokens, table, y, rows, width, vocab_begin, vocab_local);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::EmbeddingBackward(const int32_t* tokens, const float* dy, float* dtable,
+                                          int64_t rows, int64_t width, int64_t vocab_begin,
+                                          int64_t vocab_local) {
+  train::EmbeddingBackward(tokens, dy, dtable, rows, width, vocab_begin, vocab_local);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::AddPositionForward(const float* pos_table, float* y, int64_t rows,
+                                           int64_t seq, int64_t width) {
+  train::AddPositionForward(pos_table, y, rows, seq, width);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::AddPositionBackward(const float* dy, float* dpos, int64_t rows,
+                                            int64_t seq, int64_t width) {
+  train::AddPositionBackward(dy, dpos, rows, seq, width);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::LocalRowMax(const float* logits, float* row_max, int64_t rows,
+                                    int64_t vocab_local) {
+  train::LocalRowMax(logits, row_max, rows, vocab_local);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::LocalSumExpAndTarget(const float* logits, const float* row_max,
+                                             const int32_t* targets, float* sum_exp,
+                                             float* target_logit, int64_t rows,
+                                             int64_t vocab_begin, int64_t vocab_local) {
+  train::LocalSumExpAndTarget(logits, row_max, targets, sum_exp, target_logit, rows, vocab_begin,
+                              vocab_local);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::TokenLoss(const float* row_max, const float* sum_exp,
+                                  const float* target_logit, float* loss, int64_t rows) {
+  train::TokenLoss(row_max, sum_exp, target_logit, loss, rows);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::CrossEntropyBackward(const float* logits, const float* row_max,
+                                             const float* sum_exp, const int32_t* targets,
+                                             float scale, float* dlogits, int64_t rows,
+                                             int64_t vocab_begin, int64_t vocab_local) {
+  train::CrossEntropyBackward(logits, row_max, sum_exp, targets, scale, dlogits, rows,
+                              vocab_begin, vocab_local);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::AddInPlace(const float* x, float* y, int64_t n) {
+  train::AddInPlace(x, y, n);
+  return absl::OkStatus();
+}
+
+}  // namespace shardline::worker::train

@@ -1,0 +1,250 @@
+// The compute device the trainer's math runs on: the functions of ops.h plus
+// memory management, behind one interface, so the model (model.h) runs
+// unchanged on the CPU (CpuDevice, here) or on a GPU (worker/gpu's
+// GpuComputeDevice, over the GPU plugin's cuBLAS and CUDA kernels).
+//
+//   Device& device = *CpuDevice::Default();
+//   DeviceBuffer<float> x;
+//   absl::Status s = x.Resize(device, n);                          // n elements
+//   if (s.ok()) s = device.CopyToDevice(x.data(), host.data(), n * sizeof(float));
+//   if (s.ok()) s = device.GeluForward(x.data(), x.data(), n);
+//   if (s.ok()) s = device.CopyToHost(host.data(), x.data(), n * sizeof(float));
+//
+// Conventions (as ops.h, whose comments give every function's math):
+//   * Every float/int32 pointer given to a math function is memory of THIS
+//     device (from AllocBytes / DeviceBuffer); sizes of the math functions are
+//     ELEMENTS, sizes of the memory functions are BYTES (named `bytes`).
+//   * Parameter gradients accumulate (+=), activation gradients and outputs
+//     are overwritten.
+//   * Ordering: calls on one Device take effect in call order. A GPU device
+//     enqueues on one stream and returns once enqueued; CopyToHost,
+//     CopyToDevice and Synchronize wait, so host memory passed to a copy may
+//     be reused when it returns.
+//   * host_memory(): true when device memory IS host memory (CpuDevice). The
+//     trainer then computes on its host buffers directly (no copies); else it
+//     stages parameters, gradients, pipeline messages and tensor-parallel
+//     all-reduces through host memory (trainer.h, model.h).
+//
+// Errors (every absl::Status below): CpuDevice never fails except
+// AllocBytes (ResourceExhausted when the allocation fails). A GPU device
+// returns InvalidArgument (a negative size; a product beyond cuBLAS's int32
+// dimensions), ResourceExhausted (out of device memory) or Unavailable (CUDA
+// or cuBLAS failed: the device is unusable), the message naming the failed
+// call; an error raised while a kernel ran is returned by the next
+// synchronising call (a copy or Synchronize). After an error, outputs are
+// unspecified.
+//
+// Thread-safety: a Device is used by one thread at a time (a GPU device owns
+// one stream and one cuBLAS handle). CpuDevice is stateless and thread-safe:
+// CpuDevice::Default() is shared by every rank thread of a process.
+#ifndef SHARDLINE_WORKER_TRAIN_DEVICE_H_
+#define SHARDLINE_WORKER_TRAIN_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace shardline::worker::train {
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // "cpu", "cuda:0", ...: for messages and logs.
+  virtual std::string name() const = 0;
+  // Whether this device's memory is host memory (see the file comment).
+  virtual bool host_memory() const = 0;
+
+  // --- Memory (sizes in BYTES) ----------------------------------------------
+  // `bytes` of device memory, contents unspecified (CpuDevice zero-fills).
+  // bytes == 0 may return null. Errors: ResourceExhausted (out of memory),
+  // Unavailable (the device failed).
+  virtual absl::StatusOr<void*> AllocBytes(size_t bytes) = 0;
+  // Frees AllocBytes' memory (waits for the device first where it must).
+  // Free(nullptr) is a no-op.
+  virtual void Free(void* ptr) = 0;
+  // Host -> device and device -> host; wait for earlier calls and for the copy.
+  virtual absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  // Sets `bytes` of device memory to 0 (all-zero bits: 0.0f, int32 0).
+  virtual absl::Status Zero(void* ptr, size_t bytes) = 0;
+  // Waits for every earlier call; returns the first error of any.
+  virtual absl::Status Synchronize() = 0;
+
+  // --- ops.h on device pointers (sizes in ELEMENTS) --------------------------
+  virtual absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float* a, const float* b, float beta,
+                            float* c) = 0;
+  virtual absl::Status LinearForward(const float* x, const float* w, const float* b, float* y,
+                                     int64_t rows, int64_t in, int64_t out) = 0;
+  virtual absl::Status LinearBackward(const float* x, const float* w, const float* dy,
+                                      float* dx, float* dw, float* db, int64_t rows,
+                                      int64_t in, int64_t out) = 0;
+  virtual absl::Status LayerNormForward(const float* x, const float* gamma, const float* beta,
+                                        float* y, float* mean, float* rstd, int64_t rows,
+                                        int64_t width) = 0;
+  virtual absl::Status LayerNormBackward(const float* x, const float* gamma, const float* mean,
+                                         const float* rstd, const float* dy, float* dx,
+                                         float* dgamma, float* dbeta, int64_t rows,
+                                         int64_t width) = 0;
+  virtual absl::Status GeluForward(const float* x, float* y, int64_t n) = 0;
+  virtual absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n) = 0;
+  virtual absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
+                                        int64_t seq, int64_t heads, int64_t head_dim) = 0;
+  virtual absl::Status AttentionBackward(const float* qkv, const float* probs, const float* dy,
+                                         float* dqkv, int64_t batch, int64_t seq,
+                                         int64_t heads, int64_t head_dim) = 0;
+  virtual absl::Status EmbeddingForward(const int32_t* tokens, const float* table, float* y,
+                                        int64_t rows, int64_t width, int64_t vocab_begin,
+                                        int64_t vocab_local) = 0;
+  // GPU: scatter-adds with atomics, not bit-deterministic when tokens repeat.
+  virtual absl::Status EmbeddingBackward(const int32_t* tokens, const float* dy, float* dtable,
+                                         int64_t rows, int64_t width, int64_t vocab_begin,
+                                         int64_t vocab_local) = 0;
+  virtual absl::Status AddPositionForward(const float* pos_table, float* y, int64_t rows,
+                                          int64_t seq, int64_t width) = 0;
+  virtual absl::Status AddPositionBackward(const float* dy, float* dpos, int64_t rows,
+                                           int64_t seq, int64_t width) = 0;
+  virtual absl::Status LocalRowMax(const float* logits, float* row_max, int64_t rows,
+                                   int64_t vocab_local) = 0;
+  virtual absl::Status LocalSumExpAndTarget(const float* logits, const float* row_max,
+                                            const int32_t* targets, float* sum_exp,
+                                            float* target_logit, int64_t rows,
+                                            int64_t vocab_begin, int64_t vocab_local) = 0;
+  virtual absl::Status TokenLoss(const float* row_max, const float* sum_exp,
+                                 const float* target_logit, float* loss, int64_t rows) = 0;
+  virtual absl::Status CrossEntropyBackward(const float* logits, const float* row_max,
+                                            const float* sum_exp, const int32_t* targets,
+                                            float scale, float* dlogits, int64_t rows,
+                                            int64_t vocab_begin, int64_t vocab_local) = 0;
+  virtual absl::Status AddInPlace(const float* x, float* y, int64_t n) = 0;
+};
+
+// ops.h on host memory: every call is the ops.h function itself (bit-identical
+// results, no copies), memory is calloc'd host memory. Never fails except
+// AllocBytes. Stateless, thread-safe. BLAS threads: SetBlasThreads (ops.h).
+class CpuDevice final : public Device {
+ public:
+  // The process-wide instance (never destroyed); TrainingOptions' default.
+  static CpuDevice* Default();
+
+  std::string name() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
+  absl::StatusOr<void*> AllocBytes(size_t bytes) override;
+  void Free(void* ptr) override;
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
+  absl::Status Zero(void* ptr, size_t bytes) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, const float* b, float beta, float* c) override;
+  absl::Status LinearForward(const float* x, const float* w, const float* b, float* y,
+                             int64_t rows, int64_t in, int64_t out) override;
+  absl::Status LinearBackward(const float* x, const float* w, const float* dy, float* dx,
+                              float* dw, float* db, int64_t rows, int64_t in,
+                              int64_t out) override;
+  absl::Status LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                                float* mean, float* rstd, int64_t rows, int64_t width) override;
+  absl::Status LayerNormBackward(const float* x, const float* gamma, const float* mean,
+                                 const float* rstd, const float* dy, float* dx, float* dgamma,
+                                 float* dbeta, int64_t rows, int64_t width) override;
+  absl::Status GeluForward(const float* x, float* y, int64_t n) override;
+  absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n) override;
+  absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
+                                int64_t seq, int64_t heads, int64_t head_dim) override;
+  absl::Status AttentionBackward(const float* qkv, const float* probs, const float* dy,
+                                 float* dqkv, int64_t batch, int64_t seq, int64_t heads,
+                                 int64_t head_dim) override;
+  absl::Status EmbeddingForward(const int32_t* tokens, const float* table, float* y,
+                                int64_t rows, int64_t width, int64_t vocab_begin,
+                                int64_t vocab_local) override;
+  absl::Status EmbeddingBackward(const int32_t* tokens, const float* dy, float* dtable,
+                                 int64_t rows, int64_t width, int64_t vocab_begin,
+                                 int64_t vocab_local) override;
+  absl::Status AddPositionForward(const float* pos_table, float* y, int64_t rows, int64_t seq,
+                                  int64_t width) override;
+  absl::Status AddPositionBackward(const float* dy, float* dpos, int64_t rows, int64_t seq,
+                                   int64_t width) override;
+  absl::Status LocalRowMax(const float* logits, float* row_max, int64_t rows,
+                           int64_t vocab_local) override;
+  absl::Status LocalSumExpAndTarget(const float* logits, const float* row_max,
+                                    const int32_t* targets, float* sum_exp, float* target_logit,
+                                    int64_t rows, int64_t vocab_begin,
+                                    int64_t vocab_local) override;
+  absl::Status TokenLoss(const float* row_max, const float* sum_exp, const float* target_logit,
+                         float* loss, int64_t rows) override;
+  absl::Status CrossEntropyBackward(const float* logits, const float* row_max,
+                                    const float* sum_exp, const int32_t* targets, float scale,
+                                    float* dlogits, int64_t rows, int64_t vocab_begin,
+                                    int64_t vocab_local) override;
+  absl::Status AddInPlace(const float* x, float* y, int64_t n) override;
+};
+
+// `count` elements of T in one Device's memory, freed on destruction (RAII).
+// Move-only. Empty (null data, size 0) by default. Not thread-safe; the
+// Device must outlive the buffer.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { Reset(); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      std::swap(device_, other.device_);
+      std::swap(data_, other.data_);
+      std::swap(size_, other.size_);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // Makes the buffer hold `count` (>= 0) elements on `device`, contents
+  // unspecified; keeps the allocation when it already holds exactly `count`
+  // elements on `device`. Errors: InvalidArgument for a negative count;
+  // device.AllocBytes' (the buffer is then empty).
+  absl::Status Resize(Device& device, int64_t count) {
+    if (count < 0) {
+      return absl::InvalidArgumentError("DeviceBuffer::Resize: negative element count");
+    }
+    if (device_ == &device && size_ == count) return absl::OkStatus();
+    Reset();
+    if (count == 0) return absl::OkStatus();
+    absl::StatusOr<void*> p = device.AllocBytes(static_cast<size_t>(count) * sizeof(T));
+    if (!p.ok()) return p.status();
+    device_ = &device;
+    data_ = static_cast<T*>(*p);
+    size_ = count;
+    return absl::OkStatus();
+  }
+
+  // Frees the memory; the buffer is empty after.
+  void Reset() {
+    if (device_ != nullptr && data_ != nullptr) device_->Free(data_);
+    device_ = nullptr;
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  int64_t size() const { return size_; }  // elements
+  size_t bytes() const { return static_cast<size_t>(size_) * sizeof(T); }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  Device* device_ = nullptr;  // not owned
+  T* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+}  // namespace shardline::worker::train
+
+#endif  // SHARDLINE_WORKER_TRAIN_DEVICE_H_
