@@ -41,6 +41,7 @@
 #include "worker/agent.h"
 #include "worker/communicators.h"
 #include "server/metrics.h"
+#include "worker/gpu/gpu_compute_device.h"
 #include "worker/training_loop.h"
 #include "worker/worker_metrics.h"
 
@@ -131,9 +132,15 @@ int Run(int argc, char** argv) {
                    "how long to keep retrying an unreachable coordinator at start (default 10s)");
   parser.AddString("job", &job, "job id to join (required)");
   parser.AddString("worker-id", &worker_id, "stable slot name (default HOST:DEVICE)");
-  parser.AddString("device", &device, "cpu or cuda:N (default cpu)");
+  std::string gpu_plugin;
+  parser.AddString("device", &device,
+                   "cpu or cuda:N: where the layers' math runs (default cpu; cuda:N needs the "
+                   "GPU plugin and a GPU)");
+  parser.AddString("gpu-plugin", &gpu_plugin,
+                   "path of libshardline_gpu.so (default: next to this binary)");
   parser.AddString("backend", &backend_flag,
-                   "auto, gloo or nccl (default auto: Gloo; nccl needs the GPU trainer, not yet)");
+                   "auto, gloo or nccl (default auto: Gloo; training communicates through host "
+                   "memory in this version)");
   parser.AddString("host", &host, "host name reported to the coordinator (default hostname)");
   parser.AddString("interface", &interface,
                    "IPv4 address Gloo binds and advertises (default 127.0.0.1)");
@@ -200,16 +207,26 @@ int Run(int argc, char** argv) {
   }
   if (backend == v1::BACKEND_NCCL) {
     // The NCCL backend exists (worker/comm/nccl_backend.h, in the GPU
-    // plugin) but the trainer has no GPU path yet: refuse at once rather
-    // than join and fail every generation.
-    std::cerr << "shardline-worker: --backend=nccl: this version trains on the CPU only (the "
-                 "trainer has no GPU path yet); use --backend gloo or auto\n";
+    // plugin) but the trainer keeps its communication in host memory (its
+    // GPU path computes the layers on the device, trainer.h): refuse at once
+    // rather than join and fail every generation.
+    std::cerr << "shardline-worker: --backend=nccl: the trainer communicates through host "
+                 "memory (Gloo) in this version, also with --device cuda:N; use --backend gloo "
+                 "or auto\n";
     return 2;
   }
-  // auto means Gloo for now, whatever the device: the trainer runs on the CPU.
+  // The GPU, if any, is checked before joining: a worker that cannot use
+  // its device must not take a rank.
+  std::unique_ptr<GpuComputeDevice> gpu;
   if (device != "cpu") {
-    std::cerr << "shardline-worker: --device=" << device
-              << ": training runs on the CPU with Gloo in this version (no GPU trainer yet)\n";
+    absl::StatusOr<std::unique_ptr<GpuComputeDevice>> d =
+        GpuComputeDevice::FromName(device, gpu_plugin);
+    if (!d.ok()) {
+      std::cerr << "shardline-worker: --device=" << device << ": " << d.status().message()
+                << "\n";
+      return d.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    gpu = *std::move(d);
   }
 
   {
@@ -290,6 +307,7 @@ int Run(int argc, char** argv) {
   loop_options.sample_length = sample_length;
   loop_options.blas_threads = static_cast<int>(blas_threads);
   loop_options.log = Log;
+  loop_options.device = gpu.get();  // null: the CPU
   TrainingLoop loop(agent.get(), loop_options);
 
   CommHolder holder;

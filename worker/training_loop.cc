@@ -73,6 +73,7 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
         "assignment.gradient_accumulation_steps=", a.gradient_accumulation_steps(),
         " disagrees with the spec's ", options->parallel.micro_batches, " at dp=", a.dp()));
   }
+  options->device = options_.device;
   absl::StatusOr<const train::Corpus*> corpus = CorpusFor(*spec);
   if (!corpus.ok()) return corpus.status();
   train::SetBlasThreads(options_.blas_threads);

@@ -33,6 +33,7 @@
 #include "worker/checkpointer.h"
 #include "worker/communicators.h"
 #include "worker/train/data.h"
+#include "worker/train/device.h"
 #include "worker/worker_metrics.h"
 
 namespace shardline::worker {
@@ -50,6 +51,9 @@ struct TrainingLoopOptions {
   std::function<void(const std::string&)> log;
   // Where to count steps, checkpoints and restores (not owned; may be null).
   WorkerMetrics* metrics = nullptr;
+  // Where the layers' math runs (train::TrainingOptions::device): not owned,
+  // must outlive the loop; null means the CPU.
+  train::Device* device = nullptr;
 };
 
 class TrainingLoop {

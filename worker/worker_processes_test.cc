@@ -207,8 +207,20 @@ TEST(WorkerProcessesTest, ClearErrors) {
   {
     Child c(worker, {"--job", "j", "--device", "cuda:0", "--backend", "nccl"}, dir + "/nccl.log");
     EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
-    EXPECT_TRUE(absl::StrContains(c.Log(), "--backend=nccl: this version trains on the CPU only"))
+    EXPECT_TRUE(absl::StrContains(c.Log(), "--backend=nccl: the trainer communicates through host"))
         << c.Log();
+  }
+  {
+    // A GPU device that cannot be used (no plugin at that path, or no GPU)
+    // is refused before joining, naming the device and the cause.
+    Child c(worker,
+            {"--coordinator", "127.0.0.1:1", "--job", "j", "--device", "cuda:0", "--gpu-plugin",
+             dir + "/no-such-plugin.so"},
+            dir + "/gpu.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 1);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "--device=cuda:0: ")) << c.Log();
+    EXPECT_TRUE(absl::StrContains(c.Log(), "no-such-plugin.so")) << c.Log();
+    EXPECT_FALSE(absl::StrContains(c.Log(), "cannot reach the coordinator")) << c.Log();
   }
   {
     Child c(worker, {"--job", "j", "--device", "gpu0"}, dir + "/device.log");
