@@ -61,6 +61,10 @@ deploy/install_deps.sh --bench || { echo "bench/run.sh: installing packages fail
 if [ "$BUILD" = 1 ]; then
   # Items 1, 6, 7: bench/'s own binaries and the programs they run. Must build.
   CORE=(//bench:all //worker/comm:shardline-bench-collectives //worker/train:shardline-train-local)
+  # Item 7 on a GPU machine: the GPU plugin for shardline-train-local --device cuda:0.
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    CORE+=(//worker/gpu:libshardline_gpu.so)
+  fi
   log "building (-c opt): ${CORE[*]}"
   bazel --batch build --config=ci -c opt "${CORE[@]}" \
       || { echo "bench/run.sh: build failed" >&2; exit 1; }
