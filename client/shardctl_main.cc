@@ -7,6 +7,7 @@
 // Exit codes: 0 success; 2 bad input (usage, a flag, a value, an unknown
 // name); 1 any other failure (e.g. the coordinator cannot be reached).
 // Messages go to stderr.
+#include <algorithm>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -50,14 +51,54 @@ constexpr char kUsage[] =
     "  kv get JOB --generation G [--scope S] KEY\n"
     "                                      read a rendezvous key (debugging)\n"
     "\n"
-    "Connection flags: --coordinator HOST:PORT (else $SHARDLINE_COORDINATOR, else\n"
-    "127.0.0.1:7070), --token T (else $SHARDLINE_TOKEN), --tls-ca FILE, --tls-cert FILE\n"
-    "--tls-key FILE, --timeout D (default 10s); --json prints responses as JSON.\n";
+    "Connection flags, before or after the command: --coordinator HOST:PORT (else\n"
+    "$SHARDLINE_COORDINATOR, else 127.0.0.1:7070), --token T (else $SHARDLINE_TOKEN),\n"
+    "--tls-ca FILE, --tls-cert FILE, --tls-key FILE, --timeout D (default 10s); --json\n"
+    "prints responses as JSON.\n";
+
+// Connection flags given before the command ("shardctl --coordinator A job
+// list", as kubectl and etcdctl allow) move after it, where the commands
+// parse them. Returns false (and says why) for a flag that is not one of them
+// or lacks its value.
+bool HoistConnectionFlags(std::vector<std::string>& args) {
+  static const char* const kWithValue[] = {"--coordinator", "--token",  "--tls-ca",
+                                           "--tls-cert",    "--tls-key", "--timeout"};
+  std::vector<std::string> flags;
+  size_t i = 0;
+  while (i < args.size() && args[i].rfind("--", 0) == 0 && args[i] != "--help") {
+    const std::string name = args[i].substr(0, args[i].find('='));
+    const bool has_value = std::find(std::begin(kWithValue), std::end(kWithValue), name) !=
+                           std::end(kWithValue);
+    if (!has_value && name != "--json") {
+      std::cerr << "shardctl: '" << args[i]
+                << "' before the command is not a connection flag; put the command first "
+                   "(shardctl --help)\n";
+      return false;
+    }
+    flags.push_back(args[i++]);
+    if (has_value && name == flags.back()) {  // "--flag value", not "--flag=value"
+      if (i >= args.size()) {
+        std::cerr << "shardctl: " << name << " needs a value\n";
+        return false;
+      }
+      flags.push_back(args[i++]);
+    }
+  }
+  if (flags.empty()) return true;
+  args.erase(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(i));
+  if (args.empty()) {
+    std::cerr << "shardctl: a command is missing after the connection flags (shardctl --help)\n";
+    return false;
+  }
+  args.insert(args.end(), flags.begin(), flags.end());
+  return true;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (!HoistConnectionFlags(args)) return 2;
   if (args.empty()) {
     std::cerr << kUsage;
     return 2;

@@ -74,6 +74,9 @@ check "get --json" 0 '"job_id": "shakespeare"' "" -- job get shakespeare --json
 check "get --json prints zero fields" 0 '"world_size": 0' "" -- job get shakespeare --json
 check "list" 0 "shakespeare  shakespeare  PENDING    1      -  0/2000" "" -- job list
 check "list --phase filters" 0 "no jobs" "" -- job list --phase running,recovering
+SHARDLINE_COORDINATOR="127.0.0.1:$CLOSED" check "connection flags before the command" 0 "shakespeare  shakespeare  PENDING" "" -- --coordinator "$ADDRESS" --timeout=5s job list
+check "connection flag --json before the command" 0 '"job_id": "shakespeare"' "" -- --json job get shakespeare
+check "another flag before the command" 2 "" "'--phase' before the command is not a connection flag; put the command first" -- --phase running job list
 check "members (none yet)" 0 "no workers have joined job shakespeare (generation 1)" "" -- members shakespeare
 check "members --json" 0 '"members": []' "" -- members shakespeare --json
 check "checkpoints (none yet)" 0 "no checkpoints of job shakespeare" "" -- checkpoints shakespeare
