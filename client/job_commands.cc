@@ -292,12 +292,16 @@ absl::StatusOr<std::string> OneJob(Command& c, const std::vector<std::string>& a
 
 absl::Status Drain(const std::vector<std::string>& args, std::ostream& out) {
   constexpr char kUsage[] =
-      "Usage: shardctl drain JOB WORKER_ID [--reason TEXT] [--json]\n"
+      "Usage: shardctl drain JOB WORKER_ID [--reason TEXT] [--force] [--json]\n"
       "Takes the worker out at a step boundary: the job saves a checkpoint after its next\n"
-      "step, then re-forms without the worker, which stops and leaves (exit 0).\n";
+      "step, then re-forms without the worker, which stops and leaves (exit 0). Refused\n"
+      "when fewer than min_workers live workers would stay, unless --force.\n";
   Command c("shardctl drain");
   std::string reason;
   c.parser.AddString("reason", &reason, "why, for humans; recorded in the member's detail");
+  bool force = false;
+  c.parser.AddBool("force", &force,
+                   "drain even if fewer than min_workers live workers would stay");
   auto positional = c.Parse(args, kUsage, out);
   if (!positional.ok()) return positional.status();
   if (!positional->has_value()) return absl::OkStatus();
@@ -312,6 +316,7 @@ absl::Status Drain(const std::vector<std::string>& args, std::ostream& out) {
   request.set_job_id((**positional)[0]);
   request.set_worker_id((**positional)[1]);
   request.set_reason(reason);
+  request.set_force(force);
   absl::StatusOr<v1::Member> member = (*client)->DrainWorker(request);
   if (!member.ok()) return WithJobHint(member.status());
   if (c.json) {

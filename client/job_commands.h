@@ -6,7 +6,7 @@
 //   shardctl job list [--phase P[,P...]]         ListJobs (all pages)
 //   shardctl job cancel ID [--reason TEXT]       CancelJob
 //   shardctl members JOB                         ListMembers
-//   shardctl drain JOB WORKER_ID [--reason TEXT] DrainWorker: leave at a step boundary
+//   shardctl drain JOB WORKER_ID [--reason TEXT] [--force] DrainWorker: leave at a step boundary
 //   shardctl topology JOB                        GetPlan: groups and pipeline stages
 //   shardctl owner JOB PARAMETER [--element I]   GetShardOwner
 //   shardctl checkpoint list JOB [--all]         ListCheckpoints (all pages); the old

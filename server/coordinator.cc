@@ -1290,7 +1290,7 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
 
 absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
                                                     const std::string& worker_id,
-                                                    const std::string& reason,
+                                                    const std::string& reason, bool force,
                                                     std::vector<GenerationEnded>* ended) {
   absl::MutexLock lock(&mu_);
   JobRecord* job = FindJobLocked(job_id);
@@ -1309,6 +1309,22 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
     return absl::FailedPreconditionError(absl::StrCat("worker '", worker_id, "' is ",
                                                       v1::MemberState_Name(m.member.state()),
                                                       "; only live workers can be drained"));
+  }
+  if (!force) {
+    // Live workers that stay: neither this one nor one already draining.
+    uint32_t staying = 0;
+    for (const auto& [id, other] : job->members) {
+      staying += id != worker_id && IsLive(other.member.state()) && !other.draining();
+    }
+    const uint32_t min_workers = job->job.spec().elastic().min_workers();
+    if (staying < min_workers) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "draining '", worker_id, "' would leave ", staying, " live worker",
+          staying == 1 ? "" : "s", ", fewer than min_workers=", min_workers,
+          ": the job would stop until others join (and fail after join_timeout ",
+          absl::FormatDuration(FromProto(job->job.spec().elastic().join_timeout())),
+          "); start another worker first, or drain with force (shardctl drain --force)"));
+    }
   }
   m.member.set_drain_reason(reason.empty() ? std::string("operator request") : reason);
   const bool graceful = m.member.state() == v1::MEMBER_STATE_ACTIVE &&

@@ -252,11 +252,13 @@ class Coordinator {
   // (NoteCheckpointCommitted) then takes it out. Anything else is taken out
   // at once: LEFT with detail "drained: <reason>", STOP pushed to it, and,
   // when it held a rank of a RUNNING job, the generation ends
-  // (FORMATION_REASON_WORKER_LEFT). Draining state lives in memory only.
-  // Errors: NotFound (no job / worker); FailedPrecondition (job terminal,
-  // worker not live).
+  // (FORMATION_REASON_WORKER_LEFT). The drain is durable (Member
+  // drain_reason / drain_after_step). Errors: NotFound (no job / worker);
+  // FailedPrecondition (job terminal, worker not live, or, unless `force`,
+  // the live workers left would be fewer than min_workers: the job would
+  // stop until others join and fail after join_timeout).
   absl::StatusOr<v1::Member> DrainWorker(const std::string& job_id, const std::string& worker_id,
-                                         const std::string& reason,
+                                         const std::string& reason, bool force,
                                          std::vector<GenerationEnded>* ended);
 
   // Graceful leave; an ACTIVE member's leave ends the generation. The fence's

@@ -1073,7 +1073,7 @@ TEST_F(CoordinatorDrainTest, RankLeavesAfterTheNextCheckpointCommits) {
   Drain("b", *sb);
 
   std::vector<GenerationEnded> ended;
-  auto drained = coordinator_->DrainWorker("job", "b", "kernel upgrade", &ended);
+  auto drained = coordinator_->DrainWorker("job", "b", "kernel upgrade", false, &ended);
   ASSERT_TRUE(drained.ok()) << drained.status();
   EXPECT_TRUE(ended.empty());
   EXPECT_EQ(drained->state(), v1::MEMBER_STATE_ACTIVE);
@@ -1119,7 +1119,7 @@ TEST_F(CoordinatorDrainTest, PendingDrainSurvivesACoordinatorRestart) {
   ASSERT_TRUE(Beat("a", 1, 7).ok());
   ASSERT_TRUE(Beat("b", 1, 7).ok());
   std::vector<GenerationEnded> ended;
-  ASSERT_TRUE(coordinator_->DrainWorker("job", "b", "disk swap", &ended).ok());
+  ASSERT_TRUE(coordinator_->DrainWorker("job", "b", "disk swap", false, &ended).ok());
 
   Restart();  // kill -9 of the coordinator; a new one on the same store
   EXPECT_EQ(Members()["b"].drain_reason(), "disk swap");
@@ -1140,7 +1140,7 @@ TEST_F(CoordinatorDrainTest, SpareOrJobWithoutCheckpointsIsDrainedAtOnce) {
   FormWorldOfTwo();
   const uint64_t sc = JoinSpare("c");
   std::vector<GenerationEnded> ended;
-  auto spare = coordinator_->DrainWorker("job", "c", "", &ended);
+  auto spare = coordinator_->DrainWorker("job", "c", "", false, &ended);
   ASSERT_TRUE(spare.ok()) << spare.status();
   EXPECT_EQ(spare->state(), v1::MEMBER_STATE_LEFT);
   EXPECT_THAT(spare->detail(), HasSubstr("drained: operator request"));
@@ -1149,8 +1149,15 @@ TEST_F(CoordinatorDrainTest, SpareOrJobWithoutCheckpointsIsDrainedAtOnce) {
   std::vector<v1::SessionMessage> to_c = Drain("c", sc);
   ASSERT_FALSE(to_c.empty());
   EXPECT_TRUE(to_c.back().directive().has_stop());
-  // A rank of a job without checkpoints: the generation ends now.
-  auto rank = coordinator_->DrainWorker("job", "a", "bad disk", &ended);
+  // A rank of a job without checkpoints: the generation ends now. Only b
+  // would stay, below min_workers=2: refused unless forced.
+  auto refused = coordinator_->DrainWorker("job", "a", "bad disk", false, &ended);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("draining 'a' would leave 1 live worker, fewer than min_workers=2"));
+  EXPECT_TRUE(ended.empty());
+  EXPECT_EQ(Members()["a"].state(), v1::MEMBER_STATE_ACTIVE);
+  auto rank = coordinator_->DrainWorker("job", "a", "bad disk", /*force=*/true, &ended);
   ASSERT_TRUE(rank.ok()) << rank.status();
   EXPECT_EQ(rank->state(), v1::MEMBER_STATE_LEFT);
   ASSERT_EQ(ended.size(), 1u);
@@ -1161,13 +1168,13 @@ TEST_F(CoordinatorDrainTest, ErrorsNameTheWorkerAndState) {
   Create(Spec(2, 2));
   FormWorldOfTwo();
   std::vector<GenerationEnded> ended;
-  auto unknown = coordinator_->DrainWorker("job", "zz", "", &ended);
+  auto unknown = coordinator_->DrainWorker("job", "zz", "", false, &ended);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(unknown.status().message(), HasSubstr("no worker 'zz'"));
-  EXPECT_EQ(coordinator_->DrainWorker("nope", "a", "", &ended).status().code(),
+  EXPECT_EQ(coordinator_->DrainWorker("nope", "a", "", false, &ended).status().code(),
             absl::StatusCode::kNotFound);
-  ASSERT_TRUE(coordinator_->DrainWorker("job", "a", "", &ended).ok());
-  auto twice = coordinator_->DrainWorker("job", "a", "", &ended);
+  ASSERT_TRUE(coordinator_->DrainWorker("job", "a", "", true, &ended).ok());
+  auto twice = coordinator_->DrainWorker("job", "a", "", true, &ended);
   EXPECT_EQ(twice.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(twice.status().message(), HasSubstr("MEMBER_STATE_LEFT"));
 }

@@ -727,7 +727,8 @@ class Services {
         }
         std::vector<GenerationEnded> ended;
         absl::StatusOr<v1::Member> r =
-            s_->deps_.coordinator->DrainWorker(req->job_id(), req->worker_id(), req->reason(), &ended);
+            s_->deps_.coordinator->DrainWorker(req->job_id(), req->worker_id(), req->reason(),
+                                               req->force(), &ended);
         s_->PassOn(ended);
         if (!r.ok()) return r.status();
         Log(absl::StrCat("worker drain job=", req->job_id(), " worker=", req->worker_id(),
