@@ -273,7 +273,11 @@ absl::Status Coordinator::Recover() {
     it->second->unusable_checkpoints[r.key.substr(slash + 1)] = r.value;
   }
   for (auto& [id, job] : jobs_) {
-    if (job->job.phase() == v1::JOB_PHASE_RUNNING) {
+    // RUNNING, and COMPLETED (which only a RUNNING job becomes): the plan of
+    // the last formed generation, so topology and shard-owner queries keep
+    // answering after a restart.
+    if (job->job.phase() == v1::JOB_PHASE_RUNNING ||
+        (job->job.phase() == v1::JOB_PHASE_COMPLETED && job->job.dp() > 0)) {
       absl::StatusOr<plan::Plan> p = PlanGeneration(job->job.spec(), job->job.dp());
       if (!p.ok()) {
         return absl::DataLossError(absl::StrCat("stored job '", id,
@@ -410,6 +414,9 @@ void Coordinator::LoseMemberLocked(JobRecord& job, MemberRecord& m, v1::LossReas
   if (!IsLive(was)) return;
   std::optional<uint32_t> rank;
   if (m.member.has_rank()) rank = m.member.rank();
+  if (was == v1::MEMBER_STATE_SPARE && job.job.num_spares() > 0) {
+    job.job.set_num_spares(job.job.num_spares() - 1);
+  }
   m.member.set_state(v1::MEMBER_STATE_LOST);
   m.member.set_loss_reason(reason);
   m.member.set_detail(detail);
@@ -942,6 +949,10 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
     m.previous_rank = -1;
     m.error_streak = 0;
     m.last_error.clear();
+    // A drain applied to the process it was asked of: a new process of the
+    // slot (a supervisor's restart) joins normally.
+    m.member.clear_drain_reason();
+    m.member.clear_drain_after_step();
     m.member.clear_loss_reason();
     rejoined = false;
   }

@@ -558,6 +558,30 @@ TEST_F(CoordinatorTest, CompletesWhenEveryRankIsDone) {
   EXPECT_EQ(Job().phase(), v1::JOB_PHASE_COMPLETED);
   EXPECT_EQ(Job().step(), 100u);
   EXPECT_TRUE(Beat("a", 1)->directive().has_stop());
+  // The finished job's layout stays queryable, also after a restart.
+  ASSERT_TRUE(coordinator_->GetPlan("job").ok());
+  Restart();
+  auto plan = coordinator_->GetPlan("job");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->world_size(), 2u);
+}
+
+TEST_F(CoordinatorTest, ALostSpareIsNoLongerCounted) {
+  Create(Spec(2, 2));
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  ASSERT_TRUE(Join("c").ok());
+  ASSERT_EQ(Job().num_spares(), 1u);
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_TRUE(Beat("a", 1).ok());
+  ASSERT_TRUE(Beat("b", 1).ok());
+  clock_.Advance(absl::Seconds(6));  // c: no heartbeat for 11 s > 10 s
+  ASSERT_TRUE(Beat("a", 1).ok());
+  ASSERT_TRUE(Beat("b", 1).ok());
+  coordinator_->Tick();
+  EXPECT_EQ(Members()["c"].state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(Job().num_spares(), 0u);
+  EXPECT_EQ(Job().generation(), 1u);  // a spare's loss ends nothing
 }
 
 TEST_F(CoordinatorTest, RestartFromTheStoreLosesNothingAndDoesNotReform) {
@@ -613,6 +637,11 @@ TEST_F(CoordinatorTest, CreateJobValidatesTheSpecNamingFields) {
   *r.mutable_spec()->mutable_elastic()->mutable_heartbeat_timeout() = TimeUtil::SecondsToDuration(1);
   EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
               HasSubstr("spec.elastic.heartbeat_timeout=1s must be longer"));
+  *r.mutable_spec() = Spec(1, 1);
+  *r.mutable_spec()->mutable_elastic()->mutable_heartbeat_timeout() =
+      TimeUtil::SecondsToDuration(601);
+  EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
+              HasSubstr("spec.elastic.heartbeat_timeout=601s is too long; at most 10m"));
   *r.mutable_spec() = Spec(1, 1);
   r.mutable_spec()->mutable_training()->set_adam_beta2(1.5);
   EXPECT_THAT(std::string(coordinator_->CreateJob(r).status().message()),
@@ -1133,6 +1162,25 @@ TEST_F(CoordinatorDrainTest, PendingDrainSurvivesACoordinatorRestart) {
   // And that is durable too.
   Restart();
   EXPECT_EQ(Members()["b"].state(), v1::MEMBER_STATE_LEFT);
+}
+
+// A drain applies to the process it was asked of: when that process dies
+// and a supervisor starts a new one in the slot, the new one stays.
+TEST_F(CoordinatorDrainTest, ANewProcessOfADrainingSlotJoinsNormally) {
+  v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_checkpoint()->set_directory("/ckpt");
+  Create(spec);
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  JoinSpare("c");
+  ASSERT_TRUE(Beat("a", 1, 7).ok());
+  ASSERT_TRUE(Beat("b", 1, 7).ok());
+  std::vector<GenerationEnded> ended;
+  ASSERT_TRUE(coordinator_->DrainWorker("job", "b", "reboot", false, &ended).ok());
+  ASSERT_TRUE(Join("b", /*incarnation=*/8).ok());  // b died; its replacement joins
+  EXPECT_TRUE(Members()["b"].drain_reason().empty());
+  Commit(8);  // the checkpoint that would have released the old process
+  EXPECT_NE(Members()["b"].state(), v1::MEMBER_STATE_LEFT);
 }
 
 TEST_F(CoordinatorDrainTest, SpareOrJobWithoutCheckpointsIsDrainedAtOnce) {

@@ -14,8 +14,11 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <system_error>
 #include <thread>
 #include <utility>
+
+#include <grpcpp/resource_quota.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
@@ -257,6 +260,7 @@ class Services {
   Services(ServiceDeps deps, const ServerOptions& options)
       : deps_(deps),
         poll_interval_(options.poll_interval),
+        max_waiting_gets_(options.max_waiting_gets),
         auth_(options.admin_token,
               {[this](absl::string_view job_id) -> std::optional<std::string> {
                  absl::StatusOr<std::string> t =
@@ -1023,12 +1027,27 @@ class Services {
         return s_->RunPooled(ctx, "RendezvousService/KvGet", [=] { return Get(ctx, req, resp); });
       }
       grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-      std::thread([this, ctx, req, resp, reactor] {
-        // Finish is the last touch: the call (and maybe the server) may be
-        // gone right after it.
-        reactor->Finish(
-            s_->Run("RendezvousService/KvGet", [&] { return Get(ctx, req, resp); }));
-      }).detach();
+      if (s_->waiting_gets_.fetch_add(1) >= s_->max_waiting_gets_) {
+        s_->waiting_gets_.fetch_sub(1);
+        reactor->Finish(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+            "the coordinator already holds ", s_->max_waiting_gets_,
+            " waiting KvGet calls; retry later (or wait with KvWait)"))));
+        return reactor;
+      }
+      try {
+        std::thread([this, ctx, req, resp, reactor] {
+          grpc::Status status =
+              s_->Run("RendezvousService/KvGet", [&] { return Get(ctx, req, resp); });
+          s_->waiting_gets_.fetch_sub(1);
+          // Finish is the last touch: the call (and maybe the server) may be
+          // gone right after it.
+          reactor->Finish(status);
+        }).detach();
+      } catch (const std::system_error& e) {  // the process is out of threads
+        s_->waiting_gets_.fetch_sub(1);
+        reactor->Finish(ToGrpcStatus(absl::ResourceExhaustedError(
+            absl::StrCat("cannot start a thread for a waiting KvGet (", e.what(), "); retry"))));
+      }
       return reactor;
     }
 
@@ -1620,6 +1639,11 @@ class Services {
 
   const ServiceDeps deps_;
   const absl::Duration poll_interval_;
+  // KvGet calls waiting for a key, each on a thread of its own: at most
+  // max_waiting_gets_ (beyond: RESOURCE_EXHAUSTED), so a flood of waits
+  // cannot exhaust the process's threads.
+  const int max_waiting_gets_;
+  std::atomic<int> waiting_gets_{0};
   // Shared with the wakers the coordinator holds, which may outlive us.
   const std::shared_ptr<HandlerPool> pool_ = std::make_shared<HandlerPool>(4);
   absl::Mutex streams_mu_;
@@ -1667,6 +1691,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   // Two coordinators on one port would split the clients between them.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // The sync server starts a thread per concurrent call (blocking waits
+  // included): bounded, so a flood of calls gets RESOURCE_EXHAUSTED instead
+  // of exhausting the process's threads (which left calls unanswered and
+  // shutdown hanging). Sized for 4096 workers each waiting in
+  // GetAssignment, plus room for everything else.
+  grpc::ResourceQuota quota("shardline-coordinator");
+  quota.SetMaxThreads(options.max_threads);
+  builder.SetResourceQuota(quota);
   server->services_->Register(&builder);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {

@@ -116,6 +116,7 @@
 #include "absl/time/time.h"
 #include "server/checkpoint_registry.h"
 #include "server/coordinator.h"
+#include "server/job_spec.h"
 #include "server/metrics.h"
 #include "server/rendezvous.h"
 
@@ -157,9 +158,18 @@ struct ServerOptions {
   // noticed).
   absl::Duration poll_interval = absl::Milliseconds(100);
   // gRPC keepalive pings from the server, so half-open connections break
-  // (and their Session with them).
+  // (and their Session with them). The timeout is longer than any
+  // heartbeat_timeout a job may set (job_spec.h), so a process that is
+  // merely stalled (SIGSTOP, swapping) is judged by its job's
+  // heartbeat_timeout (HEARTBEAT_TIMEOUT), not by the keepalive.
   absl::Duration keepalive_time = absl::Seconds(5);
-  absl::Duration keepalive_timeout = absl::Seconds(10);
+  absl::Duration keepalive_timeout = kMaxHeartbeatTimeout + absl::Minutes(1);
+  // Most threads of the sync server (one per concurrent call, blocking
+  // waits included); calls beyond get RESOURCE_EXHAUSTED.
+  int max_threads = 16384;
+  // Most KvGet calls waiting for a key at once (each holds a thread);
+  // beyond, KvGet with wait is RESOURCE_EXHAUSTED at once.
+  int max_waiting_gets = 4096;
 };
 
 // TLS for the server from PEM files. `client_ca_file` non-empty: mutual TLS,

@@ -285,6 +285,64 @@ TEST(GrpcServiceTest, ElasticRestartAfterStreamBreaks) {
 
 // Malformed and oversized requests get the documented codes; the server
 // keeps serving.
+// Waiting KvGets each hold a thread: beyond max_waiting_gets the next is
+// refused at once (RESOURCE_EXHAUSTED), the held ones still end normally,
+// and a slot frees when one ends.
+TEST(GrpcServiceTest, WaitingKvGetsAreBounded) {
+  testing::HarnessOptions options;
+  options.max_waiting_gets = 2;
+  Harness h(options);
+  auto jobs = v1::JobService::NewStub(h.Channel());
+  CreateJob(jobs.get(), "bounded", SmallSpec(1, 1, 4));
+  SimWorker w(h.Channel(), "bounded", "node0:cpu", 1);
+  std::vector<SimWorker*> one = {&w};
+  std::vector<absl::StatusOr<v1::Assignment>> a = JoinAll(one, /*open_session=*/true);
+  ASSERT_TRUE(a[0].ok()) << a[0].status();
+  w.StartHeartbeats(absl::Milliseconds(100));
+  auto get = [&](const std::string& key, int timeout_s, v1::KvGetResponse* resp) {
+    v1::KvGetRequest req;
+    *req.mutable_fence() = w.fence();
+    req.set_scope("s");
+    req.set_key(key);
+    req.set_wait(true);
+    req.mutable_timeout()->set_seconds(timeout_s);
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    return w.Rendezvous()->KvGet(&ctx, req, resp);
+  };
+  grpc::Status first, second;
+  v1::KvGetResponse r1, r2;
+  std::thread t1([&] { first = get("k", 10, &r1); });
+  std::thread t2([&] { second = get("k", 10, &r2); });
+  absl::SleepFor(absl::Milliseconds(500));  // both are waiting
+  v1::KvGetResponse r3;
+  const absl::Time start = absl::Now();
+  grpc::Status third = get("k", 10, &r3);
+  EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << third.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_THAT(third.error_message(), HasSubstr("2 waiting KvGet calls"));
+  {
+    v1::KvSetRequest req;
+    *req.mutable_fence() = w.fence();
+    req.set_scope("s");
+    req.set_key("k");
+    req.set_value("v");
+    v1::KvSetResponse resp;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    ASSERT_TRUE(w.Rendezvous()->KvSet(&ctx, req, &resp).ok());
+  }
+  t1.join();
+  t2.join();
+  ASSERT_TRUE(first.ok()) << first.error_message();
+  ASSERT_TRUE(second.ok()) << second.error_message();
+  EXPECT_EQ(r1.value(), "v");
+  EXPECT_EQ(r2.value(), "v");
+  v1::KvGetResponse r4;
+  ASSERT_TRUE(get("k", 10, &r4).ok());  // the slots are free again
+  EXPECT_EQ(r4.value(), "v");
+}
+
 TEST(GrpcServiceTest, MalformedRequestsGetDocumentedCodes) {
   Harness h;
   auto jobs = v1::JobService::NewStub(h.Channel());

@@ -101,6 +101,7 @@ struct HarnessOptions {
   std::shared_ptr<grpc::ServerCredentials> credentials;
   CheckpointRegistryOptions checkpoints;  // e.g. verify_files
   bool metrics = true;                    // false: the server gets no Metrics
+  int max_waiting_gets = ServerOptions().max_waiting_gets;
 };
 
 // The coordinator's components and a server over them.
@@ -129,6 +130,7 @@ class Harness {
     server_options.listen_address = "127.0.0.1:0";
     server_options.admin_token = options.admin_token;
     server_options.credentials = std::move(options.credentials);
+    server_options.max_waiting_gets = options.max_waiting_gets;
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(
         {coordinator_.get(), rendezvous_.get(), checkpoints_.get(), metrics_.get()},
         server_options);

@@ -206,6 +206,11 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
                                   " is invalid; give a positive duration such as \"10s\""));
     }
   }
+  if (FromProto(e.heartbeat_timeout()) > kMaxHeartbeatTimeout) {
+    return Invalid(absl::StrCat("spec.elastic.heartbeat_timeout=",
+                                TimeUtil::ToString(e.heartbeat_timeout()), " is too long; at most ",
+                                absl::FormatDuration(kMaxHeartbeatTimeout)));
+  }
   if (FromProto(e.heartbeat_timeout()) <= FromProto(e.heartbeat_interval())) {
     return Invalid(absl::StrCat(
         "spec.elastic.heartbeat_timeout=", TimeUtil::ToString(e.heartbeat_timeout()),

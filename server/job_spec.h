@@ -17,13 +17,16 @@
 
 namespace shardline::server {
 
-// Defaults applied to unset (zero) fields.
 // Defaults applied to unset (zero) fields, as job.proto documents.
 inline constexpr absl::Duration kDefaultHeartbeatInterval = absl::Seconds(5);
 inline constexpr absl::Duration kDefaultHeartbeatTimeout = absl::Seconds(30);
 inline constexpr absl::Duration kDefaultJoinTimeout = absl::Minutes(10);
 inline constexpr absl::Duration kDefaultLastCall = absl::Seconds(10);
 inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
+// The longest heartbeat_timeout a job may set. The coordinator's keepalive
+// timeout is longer (ServerOptions), so a stalled worker is judged by its
+// job's heartbeat_timeout.
+inline constexpr absl::Duration kMaxHeartbeatTimeout = absl::Minutes(10);
 // At most this many optimizer steps per job.
 inline constexpr uint64_t kMaxTrainSteps = uint64_t{1} << 40;
 

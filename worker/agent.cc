@@ -541,12 +541,14 @@ absl::StatusOr<v1::Assignment> WorkerAgent::WaitForAssignment(absl::Duration tim
 absl::StatusOr<v1::Directive> WorkerAgent::ReportError(absl::StatusCode code,
                                                        const std::string& message,
                                                        const std::string& operation,
-                                                       std::optional<uint32_t> peer_rank) {
+                                                       std::optional<uint32_t> peer_rank,
+                                                       std::optional<uint64_t> generation) {
   if (code == absl::StatusCode::kOk) {
     return absl::InvalidArgumentError("ReportError needs a non-OK code");
   }
   v1::ReportErrorRequest req;
   *req.mutable_fence() = fence();
+  if (generation.has_value()) req.mutable_fence()->set_generation(*generation);
   req.set_code(static_cast<int32_t>(code));
   req.set_message(message);
   req.set_operation(operation);

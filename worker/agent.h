@@ -177,13 +177,17 @@ class WorkerAgent {
 
   // Reports a failure this worker saw (ReportError) and returns the
   // coordinator's directive (RESTART_AT_GENERATION, or STOP); the generation
-  // is then over as above. `code` must not be OK. Possible errors:
+  // is then over as above. `code` must not be OK. `generation`: the one the
+  // failure happened in (default: the current one); a report for a
+  // generation that has already ended is refused by the coordinator
+  // (Aborted) instead of ending the next one. Possible errors:
   //   Aborted: the generation had already ended (handled as a restart).
   //   FailedPrecondition: this worker is a spare or not assigned.
   //   InvalidArgument: peer_rank >= world_size.
   absl::StatusOr<v1::Directive> ReportError(absl::StatusCode code, const std::string& message,
                                             const std::string& operation,
-                                            std::optional<uint32_t> peer_rank)
+                                            std::optional<uint32_t> peer_rank,
+                                            std::optional<uint64_t> generation = std::nullopt)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Leaves the job for good and stops the threads. Harmless twice. Errors:

@@ -256,6 +256,18 @@ TEST(WorkerAgentTest, ReportErrorRestartsTheGeneration) {
     EXPECT_EQ(a->generation(), 2u);
     EXPECT_EQ(a->world_size(), 2u);
   }
+  // A late report of a failure in generation 1 (the other rank's report
+  // ended it first) is refused; it does not end generation 2.
+  absl::StatusOr<v1::Directive> late = agents[1]->ReportError(
+      absl::StatusCode::kDataLoss, "restoring ckpt-x: missing", "train", std::nullopt,
+      /*generation=*/1);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted) << late.status();
+  EXPECT_EQ(agents[1]->generation(), 2u);
+  EXPECT_FALSE(agents[1]->generation_over());
+  for (const auto& [id, m] : h.Members("job")) {
+    EXPECT_EQ(m.generation(), 2u) << id;
+    EXPECT_EQ(m.state(), v1::MEMBER_STATE_ACTIVE) << id;
+  }
 }
 
 TEST(WorkerAgentTest, UnknownJobSaysWhichFlag) {

@@ -374,8 +374,9 @@ int Run(int argc, char** argv) {
         } else {
           Log(absl::StrCat("generation ", gen, " rank ", a->rank(),
                            ": communicators failed: ", status.message(), "; reporting"));
-          absl::StatusOr<v1::Directive> d = agent->ReportError(
-              status.code(), std::string(status.message()), "build communicators", std::nullopt);
+          absl::StatusOr<v1::Directive> d =
+              agent->ReportError(status.code(), std::string(status.message()),
+                                 "build communicators", std::nullopt, gen);
           if (!d.ok()) Log(absl::StrCat("ReportError: ", d.status().message()));
         }
         if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
@@ -389,9 +390,12 @@ int Run(int argc, char** argv) {
       if (!outcome.ok()) {
         Log(absl::StrCat("generation ", gen, " rank ", a->rank(),
                          ": training failed: ", outcome.status().message(), "; reporting"));
+        // Fenced with the generation it failed in: if that one has ended
+        // meanwhile (a peer's report came first), the coordinator refuses
+        // it rather than ending the next generation with a stale error.
         absl::StatusOr<v1::Directive> d = agent->ReportError(
             outcome.status().code(), std::string(outcome.status().message()), "train",
-            std::nullopt);
+            std::nullopt, gen);
         if (!d.ok()) Log(absl::StrCat("ReportError: ", d.status().message()));
         if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
         continue;
