@@ -33,6 +33,8 @@
 namespace shardline::worker {
 namespace {
 
+using train::testing::Layout;
+using train::testing::SmallGptOptions;
 using train::StepStats;
 using train::TrainingOptions;
 
@@ -58,36 +60,16 @@ constexpr double kLossRelTol = 1e-4;
 constexpr double kGradNormRelTol = 1e-4;
 #endif
 
-struct Layout {
-  int tp = 1, pp = 1, dp = 1, zero = 0;
-  std::string Name() const {
-    return absl::StrCat("tp", tp, "_pp", pp, "_dp", dp, "_zero", zero);
-  }
-};
-
-// A tiny GPT (2 layers, width 16, 2 heads, byte vocabulary, context 8) with a
-// global batch of 2 samples in micro-batches of 1 (gradient accumulation on
-// every layout), a learning rate that moves the loss within kSteps, clipping
-// and weight decay on. Sized for the emulator (one thread per CUDA thread).
+// test_util.h's small GPT (and layout) made tinier for the emulator (one
+// thread per CUDA thread): 2 layers, 2 heads, context 8, a global batch of 2
+// samples in micro-batches of 1 (gradient accumulation on every layout).
 TrainingOptions TinyOptions(const Layout& l) {
-  TrainingOptions o;
+  TrainingOptions o = SmallGptOptions(l, kSteps);
   o.model.num_layers = 2;
-  o.model.hidden_size = 16;
   o.model.num_heads = 2;
-  o.model.vocab_size = 256;
   o.model.seq_length = 8;
-  o.parallel.tp = l.tp;
-  o.parallel.pp = l.pp;
-  o.parallel.dp = l.dp;
-  o.parallel.zero_stage = l.zero;
-  o.parallel.schedule = plan::ScheduleKind::kOneFOneB;
   o.parallel.micro_batch_size = 1;
   o.parallel.micro_batches = 2 / l.dp;
-  o.seed = 1234;
-  o.learning_rate = {.learning_rate = 1e-2, .min_learning_rate = 1e-3, .warmup_steps = 1,
-                     .total_steps = kSteps};
-  o.adamw = {.beta1 = 0.9, .beta2 = 0.99, .epsilon = 1e-8, .weight_decay = 0.1};
-  o.grad_clip = 1.0;
   return o;
 }
 
@@ -176,7 +158,8 @@ TEST_P(GpuTrainerTest, MatchesCpuLossAndGradNorm) {
   }
   std::printf("%s: cpu %.2f s, gpu %.2f s for %d steps; largest relative difference: "
               "loss %.2e, grad_norm %.2e\n",
-              GetParam().Name().c_str(), absl::ToDoubleSeconds(gpu_start - cpu_start),
+              absl::StrCat("tp", GetParam().tp, "_pp", GetParam().pp).c_str(),
+              absl::ToDoubleSeconds(gpu_start - cpu_start),
               absl::ToDoubleSeconds(end - gpu_start), kSteps, max_loss_rel, max_norm_rel);
 }
 
@@ -188,7 +171,9 @@ INSTANTIATE_TEST_SUITE_P(
         // Tensor parallelism (all-reduces staged through host memory) and a
         // pipeline (activations and gradients copied at the boundary).
         Layout{.tp = 2, .pp = 2}),
-    [](const ::testing::TestParamInfo<Layout>& info) { return info.param.Name(); });
+    [](const ::testing::TestParamInfo<Layout>& info) {
+      return absl::StrCat("tp", info.param.tp, "_pp", info.param.pp);
+    });
 
 #ifndef SHARDLINE_GPU_TRAINER_EMU
 // Runs on every machine: a GPU device by name, or the reason there is none.
