@@ -17,6 +17,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,6 +41,14 @@ class ArgParser {
   absl::StatusOr<std::vector<std::string>> Parse(const std::vector<std::string>& args);
 
   bool WasSet(const std::string& name) const { return set_.count(name) > 0; }
+
+  // Whether flag `name` (without "--") takes a value (true) or is a bool
+  // (false); nullopt when no such flag is registered.
+  std::optional<bool> TakesValue(const std::string& name) const {
+    auto it = flags_.find(name);
+    if (it == flags_.end()) return std::nullopt;
+    return it->second.type != Type::kBool;
+  }
 
   // "Flags of <command>:" then one line per flag, sorted by name.
   std::string Usage() const;

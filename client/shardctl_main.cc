@@ -7,11 +7,13 @@
 // Exit codes: 0 success; 2 bad input (usage, a flag, a value, an unknown
 // name); 1 any other failure (e.g. the coordinator cannot be reached).
 // Messages go to stderr.
-#include <algorithm>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "client/args.h"
+#include "client/coordinator_client.h"
 #include "client/job_commands.h"
 #include "client/plan_command.h"
 
@@ -61,24 +63,28 @@ constexpr char kUsage[] =
 // parse them. Returns false (and says why) for a flag that is not one of them
 // or lacks its value.
 bool HoistConnectionFlags(std::vector<std::string>& args) {
-  static const char* const kWithValue[] = {"--coordinator", "--token",  "--tls-ca",
-                                           "--tls-cert",    "--tls-key", "--timeout"};
+  // The flags every coordinator command takes (ConnectionFlags and --json).
+  shardline::client::ArgParser known("shardctl");
+  shardline::client::ConnectionFlags connection;
+  connection.Register(known);
+  bool json = false;
+  known.AddBool("json", &json, "");
   std::vector<std::string> flags;
   size_t i = 0;
   while (i < args.size() && args[i].rfind("--", 0) == 0 && args[i] != "--help") {
-    const std::string name = args[i].substr(0, args[i].find('='));
-    const bool has_value = std::find(std::begin(kWithValue), std::end(kWithValue), name) !=
-                           std::end(kWithValue);
-    if (!has_value && name != "--json") {
+    const size_t eq = args[i].find('=');
+    const std::string name = args[i].substr(2, eq == std::string::npos ? eq : eq - 2);
+    const std::optional<bool> takes_value = known.TakesValue(name);
+    if (!takes_value.has_value()) {
       std::cerr << "shardctl: '" << args[i]
                 << "' before the command is not a connection flag; put the command first "
                    "(shardctl --help)\n";
       return false;
     }
     flags.push_back(args[i++]);
-    if (has_value && name == flags.back()) {  // "--flag value", not "--flag=value"
+    if (*takes_value && eq == std::string::npos) {  // "--flag value", not "--flag=value"
       if (i >= args.size()) {
-        std::cerr << "shardctl: " << name << " needs a value\n";
+        std::cerr << "shardctl: --" << name << " needs a value\n";
         return false;
       }
       flags.push_back(args[i++]);

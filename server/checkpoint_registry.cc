@@ -405,14 +405,7 @@ absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Create(
     // Jobs with committed checkpoints but no pointer (not written by this
     // registry, but harmless): the newest committed step.
     for (auto& [job_id, job] : reg->jobs_) {
-      if (!job.latest_id.empty()) continue;
-      for (const auto& [id, e] : job.entries) {
-        if (e.phase != Phase::kCommitted) continue;
-        if (job.latest_id.empty() ||
-            e.manifest->step() > job.entries.at(job.latest_id).manifest->step()) {
-          job.latest_id = id;
-        }
-      }
+      if (job.latest_id.empty()) job.latest_id = job.NewestUsableCommitted();
     }
   }
   if (!rewrites.empty()) {
@@ -1003,6 +996,15 @@ absl::StatusOr<v1::Manifest> CheckpointRegistry::GetManifest(
   return m;
 }
 
+std::string CheckpointRegistry::JobCheckpoints::NewestUsableCommitted() const {
+  std::string newest;
+  for (const auto& [id, e] : entries) {
+    if (e.phase != Phase::kCommitted || unusable.count(id) > 0) continue;
+    if (newest.empty() || e.manifest->step() > entries.at(newest).manifest->step()) newest = id;
+  }
+  return newest;
+}
+
 absl::Status CheckpointRegistry::MarkUnusable(absl::string_view job_id,
                                               absl::string_view checkpoint_id) {
   std::vector<Mutation> writes;
@@ -1011,14 +1013,7 @@ absl::Status CheckpointRegistry::MarkUnusable(absl::string_view job_id,
     JobCheckpoints& job = jobs_[std::string(job_id)];
     job.unusable.insert(std::string(checkpoint_id));
     if (job.latest_id != checkpoint_id) return absl::OkStatus();
-    job.latest_id.clear();
-    for (const auto& [id, e] : job.entries) {
-      if (e.phase != Phase::kCommitted || job.unusable.count(id) > 0) continue;
-      if (job.latest_id.empty() ||
-          e.manifest->step() > job.entries.at(job.latest_id).manifest->step()) {
-        job.latest_id = id;
-      }
-    }
+    job.latest_id = job.NewestUsableCommitted();
     if (job.latest_id.empty()) {
       writes.push_back(Mutation::Delete(std::string(kCheckpointLatestKind), std::string(job_id)));
     } else {

@@ -343,6 +343,8 @@ class CheckpointRegistry {
     std::string active_id;                 // OPENING/PENDING/COMMITTING one, or ""
     std::string latest_id;                 // newest COMMITTED not unusable, or ""
     std::set<std::string> unusable;        // MarkUnusable
+    // The id of the newest (by step) COMMITTED entry not in `unusable`, or "".
+    std::string NewestUsableCommitted() const;
   };
 
   CheckpointRegistry(StateStore* store, const Clock* clock, CheckpointRegistryOptions options)

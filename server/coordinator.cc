@@ -168,6 +168,17 @@ struct Coordinator::JobRecord {
   std::map<std::string, MemberRecord> members;  // by worker_id; never erased
   std::optional<plan::Plan> plan;               // the current generation, once formed
   PlanGroups plan_groups;                       // GroupsOfPlan(*plan) while plan is set
+  // Sets (or, with nullopt, clears) the plan and the groups derived from it.
+  void SetPlan(std::optional<plan::Plan> p) {
+    plan = std::move(p);
+    plan_groups = plan.has_value() ? GroupsOfPlan(*plan) : PlanGroups{};
+  }
+  // A member that was a SPARE no longer is one.
+  void UncountSpare(v1::MemberState was) {
+    if (was == v1::MEMBER_STATE_SPARE && job.num_spares() > 0) {
+      job.set_num_spares(job.num_spares() - 1);
+    }
+  }
   absl::Time waiting_since;                     // entered PENDING / RECOVERING
   std::optional<absl::Time> last_call_deadline;
   v1::FormationReason pending_reason = v1::FORMATION_REASON_INITIAL;
@@ -283,8 +294,7 @@ absl::Status Coordinator::Recover() {
         return absl::DataLossError(absl::StrCat("stored job '", id,
                                                 "' cannot be planned again: ", p.status().message()));
       }
-      job->plan = *std::move(p);
-      job->plan_groups = GroupsOfPlan(*job->plan);
+      job->SetPlan(*std::move(p));
     }
   }
   return absl::OkStatus();
@@ -382,8 +392,7 @@ void Coordinator::EndGenerationLocked(JobRecord& job, v1::FormationReason reason
   const uint64_t old_generation = job.job.generation();
   if (ended != nullptr) ended->push_back({job.job.job_id(), old_generation, why});
   job.job.set_generation(old_generation + 1);
-  job.plan.reset();
-  job.plan_groups = {};
+  job.SetPlan(std::nullopt);
   job.last_call_deadline.reset();
   job.waiting_since = clock_->Now();
   job.pending_reason = reason;
@@ -414,9 +423,7 @@ void Coordinator::LoseMemberLocked(JobRecord& job, MemberRecord& m, v1::LossReas
   if (!IsLive(was)) return;
   std::optional<uint32_t> rank;
   if (m.member.has_rank()) rank = m.member.rank();
-  if (was == v1::MEMBER_STATE_SPARE && job.job.num_spares() > 0) {
-    job.job.set_num_spares(job.job.num_spares() - 1);
-  }
+  job.UncountSpare(was);
   m.member.set_state(v1::MEMBER_STATE_LOST);
   m.member.set_loss_reason(reason);
   m.member.set_detail(detail);
@@ -546,8 +553,7 @@ void Coordinator::FormGenerationLocked(JobRecord& job, int dp,
                      return a->member.worker_id() < b->member.worker_id();
                    });
   const int world = p->parallel.world_size();
-  job.plan = *std::move(p);
-  job.plan_groups = GroupsOfPlan(*job.plan);
+  job.SetPlan(*std::move(p));
   job.job.set_world_size(world);
   job.job.set_dp(dp);
   job.job.set_num_spares(static_cast<uint32_t>(candidates.size()) - world);
@@ -1389,9 +1395,7 @@ void Coordinator::RemoveDrainedLocked(JobRecord& job, MemberRecord& m,
   if (rank.has_value()) left->set_rank(*rank);
   left->set_reason(why);
   EmitLocked(job, std::move(e));
-  if (was == v1::MEMBER_STATE_SPARE && job.job.num_spares() > 0) {
-    job.job.set_num_spares(job.job.num_spares() - 1);
-  }
+  job.UncountSpare(was);
   if (was == v1::MEMBER_STATE_ACTIVE && job.job.phase() == v1::JOB_PHASE_RUNNING) {
     EndGenerationLocked(job, v1::FORMATION_REASON_WORKER_LEFT,
                         absl::StrCat("rank ", rank.value_or(0), " (", m.member.worker_id(), ") ",
@@ -1432,9 +1436,7 @@ absl::Status Coordinator::LeaveJob(const v1::LeaveJobRequest& request,
   if (rank.has_value()) left->set_rank(*rank);
   left->set_reason(request.reason());
   EmitLocked(*job, std::move(e));
-  if (was == v1::MEMBER_STATE_SPARE && job->job.num_spares() > 0) {
-    job->job.set_num_spares(job->job.num_spares() - 1);
-  }
+  job->UncountSpare(was);
   if (was == v1::MEMBER_STATE_ACTIVE && job->job.phase() == v1::JOB_PHASE_RUNNING) {
     EndGenerationLocked(*job, v1::FORMATION_REASON_WORKER_LEFT,
                         absl::StrCat("rank ", rank.value_or(0), " (", w.worker_id(), ") left: ",

@@ -318,7 +318,7 @@ class Services {
   // coordinator that died between the durable commit and the file writes).
   void RecoverCheckpointFiles() {
     for (const v1::Job& job : AllJobs(*deps_.coordinator)) {
-      ApplyUnusableMarks(job.job_id());  // first: Latest() below skips them
+      ApplyUnusableMarks(job.job_id());  // first: Latest() skips them
       const std::string root = JobCheckpointRoot(job);
       if (root.empty()) continue;
       std::string token;
@@ -334,20 +334,7 @@ class Services {
         token = page->next_page_token();
         if (token.empty()) break;
       }
-      std::optional<v1::CheckpointRef> latest = deps_.checkpoints->Latest(job.job_id());
-      if (!latest) continue;
-      absl::StatusOr<v1::Manifest> manifest =
-          deps_.checkpoints->GetManifest(job.job_id(), latest->checkpoint_id());
-      if (!manifest.ok()) continue;
-      absl::StatusOr<std::string> on_disk = ReadLatestFile(root);
-      if (on_disk.ok() && *on_disk == latest->checkpoint_id() &&
-          ReadManifestFile(manifest->directory()).ok()) {
-        continue;
-      }
-      Log(absl::StrCat("checkpoint files repaired job=", job.job_id(),
-                       " checkpoint=", latest->checkpoint_id(), " (manifest.json or LATEST was "
-                       "missing or behind the store)"));
-      WriteCommittedFiles(job.job_id(), *manifest, {});
+      RepairLatestFiles(job.job_id(), root);
     }
   }
 
@@ -511,10 +498,7 @@ class Services {
 
   // Tells the registry every checkpoint the coordinator marked unusable (a
   // restore found it corrupt), so that Latest(), Begin and retention skip
-  // them; then points LATEST at the newest usable committed checkpoint, or
-  // removes it when there is none (a reader of LATEST must never be sent to
-  // a checkpoint known to be corrupt). At start and after a DATA_LOSS
-  // report.
+  // them. At start and after a DATA_LOSS report, before RepairLatestFiles.
   void ApplyUnusableMarks(const std::string& job_id) {
     for (const auto& [id, reason] : deps_.coordinator->UnusableCheckpoints(job_id)) {
       if (absl::Status s = deps_.checkpoints->MarkUnusable(job_id, id); !s.ok()) {
@@ -522,28 +506,40 @@ class Services {
                          " status=\"", s.ToString(), "\""));
       }
     }
-    const std::string root = CheckpointRoot(job_id);
+  }
+
+  // Makes <root>/LATEST name the registry's Latest() (the newest committed
+  // checkpoint not marked unusable) with its manifest.json in place, or
+  // removes LATEST when there is none: a reader of LATEST is never sent to a
+  // checkpoint known to be corrupt, nor left behind the store (a coordinator
+  // that died between a durable commit and the file writes).
+  void RepairLatestFiles(const std::string& job_id, const std::string& root) {
     if (root.empty()) return;
     std::optional<v1::CheckpointRef> latest = deps_.checkpoints->Latest(job_id);
     absl::StatusOr<std::string> on_disk = ReadLatestFile(root);
-    if (latest) {
-      if (on_disk.ok() && *on_disk == latest->checkpoint_id()) return;
-      absl::StatusOr<v1::Manifest> manifest =
-          deps_.checkpoints->GetManifest(job_id, latest->checkpoint_id());
-      if (!manifest.ok()) return;
-      Log(absl::StrCat("checkpoint LATEST moved job=", job_id, " checkpoint=",
-                       latest->checkpoint_id(), " (newest committed checkpoint not marked "
-                       "unusable)"));
-      WriteCommittedFiles(job_id, *manifest, {});
+    if (!latest) {
+      if (!on_disk.ok()) return;
+      absl::MutexLock lock(&files_mu_);
+      std::error_code ec;
+      std::filesystem::remove(std::filesystem::path(root) / std::string(kLatestFileName), ec);
+      Log(absl::StrCat("checkpoint LATEST removed job=", job_id, " (it named ", *on_disk,
+                       "; no committed checkpoint is usable)",
+                       ec ? absl::StrCat(" status=\"", ec.message(), "\"") : std::string()));
       return;
     }
-    if (!on_disk.ok()) return;
-    absl::MutexLock lock(&files_mu_);
-    std::error_code ec;
-    std::filesystem::remove(std::filesystem::path(root) / std::string(kLatestFileName), ec);
-    Log(absl::StrCat("checkpoint LATEST removed job=", job_id, " (it named ", *on_disk,
-                     "; no committed checkpoint is usable)",
-                     ec ? absl::StrCat(" status=\"", ec.message(), "\"") : std::string()));
+    absl::StatusOr<v1::Manifest> manifest =
+        deps_.checkpoints->GetManifest(job_id, latest->checkpoint_id());
+    if (!manifest.ok()) return;
+    const bool latest_right = on_disk.ok() && *on_disk == latest->checkpoint_id();
+    if (latest_right && ReadManifestFile(manifest->directory()).ok()) return;
+    Log(latest_right
+            ? absl::StrCat("checkpoint files repaired job=", job_id, " checkpoint=",
+                           latest->checkpoint_id(), " (manifest.json was missing)")
+            : absl::StrCat("checkpoint LATEST moved job=", job_id, " checkpoint=",
+                           latest->checkpoint_id(), " (it named ",
+                           on_disk.ok() ? *on_disk : std::string("nothing"),
+                           "; the newest committed checkpoint not marked unusable)"));
+    WriteCommittedFiles(job_id, *manifest, {});
   }
 
   // The reason `checkpoint_id` is marked unusable, or "".
@@ -965,6 +961,8 @@ class Services {
         s_->PassOn(ended);
         if (r.ok() && req->code() == static_cast<int>(absl::StatusCode::kDataLoss)) {
           s_->ApplyUnusableMarks(fence.worker().job_id());
+          s_->RepairLatestFiles(fence.worker().job_id(),
+                                s_->CheckpointRoot(fence.worker().job_id()));
         }
         if (!r.ok()) return r.status();
         *resp = *std::move(r);

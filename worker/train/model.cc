@@ -44,20 +44,11 @@ absl::Status Collectives::AllReduce(Device& device, float* data, int64_t count, 
 
 namespace {
 
-// y[t, :] += bias[:] for every row t < rows.
+// y[t, :] += bias[:] for every row t < rows: the position-embedding add
+// with a one-row table (ops.h AddPositionForward, seq = 1), one kernel on
+// every device.
 absl::Status AddBias(Device& d, const float* bias, float* y, int64_t rows, int64_t width) {
-  if (d.host_memory()) {
-    // Row by row, exactly as the CPU path always did.
-    for (int64_t t = 0; t < rows; ++t) SL_RETURN_IF_ERROR(d.AddInPlace(bias, y + t * width, width));
-    return absl::OkStatus();
-  }
-  // One product instead of `rows` launches: y += ones[rows, 1] bias[1, width]
-  // (exact: each element gets 1 * bias + y).
-  const std::vector<float> host_ones(static_cast<size_t>(rows), 1.0f);
-  DeviceBuffer<float> ones;
-  SL_RETURN_IF_ERROR(ones.Resize(d, rows));
-  SL_RETURN_IF_ERROR(d.CopyToDevice(ones.data(), host_ones.data(), ones.bytes()));
-  return d.Gemm(false, false, rows, width, 1, 1.0f, ones.data(), bias, 1.0f, y);
+  return d.AddPositionForward(bias, y, rows, /*seq=*/1, width);
 }
 
 }  // namespace
