@@ -1314,7 +1314,7 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   if (IsTerminal(job->job.phase())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job '", job_id, "' is ", v1::JobPhase_Name(job->job.phase()), "; nothing to drain"));
+        "job '", job_id, "' is ", PhaseName(job->job.phase()), "; nothing to drain"));
   }
   auto it = job->members.find(worker_id);
   if (it == job->members.end()) {
@@ -1340,7 +1340,8 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
           staying == 1 ? "" : "s", ", fewer than min_workers=", min_workers,
           ": the job would stop until others join (and fail after join_timeout ",
           absl::FormatDuration(FromProto(job->job.spec().elastic().join_timeout())),
-          "); start another worker first, or drain with force (shardctl drain --force)"));
+          "); start another worker first, or force it: shardctl drain ", job_id, " ", worker_id,
+          " --force"));
     }
   }
   m.member.set_drain_reason(reason.empty() ? std::string("operator request") : reason);

@@ -223,6 +223,10 @@ int Run(int argc, char** argv) {
         GpuComputeDevice::FromName(device, gpu_plugin);
     if (!d.ok()) {
       std::cerr << "shardline-worker: --device=" << device << ": " << d.status().message()
+                << (absl::IsUnavailable(d.status())
+                        ? "; no usable NVIDIA GPU, driver or plugin here: use --device cpu (or "
+                          "--gpu-plugin PATH)"
+                        : "")
                 << "\n";
       return d.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
     }

@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<GpuComputeDevice>> GpuComputeDevice::FromName(
       (!rest.empty() &&
        (!absl::ConsumePrefix(&rest, ":") || !absl::SimpleAtoi(rest, &ordinal) || ordinal < 0))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "device '", device_name, "' is not a GPU device name; use cuda or cuda:N (N >= 0)"));
+        "device '", device_name, "' is not a GPU device name; use cuda or cuda:N (N >= 0), or cpu for no GPU"));
   }
   absl::StatusOr<GpuPlugin> plugin =
       GpuPlugin::Load(plugin_path.empty() ? DefaultPluginPath() : plugin_path);

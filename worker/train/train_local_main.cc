@@ -100,7 +100,11 @@ int Main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<GpuComputeDevice>> probe =
         GpuComputeDevice::FromName(device_name, gpu_plugin);
     if (!probe.ok()) {
-      return Fail(absl::StrCat("--device ", device_name, ": ", probe.status().message()),
+      return Fail(absl::StrCat("--device ", device_name, ": ", probe.status().message(),
+                               absl::IsUnavailable(probe.status())
+                                   ? "; no usable NVIDIA GPU, driver or plugin here: use --device "
+                                     "cpu (or --gpu-plugin PATH)"
+                                   : ""),
                   absl::IsInvalidArgument(probe.status()) ? 2 : 1);
     }
   }
