@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end over network namespaces (deploy/netns/): a coordinator on one
-# "host", five workers on three others, a pp=2 x dp=2 job (tiny GPT, 40
+# "host", five workers on three others, a pp=2 x dp=2 job (tiny GPT, 60
 # steps, a checkpoint every 10) and one partition: a host holding two ranks
 # has its link cut (ip link set ... down, its processes keep running). The
 # coordinator must declare them lost by heartbeat timeout and re-form
@@ -70,9 +70,9 @@ check "generation 2 restored a checkpoint committed by generation 1" \
   grep -q "generation 2 rank .*: restored ckpt-step[0-9]*-gen1 " "$OUT"/h*-w*.log
 check "both cut-off workers were fenced when the link came back" \
   bash -c "[ \$(grep -Ec 'generation 1 (is over|ended)' '$S') -ge 2 ]"
-check "the job COMPLETED all 40 steps" grep -q "job COMPLETED" "$S"
-check "step 40 was trained" grep -q " step 40/40 " "$S"
-check "the last checkpoint is step 40, committed" grep -Eq "^ckpt-step0*40-gen[0-9]+ +40 .*COMMITTED" "$S"
+check "the job COMPLETED all 60 steps" grep -q "job COMPLETED" "$S"
+check "step 60 was trained" grep -q " step 60/60 " "$S"
+check "the last checkpoint is step 60, committed" grep -Eq "^ckpt-step0*60-gen[0-9]+ +60 .*COMMITTED" "$S"
 check "no namespace of this test is left" bash -c "! ip netns list | grep -q 'sltest$$-'"
 
 if [ $fails -ne 0 ]; then

@@ -7,7 +7,7 @@
 #   h2  10.77.0.12  workers h2-w0, h2-w1
 #   h3  10.77.0.13  worker h3-w0
 #
-# The job (deploy/netns/job.yaml: tiny GPT, pp=2, 40 steps, a checkpoint
+# The job (deploy/netns/job.yaml: tiny GPT, pp=2, 60 steps, a checkpoint
 # every 10) forms world 4 = pp 2 x dp 2 with one spare; each worker's Gloo
 # binds its own host's address (--interface). Once step 12 is done, the
 # switch port of the host holding two ranks (h2, or h1 if the spare is on h2)
@@ -16,7 +16,7 @@
 # generation 2 with the survivors and the spare (world 2 = pp 2 x dp 1), from
 # the last committed checkpoint. Then the link comes back: the cut-off
 # workers' next calls carry generation 1 and are refused (fenced); they
-# re-join as new members (spares) and the job trains to step 40.
+# re-join as new members (spares) and the job trains to step 60.
 #
 #   sudo deploy/netns/demo.sh [--out DIR] [--prefix NAME]
 #       [--bin-dir DIR | --coordinator-bin F --worker-bin F --shardctl-bin F]
@@ -183,7 +183,7 @@ if [ -z "$s" ] || [ "$s" -lt "$CUT_AT_STEP" ]; then fail "training did not reach
 spare=$(grep -l ": spare (world" "$OUT"/h*-w*.log | head -1 | xargs -r basename | sed 's/\.log$//' || true)
 victim=h2
 [ "${spare%%-*}" = h2 ] && victim=h1
-[ "$s" -lt 40 ] || fail "training finished before the partition (step $s)"
+[ "$s" -lt 60 ] || fail "training finished before the partition (step $s)"
 CUT_AT=$(date +%s.%N)
 "$HOSTS" cut "$PREFIX" "$victim"
 say "== step $s: cut $victim's link (ip link set p${victim#h} down on the switch); spare is $spare"
@@ -207,21 +207,31 @@ say "== healing $victim's link: its workers' generation-1 calls are refused (fen
 # gets ("generation 1 is over" while waiting, "generation 1 ended during
 # training" mid-step), then joins again under the same slot name, as a spare
 # of the current generation (or with a rank, once the job grows back).
+# A worker that re-joins just before the job completes may be told to stop
+# before it logs its assignment, so the coordinator's record of the join
+# counts too. How soon a cut-off worker hears back depends on TCP: its
+# connection retransmits with a backoff that grew during the cut (seconds).
 REJOINED="generation [2-9]: spare|generation [2-9] rank [0-9]+ world"
+rejoined() {  # rejoined WORKER: the worker or the coordinator logged its join
+  grep -Eq "$REJOINED" "$OUT/$1.log" ||
+    grep -Eq "worker joined job=netns worker=$1 .*generation=[2-9]" "$OUT/coordinator.log"
+}
 for w in "$victim-w0" "$victim-w1"; do
   for _ in $(seq 300); do
-    grep -Eq "$REJOINED" "$OUT/$w.log" && break
+    rejoined "$w" && break
     sleep 0.1
   done
   grep -Eq "generation 1 (is over|ended)" "$OUT/$w.log" || fail "$w was not fenced after the link came back"
-  grep -Eq "$REJOINED" "$OUT/$w.log" || fail "$w did not re-join"
+  rejoined "$w" || fail "$w did not re-join"
   grep -Eh "generation 1 (is over|ended)|$REJOINED" "$OUT/$w.log" |
     head -2 | sed "s/^/  /" | tee -a "$SUMMARY"
+  grep -Eh "worker joined job=netns worker=$w .*generation=[2-9]" "$OUT/coordinator.log" |
+    head -1 | sed "s/^/  coordinator: /" | tee -a "$SUMMARY"
 done
 
 wait_job JOB_PHASE_COMPLETED "" 180 || fail "the job did not complete (phase $(job_field phase))"
 say "== job COMPLETED at generation $(job_field generation), world $(job_field world_size)"
-grep -h " step 40/40 " "$OUT"/h*-w*.log | head -1 | sed 's/^/  /' | tee -a "$SUMMARY" || true
+grep -h " step 60/60 " "$OUT"/h*-w*.log | head -1 | sed 's/^/  /' | tee -a "$SUMMARY" || true
 grep -h "restored ckpt-step" "$OUT"/h*-w*.log | head -2 | sed 's/^/  /' | tee -a "$SUMMARY" || true
 sctl members netns | tee -a "$SUMMARY" || true
 sctl checkpoints netns | tee -a "$SUMMARY" || true
