@@ -560,6 +560,39 @@ TEST(GlooBackendTest, AbortReturnsPromptlyWhilePeerIsSilent) {
       TestOptions(absl::Seconds(60)));
 }
 
+// Abort fails the operation inside Gloo itself, not only its Work: the op
+// thread of an all-reduce waiting on a silent peer leaves Gloo at once, long
+// before its op timeout (120 s). Gloo's closeConnections alone left it
+// waiting out the timeout, and destroying the backend then stalled 0.5 s
+// before letting the thread go (a re-forming generation waited on that).
+TEST(GlooBackendTest, AbortEndsTheBlockedOperationInsideGloo) {
+  const int64_t stalled_before = GlooStalledOpThreads();
+  absl::Notification aborted;
+  RunRanks(
+      2,
+      [&](int r, Backend& b) {
+        if (r == 1) {
+          ASSERT_TRUE(aborted.WaitForNotificationWithTimeout(absl::Seconds(60)));
+          return;
+        }
+        std::vector<float> data(1024, 1.0f);
+        auto work = b.AllReduce(data.data(), data.size(), DType::kFloat32, ReduceOp::kSum);
+        absl::SleepFor(absl::Milliseconds(100));
+        b.Abort();
+        EXPECT_EQ(work->Wait(absl::Seconds(10)).code(), absl::StatusCode::kAborted);
+        aborted.Notify();
+      },
+      TestOptions(absl::Seconds(120)));
+  // Both backends are destroyed. An op thread still in Gloo would stay
+  // counted until its 120 s timeout; allow a loaded machine 20 s.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (GlooStalledOpThreads() > stalled_before && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(GlooStalledOpThreads(), stalled_before)
+      << "an aborted all_reduce stayed blocked inside Gloo";
+}
+
 // A rank that aborts (closes its sockets) mid-collective: every other rank
 // gets Unavailable well before the op timeout, even ranks that were not
 // talking to it (the loss propagates), and every message names the victim:
