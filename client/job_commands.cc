@@ -100,7 +100,8 @@ constexpr char kJobUsage[] =
     "  shardctl job create SPEC_FILE [--id ID]   create a job from a YAML or JSON JobSpec\n"
     "  shardctl job get ID                       show one job\n"
     "  shardctl job list [--phase P[,P...]]      list jobs, newest first\n"
-    "  shardctl job cancel ID [--reason TEXT]    cancel a job\n"
+    "  shardctl job cancel ID [--reason TEXT]    cancel a job (already cancelled: says so,\n"
+    "                                            exit 0; already COMPLETED/FAILED: exit 1)\n"
     "Example spec: deploy/jobs/shakespeare.yaml\n";
 
 constexpr char kCreateUsage[] =
@@ -169,7 +170,20 @@ absl::Status JobGet(const std::vector<std::string>& args, std::ostream& out) {
   request.set_job_id((**positional)[0]);
   absl::StatusOr<v1::Job> job = (*client)->GetJob(request);
   if (!job.ok()) return WithJobHint(job.status());
-  Print(out, c.json ? ProtoToJson(*job) : FormatJob(*job));
+  if (c.json) {
+    Print(out, ProtoToJson(*job));
+    return absl::OkStatus();
+  }
+  // Before the first generation forms, who has joined says how formation
+  // stands (FormatJob); without it the job still prints.
+  std::optional<v1::ListMembersResponse> members;
+  if (job->world_size() == 0 && job->phase() == v1::JOB_PHASE_PENDING) {
+    v1::ListMembersRequest list;
+    list.set_job_id(job->job_id());
+    absl::StatusOr<v1::ListMembersResponse> listed = (*client)->ListMembers(list);
+    if (listed.ok()) members = *std::move(listed);
+  }
+  Print(out, FormatJob(*job, members.has_value() ? &*members : nullptr));
   return absl::OkStatus();
 }
 
@@ -234,7 +248,12 @@ absl::Status JobList(const std::vector<std::string>& args, std::ostream& out) {
 }
 
 absl::Status JobCancel(const std::vector<std::string>& args, std::ostream& out) {
-  constexpr char kUsage[] = "Usage: shardctl job cancel ID [--reason TEXT] [--json]\n";
+  constexpr char kUsage[] =
+      "Usage: shardctl job cancel ID [--reason TEXT] [--json]\n"
+      "  Stops every worker of the job; the job ends CANCELLED with the reason.\n"
+      "  A job that is already CANCELLED is left as it is: says so and exits 0 (as\n"
+      "  'kubectl cordon' of a cordoned node). A job that already ended COMPLETED or\n"
+      "  FAILED cannot be cancelled: an error naming its phase, exit 1.\n";
   Command c("shardctl job cancel");
   std::string reason;
   c.parser.AddString("reason", &reason, "why, for humans; becomes the job's phase reason");
@@ -248,6 +267,23 @@ absl::Status JobCancel(const std::vector<std::string>& args, std::ostream& out) 
   }
   auto client = c.Connect();
   if (!client.ok()) return client.status();
+  // CancelJob answers a cancelled job as it is (retries are safe), so ask
+  // first to tell the operator nothing changed. COMPLETED and FAILED are the
+  // coordinator's FAILED_PRECONDITION ("job 'x' already COMPLETED; nothing to
+  // cancel").
+  v1::GetJobRequest get;
+  get.set_job_id((**positional)[0]);
+  absl::StatusOr<v1::Job> before = (*client)->GetJob(get);
+  if (!before.ok()) return WithJobHint(before.status());
+  if (before->phase() == v1::JOB_PHASE_CANCELLED) {
+    Print(out, c.json ? ProtoToJson(*before)
+                      : absl::StrCat("job ", before->job_id(), " is already CANCELLED",
+                                     before->phase_reason().empty()
+                                         ? ""
+                                         : absl::StrCat(" (", before->phase_reason(), ")"),
+                                     "; nothing to do"));
+    return absl::OkStatus();
+  }
   v1::CancelJobRequest request;
   request.set_job_id((**positional)[0]);
   request.set_reason(reason);
@@ -322,12 +358,19 @@ absl::Status Drain(const std::vector<std::string>& args, std::ostream& out) {
   if (c.json) {
     Print(out, ProtoToJson(*member));
   } else {
-    Print(out, absl::StrCat(member->worker_id(), ": ",
-                            member->state() == v1::MEMBER_STATE_LEFT
-                                ? "left the job"
-                                : "draining; leaves after the next checkpoint commits",
-                            member->detail().empty() ? "" : absl::StrCat(" (", member->detail(), ")"),
-                            "\n"));
+    // The member's detail already reads "draining (REASON): leaves after the
+    // next checkpoint commits" or "drained: REASON"; say it once, from the
+    // fields.
+    Print(out, member->state() == v1::MEMBER_STATE_LEFT
+                   ? absl::StrCat(member->worker_id(), ": left the job",
+                                  member->detail().empty()
+                                      ? ""
+                                      : absl::StrCat(" (", member->detail(), ")"))
+                   : absl::StrCat(member->worker_id(), ": draining",
+                                  member->drain_reason().empty()
+                                      ? ""
+                                      : absl::StrCat(" (", member->drain_reason(), ")"),
+                                  "; leaves after the next checkpoint commits"));
   }
   return absl::OkStatus();
 }
@@ -651,7 +694,9 @@ absl::Status Watch(const std::vector<std::string>& args, std::ostream& out) {
       "Usage: shardctl watch JOB [--after SEQ] [--count N] [--json]\n"
       "  Streams the job's events, one line each, until the job ends, N events were\n"
       "  printed, or Ctrl-C. Without --after only new events; --after 0 replays the\n"
-      "  retained history first. --json: one JSON object per line.\n";
+      "  retained history first. A job that has already ended has no new events: it\n"
+      "  prints the retained history, then a line with the final phase and reason.\n"
+      "  --json: one JSON object per line (events only).\n";
   Command c("shardctl watch");
   int64_t after = 0, count = 0;
   c.parser.AddInt("after", &after, "replay events with a larger sequence number first (0: all)");
@@ -674,12 +719,41 @@ absl::Status Watch(const std::vector<std::string>& args, std::ostream& out) {
   request.set_job_id(*job);
   if (c.parser.WasSet("after")) request.set_after_sequence(static_cast<uint64_t>(after));
   int64_t seen = 0;
-  const absl::Status s = (*client)->WatchJob(request, [&](const v1::JobEvent& event) {
+  auto print = [&](const v1::JobEvent& event) {
     // Flushed per line so `shardctl watch ... | grep` sees events as they come.
     out << (c.json ? ProtoToJson(event, /*one_line=*/true) : FormatEvent(event)) << "\n";
     out.flush();
-    return !(count > 0 && ++seen >= count);
-  });
+    ++seen;
+    return !(count > 0 && seen >= count);
+  };
+  absl::Status s = (*client)->WatchJob(request, print);
+  if (s.ok() && seen == 0 && !c.parser.WasSet("after")) {
+    // The stream ended before any new event: the job had already ended. Show
+    // how it got there instead of nothing.
+    v1::GetJobRequest get;
+    get.set_job_id(*job);
+    absl::StatusOr<v1::Job> state = (*client)->GetJob(get);
+    if (!state.ok()) return WithJobHint(state.status());
+    const v1::JobPhase phase = state->phase();
+    if (phase != v1::JOB_PHASE_COMPLETED && phase != v1::JOB_PHASE_FAILED &&
+        phase != v1::JOB_PHASE_CANCELLED) {
+      return absl::OkStatus();
+    }
+    request.set_after_sequence(0);
+    s = (*client)->WatchJob(request, print);
+    // OUT_OF_RANGE: the oldest events are no longer retained; the line
+    // below still says how the job ended.
+    if (!s.ok() && s.code() != absl::StatusCode::kOutOfRange) return WithJobHint(s);
+    if (!c.json && !(count > 0 && seen >= count)) {
+      Print(out, absl::StrCat("job ", *job, " has ended: ",
+                              EnumName(v1::JobPhase_descriptor(), phase),
+                              state->phase_reason().empty()
+                                  ? ""
+                                  : absl::StrCat(" (", state->phase_reason(), ")"),
+                              "; no more events will come"));
+    }
+    return absl::OkStatus();
+  }
   if (s.code() == absl::StatusCode::kResourceExhausted) {
     return absl::ResourceExhaustedError(absl::StrCat(
         s.message(), "; resume with 'shardctl watch ", *job, " --after <last sequence shown>'"));

@@ -4,7 +4,8 @@
 //   shardctl job create SPEC_FILE [--id ID]      CreateJob (prints the worker token once)
 //   shardctl job get ID                          GetJob
 //   shardctl job list [--phase P[,P...]]         ListJobs (all pages)
-//   shardctl job cancel ID [--reason TEXT]       CancelJob
+//   shardctl job cancel ID [--reason TEXT]       CancelJob (GetJob first: an already
+//                                                cancelled job prints so, exit 0)
 //   shardctl members JOB                         ListMembers
 //   shardctl drain JOB WORKER_ID [--reason TEXT] [--force] DrainWorker: leave at a step boundary
 //   shardctl topology JOB                        GetPlan: groups and pipeline stages
@@ -19,7 +20,9 @@
 //   shardctl checkpoint consolidate --dir DIR --out FILE [--optimizer]
 //                                                one unsharded safetensors file
 //                                                (client/checkpoint_tools.h)
-//   shardctl watch JOB [--after SEQ] [--count N] WatchJob, one line per event
+//   shardctl watch JOB [--after SEQ] [--count N] WatchJob, one line per event (a job
+//                                                that has ended: its retained history
+//                                                and a line with its final phase)
 //   shardctl kv get JOB --generation G [--scope S] KEY
 //                                                KvGet through a live member's fence
 //

@@ -55,6 +55,8 @@ class FakeCoordinator final : public v1::JobService::Service,
   std::optional<v1::Plan> plan ABSL_GUARDED_BY(mu);
   std::vector<v1::CheckpointSummary> checkpoints ABSL_GUARDED_BY(mu);
   std::vector<v1::JobEvent> events ABSL_GUARDED_BY(mu);
+  // Sent to every watcher after the replay, as if they happened during it.
+  std::vector<v1::JobEvent> live_events ABSL_GUARDED_BY(mu);
   bool end_watch = true;
   std::map<std::string, std::string> kv ABSL_GUARDED_BY(mu);  // scope + "/" + key
   // What the last calls carried.
@@ -126,6 +128,31 @@ class FakeCoordinator final : public v1::JobService::Service,
     return grpc::Status::OK;
   }
 
+  // As the coordinator: with a checkpoint directory, an ACTIVE member drains
+  // after the next checkpoint; otherwise it leaves at once.
+  grpc::Status DrainWorker(grpc::ServerContext* c, const v1::DrainWorkerRequest* r,
+                           v1::Member* out) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    absl::MutexLock lock(&mu);
+    auto job = jobs.find(r->job_id());
+    if (job == jobs.end()) return {grpc::StatusCode::NOT_FOUND, "no job '" + r->job_id() + "'"};
+    for (v1::Member& m : members) {
+      if (m.worker_id() != r->worker_id()) continue;
+      const std::string reason = r->reason().empty() ? "operator request" : r->reason();
+      if (job->second.spec().checkpoint().directory().empty()) {
+        m.set_state(v1::MEMBER_STATE_LEFT);
+        m.clear_rank();
+        m.set_detail("drained: " + reason);
+      } else {
+        m.set_drain_reason(reason);
+        m.set_detail("draining (" + reason + "): leaves after the next checkpoint commits");
+      }
+      *out = m;
+      return grpc::Status::OK;
+    }
+    return {grpc::StatusCode::NOT_FOUND, "no worker '" + r->worker_id() + "'"};
+  }
+
   grpc::Status ListMembers(grpc::ServerContext* c, const v1::ListMembersRequest* r,
                            v1::ListMembersResponse* out) override {
     if (auto s = Auth(c); !s.ok()) return s;
@@ -182,6 +209,7 @@ class FakeCoordinator final : public v1::JobService::Service,
       for (const v1::JobEvent& e : events) {
         if (r->has_after_sequence() && e.sequence() > r->after_sequence()) to_send.push_back(e);
       }
+      to_send.insert(to_send.end(), live_events.begin(), live_events.end());
     }
     for (const v1::JobEvent& e : to_send) {
       if (!writer->Write(e)) return grpc::Status::CANCELLED;
@@ -335,10 +363,58 @@ TEST_F(JobCommandsTest, GetAndCancel) {
   CreateDemo();
   absl::StatusOr<std::string> out = Run("job", {"get", "shakespeare"});
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_THAT(*out, HasSubstr("World:            not formed yet (needs 4 workers)"));
+  EXPECT_THAT(*out, HasSubstr("World:            not formed yet; waiting for workers: 0 joined, "
+                              "needs at least 4 (min_workers)\n"));
+  {
+    absl::MutexLock lock(&fake_.mu);
+    for (const char* id : {"w0", "w1"}) {
+      v1::Member m;
+      m.set_worker_id(id);
+      m.set_state(v1::MEMBER_STATE_JOINING);
+      m.set_generation(1);
+      fake_.members.push_back(m);
+    }
+  }
+  out = Run("job", {"get", "shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, HasSubstr("World:            not formed yet; waiting for workers: 2 joined, "
+                              "needs at least 4 (min_workers)\n"));
   out = Run("job", {"cancel", "shakespeare", "--reason", "bad data"});
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_THAT(*out, HasSubstr("Phase:            CANCELLED (bad data)\n"));
+  EXPECT_THAT(*out, AllOf(HasSubstr("Phase:            CANCELLED (bad data)\n"),
+                          HasSubstr("World:            none: cancelled before it formed\n")));
+  // Again: nothing changes, and it says so (exit 0).
+  out = Run("job", {"cancel", "shakespeare", "--reason", "other"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "job shakespeare is already CANCELLED (bad data); nothing to do\n");
+  out = Run("job", {"cancel", "shakespeare", "--json"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(nlohmann::json::parse(*out)["phase_reason"], "bad data");
+  absl::MutexLock lock(&fake_.mu);
+  EXPECT_EQ(fake_.jobs["shakespeare"].phase_reason(), "bad data");  // The reason was kept.
+}
+
+TEST_F(JobCommandsTest, DrainSaysWhatHappensOnce) {
+  CreateDemo();  // The demo spec has a checkpoint directory: a graceful drain.
+  CreateDemo("nockpt");
+  {
+    absl::MutexLock lock(&fake_.mu);
+    fake_.jobs["nockpt"].mutable_spec()->mutable_checkpoint()->clear_directory();
+    for (const char* id : {"w0", "w1"}) {
+      v1::Member m;
+      m.set_worker_id(id);
+      m.set_state(v1::MEMBER_STATE_ACTIVE);
+      m.set_rank(id[1] - '0');
+      fake_.members.push_back(m);
+    }
+  }
+  absl::StatusOr<std::string> out =
+      Run("drain", {"shakespeare", "w1", "--reason", "kernel upgrade"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "w1: draining (kernel upgrade); leaves after the next checkpoint commits\n");
+  out = Run("drain", {"nockpt", "w0"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "w0: left the job (drained: operator request)\n");
 }
 
 TEST_F(JobCommandsTest, UnknownJobIsExitCode2WithTheCoordinatorsMessage) {
@@ -468,6 +544,50 @@ TEST_F(JobCommandsTest, WatchStreamsLinesUntilCountOrEnd) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(nlohmann::json::parse(*out)["sequence"], "2");
   EXPECT_EQ(std::count(out->begin(), out->end(), '\n'), 1);
+
+  // A job that has ended: no new events, so its history and how it ended.
+  fake_.end_watch = true;
+  {
+    absl::MutexLock lock(&fake_.mu);
+    v1::JobEvent e;
+    e.set_sequence(4);
+    e.set_job_id("shakespeare");
+    e.set_generation(1);
+    e.mutable_phase_changed()->set_old_phase(v1::JOB_PHASE_RUNNING);
+    e.mutable_phase_changed()->set_new_phase(v1::JOB_PHASE_COMPLETED);
+    fake_.events.push_back(e);
+    fake_.jobs["shakespeare"].set_phase(v1::JOB_PHASE_COMPLETED);
+    fake_.jobs["shakespeare"].set_phase_reason("every rank finished 2000 steps");
+  }
+  out = Run("watch", {"shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "#1 - g1 step 10\n"
+            "#2 - g1 step 20\n"
+            "#3 - g1 step 30\n"
+            "#4 - g1 phase_changed RUNNING -> COMPLETED\n"
+            "job shakespeare has ended: COMPLETED (every rank finished 2000 steps); no more "
+            "events will come\n");
+  out = Run("watch", {"shakespeare", "--count", "2"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "#1 - g1 step 10\n#2 - g1 step 20\n");
+  {
+    // A watch that saw the job end live prints only what it saw.
+    absl::MutexLock lock(&fake_.mu);
+    fake_.live_events.push_back(fake_.events.back());
+  }
+  out = Run("watch", {"shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "#4 - g1 phase_changed RUNNING -> COMPLETED\n");
+  {
+    absl::MutexLock lock(&fake_.mu);
+    fake_.live_events.clear();
+  }
+  out = Run("watch", {"shakespeare", "--json"});  // Events only: every line is JSON.
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(std::count(out->begin(), out->end(), '\n'), 4);
+  const std::string last_line = out->substr(out->rfind('\n', out->size() - 2) + 1);
+  EXPECT_EQ(nlohmann::json::parse(last_line)["phase_changed"]["new_phase"], "JOB_PHASE_COMPLETED");
 
   out = Run("watch", {"shakespeare", "--after", "9"});
   EXPECT_EQ(out.status().code(), absl::StatusCode::kOutOfRange);

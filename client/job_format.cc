@@ -1,5 +1,6 @@
 #include "client/job_format.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -10,6 +11,7 @@
 #include "absl/time/time.h"
 #include "client/table.h"
 #include "google/protobuf/util/json_util.h"
+#include "server/job_spec.h"
 
 namespace shardline::client {
 namespace {
@@ -45,6 +47,61 @@ std::string ScheduleName(v1::Schedule s) {
 }
 
 std::string Optional(bool has, uint32_t v) { return has ? absl::StrCat(v) : "-"; }
+
+absl::Time FromProto(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
+// The ACTIVITY column: what the member said at its last heartbeat, only
+// while that still describes it. A FENCED, LOST or LEFT member has no rank
+// (RANK shows "-") and its last report belongs to a world it is no longer
+// in, so it shows "-" too; STATE and DETAIL say what happened.
+std::string Activity(const v1::Member& m) {
+  const bool current = m.state() == v1::MEMBER_STATE_JOINING ||
+                       m.state() == v1::MEMBER_STATE_ACTIVE || m.state() == v1::MEMBER_STATE_SPARE;
+  if (!current || m.worker_state() == v1::WORKER_STATE_UNSPECIFIED) return "-";
+  return EnumName(v1::WorkerState_descriptor(), m.worker_state());
+}
+
+// The World line of a job whose first generation has not formed. The
+// coordinator forms it (Coordinator::MaybeFormLocked) once ChooseDp accepts
+// the JOINING workers and either max_workers have joined or the last call
+// (elastic.last_call from when enough had joined) has passed.
+std::string NotFormed(const v1::Job& job, const v1::ListMembersResponse* members) {
+  const v1::ElasticPolicy& e = job.spec().elastic();
+  if (job.phase() == v1::JOB_PHASE_CANCELLED) return "none: cancelled before it formed";
+  if (job.phase() == v1::JOB_PHASE_FAILED) return "none: failed before it formed";
+  if (members == nullptr) {
+    return absl::StrCat("not formed yet (needs ", e.min_workers(), " workers)");
+  }
+  std::vector<absl::Time> joined;  // join times of the workers waiting for this generation
+  for (const v1::Member& m : members->members()) {
+    if (m.state() == v1::MEMBER_STATE_JOINING && m.generation() == job.generation()) {
+      joined.push_back(FromProto(m.join_time()));
+    }
+  }
+  std::sort(joined.begin(), joined.end());
+  const int n = static_cast<int>(joined.size());
+  if (!server::ChooseDp(job.spec(), n).has_value()) {
+    if (n < static_cast<int>(e.min_workers())) {
+      return absl::StrCat("not formed yet; waiting for workers: ", n, " joined, needs at least ",
+                          e.min_workers(), " (min_workers)");
+    }
+    return absl::StrCat("not formed yet; waiting for workers: ", n,
+                        " joined, but no tp x pp x dp layout with dp dividing the global batch "
+                        "fits them");
+  }
+  // The last call started when the first formable count had joined.
+  int enough = 1;
+  while (enough < n && !server::ChooseDp(job.spec(), enough).has_value()) ++enough;
+  const absl::Time deadline =
+      joined[enough - 1] + absl::Seconds(e.last_call().seconds()) +
+      absl::Nanoseconds(e.last_call().nanos());
+  return absl::StrCat("not formed yet; waiting for workers: ", n, " of ", e.max_workers(),
+                      " joined (max_workers), last call until ",
+                      absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", deadline, absl::UTCTimeZone()),
+                      ", then it forms with those joined");
+}
 
 }  // namespace
 
@@ -91,7 +148,7 @@ std::string HumanBytes(uint64_t bytes) {
   return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.2f %s", v, units[u]);
 }
 
-std::string FormatJob(const v1::Job& job) {
+std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members) {
   const v1::JobSpec& s = job.spec();
   const v1::ModelConfig& m = s.model();
   const v1::ParallelConfig& p = s.parallel();
@@ -105,8 +162,7 @@ std::string FormatJob(const v1::Job& job) {
                                   : absl::StrCat(Phase(job.phase()), " (", job.phase_reason(), ")"));
   lines.emplace_back("Generation", absl::StrCat(job.generation()));
   if (job.world_size() == 0) {
-    lines.emplace_back("World", absl::StrCat("not formed yet (needs ", e.min_workers(),
-                                             " workers)"));
+    lines.emplace_back("World", NotFormed(job, members));
   } else {
     lines.emplace_back("World", absl::StrCat(job.world_size(), " = tp ", p.tp(), " x pp ", p.pp(),
                                              " x dp ", job.dp(), "; ", job.num_spares(),
@@ -196,9 +252,7 @@ std::string FormatMembers(const std::string& job_id, const v1::ListMembersRespon
     t.AddRow({m.worker_id(), absl::StrCat(m.incarnation()),
               EnumName(v1::MemberState_descriptor(), m.state()), Optional(m.has_rank(), m.rank()),
               absl::StrCat(m.generation()), absl::StrCat(m.step()),
-              m.worker_state() == v1::WORKER_STATE_UNSPECIFIED
-                  ? "-"
-                  : EnumName(v1::WorkerState_descriptor(), m.worker_state()),
+              Activity(m),
               m.host().empty() ? "-" : m.host(), m.device().empty() ? "-" : m.device(),
               FormatTimestamp(m.last_heartbeat_time()), detail});
   }

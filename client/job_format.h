@@ -37,8 +37,14 @@ std::string FormatTimestamp(const google::protobuf::Timestamp& t, bool millis = 
 // "1.50 MiB"; below 1 KiB "812 B".
 std::string HumanBytes(uint64_t bytes);
 
-// `job get`, `job cancel`: one job, every field an operator needs.
-std::string FormatJob(const v1::Job& job);
+// `job get`, `job cancel`: one job, every field an operator needs. Before
+// the first generation forms, `members` (the job's ListMembers, or null when
+// not fetched) says how formation stands: how many workers have joined and,
+// once enough have, until when the last call waits for more ("not formed
+// yet; waiting for workers: 4 of 5 joined (max_workers), last call until
+// 2024-05-01T10:00:10Z, ..."); a job cancelled or failed before it formed
+// says so.
+std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members = nullptr);
 
 // `job create`: the job, then the worker token, labelled, once.
 std::string FormatCreatedJob(const v1::CreateJobResponse& response);

@@ -3,6 +3,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "server/job_spec.h"
 
 namespace shardline::client {
 namespace {
@@ -89,6 +90,52 @@ TEST(JobFormatTest, RunningJobWithCheckpointAndReason) {
                          HasSubstr("Last checkpoint:  step-100 (step 100)\n")));
 }
 
+// Before the first generation: who has joined, and the last call once
+// enough have (4 workers form pp 2 x dp 2; max_workers 5; last call 10 s).
+TEST(JobFormatTest, NotFormedSaysHowFormationStands) {
+  v1::Job job = DemoJob();
+  job.mutable_spec()->mutable_elastic()->mutable_last_call()->set_seconds(10);
+  absl::StatusOr<v1::JobSpec> resolved = server::ResolveJobSpec(job.spec());
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  *job.mutable_spec() = *resolved;
+  job.set_phase_reason("waiting for workers");
+  v1::ListMembersResponse members;
+  members.set_generation(1);
+  auto add = [&](const std::string& id, v1::MemberState state, int64_t joined_at) {
+    v1::Member* m = members.add_members();
+    m->set_worker_id(id);
+    m->set_state(state);
+    m->set_generation(1);
+    *m->mutable_join_time() = At(kMay1 + joined_at);
+  };
+  // Joined out of order; a worker that left does not count.
+  add("w2", v1::MEMBER_STATE_JOINING, 3);
+  add("w0", v1::MEMBER_STATE_JOINING, 1);
+  add("gone", v1::MEMBER_STATE_LEFT, 0);
+  add("w1", v1::MEMBER_STATE_JOINING, 2);
+  EXPECT_THAT(FormatJob(job, &members),
+              AllOf(HasSubstr("Phase:            PENDING (waiting for workers)\n"),
+                    HasSubstr("World:            not formed yet; waiting for workers: 3 joined, "
+                              "needs at least 4 (min_workers)\n")));
+  // The fourth worker (joined at +7 s) makes the job formable: the last call
+  // runs 10 s from then; a fifth does not move it.
+  add("w3", v1::MEMBER_STATE_JOINING, 7);
+  const std::string last_call =
+      "World:            not formed yet; waiting for workers: 4 of 5 joined (max_workers), last "
+      "call until 2024-05-01T10:00:17Z, then it forms with those joined\n";
+  EXPECT_THAT(FormatJob(job, &members), HasSubstr(last_call));
+  // Without the members (ListMembers failed) the old line.
+  EXPECT_THAT(FormatJob(job), HasSubstr("World:            not formed yet (needs 4 workers)\n"));
+
+  job.set_phase(v1::JOB_PHASE_CANCELLED);
+  job.set_phase_reason("cancelled: wrong data");
+  EXPECT_THAT(FormatJob(job, &members),
+              AllOf(HasSubstr("Phase:            CANCELLED (cancelled: wrong data)\n"),
+                    HasSubstr("World:            none: cancelled before it formed\n")));
+  job.set_phase(v1::JOB_PHASE_FAILED);
+  EXPECT_THAT(FormatJob(job), HasSubstr("World:            none: failed before it formed\n"));
+}
+
 TEST(JobFormatTest, CreatedJobShowsTheTokenOnceLabelled) {
   v1::CreateJobResponse r;
   *r.mutable_job() = DemoJob();
@@ -151,6 +198,43 @@ TEST(JobFormatTest, Members) {
             "2024-05-01T10:00:00Z\n"
             "node1:cuda:0  78           LOST       -    1     0  -         -      -       "
             "-                     heartbeat_timeout: no heartbeat for 10s\n");
+}
+
+// ACTIVITY is the last heartbeat's report only while the member is still
+// in the world (JOINING, ACTIVE, SPARE); a drained (LEFT), LOST or FENCED
+// member shows "-", as RANK does.
+TEST(JobFormatTest, MembersActivityOnlyForCurrentMembers) {
+  v1::ListMembersResponse r;
+  r.set_generation(3);
+  auto add = [&](const std::string& id, v1::MemberState state, v1::WorkerState activity) {
+    v1::Member* m = r.add_members();
+    m->set_worker_id(id);
+    m->set_incarnation(1);
+    m->set_state(state);
+    m->set_generation(3);
+    m->set_step(40);
+    m->set_worker_state(activity);
+    return m;
+  };
+  add("w0", v1::MEMBER_STATE_ACTIVE, v1::WORKER_STATE_TRAINING)->set_rank(0);
+  add("w1", v1::MEMBER_STATE_SPARE, v1::WORKER_STATE_WAITING);
+  add("w2", v1::MEMBER_STATE_LEFT, v1::WORKER_STATE_TRAINING)->set_detail("drained: upgrade");
+  add("w3", v1::MEMBER_STATE_LOST, v1::WORKER_STATE_CHECKPOINTING)
+      ->set_loss_reason(v1::LOSS_REASON_STREAM_BROKEN);
+  add("w4", v1::MEMBER_STATE_FENCED, v1::WORKER_STATE_TRAINING);
+  add("w5", v1::MEMBER_STATE_JOINING, v1::WORKER_STATE_UNSPECIFIED);
+  EXPECT_EQ(FormatMembers("j", r),
+            "Job j, generation 3\n"
+            "WORKER  INCARNATION  STATE    RANK  GEN  STEP  ACTIVITY  HOST  DEVICE  LAST HEARTBEAT  "
+            "DETAIL\n"
+            "w0      1            ACTIVE      0    3    40  TRAINING  -     -       -\n"
+            "w1      1            SPARE       -    3    40  WAITING   -     -       -\n"
+            "w2      1            LEFT        -    3    40  -         -     -       -               "
+            "drained: upgrade\n"
+            "w3      1            LOST        -    3    40  -         -     -       -               "
+            "stream_broken\n"
+            "w4      1            FENCED      -    3    40  -         -     -       -\n"
+            "w5      1            JOINING     -    3    40  -         -     -       -\n");
 }
 
 TEST(JobFormatTest, Topology) {

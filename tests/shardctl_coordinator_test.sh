@@ -70,6 +70,7 @@ grep -qF "Worker token: none (the coordinator runs without authentication)" "$TM
   && echo "[  OK  ] no auth: no worker token" || { echo "[FAILED] no auth: no worker token"; fails=$((fails + 1)); }
 check "create again with the same spec is idempotent" 0 "Phase:            PENDING" "" -- job create "$SPEC" --id shakespeare
 check "get" 0 "Elastic:          4..5 workers, heartbeat 1s, timeout 10s" "" -- job get shakespeare
+check "get says who it waits for" 0 "World:            not formed yet; waiting for workers: 0 joined, needs at least 4 (min_workers)" "" -- job get shakespeare
 check "get --json" 0 '"job_id": "shakespeare"' "" -- job get shakespeare --json
 check "get --json prints zero fields" 0 '"world_size": 0' "" -- job get shakespeare --json
 check "list" 0 "shakespeare  shakespeare  PENDING    1      -  0/2000" "" -- job list
@@ -89,11 +90,27 @@ check "kv get of a key nobody set" 0 "Value:       not set" "" -- kv get shakesp
 check "kv get of a future generation" 2 "" "does not exist yet" -- kv get shakespeare --generation 9 k
 check "cancel" 0 "Phase:            CANCELLED" "" -- job cancel shakespeare --reason "test over"
 check "cancel shows the reason" 0 "test over" "" -- job get shakespeare
+check "a job cancelled before it formed says so" 0 "World:            none: cancelled before it formed" "" -- job get shakespeare
+check "cancel a cancelled job says so" 0 "job shakespeare is already CANCELLED (cancelled: test over); nothing to do" "" -- job cancel shakespeare --reason again
+check "cancel again keeps the first reason" 0 "Phase:            CANCELLED (cancelled: test over)" "" -- job get shakespeare
 check "watch replays and ends at the terminal phase" 0 "phase_changed PENDING -> CANCELLED" "" -- watch shakespeare --after 0
+check "watch a finished job shows its history" 0 "phase_changed PENDING -> CANCELLED: cancelled: test over" "" -- watch shakespeare
+check "watch a finished job says how it ended" 0 "job shakespeare has ended: CANCELLED (cancelled: test over); no more events will come" "" -- watch shakespeare
 check "watch --count" 0 "#1 " "" -- watch shakespeare --after 0 --count 1
 [ "$(wc -l <"$TMP/out")" -eq 1 ] && echo "[  OK  ] watch --count 1 prints one line" \
   || { echo "[FAILED] watch --count 1 printed $(wc -l <"$TMP/out") lines"; fails=$((fails + 1)); }
 check "watch --json lines" 0 '"phase_changed":' "" -- watch shakespeare --after 0 --json
+
+# A job that fails before it forms (nobody joins within join_timeout 1s).
+sed 's/^  heartbeat_timeout: 10s$/  heartbeat_timeout: 10s\n  join_timeout: 1s/' "$SPEC" >"$TMP/short.yaml"
+check "create a job nobody joins" 0 "Job:              lonely" "" -- job create "$TMP/short.yaml" --id lonely
+for _ in $(seq 1 100); do
+  "$SHARDCTL" job get lonely 2>/dev/null | grep -q "^Phase: *FAILED" && break
+  sleep 0.1
+done
+check "a job failed before it formed says so" 0 "World:            none: failed before it formed" "" -- job get lonely
+check "cancel a failed job is an error naming the phase" 1 "" "shardctl job cancel: job 'lonely' already FAILED; nothing to cancel" -- job cancel lonely
+check "watch a failed job says how it ended" 0 "job lonely has ended: FAILED (only 0 workers joined within join_timeout 1s" "" -- watch lonely
 
 # Error paths.
 check "unknown job" 2 "" "shardctl job get: no job" -- job get nope

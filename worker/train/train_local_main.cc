@@ -15,8 +15,9 @@
 // Bazel runfiles), the optimizer and communication staying on the host
 // (trainer.h). Without a usable GPU it exits 1 before training, naming the
 // cause (the CUDA error); a malformed --device exits 2.
-// Exit status 0 on success, 2 on a bad argument or spec, 1 when the corpus
-// cannot be read or a step fails (the message names the cause).
+// Exit status 0 on success (and for --help, which prints the usage to
+// stdout), 2 on a bad argument or spec, 1 when the corpus cannot be read or a
+// step fails (the message names the cause).
 #include <csignal>
 #include <cstdio>
 #include <limits>
@@ -71,9 +72,19 @@ int Main(int argc, char** argv) {
   args.AddString("gpu-plugin", &gpu_plugin,
                  "path of libshardline_gpu.so (default: next to this binary, else its "
                  "runfiles)");
+  bool help = false;
+  args.AddBool("help", &help, "print this help and exit");
   std::vector<std::string> tail(argv + 1, argv + argc);
   absl::StatusOr<std::vector<std::string>> positional = args.Parse(tail);
   if (!positional.ok()) return Fail(std::string(positional.status().message()) + "\n" + args.Usage());
+  for (const std::string& p : *positional) help = help || p == "-h";
+  if (help) {
+    std::cout << "Usage: shardline-train-local SPEC [flags]\n"
+                 "Trains job spec SPEC (YAML or JSON) on this machine, every rank a thread, e.g.\n"
+                 "  shardline-train-local deploy/jobs/shakespeare.yaml --steps 200\n\n"
+              << args.Usage();
+    return 0;
+  }
   if (positional->size() != 1) return Fail("give one job spec file (YAML or JSON)\n" + args.Usage());
   if (dp < 1) return Fail(absl::StrCat("--dp=", dp, " must be >= 1"));
   if (log_interval < 1) return Fail(absl::StrCat("--log-interval=", log_interval, " must be >= 1"));

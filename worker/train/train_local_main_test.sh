@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# shardline-train-local's command line, without training: --help prints the
+# usage to stdout and exits 0; bad flags and a missing spec exit 2 with the
+# reason on stderr and nothing on stdout.
+#
+#   train_local_main_test.sh TRAIN_LOCAL SPEC_YAML
+set -uo pipefail
+TRAIN_LOCAL="$1"
+SPEC="$2"
+TMP="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+
+# check NAME EXPECTED_RC PATTERN_IN_STDOUT PATTERN_IN_STDERR -- ARGS...
+check() {
+  local name="$1" want_rc="$2" out_pat="$3" err_pat="$4"; shift 5
+  timeout 30 "$TRAIN_LOCAL" "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  local ok=1
+  [ "$rc" -eq "$want_rc" ] || ok=0
+  [ -z "$out_pat" ] || grep -qF -- "$out_pat" "$TMP/out" || ok=0
+  [ -z "$err_pat" ] || grep -qF -- "$err_pat" "$TMP/err" || ok=0
+  if [ "$want_rc" -eq 0 ]; then
+    [ -s "$TMP/err" ] && ok=0
+  else
+    [ -s "$TMP/out" ] && ok=0
+  fi
+  if [ $ok -eq 1 ]; then
+    echo "[  OK  ] $name"
+  else
+    echo "[FAILED] $name: rc=$rc (want $want_rc)"; echo "--- stdout"; head -30 "$TMP/out"; echo "--- stderr"; cat "$TMP/err"
+    fails=$((fails + 1))
+  fi
+}
+
+check "--help" 0 "Usage: shardline-train-local SPEC [flags]" "" -- --help
+check "--help lists the flags" 0 "  --dp VALUE                data-parallel degree" "" -- --help
+check "--help lists itself" 0 "  --help                    print this help and exit" "" -- --help
+check "-h" 0 "Usage: shardline-train-local SPEC [flags]" "" -- -h
+check "--help with a spec still only helps" 0 "Flags of shardline-train-local SPEC:" "" -- "$SPEC" --help
+check "unknown flag" 2 "" "unknown flag --bogus for 'shardline-train-local SPEC'; valid flags: " -- --bogus
+check "unknown flag with --help" 2 "" "unknown flag --bogus" -- --bogus --help
+check "no spec" 2 "" "give one job spec file (YAML or JSON)" --
+check "bad --dp" 2 "" "--dp=0 must be >= 1" -- "$SPEC" --dp 0
+check "--help=false is no help" 2 "" "give one job spec file" -- --help=false
+
+echo "$fails failed"
+[ $fails -eq 0 ]
