@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/metrics.h"
+#include "worker/comm/backend.h"
 
 namespace shardline::worker {
 
@@ -67,6 +68,10 @@ std::string WorkerMetrics::Render() const {
          static_cast<double>(checkpoints_));
   series("shardline_worker_restores_total", "counter", "Checkpoints restored.",
          static_cast<double>(restores_));
+  series("shardline_worker_gloo_stalled_op_threads", "gauge",
+         "Collective threads of aborted communicators still blocked inside Gloo (each ends at "
+         "the collective timeout; expected 0).",
+         static_cast<double>(GlooStalledOpThreads()));
   return out;
 }
 

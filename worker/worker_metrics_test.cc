@@ -37,6 +37,8 @@ TEST(WorkerMetricsTest, RendersStepsCheckpointsAndPlace) {
   EXPECT_THAT(text, HasSubstr("shardline_worker_steps_total" + labels + " 2\n"));
   EXPECT_THAT(text, HasSubstr("shardline_worker_checkpoint_seconds_total" + labels + " 0.5\n"));
   EXPECT_THAT(text, HasSubstr("shardline_worker_restores_total" + labels + " 1\n"));
+  // No communicator was ever aborted in this process.
+  EXPECT_THAT(text, HasSubstr("shardline_worker_gloo_stalled_op_threads" + labels + " 0\n"));
   EXPECT_THAT(text, HasSubstr("# TYPE shardline_worker_steps_total counter\n"));
 }
 
