@@ -12,7 +12,6 @@ SHARDCTL="$1"
 COORDINATOR="$2"
 SPEC="$3"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
-fails=0
 PIDS=()
 cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
@@ -36,27 +35,10 @@ start_coordinator() {
   exit 1
 }
 
-# check NAME EXPECTED_RC PATTERN_IN_STDOUT PATTERN_IN_STDERR -- ARGS...
-check() {
-  local name="$1" want_rc="$2" out_pat="$3" err_pat="$4"; shift 5
-  timeout 30 "$SHARDCTL" "$@" >"$TMP/out" 2>"$TMP/err"
-  local rc=$?
-  local ok=1
-  [ "$rc" -eq "$want_rc" ] || ok=0
-  [ -z "$out_pat" ] || grep -qF -- "$out_pat" "$TMP/out" || ok=0
-  [ -z "$err_pat" ] || grep -qF -- "$err_pat" "$TMP/err" || ok=0
-  # Errors never print a partial result on stdout, and say it in one line.
-  if [ "$want_rc" -ne 0 ]; then
-    [ -s "$TMP/out" ] && ok=0
-    [ "$(wc -l <"$TMP/err")" -eq 1 ] || ok=0
-  fi
-  if [ $ok -eq 1 ]; then
-    echo "[  OK  ] $name"
-  else
-    echo "[FAILED] $name: rc=$rc (want $want_rc)"; echo "--- stdout"; head -30 "$TMP/out"; echo "--- stderr"; cat "$TMP/err"
-    fails=$((fails + 1))
-  fi
-}
+CLI="$SHARDCTL"
+CLI_ONE_LINE_ERRORS=1
+# check NAME RC OUT ERR -- ARGS (tests/cli_check.sh)
+source "${TEST_SRCDIR:?run with bazel test}/${TEST_WORKSPACE:?}/tests/cli_check.sh"
 
 # A port nothing listens on.
 CLOSED=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

@@ -4,26 +4,11 @@
 set -uo pipefail
 SHARDCTL="$1"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
-fails=0
 MODEL=(--layers 4 --hidden 128 --heads 4 --vocab 256 --seq 64)
 
-check() {  # check NAME EXPECTED_RC PATTERN_IN_STDOUT PATTERN_IN_STDERR -- ARGS...
-  local name="$1" want_rc="$2" out_pat="$3" err_pat="$4"; shift 5
-  "$SHARDCTL" "$@" >"$TMP/out" 2>"$TMP/err"
-  local rc=$?
-  local ok=1
-  [ "$rc" -eq "$want_rc" ] || ok=0
-  [ -z "$out_pat" ] || grep -qF -- "$out_pat" "$TMP/out" || ok=0
-  [ -z "$err_pat" ] || grep -qF -- "$err_pat" "$TMP/err" || ok=0
-  # Errors never print a partial result on stdout.
-  if [ "$want_rc" -ne 0 ] && [ -s "$TMP/out" ]; then ok=0; fi
-  if [ $ok -eq 1 ]; then
-    echo "[  OK  ] $name"
-  else
-    echo "[FAILED] $name: rc=$rc (want $want_rc)"; echo "--- stdout"; head -20 "$TMP/out"; echo "--- stderr"; cat "$TMP/err"
-    fails=$((fails + 1))
-  fi
-}
+CLI="$SHARDCTL"
+# check NAME RC OUT ERR -- ARGS (tests/cli_check.sh)
+source "${TEST_SRCDIR:?run with bazel test}/${TEST_WORKSPACE:?}/tests/cli_check.sh"
 
 check "help" 0 "plan      plan a layout offline" "" -- --help
 check "no command is a usage error" 2 "" "" --

@@ -8,29 +8,11 @@ set -uo pipefail
 TRAIN_LOCAL="$1"
 SPEC="$2"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
-fails=0
 
-# check NAME EXPECTED_RC PATTERN_IN_STDOUT PATTERN_IN_STDERR -- ARGS...
-check() {
-  local name="$1" want_rc="$2" out_pat="$3" err_pat="$4"; shift 5
-  timeout 30 "$TRAIN_LOCAL" "$@" >"$TMP/out" 2>"$TMP/err"
-  local rc=$?
-  local ok=1
-  [ "$rc" -eq "$want_rc" ] || ok=0
-  [ -z "$out_pat" ] || grep -qF -- "$out_pat" "$TMP/out" || ok=0
-  [ -z "$err_pat" ] || grep -qF -- "$err_pat" "$TMP/err" || ok=0
-  if [ "$want_rc" -eq 0 ]; then
-    [ -s "$TMP/err" ] && ok=0
-  else
-    [ -s "$TMP/out" ] && ok=0
-  fi
-  if [ $ok -eq 1 ]; then
-    echo "[  OK  ] $name"
-  else
-    echo "[FAILED] $name: rc=$rc (want $want_rc)"; echo "--- stdout"; head -30 "$TMP/out"; echo "--- stderr"; cat "$TMP/err"
-    fails=$((fails + 1))
-  fi
-}
+CLI="$TRAIN_LOCAL"
+CLI_QUIET_SUCCESS=1
+# check NAME RC OUT ERR -- ARGS (tests/cli_check.sh)
+source "${TEST_SRCDIR:?run with bazel test}/${TEST_WORKSPACE:?}/tests/cli_check.sh"
 
 check "--help" 0 "Usage: shardline-train-local SPEC [flags]" "" -- --help
 check "--help lists the flags" 0 "  --dp VALUE                data-parallel degree" "" -- --help
