@@ -64,8 +64,14 @@ std::string TransportReason(const std::string& message, const ConnectionOptions&
       absl::StrContains(m, "name or service not known")) {
     return "the host name does not resolve";
   }
-  if (absl::StrContains(m, "handshake") || absl::StrContains(m, "ssl") ||
-      absl::StrContains(m, "tls") || absl::StrContains(m, "certificate")) {
+  // gRPC reports a refused plaintext connect as "tcp handshaker shutdown"
+  // too: only call it TLS when TLS is configured or named.
+  const bool names_tls = absl::StrContains(m, "ssl") || absl::StrContains(m, "tls") ||
+                         absl::StrContains(m, "certificate");
+  if (absl::StrContains(m, "handshake") && !names_tls && !o.tls()) {
+    return "could not connect (nothing listening there, or a firewall)";
+  }
+  if (absl::StrContains(m, "handshake") || names_tls) {
     return absl::StrCat("TLS handshake failed (", message,
                         "); check --tls-ca, --tls-cert and --tls-key against the coordinator's "
                         "certificates");

@@ -234,6 +234,8 @@ TEST(WorkerProcessesTest, ClearErrors) {
     EXPECT_TRUE(absl::StrContains(c.Log(), "cannot reach the coordinator at 127.0.0.1:1"))
         << c.Log();
     EXPECT_TRUE(absl::StrContains(c.Log(), "SHARDLINE_COORDINATOR")) << c.Log();
+    // Nothing listens there; no TLS is configured, so TLS is not the cause.
+    EXPECT_FALSE(absl::StrContains(c.Log(), "TLS")) << c.Log();
   }
   Child coordinator(Runfile("server/shardline-coordinator"),
                     {"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token", "admin"},
