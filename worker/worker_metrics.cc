@@ -70,7 +70,7 @@ std::string WorkerMetrics::Render() const {
          static_cast<double>(restores_));
   series("shardline_worker_gloo_stalled_op_threads", "gauge",
          "Collective threads of aborted communicators still blocked inside Gloo (each ends at "
-         "the collective timeout; expected 0).",
+         "the collective timeout, holding its group's sockets until then).",
          static_cast<double>(GlooStalledOpThreads()));
   return out;
 }

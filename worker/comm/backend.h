@@ -140,10 +140,10 @@ class Backend {
   // (they get Unavailable naming this rank), completes the running and queued
   // operations with Aborted, and returns in bounded time (milliseconds; it
   // never waits for a peer) even if a peer is dead or silent. Later
-  // operations fail with Aborted. Idempotent. Once sockets are shut down no
-  // more data can land in the aborted operation's buffers, and the operation
-  // inside Gloo fails at once too (its thread exits; see
-  // GlooStalledOpThreads), rather than at GlooOptions::timeout.
+  // operations fail with Aborted. Idempotent. Once sockets are closed no more
+  // data can land in the aborted operation's buffers; its thread may still be
+  // blocked inside Gloo until GlooOptions::timeout, holding only its own
+  // scratch memory.
   virtual void Abort() = 0;
 };
 
@@ -169,11 +169,12 @@ struct GlooOptions {
 absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store> store, int rank,
                                                            int size, GlooOptions options);
 
-// How many op threads of destroyed Gloo backends are still blocked inside
-// Gloo (each leaves at its operation's GlooOptions::timeout; destruction
-// waits 0.5 s for it, then lets it go). Abort makes a blocked operation fail
-// at once, so this stays 0 unless Gloo ignores a shut-down socket.
-// Process-wide; thread-safe.
+// How many op threads of destroyed Gloo backends are still inside a Gloo
+// operation. Abort closes the sockets, so no more data reaches the
+// operation's buffers, but Gloo does not wake an operation waiting for data:
+// it fails at its GlooOptions::timeout. Destroying the backend does not wait
+// for it (that held up every re-formation after a node loss); the thread
+// keeps the group's Gloo context until then. Process-wide; thread-safe.
 int64_t GlooStalledOpThreads();
 
 }  // namespace shardline::worker

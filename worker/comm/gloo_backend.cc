@@ -5,11 +5,7 @@
 // backend: one op thread per backend runs queued operations in order.
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <dirent.h>
-#include <fcntl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,7 +21,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -157,7 +152,6 @@ std::vector<std::string> NamesInAddressBlob(const std::string& blob, int size) {
 struct KernelSocket {
   uint16_t local_port;  // host order
   sockaddr_storage remote;
-  unsigned long inode;  // the socket's inode (st_ino of its descriptor)
 };
 
 std::vector<KernelSocket> EstablishedSockets() {
@@ -172,18 +166,12 @@ std::vector<KernelSocket> EstablishedSockets() {
       // the address is the raw in-memory words printed as %08X each.
       char local[128], remote[128];
       unsigned state = 0;
-      unsigned long inode = 0;
-      // sl local rem st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
-      if (std::sscanf(line, " %*s %127s %127s %x %*s %*s %*s %*u %*d %lu", local, remote, &state,
-                      &inode) != 4) {
-        continue;
-      }
+      if (std::sscanf(line, " %*s %127s %127s %x", local, remote, &state) != 3) continue;
       if (state != 1) continue;  // TCP_ESTABLISHED
       const char* lp = std::strrchr(local, ':');
       const char* rp = std::strrchr(remote, ':');
       if (lp == nullptr || rp == nullptr) continue;
       KernelSocket ks{};
-      ks.inode = inode;
       ks.local_port = static_cast<uint16_t>(std::strtoul(lp + 1, nullptr, 16));
       const uint16_t remote_port = static_cast<uint16_t>(std::strtoul(rp + 1, nullptr, 16));
       const std::string hex(remote, rp - remote);
@@ -207,68 +195,6 @@ std::vector<KernelSocket> EstablishedSockets() {
       out.push_back(ks);
     }
     std::fclose(f);
-  }
-  return out;
-}
-
-bool SameAddress(const sockaddr_storage& a, const sockaddr_storage& b) {
-  if (a.ss_family != b.ss_family) return false;
-  if (a.ss_family == AF_INET) {
-    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
-    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
-    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
-  }
-  if (a.ss_family == AF_INET6) {
-    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
-    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
-    return x.sin6_port == y.sin6_port &&
-           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof(x.sin6_addr)) == 0;
-  }
-  return false;
-}
-
-uint16_t PortOf(const sockaddr_storage& ss) {
-  if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(ss).sin_port);
-  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(ss).sin6_port);
-  return 0;
-}
-
-// New close-on-exec descriptors for this process's sockets `inodes` (found
-// among /proc/self/fd, in one pass), in the same order; empty unless every
-// one was found. Each is checked with fstat after the dup, so a descriptor
-// closed and reused meanwhile is never taken for another socket.
-std::vector<int> DupSockets(const std::vector<unsigned long>& inodes) {
-  absl::flat_hash_map<unsigned long, size_t> wanted;
-  for (size_t i = 0; i < inodes.size(); ++i) wanted[inodes[i]] = i;
-  std::vector<int> out(inodes.size(), -1);
-  size_t found = 0;
-  if (DIR* dir = ::opendir("/proc/self/fd")) {
-    while (dirent* e = ::readdir(dir)) {
-      if (found == inodes.size()) break;
-      char target[64];
-      const ssize_t n = ::readlinkat(::dirfd(dir), e->d_name, target, sizeof(target) - 1);
-      unsigned long inode = 0;
-      if (n <= 0) continue;
-      target[n] = '\0';
-      if (std::sscanf(target, "socket:[%lu]", &inode) != 1) continue;
-      auto it = wanted.find(inode);
-      if (it == wanted.end() || out[it->second] >= 0) continue;
-      const int dup = ::fcntl(std::atoi(e->d_name), F_DUPFD_CLOEXEC, 0);
-      struct stat st;
-      if (dup >= 0 && ::fstat(dup, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == inode) {
-        out[it->second] = dup;
-        ++found;
-      } else if (dup >= 0) {
-        ::close(dup);
-      }
-    }
-    ::closedir(dir);
-  }
-  if (found != inodes.size()) {
-    for (int fd : out) {
-      if (fd >= 0) ::close(fd);
-    }
-    out.clear();
   }
   return out;
 }
@@ -392,10 +318,6 @@ std::atomic<int64_t> g_stalled_op_threads{0};
 // Shared between the backend object and its op thread, so the thread may
 // outlive the object (destruction detaches a thread stuck in Gloo).
 struct State {
-  ~State() {
-    for (int fd : pair_sockets) ::close(fd);
-  }
-
   int rank = 0;
   int size = 1;
   GlooOptions options;
@@ -403,28 +325,6 @@ struct State {
   std::shared_ptr<Store> store;                        // the group's store
   // By rank: the names Gloo's errors may give that peer (see GlooName).
   std::vector<std::vector<std::string>> peer_names;
-  // Our own descriptors for the pairs' connected sockets, one per peer, or
-  // empty when they could not all be identified (then Gloo's
-  // closeConnections is the fallback). Written once before the op thread
-  // starts. See ShutdownSockets.
-  std::vector<int> pair_sockets;
-
-  // Ends every connection of the group at once: shutdown(2) sends the peers
-  // a FIN (their pending operations fail with "Connection closed"), and makes
-  // our own reads return end of file, so Gloo's event loop fails our pending
-  // operations too. Gloo's closeConnections does not do the latter: it closes
-  // the sockets under an operation waiting for data, which then waits out its
-  // whole timeout (a stalled op thread held up re-forming after a node loss
-  // by 0.5 s). The sockets stay open (ours hold them) until the state goes.
-  void ShutdownSockets() {
-    if (pair_sockets.empty() && context != nullptr) {
-      try {
-        context->closeConnections();
-      } catch (...) {
-      }
-    }
-    for (int fd : pair_sockets) ::shutdown(fd, SHUT_RDWR);
-  }
 
   std::mutex mu;
   std::condition_variable cv;
@@ -503,7 +403,10 @@ struct State {
     } else {
       (void)store->Set(kLostPeerKey, absl::StrCat("rank ", rank, " ", what));
     }
-    ShutdownSockets();
+    try {
+      context->closeConnections();
+    } catch (...) {
+    }
     return suffix;
   }
 
@@ -574,12 +477,16 @@ class GlooBackend : public Backend {
     }
     state_->cv.notify_all();  // Abort() returns early if it already ran.
     Abort();
-    // The op thread exits at once: Abort shut the sockets down, so a running
-    // op fails on Gloo's next event. Should one stay stuck in Gloo anyway, it
-    // holds its own reference to the state and finishes by the op timeout:
-    // detach it, and count it (GlooStalledOpThreads).
+    // An idle op thread exits at once. One inside a Gloo operation stays
+    // there: Gloo's closeConnections (Abort) does not wake an operation
+    // waiting for data, it fails at its op timeout. It holds its own
+    // reference to the state, and with the sockets closed no more data can
+    // reach its buffers: let it go rather than hold up the caller (waiting
+    // 0.5 s here held up re-forming after every node loss). Counted in
+    // GlooStalledOpThreads until it ends.
     std::unique_lock<std::mutex> lock(state_->mu);
-    if (state_->cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return state_->exited; })) {
+    if (state_->exited || state_->running == nullptr) {
+      state_->cv.wait(lock, [&] { return state_->exited; });
       lock.unlock();
       thread_.join();
     } else {
@@ -820,9 +727,14 @@ class GlooBackend : public Backend {
       p2p.swap(state_->p2p_pending);
     }
     state_->cv.notify_all();
-    // Peers see this rank as lost, and our own blocked op (if any) fails at
-    // once: Gloo's event loop reads end of file on every pair.
-    state_->ShutdownSockets();
+    // Close sockets: peers see this rank as lost, and our own blocked op
+    // (if any) fails on its next socket event or at its op timeout.
+    if (state_->context) {
+      try {
+        state_->context->closeConnections();
+      } catch (...) {
+      }
+    }
     for (auto& q : queued) q.second->Complete(absl::AbortedError("backend was aborted"));
     if (running) running->Complete(absl::AbortedError("backend was aborted during the operation"));
     for (auto& w : p2p) {
@@ -927,7 +839,7 @@ class GlooBackend : public Backend {
     // the same peer without either side blocking the other (Gloo matches
     // by slot, and its pairs are safe to use from several threads). One
     // short-lived thread per operation waits for its completion, bounded
-    // by the op timeout (Abort shuts the sockets down, which ends the wait).
+    // by the op timeout (Abort closes the sockets, which ends the wait).
     std::shared_ptr<State> st = state_;
     {
       std::lock_guard<std::mutex> lock(st->mu);
@@ -1053,42 +965,26 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store
       StoreAdapter adapter(store, options.connect_timeout);
       context->connectFullMesh(adapter, device);
       context->setTimeout(ToMs(options.timeout));
-      // Each pair's connection: where this rank accepted, the one on our
-      // pair listener's port; where it connected, the one to the address
-      // the peer published for us (connectFullMesh: entry `rank` of peer
-      // r's list, skipping r itself).
       const std::vector<KernelSocket> sockets = EstablishedSockets();
-      std::vector<unsigned long> pair_inodes;
       for (int r = 0; r < size; ++r) {
         if (r == rank) continue;
-        std::optional<sockaddr_storage> published;
         auto it = adapter.seen().find(absl::StrCat(r));
-        if (it != adapter.seen().end()) {
-          state->peer_names[r] = NamesInAddressBlob(it->second, size);
-          const size_t entry = it->second.size() / (size - 1);
-          const size_t index = static_cast<size_t>(rank > r ? rank - 1 : rank);
-          if (entry >= sizeof(sockaddr_storage) && (index + 1) * entry <= it->second.size()) {
-            sockaddr_storage ss;
-            std::memcpy(&ss, it->second.data() + index * entry, sizeof(ss));
-            published = ss;
-          }
-        }
+        if (it != adapter.seen().end()) state->peer_names[r] = NamesInAddressBlob(it->second, size);
         const auto* self =
             dynamic_cast<const gloo::transport::tcp::Address*>(&context->getPair(r)->address());
-        const uint16_t listen_port = self == nullptr ? 0 : PortOf(self->getSockaddr());
-        std::vector<unsigned long> found;
+        if (self == nullptr) continue;
+        const sockaddr_storage& ss = self->getSockaddr();
+        uint16_t listen_port = 0;
+        if (ss.ss_family == AF_INET) {
+          listen_port = ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+          listen_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
+        }
         for (const KernelSocket& ks : sockets) {
           if (listen_port != 0 && ks.local_port == listen_port) {
             state->peer_names[r].push_back(GlooName(ks.remote));
-            found.push_back(ks.inode);
-          } else if (published.has_value() && SameAddress(ks.remote, *published)) {
-            found.push_back(ks.inode);
           }
         }
-        if (found.size() == 1) pair_inodes.push_back(found[0]);
-      }
-      if (static_cast<int>(pair_inodes.size()) == size - 1) {
-        state->pair_sockets = DupSockets(pair_inodes);
       }
       state->context = std::move(context);
     } catch (const StoreError& e) {

@@ -25,15 +25,21 @@ inline GlooOptions TestOptions(absl::Duration timeout = absl::Seconds(30)) {
 
 // Runs fn(rank, backend) on `size` threads. Each thread first creates its
 // backend on `store` (a fresh in-memory store when null).
+// `after_destroy(rank)` (optional) runs on the rank's thread once its backend
+// is destroyed.
 inline void RunRanks(int size, const std::function<void(int, Backend&)>& fn,
-                     GlooOptions options = TestOptions(), std::shared_ptr<Store> store = nullptr) {
+                     GlooOptions options = TestOptions(), std::shared_ptr<Store> store = nullptr,
+                     const std::function<void(int)>& after_destroy = nullptr) {
   if (store == nullptr) store = NewInMemoryStore();
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
-      auto backend = CreateGlooBackend(store, r, size, options);
-      ASSERT_TRUE(backend.ok()) << "rank " << r << ": " << backend.status();
-      fn(r, **backend);
+      {
+        auto backend = CreateGlooBackend(store, r, size, options);
+        ASSERT_TRUE(backend.ok()) << "rank " << r << ": " << backend.status();
+        fn(r, **backend);
+      }
+      if (after_destroy) after_destroy(r);
     });
   }
   for (auto& t : threads) t.join();
