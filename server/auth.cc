@@ -83,8 +83,12 @@ absl::StatusOr<Principal> Authenticator::Authorize(
   }
   std::optional<std::string> token_job = JobOfToken(*token, job_id);
   if (!token_job) {
-    return absl::UnauthenticatedError("unknown token; use the admin token or the job's worker "
-                                      "token returned by CreateJob");
+    return absl::UnauthenticatedError(absl::StrCat(
+        "unknown token; use the admin token or the job's worker token returned by CreateJob",
+        job_id.empty() ? ""
+                       : absl::StrCat(" (a coordinator started on another --state file knows "
+                                      "neither job '",
+                                      job_id, "' nor its token)")));
   }
   if (access == Access::kAdminOnly) {
     return absl::PermissionDeniedError(absl::StrCat(

@@ -452,6 +452,13 @@ void WorkerAgent::HeartbeatLoop() {
                     RestartDirective(req.fence().generation() + 1, s.error_message()));
     } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       DeliverStop(s.error_message(), v1::JOB_PHASE_UNSPECIFIED);
+    } else if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+               s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      // The token that joined is refused now: the coordinator no longer
+      // knows this job (e.g. restarted on another --state file). Training on
+      // would only fail at the next coordinator call and start over.
+      DeliverStop(absl::StrCat(kTokenRefusedPrefix, s.error_message()),
+                  v1::JOB_PHASE_UNSPECIFIED);
     }
     // UNAVAILABLE and the rest: try again next interval (or at once when
     // SetProgress changes the state).

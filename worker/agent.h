@@ -92,6 +92,14 @@ struct WorkerAgentOptions {
 // A random non-zero 64-bit incarnation.
 uint64_t RandomIncarnation();
 
+// Starts the reason of the STOP the agent delivers itself when the
+// coordinator refuses the token this worker joined with (UNAUTHENTICATED or
+// PERMISSION_DENIED on a heartbeat): it no longer knows the job, e.g. it was
+// restarted on another --state file. The worker exits 1 on it.
+inline constexpr char kTokenRefusedPrefix[] = "refused: the coordinator no longer accepts this "
+                                              "worker's token (was it restarted on another "
+                                              "--state file?): ";
+
 class WorkerAgent {
  public:
   using DirectiveCallback = std::function<void(const v1::Directive&)>;

@@ -454,9 +454,12 @@ int Run(int argc, char** argv) {
   // systemd's Restart=on-failure should see it); COMPLETED, CANCELLED, a
   // drain or a signal are not.
   // The coordinator's exclusion (its own errors ended too many generations)
-  // stops it while the job goes on: a failure of this process as well.
-  return stop_phase == v1::JOB_PHASE_FAILED || absl::StartsWith(stop_reason, "excluded: ") ? 1
-                                                                                          : 0;
+  // stops it while the job goes on: a failure of this process as well, and
+  // so is a coordinator that no longer accepts this worker's token.
+  return stop_phase == v1::JOB_PHASE_FAILED || absl::StartsWith(stop_reason, "excluded: ") ||
+                 absl::StartsWith(stop_reason, kTokenRefusedPrefix)
+             ? 1
+             : 0;
 }
 
 }  // namespace

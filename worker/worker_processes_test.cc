@@ -196,6 +196,65 @@ TEST(WorkerProcessesTest, SurvivorsRebuildCommunicatorsAfterSigkill) {
 
 // Errors an operator can act on: the flag to fix, and exit status 2 for bad
 // flags, 1 for a coordinator that cannot be used.
+// A coordinator restarted on another state file (here: memory) no longer
+// knows the job or its worker token. The worker used to fail at its next
+// checkpoint ("unknown token"), report, and train again from step 1, for
+// ever; it now stops at the first refused heartbeat and exits 1 saying why.
+TEST(WorkerProcessesTest, CoordinatorThatForgotTheJobStopsTheWorker) {
+  const std::string dir = TempDir();
+  auto coordinator = std::make_unique<Child>(
+      Runfile("server/shardline-coordinator"),
+      std::vector<std::string>{"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token",
+                               "admin"},
+      dir + "/forgot-coordinator1.log");
+  ASSERT_TRUE(coordinator->WaitFor("listening on ", absl::Seconds(20))) << coordinator->Log();
+  const std::string address = ListeningAddress(*coordinator);
+  ASSERT_FALSE(address.empty());
+  std::string worker_token;
+  {
+    auto jobs = v1::JobService::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    v1::CreateJobRequest req;
+    req.set_job_id("forgotten");
+    *req.mutable_spec() = Spec();
+    req.mutable_spec()->mutable_elastic()->set_min_workers(1);
+    req.mutable_spec()->mutable_elastic()->set_max_workers(1);
+    v1::CreateJobResponse resp;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer admin");
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    worker_token = resp.worker_token();
+    ASSERT_FALSE(worker_token.empty());
+  }
+  Child worker(Runfile("worker/shardline-worker"),
+               {"--coordinator", address, "--job", "forgotten", "--worker-id", "w0", "--token",
+                worker_token, "--connect-timeout", "30s"},
+               dir + "/forgot-worker.log");
+  ASSERT_TRUE(worker.WaitFor("world 1: communicators ready", absl::Seconds(30)))
+      << worker.Log() << coordinator->Log();
+
+  coordinator->Kill();
+  Child forgetful(Runfile("server/shardline-coordinator"),
+                  {"--listen", address, "--state", "memory", "--admin-token", "admin"},
+                  dir + "/forgot-coordinator2.log");
+  ASSERT_TRUE(forgetful.WaitFor("listening on ", absl::Seconds(20))) << forgetful.Log();
+
+  EXPECT_EQ(worker.WaitExit(absl::Seconds(30)), 1) << worker.Log();
+  const std::string log = worker.Log();
+  EXPECT_TRUE(absl::StrContains(log, "no longer accepts this worker's token")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "--state")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "job 'forgotten'")) << log;
+  // It never started training over.
+  size_t starts = 0;
+  for (size_t at = log.find("training steps 1.."); at != std::string::npos;
+       at = log.find("training steps 1..", at + 1)) {
+    ++starts;
+  }
+  EXPECT_EQ(starts, 1u) << log;
+}
+
 TEST(WorkerProcessesTest, ClearErrors) {
   const std::string dir = TempDir();
   const std::string worker = Runfile("worker/shardline-worker");
