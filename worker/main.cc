@@ -402,6 +402,16 @@ int Run(int argc, char** argv) {
             std::nullopt, gen);
         if (!d.ok()) Log(absl::StrCat("ReportError: ", d.status().message()));
         if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
+        if (train::IsHostMemoryShortage(outcome.status())) {
+          // This host cannot hold its share of the model in any generation:
+          // leave now rather than end two more generations on the way to
+          // being excluded.
+          const std::string why = absl::StrCat("this host lacks the memory for its rank: ",
+                                               outcome.status().message());
+          Log(absl::StrCat("leaving job '", job, "': ", why));
+          if (absl::Status s = agent->Leave(why); !s.ok()) Log(s.ToString());
+          return 1;
+        }
         continue;
       }
       if (*outcome == TrainingLoop::Outcome::kGenerationOver) {

@@ -91,6 +91,13 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
       default: break;
     }
   }
+  // Refuse, naming the sizes, a rank this host cannot hold, before the
+  // trainer allocates it (else std::bad_alloc, or the OOM killer).
+  if (absl::Status s = train::CheckHostMemory(options->model, options->parallel,
+                                              {groups.coordinates}, options_.host_memory);
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::unique_ptr<train::Trainer>> created =
       train::Trainer::Create(*options, groups, *corpus);
   if (!created.ok()) return created.status();

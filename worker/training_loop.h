@@ -34,6 +34,7 @@
 #include "worker/communicators.h"
 #include "worker/train/data.h"
 #include "worker/train/device.h"
+#include "worker/train/host_memory.h"
 #include "worker/worker_metrics.h"
 
 namespace shardline::worker {
@@ -54,6 +55,10 @@ struct TrainingLoopOptions {
   // Where the layers' math runs (train::TrainingOptions::device): not owned,
   // must outlive the loop; null means the CPU.
   train::Device* device = nullptr;
+  // What this process can allocate, asked before each assignment's trainer
+  // is built (train::CheckHostMemory). Null means train::ProbeHostMemory;
+  // tests inject a fixed answer.
+  train::HostMemoryProbe host_memory;
 };
 
 class TrainingLoop {
@@ -68,9 +73,15 @@ class TrainingLoop {
 
   // Runs `assignment` (not a spare) on `comms`. Errors: InvalidArgument when
   // the job spec or the assignment cannot be trained (names the field);
-  // NotFound / PermissionDenied when the corpus cannot be read; DataLoss when
-  // the checkpoint to restore is damaged; a step's or a save's error while
-  // the generation is still live.
+  // NotFound / PermissionDenied when the corpus cannot be read;
+  // ResourceExhausted with train::IsHostMemoryShortage true when this
+  // rank's model states (the planner's estimate) exceed what the host can
+  // give this process, checked before the trainer allocates anything, or
+  // when the host runs out of memory building or stepping the trainer (the
+  // message names the sizes and what to change in the spec; retrying this
+  // assignment on this host cannot succeed); DataLoss when the checkpoint
+  // to restore is damaged; a step's or a save's error while the generation
+  // is still live.
   absl::StatusOr<Outcome> Run(const v1::Assignment& assignment, Communicators& comms);
 
   // Marks the moment this worker learned its generation ended (and why):

@@ -313,6 +313,31 @@ TEST(WorkerProcessesTest, ClearErrors) {
     EXPECT_TRUE(absl::StrContains(c.Log(), "--token")) << c.Log();
   }
   {
+    // A model no host here can hold (hidden 65536: 1.5 TiB of model states
+    // for one rank): the worker says so and exits 1 at its first
+    // assignment, without allocating it.
+    auto jobs =
+        v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    v1::CreateJobRequest req;
+    req.set_job_id("huge");
+    *req.mutable_spec() = Spec();
+    req.mutable_spec()->mutable_model()->set_hidden_size(65536);
+    req.mutable_spec()->mutable_model()->set_num_heads(8);
+    req.mutable_spec()->mutable_elastic()->set_min_workers(1);
+    req.mutable_spec()->mutable_elastic()->set_max_workers(1);
+    v1::CreateJobResponse resp;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer admin");
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    Child c(worker, {"--coordinator", address, "--job", "huge", "--token", "admin"},
+            dir + "/huge.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(30)), 1) << c.Log();
+    EXPECT_TRUE(absl::StrContains(c.Log(), "this host lacks the memory for its rank")) << c.Log();
+    EXPECT_TRUE(absl::StrContains(c.Log(), "needs 1.50 TiB")) << c.Log();
+  }
+  {
     Child c(worker, {"--coordinator", address, "--job", "nope", "--token", "admin"},
             dir + "/unknown.log");
     EXPECT_EQ(c.WaitExit(absl::Seconds(15)), 1);

@@ -15,14 +15,19 @@
 // Bazel runfiles), the optimizer and communication staying on the host
 // (trainer.h). Without a usable GPU it exits 1 before training, naming the
 // cause (the CUDA error); a malformed --device exits 2.
+// Every rank's model states (the planner's estimate, as `shardctl plan`
+// prints) must fit in this host's memory together (host_memory.h): else it
+// exits 1 before training, naming the sizes and what to change.
 // Exit status 0 on success (and for --help, which prints the usage to
-// stdout), 2 on a bad argument or spec, 1 when the corpus cannot be read or a
-// step fails (the message names the cause).
+// stdout), 2 on a bad argument or spec, 1 when the corpus cannot be read, the
+// ranks do not fit in host memory or a step fails (the message names the
+// cause).
 #include <csignal>
 #include <cstdio>
 #include <limits>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -35,6 +40,7 @@
 #include "worker/gpu/gpu_compute_device.h"
 #include "worker/gpu/gpu_plugin.h"
 #include "worker/train/data.h"
+#include "worker/train/host_memory.h"
 #include "worker/train/job_options.h"
 #include "worker/train/local_cluster.h"
 #include "worker/train/ops.h"
@@ -101,6 +107,17 @@ int Main(int argc, char** argv) {
   if (!spec.ok()) return Fail(std::string(spec.status().message()));
   absl::StatusOr<TrainingOptions> options = TrainingOptionsFromSpec(*spec, static_cast<int>(dp));
   if (!options.ok()) return Fail(std::string(options.status().message()));
+  // Every rank is a thread of this process: all of their model states must
+  // fit in this host's memory together.
+  absl::StatusOr<plan::Topology> topology = plan::Topology::Create(
+      options->parallel.tp, options->parallel.pp, options->parallel.dp);
+  if (!topology.ok()) return Fail(std::string(topology.status().message()));
+  std::vector<plan::RankCoordinates> ranks;
+  for (int r = 0; r < topology->world_size(); ++r) ranks.push_back(topology->CoordinatesOf(r));
+  if (absl::Status s = CheckHostMemory(options->model, options->parallel, ranks, ProbeHostMemory);
+      !s.ok()) {
+    return Fail(std::string(s.message()), IsHostMemoryShortage(s) ? 1 : 2);
+  }
   absl::StatusOr<Corpus> corpus =
       Corpus::Load(spec->data().dataset_path(), spec->data().validation_fraction());
   if (!corpus.ok()) return Fail(std::string(corpus.status().message()), 1);
@@ -137,7 +154,7 @@ int Main(int argc, char** argv) {
   std::fflush(stdout);
 
   const absl::Time start = absl::Now();
-  absl::Status status = RunLocalCluster(p, [&](int rank, const RankGroups& groups) -> absl::Status {
+  auto run_rank = [&](int rank, const RankGroups& groups) -> absl::Status {
     // One GPU device per rank (thread), declared first so it outlives the trainer.
     std::unique_ptr<GpuComputeDevice> gpu;
     TrainingOptions rank_options = *options;
@@ -191,6 +208,15 @@ int Main(int argc, char** argv) {
     }
     std::fflush(stdout);
     return absl::OkStatus();
+  };
+  absl::Status status = RunLocalCluster(p, [&](int rank, const RankGroups& groups) {
+    // The trainer turns its own std::bad_alloc into a status; this catches
+    // the rest of a rank's work (evaluation, sampling, logging).
+    try {
+      return run_rank(rank, groups);
+    } catch (const std::bad_alloc&) {
+      return HostOutOfMemoryError(absl::StrCat("running rank ", rank), options->model, p);
+    }
   });
   if (!status.ok()) return Fail(std::string(status.message()), 1);
   return 0;

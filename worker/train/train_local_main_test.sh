@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # shardline-train-local's command line, without training: --help prints the
 # usage to stdout and exits 0; bad flags and a missing spec exit 2 with the
-# reason on stderr and nothing on stdout.
+# reason on stderr and nothing on stdout; a model too large for the host
+# exits 1 with the sizes.
 #
 #   train_local_main_test.sh TRAIN_LOCAL SPEC_YAML
 set -uo pipefail
@@ -24,6 +25,18 @@ check "unknown flag with --help" 2 "" "unknown flag --bogus" -- --bogus --help
 check "no spec" 2 "" "give one job spec file (YAML or JSON)" --
 check "bad --dp" 2 "" "--dp=0 must be >= 1" -- "$SPEC" --dp 0
 check "--help=false is no help" 2 "" "give one job spec file" -- --help=false
+
+# A model no host holds (the demo spec at hidden_size 65536: 3.00 TiB of fp32
+# model states over its 2 pipeline stages) exits 1 before training, naming
+# the sizes and what to change; not 134 from an uncaught std::bad_alloc.
+sed 's/hidden_size: 128/hidden_size: 65536/' "$SPEC" >"$TMP/huge.yaml"
+grep -q "hidden_size: 65536" "$TMP/huge.yaml" || { echo "[FAILED] could not write huge.yaml"; fails=$((fails + 1)); }
+check "model too large for the host" 1 "" \
+  "not enough host memory: the 2 ranks of this process need 3.00 TiB (3299195486208 bytes) for their model states (largest rank 0: params 384.08 GiB, grads 384.08 GiB, optimizer 768.17 GiB; fp32, ZeRO stage 2" \
+  -- "$TMP/huge.yaml" --steps 1
+check "the message says what to change" 1 "" \
+  "raise spec.parallel.pp or spec.parallel.tp; now tp=1 pp=2), shard model states over data-parallel ranks (spec.parallel.zero_stage up to 3 with more workers; now zero_stage=2 at dp=1), lower spec.training.micro_batch (now 3) for activations, or run on a host with more memory" \
+  -- "$TMP/huge.yaml" --steps 1
 
 echo "$fails failed"
 [ $fails -eq 0 ]

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <new>
 #include <random>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "plan/pipeline.h"
 #include "plan/zero.h"
 #include "worker/train/device.h"
+#include "worker/train/host_memory.h"
 #include "worker/train/init.h"
 #include "worker/train/model.h"
 #include "worker/train/ops.h"
@@ -641,7 +643,13 @@ Trainer::~Trainer() = default;
 int64_t Trainer::step() const { return impl_->step; }
 
 absl::StatusOr<StepStats> Trainer::TrainStep(bool request_checkpoint) {
-  return impl_->TrainStep(request_checkpoint);
+  try {
+    return impl_->TrainStep(request_checkpoint);
+  } catch (const std::bad_alloc&) {
+    // The gradient buffers and activations are allocated during the step.
+    return HostOutOfMemoryError("running a training step", impl_->options.model,
+                                impl_->options.parallel);
+  }
 }
 
 absl::StatusOr<double> Trainer::EvaluateValidation(int64_t samples) {
@@ -741,6 +749,18 @@ absl::Status Trainer::FinishRestore(int64_t step) {
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainingOptions& options,
                                                          const RankGroups& groups,
                                                          const Corpus* corpus) {
+  // A model too large for the host fails here as a status, not as an
+  // uncaught std::bad_alloc that aborts the process (exit 134).
+  try {
+    return Build(options, groups, corpus);
+  } catch (const std::bad_alloc&) {
+    return HostOutOfMemoryError("building the trainer", options.model, options.parallel);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Build(const TrainingOptions& options,
+                                                        const RankGroups& groups,
+                                                        const Corpus* corpus) {
   const plan::ParallelConfig& par = options.parallel;
   if (absl::Status s = plan::ValidateConfig(options.model, par); !s.ok()) return s;
   if (par.precision != plan::Precision::kFp32)

@@ -126,7 +126,10 @@ class Trainer {
   // when the configuration is invalid (plan::ValidateConfig's message), the
   // vocabulary is smaller than the 256 byte values, the precision is not
   // fp32, a needed group is missing or has the wrong size
-  // (names the group), or the corpus is too short for seq_length.
+  // (names the group), or the corpus is too short for seq_length;
+  // ResourceExhausted when the host runs out of memory for this rank's
+  // units (std::bad_alloc; host_memory.h's HostOutOfMemoryError, naming
+  // what to change).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainingOptions& options,
                                                          const RankGroups& groups,
                                                          const Corpus* corpus);
@@ -139,8 +142,9 @@ class Trainer {
   // to save. Errors: the backends' (Unavailable naming a lost peer,
   // DeadlineExceeded, Aborted); the device's (device.h: ResourceExhausted
   // out of device memory, Unavailable the device failed, InvalidArgument a
-  // product too large for it); after an error the trainer's state is
-  // unspecified (restore from a checkpoint).
+  // product too large for it); ResourceExhausted when the host runs out of
+  // memory (std::bad_alloc, as Create); after an error the trainer's state
+  // is unspecified (restore from a checkpoint).
   absl::StatusOr<StepStats> TrainStep(bool request_checkpoint = false);
 
   // Mean validation loss over validation samples [0, samples) (forward
@@ -206,6 +210,10 @@ class Trainer {
 
  private:
   explicit Trainer(std::unique_ptr<Impl> impl);
+  // Create without catching std::bad_alloc.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Build(const TrainingOptions& options,
+                                                        const RankGroups& groups,
+                                                        const Corpus* corpus);
   std::unique_ptr<Impl> impl_;
 };
 
