@@ -131,6 +131,16 @@ absl::Status JobCreate(const std::vector<std::string>& args, std::ostream& out) 
   if (!spec.ok()) return spec.status();
   auto client = c.Connect();
   if (!client.ok()) return client.status();
+  // CreateJob with an existing --id and the same spec answers that job and
+  // its token (retries are safe) exactly as if it had created it; ask
+  // first, so the output can say nothing was created. (A create by someone
+  // else between the two calls reads as ours: harmless.)
+  bool already_existed = false;
+  if (!id.empty()) {
+    v1::GetJobRequest get;
+    get.set_job_id(id);
+    already_existed = (*client)->GetJob(get).ok();
+  }
   v1::CreateJobRequest request;
   request.set_job_id(id);
   *request.mutable_spec() = *spec;
@@ -151,7 +161,7 @@ absl::Status JobCreate(const std::vector<std::string>& args, std::ostream& out) 
     }
     return s;
   }
-  Print(out, c.json ? ProtoToJson(*response) : FormatCreatedJob(*response));
+  Print(out, c.json ? ProtoToJson(*response) : FormatCreatedJob(*response, already_existed));
   return absl::OkStatus();
 }
 
@@ -280,7 +290,8 @@ absl::Status JobCancel(const std::vector<std::string>& args, std::ostream& out) 
                       : absl::StrCat("job ", before->job_id(), " is already CANCELLED",
                                      before->phase_reason().empty()
                                          ? ""
-                                         : absl::StrCat(" (", before->phase_reason(), ")"),
+                                         : absl::StrCat(" (", Printable(before->phase_reason()),
+                                                        ")"),
                                      "; nothing to do"));
     return absl::OkStatus();
   }
@@ -362,14 +373,14 @@ absl::Status Drain(const std::vector<std::string>& args, std::ostream& out) {
     // next checkpoint commits" or "drained: REASON"; say it once, from the
     // fields.
     Print(out, member->state() == v1::MEMBER_STATE_LEFT
-                   ? absl::StrCat(member->worker_id(), ": left the job",
+                   ? absl::StrCat(Printable(member->worker_id()), ": left the job",
                                   member->detail().empty()
                                       ? ""
-                                      : absl::StrCat(" (", member->detail(), ")"))
-                   : absl::StrCat(member->worker_id(), ": draining",
+                                      : absl::StrCat(" (", Printable(member->detail()), ")"))
+                   : absl::StrCat(Printable(member->worker_id()), ": draining",
                                   member->drain_reason().empty()
                                       ? ""
-                                      : absl::StrCat(" (", member->drain_reason(), ")"),
+                                      : absl::StrCat(" (", Printable(member->drain_reason()), ")"),
                                   "; leaves after the next checkpoint commits"));
   }
   return absl::OkStatus();
@@ -749,7 +760,7 @@ absl::Status Watch(const std::vector<std::string>& args, std::ostream& out) {
                               EnumName(v1::JobPhase_descriptor(), phase),
                               state->phase_reason().empty()
                                   ? ""
-                                  : absl::StrCat(" (", state->phase_reason(), ")"),
+                                  : absl::StrCat(" (", Printable(state->phase_reason()), ")"),
                               "; no more events will come"));
     }
     return absl::OkStatus();

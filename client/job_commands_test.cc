@@ -78,7 +78,15 @@ class FakeCoordinator final : public v1::JobService::Service,
               "spec.model.num_heads=3 does not divide spec.model.hidden_size=128"};
     }
     const std::string id = r->job_id().empty() ? "job-1" : r->job_id();
-    if (jobs.count(id)) return {grpc::StatusCode::ALREADY_EXISTS, "job " + id + " exists with a different spec"};
+    if (jobs.count(id)) {
+      // Like the coordinator: the same spec again returns the job and its token.
+      if (jobs[id].spec().SerializeAsString() != r->spec().SerializeAsString()) {
+        return {grpc::StatusCode::ALREADY_EXISTS, "job " + id + " exists with a different spec"};
+      }
+      *out->mutable_job() = jobs[id];
+      out->set_worker_token(admin_token.empty() ? "" : "worker-token-" + id);
+      return grpc::Status::OK;
+    }
     v1::Job& job = jobs[id];
     order.push_back(id);
     job.set_job_id(id);
@@ -329,6 +337,30 @@ TEST_F(JobCommandsTest, CreateSendsTheSpecAndPrintsTheTokenOnce) {
   EXPECT_EQ(fake_.last_create.spec().elastic().heartbeat_timeout().seconds(), 10);
 }
 
+// Creating again with the same --id and spec succeeds (idempotent) and
+// says the job already existed, not "shown only now".
+TEST_F(JobCommandsTest, CreateAgainSaysTheJobAlreadyExisted) {
+  fake_.admin_token = "admin-secret";
+  const Args create = {"create", "deploy/jobs/shakespeare.yaml", "--id", "shakespeare",
+                       "--token", "admin-secret"};
+  absl::StatusOr<std::string> first = Run("job", create);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(*first, AllOf(Not(HasSubstr("already existed")), HasSubstr("shown only now")));
+  absl::StatusOr<std::string> again = Run("job", create);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->rfind("Job shakespeare already existed with this spec; nothing was created "
+                         "(job create is idempotent). It is:\n",
+                         0),
+            0u)
+      << *again;
+  EXPECT_THAT(*again, AllOf(HasSubstr("Worker token (the one issued when the job was created; "
+                                      "give it to this job's workers as SHARDLINE_TOKEN):\n"
+                                      "  worker-token-shakespeare\n"),
+                            Not(HasSubstr("shown only now"))));
+  absl::MutexLock lock(&fake_.mu);
+  EXPECT_EQ(fake_.order.size(), 1u);
+}
+
 TEST_F(JobCommandsTest, TokenAndAddressFromTheEnvironment) {
   fake_.admin_token = "from-env";
   setenv(kTokenEnv, "from-env\n", 1);  // A trailing newline from $(cat file) is trimmed.
@@ -415,6 +447,17 @@ TEST_F(JobCommandsTest, DrainSaysWhatHappensOnce) {
   out = Run("drain", {"nockpt", "w0"});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(*out, "w0: left the job (drained: operator request)\n");
+  // Text from the coordinator is printed escaped (an older coordinator may
+  // have stored control characters).
+  {
+    absl::MutexLock lock(&fake_.mu);
+    fake_.jobs["shakespeare"].set_phase(v1::JOB_PHASE_CANCELLED);
+    fake_.jobs["shakespeare"].set_phase_reason("cancelled: a\x1b[2Jb\nPhase: fake");
+  }
+  out = Run("job", {"cancel", "shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "job shakespeare is already CANCELLED (cancelled: a\\x1b[2Jb\\nPhase: fake); "
+                  "nothing to do\n");
 }
 
 TEST_F(JobCommandsTest, UnknownJobIsExitCode2WithTheCoordinatorsMessage) {

@@ -103,7 +103,45 @@ std::string NotFormed(const v1::Job& job, const v1::ListMembersResponse* members
                       ", then it forms with those joined");
 }
 
+// The length of the well-formed UTF-8 character at text[i], 0 if malformed.
+size_t Utf8Length(absl::string_view text, size_t i) {
+  const unsigned char c = static_cast<unsigned char>(text[i]);
+  if (c < 0x80) return 1;
+  const size_t n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+  if (n == 0 || i + n > text.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) return 0;
+  }
+  return n;
+}
+
 }  // namespace
+
+std::string Printable(absl::string_view text, size_t max_bytes) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = Utf8Length(text, i);
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    std::string piece;
+    if (c == '\n') {
+      piece = "\\n";
+    } else if (c == '\t') {
+      piece = "\\t";
+    } else if (n == 0 || (n == 1 && (c < 0x20 || c == 0x7f))) {
+      piece = absl::StrFormat("\\x%02x", c);
+    } else if (n == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0) {
+      piece = absl::StrFormat("\\u%04x", static_cast<unsigned char>(text[i + 1]));  // C1
+    } else {
+      piece = std::string(text.substr(i, n));
+    }
+    if (max_bytes != std::string::npos && out.size() + piece.size() > max_bytes) {
+      return out + "...";
+    }
+    out += piece;
+    i += n == 0 ? 1 : n;
+  }
+  return out;
+}
 
 std::string ProtoToJson(const google::protobuf::Message& message, bool one_line) {
   google::protobuf::util::JsonPrintOptions options;
@@ -156,10 +194,11 @@ std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members
   const v1::ElasticPolicy& e = s.elastic();
   std::vector<std::pair<std::string, std::string>> lines;
   lines.emplace_back("Job", job.job_id());
-  if (!s.name().empty()) lines.emplace_back("Name", s.name());
+  if (!s.name().empty()) lines.emplace_back("Name", Printable(s.name()));
   lines.emplace_back("Phase", job.phase_reason().empty()
                                   ? Phase(job.phase())
-                                  : absl::StrCat(Phase(job.phase()), " (", job.phase_reason(), ")"));
+                                  : absl::StrCat(Phase(job.phase()), " (",
+                                                 Printable(job.phase_reason()), ")"));
   lines.emplace_back("Generation", absl::StrCat(job.generation()));
   if (job.world_size() == 0) {
     lines.emplace_back("World", NotFormed(job, members));
@@ -188,7 +227,8 @@ std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members
       absl::StrCat("global batch ", t.global_batch(), ", micro-batch ", t.micro_batch(),
                    ", ", t.train_steps(), " steps, lr ", t.learning_rate(), ", ",
                    t.precision() == v1::PRECISION_MIXED ? "mixed precision" : "fp32"));
-  lines.emplace_back("Data", s.data().dataset_path().empty() ? "-" : s.data().dataset_path());
+  lines.emplace_back("Data",
+                     s.data().dataset_path().empty() ? "-" : Printable(s.data().dataset_path()));
   const v1::CheckpointConfig& c = s.checkpoint();
   lines.emplace_back(
       "Checkpoints",
@@ -197,7 +237,7 @@ std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members
           : absl::StrCat(c.interval_steps() == 0 ? "on demand"
                                                  : absl::StrCat("every ", c.interval_steps(),
                                                                 " steps"),
-                         " into ", c.directory(), ", keep ",
+                         " into ", Printable(c.directory()), ", keep ",
                          c.keep_last() == 0 ? "all" : absl::StrCat("last ", c.keep_last())));
   lines.emplace_back("Elastic", absl::StrCat(e.min_workers(), "..", e.max_workers(),
                                              " workers, heartbeat ",
@@ -208,11 +248,20 @@ std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members
   return KeyValueBlock(lines);
 }
 
-std::string FormatCreatedJob(const v1::CreateJobResponse& response) {
-  std::string out = FormatJob(response.job());
+std::string FormatCreatedJob(const v1::CreateJobResponse& response, bool already_existed) {
+  std::string out;
+  if (already_existed) {
+    absl::StrAppend(&out, "Job ", response.job().job_id(),
+                    " already existed with this spec; nothing was created (job create is "
+                    "idempotent). It is:\n\n");
+  }
+  out += FormatJob(response.job());
   out += "\n";
   if (response.worker_token().empty()) {
     out += "Worker token: none (the coordinator runs without authentication)\n";
+  } else if (already_existed) {
+    absl::StrAppend(&out, "Worker token (the one issued when the job was created; give it to ",
+                    "this job's workers as SHARDLINE_TOKEN):\n  ", response.worker_token(), "\n");
   } else {
     absl::StrAppend(&out, "Worker token (shown only now; give it to this job's workers as ",
                     "SHARDLINE_TOKEN):\n  ", response.worker_token(), "\n");
@@ -227,7 +276,10 @@ std::string FormatJobList(const google::protobuf::RepeatedPtrField<v1::Job>& job
   t.AlignRight(4);
   t.AlignRight(5);
   for (const v1::Job& j : jobs) {
-    t.AddRow({j.job_id(), j.spec().name(), Phase(j.phase()), absl::StrCat(j.generation()),
+    // A name is at most 128 bytes (the coordinator refuses longer); cut it
+    // anyway, so one job can never widen every row.
+    t.AddRow({j.job_id(), Printable(j.spec().name(), 128), Phase(j.phase()),
+              absl::StrCat(j.generation()),
               j.world_size() == 0 ? "-" : absl::StrCat(j.world_size()),
               absl::StrCat(j.step(), "/", j.spec().training().train_steps()),
               FormatTimestamp(j.create_time())});
@@ -248,12 +300,15 @@ std::string FormatMembers(const std::string& job_id, const v1::ListMembersRespon
     if (m.loss_reason() != v1::LOSS_REASON_UNSPECIFIED) {
       detail = absl::AsciiStrToLower(EnumName(v1::LossReason_descriptor(), m.loss_reason()));
     }
-    if (!m.detail().empty()) detail = detail.empty() ? m.detail() : detail + ": " + m.detail();
-    t.AddRow({m.worker_id(), absl::StrCat(m.incarnation()),
+    if (!m.detail().empty()) {
+      detail = detail.empty() ? Printable(m.detail()) : detail + ": " + Printable(m.detail());
+    }
+    t.AddRow({Printable(m.worker_id()), absl::StrCat(m.incarnation()),
               EnumName(v1::MemberState_descriptor(), m.state()), Optional(m.has_rank(), m.rank()),
               absl::StrCat(m.generation()), absl::StrCat(m.step()),
               Activity(m),
-              m.host().empty() ? "-" : m.host(), m.device().empty() ? "-" : m.device(),
+              m.host().empty() ? "-" : Printable(m.host()),
+              m.device().empty() ? "-" : Printable(m.device()),
               FormatTimestamp(m.last_heartbeat_time()), detail});
   }
   return absl::StrCat("Job ", job_id, ", generation ", response.generation(), "\n", t.Render());
@@ -323,8 +378,9 @@ std::string FormatCheckpoints(
               EnumName(v1::CheckpointState_descriptor(), c.state()),
               absl::StrCat(c.reported_ranks(), "/", c.world_size()), HumanBytes(c.total_bytes()),
               FormatTimestamp(c.commit_time()),
-              c.unusable_reason().empty() ? c.abort_reason()
-                                          : absl::StrCat("UNUSABLE: ", c.unusable_reason())});
+              c.unusable_reason().empty()
+                  ? Printable(c.abort_reason())
+                  : absl::StrCat("UNUSABLE: ", Printable(c.unusable_reason()))});
   }
   return t.Render();
 }
@@ -343,13 +399,14 @@ std::string FormatManifest(const v1::Manifest& m, bool tensors) {
   lines.emplace_back("Checkpoint", m.checkpoint_id());
   lines.emplace_back("Job", m.job_id());
   lines.emplace_back("State", !m.unusable_reason().empty()
-                                  ? absl::StrCat(state, ", UNUSABLE (", m.unusable_reason(), ")")
+                                  ? absl::StrCat(state, ", UNUSABLE (",
+                                                 Printable(m.unusable_reason()), ")")
                               : m.abort_reason().empty()
                                   ? state
-                                  : absl::StrCat(state, " (", m.abort_reason(), ")"));
+                                  : absl::StrCat(state, " (", Printable(m.abort_reason()), ")"));
   lines.emplace_back("Step", absl::StrCat(m.step()));
   lines.emplace_back("Generation", absl::StrCat(m.generation()));
-  lines.emplace_back("Directory", m.directory());
+  lines.emplace_back("Directory", Printable(m.directory()));
   lines.emplace_back("Layout", absl::StrCat("world ", m.world_size(), " = tp ", p.tp(), " x pp ",
                                             p.pp(), " x dp ", m.dp(), "; vpp ",
                                             p.vpp() == 0 ? 1 : p.vpp(), ", ZeRO stage ",
@@ -391,7 +448,7 @@ std::string FormatEvent(const v1::JobEvent& e) {
     case v1::JobEvent::kPhaseChanged: {
       const v1::PhaseChanged& x = e.phase_changed();
       what = absl::StrCat("phase_changed ", Phase(x.old_phase()), " -> ", Phase(x.new_phase()),
-                          x.reason().empty() ? "" : ": " + x.reason());
+                          x.reason().empty() ? "" : ": " + Printable(x.reason()));
       break;
     }
     case v1::JobEvent::kGenerationFormed: {
@@ -400,8 +457,10 @@ std::string FormatEvent(const v1::JobEvent& e) {
           "generation_formed ",
           absl::AsciiStrToLower(EnumName(v1::FormationReason_descriptor(), x.reason())),
           ": world ", x.world_size(), " (dp ", x.dp(), "), ranks ",
-          x.worker_ids().empty() ? "-" : absl::StrJoin(x.worker_ids(), " "));
-      if (!x.spares().empty()) absl::StrAppend(&what, ", spares ", absl::StrJoin(x.spares(), " "));
+          x.worker_ids().empty() ? "-" : Printable(absl::StrJoin(x.worker_ids(), " ")));
+      if (!x.spares().empty()) {
+        absl::StrAppend(&what, ", spares ", Printable(absl::StrJoin(x.spares(), " ")));
+      }
       if (x.has_restore()) {
         absl::StrAppend(&what, ", restore ", x.restore().checkpoint_id(), " (step ",
                         x.restore().step(), ")");
@@ -410,25 +469,25 @@ std::string FormatEvent(const v1::JobEvent& e) {
     }
     case v1::JobEvent::kWorkerJoined: {
       const v1::WorkerJoined& x = e.worker_joined();
-      what = absl::StrCat(x.rejoined() ? "worker_rejoined " : "worker_joined ", x.worker_id(),
-                          " incarnation ", x.incarnation(), " on ", x.host().empty() ? "-" : x.host(),
-                          " ", x.device());
+      what = absl::StrCat(x.rejoined() ? "worker_rejoined " : "worker_joined ",
+                          Printable(x.worker_id()), " incarnation ", x.incarnation(), " on ",
+                          x.host().empty() ? "-" : Printable(x.host()), " ", Printable(x.device()));
       break;
     }
     case v1::JobEvent::kWorkerLeft: {
       const v1::WorkerLeft& x = e.worker_left();
-      what = absl::StrCat("worker_left ", x.worker_id(), " incarnation ", x.incarnation(),
-                          x.has_rank() ? absl::StrCat(" rank ", x.rank()) : "",
-                          x.reason().empty() ? "" : ": " + x.reason());
+      what = absl::StrCat("worker_left ", Printable(x.worker_id()), " incarnation ",
+                          x.incarnation(), x.has_rank() ? absl::StrCat(" rank ", x.rank()) : "",
+                          x.reason().empty() ? "" : ": " + Printable(x.reason()));
       break;
     }
     case v1::JobEvent::kWorkerLost: {
       const v1::WorkerLost& x = e.worker_lost();
       what = absl::StrCat(
-          "worker_lost ", x.worker_id(), " incarnation ", x.incarnation(),
+          "worker_lost ", Printable(x.worker_id()), " incarnation ", x.incarnation(),
           x.has_rank() ? absl::StrCat(" rank ", x.rank()) : "", " (",
           absl::AsciiStrToLower(EnumName(v1::LossReason_descriptor(), x.reason())), ")",
-          x.detail().empty() ? "" : ": " + x.detail());
+          x.detail().empty() ? "" : ": " + Printable(x.detail()));
       break;
     }
     case v1::JobEvent::kCheckpointCommitted: {
@@ -440,7 +499,7 @@ std::string FormatEvent(const v1::JobEvent& e) {
     case v1::JobEvent::kCheckpointAborted: {
       const v1::CheckpointAborted& x = e.checkpoint_aborted();
       what = absl::StrCat("checkpoint_aborted ", x.checkpoint_id(), " step ", x.step(),
-                          x.reason().empty() ? "" : ": " + x.reason());
+                          x.reason().empty() ? "" : ": " + Printable(x.reason()));
       break;
     }
     case v1::JobEvent::kStepProgress: {

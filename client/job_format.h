@@ -12,6 +12,7 @@
 
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/repeated_ptr_field.h"
@@ -46,8 +47,19 @@ std::string HumanBytes(uint64_t bytes);
 // says so.
 std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members = nullptr);
 
-// `job create`: the job, then the worker token, labelled, once.
-std::string FormatCreatedJob(const v1::CreateJobResponse& response);
+// Text from the coordinator (names, reasons, details, paths) as it may be
+// printed to a terminal: control characters (C0, DEL, C1 U+0080-U+009F) and
+// malformed UTF-8 bytes written as \n, \t, \xNN or \u00NN, so a value can
+// neither send terminal escapes nor fake an output line. Longer than
+// `max_bytes` (after escaping): cut on a character boundary, "..." added.
+//   Printable("x\x1b[2J\nPhase: COMPLETED") == "x\\x1b[2J\\nPhase: COMPLETED"
+std::string Printable(absl::string_view text, size_t max_bytes = std::string::npos);
+
+// `job create`: the job, then the worker token, labelled. When
+// `already_existed` (the same --id and spec were created before; CreateJob
+// is idempotent and returned that job), it says so first, and that the
+// token is the one issued then.
+std::string FormatCreatedJob(const v1::CreateJobResponse& response, bool already_existed = false);
 
 // `job list`.
 std::string FormatJobList(const google::protobuf::RepeatedPtrField<v1::Job>& jobs);

@@ -10,6 +10,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 google::protobuf::Timestamp At(int64_t seconds, int32_t nanos = 0) {
   google::protobuf::Timestamp t;
@@ -147,6 +148,59 @@ TEST(JobFormatTest, CreatedJobShowsTheTokenOnceLabelled) {
   r.clear_worker_token();
   EXPECT_THAT(FormatCreatedJob(r), HasSubstr("Worker token: none (the coordinator runs without "
                                              "authentication)"));
+}
+
+TEST(JobFormatTest, CreatedJobThatAlreadyExistedSaysSo) {
+  v1::CreateJobResponse r;
+  *r.mutable_job() = DemoJob();
+  r.set_worker_token("wt-secret");
+  const std::string out = FormatCreatedJob(r, /*already_existed=*/true);
+  EXPECT_EQ(out.rfind("Job shakespeare already existed with this spec; nothing was created (job "
+                      "create is idempotent). It is:\n\nJob:              shakespeare\n",
+                      0),
+            0u)
+      << out;
+  EXPECT_THAT(out, HasSubstr("Worker token (the one issued when the job was created; give it to "
+                             "this job's workers as SHARDLINE_TOKEN):\n  wt-secret\n"));
+  EXPECT_THAT(out, Not(HasSubstr("shown only now")));
+}
+
+// Free text from the coordinator cannot send terminal escapes or fake
+// output lines, whatever an older coordinator stored.
+TEST(JobFormatTest, ServerTextIsPrintedEscaped) {
+  EXPECT_EQ(Printable("plain text, caf\xc3\xa9"), "plain text, caf\xc3\xa9");
+  EXPECT_EQ(Printable("x\x1b[2J\nPhase: COMPLETED"), "x\\x1b[2J\\nPhase: COMPLETED");
+  EXPECT_EQ(Printable("tab\there\x7f"), "tab\\there\\x7f");
+  EXPECT_EQ(Printable("csi \xc2\x9b" "2J"), "csi \\u009b2J");  // C1 CSI
+  EXPECT_EQ(Printable("bad \xff byte"), "bad \\xff byte");
+  EXPECT_EQ(Printable(std::string(10, 'n'), 4), "nnnn...");
+  EXPECT_EQ(Printable("ab\xc3\xa9", 3), "ab...");  // not cut inside a character
+
+  v1::Job job = DemoJob();
+  job.mutable_spec()->set_name("x\x1b[2J\nPhase: COMPLETED");
+  job.set_phase(v1::JOB_PHASE_CANCELLED);
+  job.set_phase_reason("cancelled: a\x1b[2Jb\nPhase: fake");
+  const std::string out = FormatJob(job);
+  EXPECT_THAT(out, HasSubstr("Name:             x\\x1b[2J\\nPhase: COMPLETED\n"));
+  EXPECT_THAT(out,
+              HasSubstr("Phase:            CANCELLED (cancelled: a\\x1b[2Jb\\nPhase: fake)\n"));
+  EXPECT_EQ(out.find('\x1b'), std::string::npos);
+  EXPECT_EQ(out.find("\nPhase: fake"), std::string::npos);
+
+  google::protobuf::RepeatedPtrField<v1::Job> jobs;
+  v1::Job huge = DemoJob();
+  huge.mutable_spec()->set_name(std::string(2000000, 'n'));
+  *jobs.Add() = huge;
+  *jobs.Add() = DemoJob();
+  const std::string list = FormatJobList(jobs);
+  EXPECT_LT(list.size(), 1000u);
+  EXPECT_THAT(list, HasSubstr(std::string(128, 'n') + "...  PENDING"));
+
+  v1::JobEvent e;
+  e.set_sequence(3);
+  e.mutable_worker_left()->set_worker_id("w\x1b[1m");
+  e.mutable_worker_left()->set_reason("bye\r\nfake");
+  EXPECT_THAT(FormatEvent(e), HasSubstr("worker_left w\\x1b[1m incarnation 0: bye\\x0d\\nfake"));
 }
 
 TEST(JobFormatTest, JobList) {

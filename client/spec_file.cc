@@ -22,6 +22,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/time.h"
 #include "google/protobuf/descriptor.h"
+#include "server/job_spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "yaml-cpp/eventhandler.h"
@@ -372,15 +373,45 @@ absl::Status SpecParser::CheckValue(const FieldDescriptor* f, Json& value,
   return absl::OkStatus();
 }
 
+// Unsigned fields whose valid range is narrower than their type's: the
+// coordinator refuses 0 (ResolveJobSpec, plan::ValidateConfig), so a range
+// hint of "0..max" would contradict the next error. By proto full name, so
+// camelCase keys match too.
+struct IntegerRange {
+  const char* field;
+  uint64_t min;
+  uint64_t max;  // 0: the type's maximum
+};
+constexpr IntegerRange kIntegerRanges[] = {
+    {"shardline.v1.ModelConfig.num_layers", 1, 0},
+    {"shardline.v1.ModelConfig.hidden_size", 1, 0},
+    {"shardline.v1.ModelConfig.num_heads", 1, 0},
+    {"shardline.v1.ModelConfig.vocab_size", 256, 0},
+    {"shardline.v1.ModelConfig.seq_length", 1, 0},
+    {"shardline.v1.ParallelConfig.tp", 1, 0},
+    {"shardline.v1.ParallelConfig.pp", 1, 0},
+    {"shardline.v1.TrainingConfig.global_batch", 1, 0},
+    {"shardline.v1.TrainingConfig.micro_batch", 1, 0},
+    {"shardline.v1.TrainingConfig.train_steps", 1, server::kMaxTrainSteps},
+};
+
 absl::Status SpecParser::CheckInteger(const FieldDescriptor* f, Json& value,
                                       const std::string& path) {
   const bool is_unsigned = f->cpp_type() == FieldDescriptor::CPPTYPE_UINT32 ||
                            f->cpp_type() == FieldDescriptor::CPPTYPE_UINT64;
   const bool is_32 = f->cpp_type() == FieldDescriptor::CPPTYPE_INT32 ||
                      f->cpp_type() == FieldDescriptor::CPPTYPE_UINT32;
+  uint64_t min = 0;
+  uint64_t max = is_32 ? uint64_t{std::numeric_limits<uint32_t>::max()}
+                       : std::numeric_limits<uint64_t>::max();
+  for (const IntegerRange& r : kIntegerRanges) {
+    if (f->full_name() != r.field) continue;
+    min = r.min;
+    if (r.max != 0) max = r.max;
+  }
+  // The wire type's range is what parses; the hint gives the valid one.
   const std::string range =
-      is_unsigned ? absl::StrCat("0..", is_32 ? uint64_t{std::numeric_limits<uint32_t>::max()}
-                                              : std::numeric_limits<uint64_t>::max())
+      is_unsigned ? absl::StrCat(min, "..", max)
                   : absl::StrCat(is_32 ? int64_t{std::numeric_limits<int32_t>::min()}
                                        : std::numeric_limits<int64_t>::min(),
                                  "..",

@@ -158,7 +158,18 @@ TEST(SpecFileTest, EnumSpellings) {
 TEST(SpecFileTest, IntegersAreWholeAndInRange) {
   EXPECT_THAT(Error(Yaml("model:\n  num_layers: 4294967296\n")),
               AllOf(HasSubstr("spec.yaml:2:3:"), HasSubstr("'model.num_layers' must be a whole "
-                                                           "number in 0..4294967295")));
+                                                           "number in 1..4294967295")));
+  // The hint is the valid range, not the type's: 0 would be refused next.
+  EXPECT_THAT(Error(Yaml("training:\n  global_batch: -24\n")),
+              HasSubstr("'training.global_batch' must be a whole number in "
+                        "1..18446744073709551615, not the number -24"));
+  EXPECT_THAT(Error(Yaml("training:\n  trainSteps: -1\n")),
+              HasSubstr("must be a whole number in 1..1099511627776"));
+  EXPECT_THAT(Error(Yaml("model:\n  vocab_size: -1\n")),
+              HasSubstr("'model.vocab_size' must be a whole number in 256..4294967295"));
+  // Fields where 0 means "the default" keep 0 in the range.
+  EXPECT_THAT(Error(Yaml("parallel:\n  vpp: -1\n")),
+              HasSubstr("'parallel.vpp' must be a whole number in 0..4294967295"));
   EXPECT_THAT(Error(Yaml("model:\n  num_layers: -1\n")), HasSubstr("'model.num_layers'"));
   EXPECT_THAT(Error(Yaml("model:\n  num_layers: 4.5\n")),
               HasSubstr("not the number 4.5"));

@@ -56,8 +56,9 @@ absl::Status ValidJobId(const std::string& id) {
   for (char c : id) ok = ok && (absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-');
   if (ok) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "job_id='", id, "' is invalid; use 1..63 characters of a-z, 0-9 and '-', starting with a "
-      "letter and not ending with '-' (e.g. 'shakespeare-1')"));
+      "job_id='", AbbreviateValue(id),
+      "' is invalid; use 1..63 characters of a-z, 0-9 and '-', starting with a letter and not "
+      "ending with '-' (e.g. 'shakespeare-1')"));
 }
 
 absl::Status ValidIdentity(const v1::WorkerIdentity& w, absl::string_view field) {
@@ -68,7 +69,7 @@ absl::Status ValidIdentity(const v1::WorkerIdentity& w, absl::string_view field)
   for (char c : w.worker_id()) printable = printable && c > ' ' && c < 127;
   if (!printable) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".worker_id='", w.worker_id(),
+        field, ".worker_id='", AbbreviateValue(w.worker_id()),
         "' is invalid; use 1..128 printable ASCII characters without spaces, e.g. 'node3:cuda:1'"));
   }
   if (w.incarnation() == 0) {
@@ -769,6 +770,8 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
 }
 
 absl::StatusOr<v1::Job> Coordinator::CancelJob(const v1::CancelJobRequest& request) {
+  // The reason becomes phase_reason, which `job get` and every STOP print.
+  if (absl::Status s = CheckText("reason", request.reason(), kMaxReasonBytes); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   JobRecord* job = FindJobLocked(request.job_id());
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", request.job_id(), "'"));
@@ -1309,6 +1312,8 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
                                                     const std::string& worker_id,
                                                     const std::string& reason, bool force,
                                                     std::vector<GenerationEnded>* ended) {
+  // The reason goes into the member's detail and events that shardctl prints.
+  if (absl::Status s = CheckText("reason", reason, kMaxReasonBytes); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   JobRecord* job = FindJobLocked(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));

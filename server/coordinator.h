@@ -138,6 +138,7 @@ class Coordinator {
   // InvalidArgument: bad page_token or page_size > 1000.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) const;
   // Moves the job to CANCELLED (idempotent); every worker gets STOP.
+  // InvalidArgument: reason over 1024 bytes or with control characters.
   // NotFound. FailedPrecondition: already COMPLETED or FAILED.
   absl::StatusOr<v1::Job> CancelJob(const v1::CancelJobRequest& request);
   absl::StatusOr<v1::ListMembersResponse> ListMembers(const std::string& job_id) const;
@@ -253,7 +254,8 @@ class Coordinator {
   // at once: LEFT with detail "drained: <reason>", STOP pushed to it, and,
   // when it held a rank of a RUNNING job, the generation ends
   // (FORMATION_REASON_WORKER_LEFT). The drain is durable (Member
-  // drain_reason / drain_after_step). Errors: NotFound (no job / worker);
+  // drain_reason / drain_after_step). Errors: InvalidArgument (reason over
+  // 1024 bytes or with control characters); NotFound (no job / worker);
   // FailedPrecondition (job terminal, worker not live, or, unless `force`,
   // the live workers left would be fewer than min_workers: the job would
   // stop until others join and fail after join_timeout).

@@ -45,6 +45,7 @@ class CoordinatorTest : public ::testing::Test {
     spec.mutable_training()->set_global_batch(global_batch);
     spec.mutable_training()->set_micro_batch(1);
     spec.mutable_training()->set_train_steps(100);
+    spec.mutable_data()->set_dataset_path("/data/tinyshakespeare.txt");
     v1::ElasticPolicy* e = spec.mutable_elastic();
     e->set_min_workers(min_workers);
     e->set_max_workers(max_workers);
@@ -681,6 +682,65 @@ TEST_F(CoordinatorTest, CreateJobValidatesTheSpecNamingFields) {
   EXPECT_EQ(coordinator_->CreateJob(r).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
+// Values a new user can type that the coordinator must refuse with the field
+// named, in a message short enough to reach the client.
+TEST_F(CoordinatorTest, CreateJobRefusesEmptyDataAndBadFreeText) {
+  v1::CreateJobRequest r;
+  r.set_job_id("ok");
+  *r.mutable_spec() = Spec(1, 1);
+  r.mutable_spec()->mutable_data()->clear_dataset_path();
+  absl::Status s = coordinator_->CreateJob(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("spec.data.dataset_path is empty; give the path of the "
+                                     "text corpus every worker can read"));
+  *r.mutable_spec() = Spec(1, 1);
+  r.mutable_spec()->set_name("x\x1b[2J\nPhase: COMPLETED");
+  s = coordinator_->CreateJob(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("spec.name='x\\x1b[2J\\nPhase: COMPLETED' contains "
+                                     "control characters"));
+  r.mutable_spec()->set_name(std::string(2000000, 'n'));
+  s = coordinator_->CreateJob(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("(2000000 bytes)' is too long; use 1..128 bytes"));
+  EXPECT_LT(s.message().size(), 300u);
+  // A 100,000-character job id is named, abbreviated.
+  r.set_job_id(std::string(100000, 'j'));
+  *r.mutable_spec() = Spec(1, 1);
+  s = coordinator_->CreateJob(r).status();
+  EXPECT_THAT(s.message(), HasSubstr("(100000 bytes)' is invalid; use 1..63 characters"));
+  EXPECT_LT(s.message().size(), 300u);
+  EXPECT_TRUE(coordinator_->ListJobs({})->jobs().empty());
+}
+
+TEST_F(CoordinatorTest, JoinWithAHugeWorkerIdNamesTheField) {
+  Create(Spec(1, 1));
+  const absl::Status s = Join(std::string(100000, 'w')).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("worker.worker_id='wwww"));
+  EXPECT_THAT(s.message(), HasSubstr("... (100000 bytes)' is invalid; use 1..128 printable"));
+  EXPECT_LT(s.message().size(), 300u);
+}
+
+TEST_F(CoordinatorTest, CancelReasonMustBeShortPrintableText) {
+  Create(Spec(1, 1));
+  v1::CancelJobRequest r;
+  r.set_job_id("job");
+  r.set_reason("a\x1b[2Jb\nPhase: fake");
+  absl::Status s = coordinator_->CancelJob(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("reason='a\\x1b[2Jb\\nPhase: fake' contains control "
+                                     "characters or malformed UTF-8; use at most 1024 bytes"));
+  r.set_reason(std::string(100 * 1024, 'r'));
+  s = coordinator_->CancelJob(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("(102400 bytes)' is too long; use at most 1024 bytes"));
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_PENDING);  // nothing happened
+  r.set_reason("maintenance \xc3\xa9t\xc3\xa9");
+  ASSERT_TRUE(coordinator_->CancelJob(r).ok());
+  EXPECT_EQ(Job().phase_reason(), "cancelled: maintenance \xc3\xa9t\xc3\xa9");
+}
+
 TEST_F(CoordinatorTest, FinishedJobsDoNotCountAgainstTheJobLimit) {
   coordinator_ = std::make_unique<Coordinator>(&clock_, store_.get(), CoordinatorOptions{2});
   Create(Spec(1, 1), "one");
@@ -1225,6 +1285,12 @@ TEST_F(CoordinatorDrainTest, ErrorsNameTheWorkerAndState) {
   auto twice = coordinator_->DrainWorker("job", "a", "", true, &ended);
   EXPECT_EQ(twice.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(twice.status().message(), HasSubstr("MEMBER_STATE_LEFT"));
+  auto escape = coordinator_->DrainWorker("job", "b", "x\x1b]0;pwned\x07", true, &ended);
+  EXPECT_EQ(escape.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(escape.status().message(), HasSubstr("reason='x\\x1b]0;pwned\\x07' contains"));
+  auto long_reason = coordinator_->DrainWorker("job", "b", std::string(1025, 'r'), true, &ended);
+  EXPECT_EQ(long_reason.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Members()["b"].drain_reason().empty());
 }
 
 }  // namespace

@@ -116,8 +116,14 @@ v1::Coordinates CoordinatesOf(uint32_t rank, uint32_t tp, uint32_t dp) {
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   // absl::StatusCode and grpc::StatusCode are the same canonical numbers.
-  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(status.code())),
-                      std::string(status.message()));
+  const auto code = static_cast<grpc::StatusCode>(static_cast<int>(status.code()));
+  const absl::string_view message = status.message();
+  if (message.size() <= kMaxStatusMessageBytes) return grpc::Status(code, std::string(message));
+  const std::string suffix = absl::StrCat("... (message truncated, ", message.size(), " bytes)");
+  size_t keep = kMaxStatusMessageBytes - suffix.size();
+  // Not inside a UTF-8 sequence: back up over continuation bytes.
+  while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
+  return grpc::Status(code, absl::StrCat(message.substr(0, keep), suffix));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
@@ -648,6 +654,11 @@ class Services {
         if (auto p = s_->Authorize(*ctx, Access::kAdminOnly, req->job_id()); !p.ok()) {
           return p.status();
         }
+        // A spec that is invalid anyway creates no directory (and a
+        // directory with '..' is refused before anything is created).
+        if (absl::StatusOr<v1::JobSpec> spec = ResolveJobSpec(req->spec()); !spec.ok()) {
+          return spec.status();
+        }
         // The checkpoint directory must be usable before any worker trains
         // (a bad one would fail every save); it is created now.
         if (const std::string& dir = req->spec().checkpoint().directory();
@@ -656,7 +667,8 @@ class Services {
           std::filesystem::create_directories(dir, ec);
           if (ec || !std::filesystem::is_directory(dir)) {
             return absl::InvalidArgumentError(absl::StrCat(
-                "spec.checkpoint.directory='", dir, "' cannot be created by the coordinator: ",
+                "spec.checkpoint.directory='", AbbreviateValue(dir),
+                "' cannot be created by the coordinator: ",
                 ec ? ec.message() : "not a directory",
                 "; give a directory the coordinator and the workers can write"));
           }

@@ -130,8 +130,16 @@ inline constexpr absl::Duration kMaxAssignmentTimeout = absl::Hours(1);
 // Longest single wait inside a sliced blocking call (see the file comment).
 inline constexpr absl::Duration kWaitSlice = absl::Milliseconds(500);
 
+// The longest status message a handler returns (bytes). gRPC sends the
+// message percent-encoded in trailing metadata and a client refuses
+// metadata over 8 KiB ("received initial metadata size exceeds limit"),
+// which would hide the field the message names.
+inline constexpr size_t kMaxStatusMessageBytes = 2048;
+
 // The absl → gRPC status mapping (codes are the same numbers, 1:1; the
-// message is kept).
+// message is kept, up to kMaxStatusMessageBytes: a longer one keeps its
+// start, which names the field, cut on a UTF-8 boundary, plus
+// "... (message truncated, N bytes)").
 grpc::Status ToGrpcStatus(const absl::Status& status);
 // And back, for clients and tests.
 absl::Status FromGrpcStatus(const grpc::Status& status);

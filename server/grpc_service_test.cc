@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -805,6 +806,65 @@ TEST(GrpcServiceTest, RestartOnSameStateFileKeepsGeneration) {
   ASSERT_TRUE(GetJob(jobs.get(), "durable", "", &job).ok());
   EXPECT_EQ(job.generation(), 1u);
   EXPECT_EQ(job.phase(), v1::JOB_PHASE_RUNNING);
+}
+
+// A status message over kMaxStatusMessageBytes keeps its start (which names
+// the field) and is cut on a UTF-8 boundary.
+TEST(GrpcServiceTest, LongStatusMessagesAreCappedKeepingTheStart) {
+  std::string message = "spec.x='";
+  for (int i = 0; i < 5000; ++i) message += "\xc3\xa9";  // e-acute, 2 bytes
+  message += "' is invalid";
+  const grpc::Status g = ToGrpcStatus(absl::InvalidArgumentError(message));
+  EXPECT_EQ(g.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LE(g.error_message().size(), kMaxStatusMessageBytes);
+  EXPECT_GT(g.error_message().size(), kMaxStatusMessageBytes - 4);
+  EXPECT_EQ(g.error_message().rfind("spec.x='\xc3\xa9", 0), 0u);
+  EXPECT_THAT(g.error_message(), ::testing::EndsWith("... (message truncated, 10020 bytes)"));
+  EXPECT_TRUE(IsDisplayText(g.error_message()));
+  // At the limit: unchanged.
+  const std::string exact(kMaxStatusMessageBytes, 'm');
+  EXPECT_EQ(ToGrpcStatus(absl::NotFoundError(exact)).error_message(), exact);
+}
+
+// Values far over any limit, sent over a real channel: the client gets
+// INVALID_ARGUMENT naming the field, not "received initial metadata size
+// exceeds limit". An invalid spec creates no checkpoint directory.
+TEST(GrpcServiceTest, HugeValuesGetAShortMessageNamingTheField) {
+  Harness h;
+  auto jobs = v1::JobService::NewStub(h.Channel());
+  auto create = [&](const v1::JobSpec& spec) {
+    v1::CreateJobRequest req;
+    req.set_job_id("big");
+    *req.mutable_spec() = spec;
+    v1::CreateJobResponse resp;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    return jobs->CreateJob(&ctx, req, &resp);
+  };
+  v1::JobSpec spec = SmallSpec(1, 1, 4);
+  spec.mutable_checkpoint()->set_directory("/" + std::string(20000, 'd'));
+  grpc::Status s = create(spec);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("spec.checkpoint.directory='/ddd"));
+  EXPECT_THAT(s.error_message(), HasSubstr("... (20001 bytes)' must be an absolute path"));
+  EXPECT_LT(s.error_message().size(), 400u);
+
+  const std::string dir = ::testing::TempDir() + "/never-created";
+  spec = SmallSpec(1, 1, 4);
+  spec.mutable_checkpoint()->set_directory(dir);
+  spec.mutable_data()->clear_dataset_path();
+  s = create(spec);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("spec.data.dataset_path is empty"));
+  EXPECT_FALSE(std::filesystem::exists(dir));
+
+  CreateJob(jobs.get(), "solo", SmallSpec(1, 1, 4));
+  SimWorker huge(h.Channel(), "solo", std::string(100000, 'w'), 5);
+  s = huge.Join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("worker.worker_id='www"));
+  EXPECT_THAT(s.error_message(), HasSubstr("(100000 bytes)' is invalid; use 1..128"));
+  EXPECT_LT(s.error_message().size(), 300u);
 }
 
 TEST(GrpcServiceTest, StatusMappingIsOneToOne) {

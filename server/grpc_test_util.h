@@ -48,7 +48,8 @@ namespace shardline::server::testing {
 namespace v1 = ::shardline::v1;
 
 // L=2, h=8, 2 heads, V=256, s=4, tp=pp=1; global_batch samples of
-// micro-batch 1; heartbeat every 200 ms, timeout `heartbeat_timeout`
+// micro-batch 1 from /data/tinyshakespeare.txt (never read by the
+// coordinator); heartbeat every 200 ms, timeout `heartbeat_timeout`
 // (default 10 s); last call 1 s.
 inline v1::JobSpec SmallSpec(int min_workers, int max_workers, int global_batch,
                              absl::Duration heartbeat_timeout = absl::Seconds(10)) {
@@ -65,6 +66,7 @@ inline v1::JobSpec SmallSpec(int min_workers, int max_workers, int global_batch,
   spec.mutable_training()->set_global_batch(global_batch);
   spec.mutable_training()->set_micro_batch(1);
   spec.mutable_training()->set_train_steps(100);
+  spec.mutable_data()->set_dataset_path("/data/tinyshakespeare.txt");
   v1::ElasticPolicy* e = spec.mutable_elastic();
   e->set_min_workers(min_workers);
   e->set_max_workers(max_workers);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace shardline::server {
@@ -46,7 +47,78 @@ absl::Status InSpecTerms(const absl::Status& s) {
   return plan::RenameFields(s, *kNames);
 }
 
+// The length of the UTF-8 character starting at text[i]: 1 for ASCII, 2..4
+// for a well-formed sequence, 0 when malformed.
+size_t Utf8Length(absl::string_view text, size_t i) {
+  const unsigned char c = static_cast<unsigned char>(text[i]);
+  if (c < 0x80) return 1;
+  const size_t n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+  if (n == 0 || i + n > text.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) return 0;
+  }
+  return n;
+}
+
+// C0, DEL, or a C1 control (U+0080..U+009F, UTF-8 C2 80..C2 9F): the
+// character at text[i] of length `n`.
+bool IsControl(absl::string_view text, size_t i, size_t n) {
+  const unsigned char c = static_cast<unsigned char>(text[i]);
+  if (n == 1) return c < 0x20 || c == 0x7f;
+  return n == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0;
+}
+
 }  // namespace
+
+std::string AbbreviateValue(absl::string_view value) {
+  constexpr size_t kShown = 64;
+  std::string out;
+  size_t i = 0;
+  while (i < value.size() && i < kShown) {
+    size_t n = Utf8Length(value, i);
+    if (n == 0) n = 1;  // a stray byte: shown as \xNN
+    if (i + n > kShown) break;
+    const unsigned char c = static_cast<unsigned char>(value[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (n == 1 && (c < 0x20 || c >= 0x7f)) {
+      absl::StrAppendFormat(&out, "\\x%02x", c);
+    } else if (IsControl(value, i, n)) {
+      absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(value[i + 1]));
+    } else {
+      out.append(value.data() + i, n);
+    }
+    i += n;
+  }
+  if (i < value.size()) absl::StrAppend(&out, "... (", value.size(), " bytes)");
+  return out;
+}
+
+bool IsDisplayText(absl::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = Utf8Length(text, i);
+    if (n == 0 || IsControl(text, i, n)) return false;
+    i += n;
+  }
+  return true;
+}
+
+absl::Status CheckText(absl::string_view field, absl::string_view value, size_t max_bytes,
+                       bool required) {
+  const std::string rule = absl::StrCat("use ", required ? "1.." : "at most ", max_bytes,
+                                        " bytes of printable text on one line");
+  if (required && value.empty()) return Invalid(absl::StrCat(field, " is empty; ", rule));
+  if (value.size() > max_bytes) {
+    return Invalid(absl::StrCat(field, "='", AbbreviateValue(value), "' is too long; ", rule));
+  }
+  if (!IsDisplayText(value)) {
+    return Invalid(absl::StrCat(field, "='", AbbreviateValue(value),
+                                "' contains control characters or malformed UTF-8; ", rule));
+  }
+  return absl::OkStatus();
+}
 
 plan::GptConfig ModelOf(const v1::JobSpec& spec) {
   const v1::ModelConfig& m = spec.model();
@@ -105,6 +177,11 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
   v1::ParallelConfig& p = *spec.mutable_parallel();
   v1::TrainingConfig& t = *spec.mutable_training();
   v1::ElasticPolicy& e = *spec.mutable_elastic();
+  // Free text that listings and `job get` print: one short printable line.
+  if (absl::Status s = CheckText("spec.name", spec.name(), kMaxJobNameBytes, /*required=*/true);
+      !s.ok()) {
+    return Invalid(absl::StrCat(s.message(), ", e.g. name: shakespeare"));
+  }
   if (m.ffn_hidden_size() == 0) m.set_ffn_hidden_size(4 * m.hidden_size());
   if (p.tp() == 0) return Invalid("spec.parallel.tp=0 is invalid; tp must be >= 1");
   if (p.pp() == 0) return Invalid("spec.parallel.pp=0 is invalid; pp must be >= 1");
@@ -160,10 +237,26 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
   // Checkpoints go to <directory>/<job_id>/ on a filesystem the coordinator
   // and every worker see at the same path, whatever their working directory.
   const std::string& ckpt = spec.checkpoint().directory();
-  if (!ckpt.empty() && (ckpt.front() != '/' || absl::StrContains(absl::StrCat(ckpt, "/"), "/../"))) {
-    return Invalid(absl::StrCat("spec.checkpoint.directory='", ckpt,
-                                "' must be an absolute path without '..' (the coordinator and "
-                                "every worker use it as given), e.g. /var/lib/shardline/checkpoints"));
+  if (!ckpt.empty() && (ckpt.front() != '/' || absl::StrContains(absl::StrCat(ckpt, "/"), "/../") ||
+                        ckpt.size() > kMaxPathBytes || !IsDisplayText(ckpt))) {
+    return Invalid(absl::StrCat("spec.checkpoint.directory='", AbbreviateValue(ckpt),
+                                "' must be an absolute path without '..' or control characters, "
+                                "at most ", kMaxPathBytes, " bytes (the coordinator and every "
+                                "worker use it as given), e.g. /var/lib/shardline/checkpoints"));
+  }
+  // Every worker reads the corpus at this path; an empty one would only
+  // fail on the workers, after the job formed.
+  const std::string& dataset = spec.data().dataset_path();
+  if (dataset.empty()) {
+    return Invalid(absl::StrCat(
+        "spec.data.dataset_path is empty; give the path of the text corpus every worker can read "
+        "(at most ", kMaxPathBytes, " bytes), e.g. /data/tinyshakespeare.txt"));
+  }
+  if (dataset.size() > kMaxPathBytes || !IsDisplayText(dataset)) {
+    return Invalid(absl::StrCat("spec.data.dataset_path='", AbbreviateValue(dataset),
+                                "' is invalid; give a path of at most ", kMaxPathBytes,
+                                " bytes without control characters, e.g. "
+                                "/data/tinyshakespeare.txt"));
   }
   if (t.learning_rate() > 0 && t.min_learning_rate() > t.learning_rate()) {
     return Invalid(absl::StrCat("spec.training.min_learning_rate=", t.min_learning_rate(),
@@ -217,13 +310,25 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
         " must be longer than spec.elastic.heartbeat_interval=",
         TimeUtil::ToString(e.heartbeat_interval()), " (a few intervals, e.g. 10x)"));
   }
-  const int min_dp = static_cast<int>((e.min_workers() + model_parallel - 1) / model_parallel);
+  // world = dp * tp * pp must lie in min_workers..max_workers.
+  const uint32_t min_dp = (e.min_workers() + model_parallel - 1) / model_parallel;
+  const uint32_t max_dp = e.max_workers() / model_parallel;
+  if (min_dp > max_dp) {
+    return Invalid(absl::StrCat(
+        "no data-parallel degree fits: the world size is dp * tp*pp, a multiple of tp*pp=",
+        model_parallel, ", and none lies in spec.elastic.min_workers..max_workers = ",
+        e.min_workers(), "..", e.max_workers(), "; set min_workers to ",
+        max_dp * model_parallel, " or max_workers to ", min_dp * model_parallel,
+        " (or change tp or pp)"));
+  }
   if (!ChooseDp(spec, static_cast<int>(e.max_workers())).has_value()) {
     return Invalid(absl::StrCat(
         "no data-parallel degree fits: with tp*pp=", model_parallel, " and ",
-        e.min_workers(), "..", e.max_workers(), " workers, dp must be in [", min_dp, ", ",
-        e.max_workers() / model_parallel, "] and divide spec.training.global_batch / "
-        "spec.training.micro_batch = ", t.global_batch() / t.micro_batch(),
+        e.min_workers(), "..", e.max_workers(), " workers, dp must be in ",
+        min_dp == max_dp ? absl::StrCat("{", min_dp, "}")
+                         : absl::StrCat("[", min_dp, ", ", max_dp, "]"),
+        " and divide spec.training.global_batch / spec.training.micro_batch = ",
+        t.global_batch() / t.micro_batch(),
         " (and the schedule must run that many micro-batches); change the batch or the "
         "worker range"));
   }

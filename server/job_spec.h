@@ -9,9 +9,12 @@
 #ifndef SHARDLINE_SERVER_JOB_SPEC_H_
 #define SHARDLINE_SERVER_JOB_SPEC_H_
 
+#include <cstddef>
 #include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "plan/plan.h"
 #include "shardline/v1/job.pb.h"
 
@@ -30,6 +33,34 @@ inline constexpr absl::Duration kMaxHeartbeatTimeout = absl::Minutes(10);
 // At most this many optimizer steps per job.
 inline constexpr uint64_t kMaxTrainSteps = uint64_t{1} << 40;
 
+// Limits on free text the coordinator stores and shardctl prints (bytes of
+// UTF-8). Longer values are refused: one job must not make `job list` pad
+// every row to megabytes, and an echoed value must fit a gRPC status.
+inline constexpr size_t kMaxJobNameBytes = 128;   // spec.name, as job.proto says
+inline constexpr size_t kMaxReasonBytes = 1024;   // CancelJob / DrainWorker reason
+inline constexpr size_t kMaxPathBytes = 4096;     // PATH_MAX: dataset_path, checkpoint.directory
+
+// A value as an error message may quote it: control characters written as
+// \n, \t, \xNN (C0, DEL, stray bytes) or \u00NN (C1), and anything past
+// the first 64 bytes replaced by "... (N bytes)", cut on a UTF-8 character
+// boundary. So a message naming a field stays one short line whatever the
+// caller sent:
+//   AbbreviateValue(std::string(20000, 'a')) ==
+//       std::string(64, 'a') + "... (20000 bytes)"
+std::string AbbreviateValue(absl::string_view value);
+
+// Whether `text` is well-formed UTF-8 without control characters (C0
+// 0x00-0x1f, DEL, C1 U+0080-U+009F): what a terminal shows as typed.
+bool IsDisplayText(absl::string_view text);
+
+// Checks free text a person gave: at most `max_bytes`, well-formed UTF-8,
+// no control characters (terminal escapes, newlines that fake output
+// lines). Empty is fine unless `required`. InvalidArgument names `field`:
+//   "reason='a\x1b[2Jb' contains control characters or malformed UTF-8;
+//    use at most 1024 bytes of printable text on one line"
+absl::Status CheckText(absl::string_view field, absl::string_view value, size_t max_bytes,
+                       bool required = false);
+
 // Validates `spec` and returns it with defaults filled in:
 //   model.ffn_hidden_size 0 → 4 * hidden_size; parallel.vpp 0 → 1;
 //   parallel.schedule UNSPECIFIED → 1F1B (INTERLEAVED when vpp > 1);
@@ -37,7 +68,10 @@ inline constexpr uint64_t kMaxTrainSteps = uint64_t{1} << 40;
 //   elastic.min_workers 0 → tp * pp; elastic.max_workers 0 → no cap
 //   (plan::kMaxWorldSize);
 //   elastic durations unset (or "0s", which proto3 cannot tell apart) → the
-//   defaults above. Optimizer settings must be finite and in range
+//   defaults above. spec.name: 1..128 bytes of printable text (CheckText);
+//   data.dataset_path: non-empty, at most 4096 bytes, no control characters
+//   (relative paths are the workers' business); checkpoint.directory: empty
+//   or absolute without '..', at most 4096 bytes. Optimizer settings must be finite and in range
 //   (learning rates, weight decay, grad clip >= 0; betas and
 //   data.validation_fraction in [0, 1); min_learning_rate <= learning_rate).
 // InvalidArgument names the field with its full path and what would be valid,

@@ -50,7 +50,7 @@ export SHARDLINE_COORDINATOR="$ADDRESS"
 check "create from the example spec" 0 "Job:              shakespeare" "" -- job create "$SPEC" --id shakespeare
 grep -qF "Worker token: none (the coordinator runs without authentication)" "$TMP/out" \
   && echo "[  OK  ] no auth: no worker token" || { echo "[FAILED] no auth: no worker token"; fails=$((fails + 1)); }
-check "create again with the same spec is idempotent" 0 "Phase:            PENDING" "" -- job create "$SPEC" --id shakespeare
+check "create again with the same spec is idempotent and says so" 0 "Job shakespeare already existed with this spec; nothing was created (job create is idempotent)" "" -- job create "$SPEC" --id shakespeare
 check "get" 0 "Elastic:          4..5 workers, heartbeat 1s, timeout 10s" "" -- job get shakespeare
 check "get says who it waits for" 0 "World:            not formed yet; waiting for workers: 0 joined, needs at least 4 (min_workers)" "" -- job get shakespeare
 check "get --json" 0 '"job_id": "shakespeare"' "" -- job get shakespeare --json
@@ -70,6 +70,7 @@ check "topology before the first generation" 1 "" "the topology exists once the 
 check "owner before the first generation" 1 "" "shardctl owner: " -- owner shakespeare layers.0.mlp.fc1.weight
 check "kv get of a key nobody set" 0 "Value:       not set" "" -- kv get shakespeare --generation 1 --scope tp/0 k
 check "kv get of a future generation" 2 "" "does not exist yet" -- kv get shakespeare --generation 9 k
+check "a cancel reason with terminal escapes is refused" 2 "" "reason='a\x1b[2Jb\nPhase: fake' contains control characters" -- job cancel shakespeare --reason $'a\e[2Jb\nPhase: fake'
 check "cancel" 0 "Phase:            CANCELLED" "" -- job cancel shakespeare --reason "test over"
 check "cancel shows the reason" 0 "test over" "" -- job get shakespeare
 check "a job cancelled before it formed says so" 0 "World:            none: cancelled before it formed" "" -- job get shakespeare
@@ -105,6 +106,18 @@ sed 's/^  tp: 1$/  tp: 3/' "$SPEC" >"$TMP/tp3.yaml"
 check "bad spec: the coordinator names the field" 2 "" "spec.parallel.tp=3" -- job create "$TMP/tp3.yaml" --id tp3
 sed 's/heartbeat_timeout: 10s/heartbeat_timeout: 10/' "$SPEC" >"$TMP/duration.yaml"
 check "bad spec: duration without unit" 2 "" "'elastic.heartbeat_timeout' is a duration and the number 10 has no unit" -- job create "$TMP/duration.yaml"
+sed 's/^  dataset_path:.*/  dataset_path: ""/' "$SPEC" >"$TMP/nodata.yaml"
+check "bad spec: empty dataset_path" 2 "" "nodata.yaml: spec.data.dataset_path is empty; give the path of the text corpus every worker can read" -- job create "$TMP/nodata.yaml" --id nodata
+sed 's/^name:.*/name: "x\\e[2J\\nPhase: COMPLETED"/' "$SPEC" >"$TMP/escape.yaml"
+check "bad spec: terminal escapes in the name" 2 "" "spec.name='x\x1b[2J\nPhase: COMPLETED' contains control characters" -- job create "$TMP/escape.yaml" --id escape
+python3 -c 'import sys; print(open(sys.argv[1]).read().replace("directory: /tmp/shardline-ckpt", "directory: /" + "d" * 20000))' "$SPEC" >"$TMP/longdir.yaml"
+check "bad spec: a 20,000-byte checkpoint.directory is named in a short message" 2 "" "spec.checkpoint.directory='/dddd" -- job create "$TMP/longdir.yaml" --id longdir
+[ "$(wc -c <"$TMP/err")" -lt 1000 ] && echo "[  OK  ] ... and the message is short" \
+  || { echo "[FAILED] the checkpoint.directory message is $(wc -c <"$TMP/err") bytes"; fails=$((fails + 1)); }
+sed 's/^  global_batch:.*/  global_batch: -24/' "$SPEC" >"$TMP/negative.yaml"
+check "bad spec: the range hint is the valid range" 2 "" "'training.global_batch' must be a whole number in 1..18446744073709551615, not the number -24" -- job create "$TMP/negative.yaml"
+sed 's/^  pp: 2$/  pp: 3/' "$SPEC" >"$TMP/pp3.yaml"
+check "bad spec: no world size in the worker range says why" 2 "" "a multiple of tp*pp=3, and none lies in spec.elastic.min_workers..max_workers = 4..5; set min_workers to 3 or max_workers to 6" -- job create "$TMP/pp3.yaml" --id pp3
 check "missing spec file" 2 "" "cannot read spec file '$TMP/none.yaml': No such file or directory" -- job create "$TMP/none.yaml"
 check "bad --id" 2 "" "--id='Shake' is not a job id" -- job create "$SPEC" --id Shake
 check "bad flag" 2 "" "unknown flag --phse" -- job list --phse running

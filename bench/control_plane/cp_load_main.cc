@@ -158,6 +158,7 @@ v1::JobSpec FleetSpec(int workers, absl::Duration heartbeat_interval,
   spec.mutable_training()->set_global_batch(workers);
   spec.mutable_training()->set_micro_batch(1);
   spec.mutable_training()->set_train_steps(1000000);
+  spec.mutable_data()->set_dataset_path("/data/tinyshakespeare.txt");  // never read: no training
   v1::ElasticPolicy* e = spec.mutable_elastic();
   e->set_min_workers(workers);
   e->set_max_workers(workers);
