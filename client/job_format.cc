@@ -103,24 +103,13 @@ std::string NotFormed(const v1::Job& job, const v1::ListMembersResponse* members
                       ", then it forms with those joined");
 }
 
-// The length of the well-formed UTF-8 character at text[i], 0 if malformed.
-size_t Utf8Length(absl::string_view text, size_t i) {
-  const unsigned char c = static_cast<unsigned char>(text[i]);
-  if (c < 0x80) return 1;
-  const size_t n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-  if (n == 0 || i + n > text.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) return 0;
-  }
-  return n;
-}
 
 }  // namespace
 
 std::string Printable(absl::string_view text, size_t max_bytes) {
   std::string out;
   for (size_t i = 0; i < text.size();) {
-    const size_t n = Utf8Length(text, i);
+    const size_t n = server::Utf8Length(text, i);
     const unsigned char c = static_cast<unsigned char>(text[i]);
     std::string piece;
     if (c == '\n') {
@@ -175,16 +164,6 @@ std::string FormatTimestamp(const google::protobuf::Timestamp& t, bool millis) {
                           absl::UTCTimeZone());
 }
 
-std::string HumanBytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 6) {
-    v /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.2f %s", v, units[u]);
-}
 
 std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members) {
   const v1::JobSpec& s = job.spec();

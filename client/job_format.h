@@ -18,6 +18,7 @@
 #include "google/protobuf/repeated_ptr_field.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "shardline/v1/coordinator.pb.h"
+#include "plan/memory.h"
 
 namespace shardline::client {
 
@@ -35,8 +36,8 @@ std::string EnumName(const google::protobuf::EnumDescriptor* type, int value);
 // `millis`, three fractional digits.
 std::string FormatTimestamp(const google::protobuf::Timestamp& t, bool millis = false);
 
-// "1.50 MiB"; below 1 KiB "812 B".
-std::string HumanBytes(uint64_t bytes);
+// "1.50 MiB"; below 1 KiB "812 B" (the planner's).
+using ::shardline::plan::HumanBytes;
 
 // `job get`, `job cancel`: one job, every field an operator needs. Before
 // the first generation forms, `members` (the job's ListMembers, or null when

@@ -3,6 +3,7 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace shardline::plan {
 namespace {
@@ -58,6 +59,17 @@ std::vector<MemoryEstimate> EstimatePerRank(const ZeroPlan& zero, const Topology
     out[rank] = Bytes(s[0], s[1], s[2], precision);
   }
   return out;
+}
+
+std::string HumanBytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.2f %s", v, units[u]);
 }
 
 }  // namespace shardline::plan

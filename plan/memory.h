@@ -15,6 +15,7 @@
 #define SHARDLINE_PLAN_MEMORY_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -53,6 +54,9 @@ absl::StatusOr<MemoryEstimate> EstimateFromParameterCount(int64_t parameters,
 // Result is indexed by global rank.
 std::vector<MemoryEstimate> EstimatePerRank(const ZeroPlan& zero, const Topology& topology,
                                             Precision precision);
+
+// A byte count for people: "1.50 MiB", "3.00 TiB"; below 1 KiB "812 B".
+std::string HumanBytes(uint64_t bytes);
 
 }  // namespace shardline::plan
 

@@ -47,18 +47,6 @@ absl::Status InSpecTerms(const absl::Status& s) {
   return plan::RenameFields(s, *kNames);
 }
 
-// The length of the UTF-8 character starting at text[i]: 1 for ASCII, 2..4
-// for a well-formed sequence, 0 when malformed.
-size_t Utf8Length(absl::string_view text, size_t i) {
-  const unsigned char c = static_cast<unsigned char>(text[i]);
-  if (c < 0x80) return 1;
-  const size_t n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-  if (n == 0 || i + n > text.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) return 0;
-  }
-  return n;
-}
 
 // C0, DEL, or a C1 control (U+0080..U+009F, UTF-8 C2 80..C2 9F): the
 // character at text[i] of length `n`.
@@ -333,6 +321,17 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
         "worker range"));
   }
   return spec;
+}
+
+size_t Utf8Length(absl::string_view text, size_t i) {
+  const unsigned char c = static_cast<unsigned char>(text[i]);
+  if (c < 0x80) return 1;
+  const size_t n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+  if (n == 0 || i + n > text.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) return 0;
+  }
+  return n;
 }
 
 }  // namespace shardline::server

@@ -49,6 +49,10 @@ inline constexpr size_t kMaxPathBytes = 4096;     // PATH_MAX: dataset_path, che
 //       std::string(64, 'a') + "... (20000 bytes)"
 std::string AbbreviateValue(absl::string_view value);
 
+// The length of the UTF-8 character starting at text[i] (i < text.size()):
+// 1 for ASCII, 2..4 for a well-formed sequence, 0 when malformed.
+size_t Utf8Length(absl::string_view text, size_t i);
+
 // Whether `text` is well-formed UTF-8 without control characters (C0
 // 0x00-0x1f, DEL, C1 U+0080-U+009F): what a terminal shows as typed.
 bool IsDisplayText(absl::string_view text);

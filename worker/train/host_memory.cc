@@ -101,16 +101,6 @@ std::optional<int64_t> CgroupAvailable() {
   return std::nullopt;
 }
 
-std::string HumanBytes(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 6) {
-    v /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.2f %s", v, units[u]);
-}
 
 // What a user can change, in the job spec's terms.
 std::string Advice(const plan::ParallelConfig& p) {
@@ -137,7 +127,7 @@ absl::StatusOr<int> RankAt(const plan::Plan& p, const plan::RankCoordinates& c) 
 }  // namespace
 
 std::string BytesText(int64_t bytes) {
-  return absl::StrCat(HumanBytes(bytes), " (", bytes, " bytes)");
+  return absl::StrCat(plan::HumanBytes(bytes), " (", bytes, " bytes)");
 }
 
 absl::StatusOr<HostMemory> ProbeHostMemory() {
@@ -202,8 +192,8 @@ absl::Status CheckHostMemory(const plan::GptConfig& model, const plan::ParallelC
   const plan::MemoryEstimate& m = p->memory[largest];
   const plan::RankCoordinates c = p->topology.CoordinatesOf(largest);
   const std::string kinds =
-      absl::StrCat("params ", HumanBytes(m.params), ", grads ", HumanBytes(m.grads), ", optimizer ",
-                   HumanBytes(m.optimizer));
+      absl::StrCat("params ", plan::HumanBytes(m.params), ", grads ", plan::HumanBytes(m.grads),
+                   ", optimizer ", plan::HumanBytes(m.optimizer));
   const std::string who =
       ranks.size() == 1
           ? absl::StrCat("rank ", largest, " (tp_rank ", c.tp_rank, ", pp_rank ", c.pp_rank,
@@ -215,7 +205,7 @@ absl::Status CheckHostMemory(const plan::GptConfig& model, const plan::ParallelC
                                parallel.zero_stage,
                                ", as `shardctl plan` counts them, activations "
                                "not included) but this process can get ",
-                               HumanBytes(host->available), " (", host->available, " bytes, ",
+                               plan::HumanBytes(host->available), " (", host->available, " bytes, ",
                                host->limit, "); to fit, ", Advice(parallel)));
 }
 
