@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -196,6 +197,26 @@ TEST(WorkerProcessesTest, SurvivorsRebuildCommunicatorsAfterSigkill) {
 
 // Errors an operator can act on: the flag to fix, and exit status 2 for bad
 // flags, 1 for a coordinator that cannot be used.
+// Creates job `id` for exactly one worker (min = max = 1) with the admin
+// token "admin"; its worker token.
+absl::StatusOr<std::string> CreateOneWorkerJob(const std::string& address, const std::string& id,
+                                               v1::JobSpec spec) {
+  spec.mutable_elastic()->set_min_workers(1);
+  spec.mutable_elastic()->set_max_workers(1);
+  auto jobs =
+      v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::CreateJobRequest req;
+  req.set_job_id(id);
+  *req.mutable_spec() = std::move(spec);
+  v1::CreateJobResponse resp;
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer admin");
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
+  if (!s.ok()) return absl::UnknownError(absl::StrCat("CreateJob: ", s.error_message()));
+  return resp.worker_token();
+}
+
 // A coordinator restarted on another state file (here: memory) no longer
 // knows the job or its worker token. The worker used to fail at its next
 // checkpoint ("unknown token"), report, and train again from step 1, for
@@ -212,20 +233,9 @@ TEST(WorkerProcessesTest, CoordinatorThatForgotTheJobStopsTheWorker) {
   ASSERT_FALSE(address.empty());
   std::string worker_token;
   {
-    auto jobs = v1::JobService::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    v1::CreateJobRequest req;
-    req.set_job_id("forgotten");
-    *req.mutable_spec() = Spec();
-    req.mutable_spec()->mutable_elastic()->set_min_workers(1);
-    req.mutable_spec()->mutable_elastic()->set_max_workers(1);
-    v1::CreateJobResponse resp;
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer admin");
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    worker_token = resp.worker_token();
+    absl::StatusOr<std::string> created = CreateOneWorkerJob(address, "forgotten", Spec());
+    ASSERT_TRUE(created.ok()) << created.status();
+    worker_token = *created;
     ASSERT_FALSE(worker_token.empty());
   }
   Child worker(Runfile("worker/shardline-worker"),
@@ -316,21 +326,11 @@ TEST(WorkerProcessesTest, ClearErrors) {
     // A model no host here can hold (hidden 65536: 1.5 TiB of model states
     // for one rank): the worker says so and exits 1 at its first
     // assignment, without allocating it.
-    auto jobs =
-        v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    v1::CreateJobRequest req;
-    req.set_job_id("huge");
-    *req.mutable_spec() = Spec();
-    req.mutable_spec()->mutable_model()->set_hidden_size(65536);
-    req.mutable_spec()->mutable_model()->set_num_heads(8);
-    req.mutable_spec()->mutable_elastic()->set_min_workers(1);
-    req.mutable_spec()->mutable_elastic()->set_max_workers(1);
-    v1::CreateJobResponse resp;
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer admin");
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
+    v1::JobSpec huge = Spec();
+    huge.mutable_model()->set_hidden_size(65536);
+    huge.mutable_model()->set_num_heads(8);
+    absl::StatusOr<std::string> created = CreateOneWorkerJob(address, "huge", huge);
+    ASSERT_TRUE(created.ok()) << created.status();
     Child c(worker, {"--coordinator", address, "--job", "huge", "--token", "admin"},
             dir + "/huge.log");
     EXPECT_EQ(c.WaitExit(absl::Seconds(30)), 1) << c.Log();
