@@ -51,6 +51,12 @@ std::string PhaseName(v1::JobPhase phase) {
   return name.substr(std::string("JOB_PHASE_").size());
 }
 
+// "LOST", "LEFT", ... for messages people read.
+std::string MemberStateName(v1::MemberState state) {
+  std::string name = v1::MemberState_Name(state);
+  return name.substr(std::string("MEMBER_STATE_").size());
+}
+
 absl::Status ValidJobId(const std::string& id) {
   bool ok = !id.empty() && id.size() <= 63 && absl::ascii_islower(id[0]) && id.back() != '-';
   for (char c : id) ok = ok && (absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-');
@@ -1030,7 +1036,7 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const v1::WorkerIdentity& w,
   }
   if (!IsLive(m.member.state())) {
     return absl::AbortedError(absl::StrCat("worker '", w.worker_id(), "' is ",
-                                           v1::MemberState_Name(m.member.state()),
+                                           MemberStateName(m.member.state()),
                                            "; re-join with JoinJob"));
   }
   EndSessionLocked(m);  // an older stream of this incarnation ends
@@ -1329,7 +1335,7 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
   MemberRecord& m = it->second;
   if (!IsLive(m.member.state())) {
     return absl::FailedPreconditionError(absl::StrCat("worker '", worker_id, "' is ",
-                                                      v1::MemberState_Name(m.member.state()),
+                                                      MemberStateName(m.member.state()),
                                                       "; only live workers can be drained"));
   }
   if (!force) {

@@ -1284,7 +1284,7 @@ TEST_F(CoordinatorDrainTest, ErrorsNameTheWorkerAndState) {
   ASSERT_TRUE(coordinator_->DrainWorker("job", "a", "", true, &ended).ok());
   auto twice = coordinator_->DrainWorker("job", "a", "", true, &ended);
   EXPECT_EQ(twice.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(twice.status().message(), HasSubstr("MEMBER_STATE_LEFT"));
+  EXPECT_THAT(twice.status().message(), HasSubstr("worker 'a' is LEFT; only live workers"));
   auto escape = coordinator_->DrainWorker("job", "b", "x\x1b]0;pwned\x07", true, &ended);
   EXPECT_EQ(escape.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(escape.status().message(), HasSubstr("reason='x\\x1b]0;pwned\\x07' contains"));

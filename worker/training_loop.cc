@@ -233,7 +233,9 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
         Log(absl::StrFormat("gen %d step %d: checkpoint %s (%s) in %.2f s", gen, done,
                             checkpointer.last_summary().checkpoint_id(),
                             async ? "writing in the background"
-                                  : v1::CheckpointState_Name(checkpointer.last_summary().state()),
+                            : checkpointer.last_summary().state() == v1::CHECKPOINT_STATE_COMMITTED
+                                ? "committed"
+                                : "written; commits when every rank has reported",
                             absl::ToDoubleSeconds(absl::Now() - start)));
       }
     }
