@@ -1473,7 +1473,8 @@ std::vector<GenerationEnded> Coordinator::Tick() {
       if (IsLive(m.member.state()) && now - m.last_heartbeat > timeout) {
         LoseMemberLocked(*job, m, v1::LOSS_REASON_HEARTBEAT_TIMEOUT,
                          absl::StrCat("no heartbeat for ",
-                                      absl::FormatDuration(now - m.last_heartbeat),
+                                      absl::FormatDuration(absl::Trunc(
+                                          now - m.last_heartbeat, absl::Milliseconds(1))),
                                       " (heartbeat_timeout ", absl::FormatDuration(timeout), ")"),
                          &ended);
       }
