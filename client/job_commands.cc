@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/args.h"
@@ -768,6 +769,12 @@ absl::Status Watch(const std::vector<std::string>& args, std::ostream& out) {
   if (s.code() == absl::StatusCode::kResourceExhausted) {
     return absl::ResourceExhaustedError(absl::StrCat(
         s.message(), "; resume with 'shardctl watch ", *job, " --after <last sequence shown>'"));
+  }
+  if (s.code() == absl::StatusCode::kOutOfRange) {
+    // The coordinator names the request field; the user typed --after.
+    return absl::OutOfRangeError(
+        absl::StrReplaceAll(s.message(), {{"after_sequence=", "--after="},
+                                          {"leave after_sequence unset", "leave --after out"}}));
   }
   return WithJobHint(s);
 }

@@ -83,6 +83,7 @@ check "watch --count" 0 "#1 " "" -- watch shakespeare --after 0 --count 1
 [ "$(wc -l <"$TMP/out")" -eq 1 ] && echo "[  OK  ] watch --count 1 prints one line" \
   || { echo "[FAILED] watch --count 1 printed $(wc -l <"$TMP/out") lines"; fails=$((fails + 1)); }
 check "watch --json lines" 0 '"phase_changed":' "" -- watch shakespeare --after 0 --json
+check "watch --after beyond the history names the flag" 2 "" "shardctl watch: --after=99999 is outside the retained range [0, " -- watch shakespeare --after 99999
 
 # A job that fails before it forms (nobody joins within join_timeout 1s).
 sed 's/^  heartbeat_timeout: 10s$/  heartbeat_timeout: 10s\n  join_timeout: 1s/' "$SPEC" >"$TMP/short.yaml"
