@@ -185,6 +185,12 @@ int Run(int argc, char** argv) {
     std::cerr << "shardline-worker: --job is required (the job id given to shardctl job create)\n";
     return 2;
   }
+  if (parser.WasSet("worker-id") && worker_id.empty()) {
+    std::cerr << "shardline-worker: --worker-id is empty; give a stable slot name (1..128 "
+                 "printable ASCII bytes, e.g. node3:cuda:1), or leave the flag out for "
+                 "HOST:DEVICE\n";
+    return 2;
+  }
   if (!ValidDevice(device)) {
     std::cerr << "shardline-worker: --device='" << device << "' is not cpu or cuda:N\n";
     return 2;

@@ -292,6 +292,11 @@ TEST(WorkerProcessesTest, ClearErrors) {
     EXPECT_FALSE(absl::StrContains(c.Log(), "cannot reach the coordinator")) << c.Log();
   }
   {
+    Child c(worker, {"--job", "j", "--worker-id", ""}, dir + "/empty-id.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "--worker-id is empty")) << c.Log();
+  }
+  {
     Child c(worker, {"--job", "j", "--device", "gpu0"}, dir + "/device.log");
     EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
     EXPECT_TRUE(absl::StrContains(c.Log(), "--device")) << c.Log();
