@@ -556,7 +556,32 @@ absl::Status SpecParser::Parse(const std::string& text, SpecFormat format,
 
 absl::Status ParseSpecMessage(const std::string& text, SpecFormat format,
                               const std::string& source, google::protobuf::Message* message) {
-  return SpecParser(source).Parse(text, format, message);
+  // A spec is UTF-8 text (protobuf strings must be); say where it is not
+  // before a parser meets the byte.
+  for (size_t i = 0, line = 1, column = 1; i < text.size(); ++column) {
+    const size_t n = server::Utf8Length(text, i);
+    if (n == 0) {
+      message->Clear();
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d:%d: byte 0x%02x is not UTF-8; a job spec is UTF-8 text", source, line, column,
+          static_cast<unsigned char>(text[i])));
+    }
+    if (text[i] == '\n') {
+      ++line;
+      column = 0;
+    }
+    i += n;
+  }
+  absl::Status s;
+  try {
+    s = SpecParser(source).Parse(text, format, message);
+  } catch (const std::exception& e) {
+    s = absl::InvalidArgumentError(absl::StrCat(source, ": cannot read the spec: ", e.what()));
+  }
+  if (s.ok()) return s;
+  // Messages quote the file (keys, values): one short line, no terminal
+  // control characters, whatever the file holds.
+  return absl::Status(s.code(), server::AbbreviateValue(s.message(), 512));
 }
 
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text, SpecFormat format,

@@ -211,6 +211,25 @@ TEST(SpecFileTest, DocumentShape) {
   EXPECT_THAT(Error(Json("{\"model\": }")), HasSubstr("spec.json: JSON syntax error"));
 }
 
+// Hostile bytes in a spec file: never a crash (invalid UTF-8 used to abort
+// shardctl from inside the JSON library), never raw control characters or a
+// megabyte in an error line.
+TEST(SpecFileTest, HostileTextGivesOneShortLine) {
+  EXPECT_EQ(Error(Yaml("name: ok\ndata: {dataset_path: \"/tmp/\xfe\"}\n")),
+            "spec.yaml:2:28: byte 0xfe is not UTF-8; a job spec is UTF-8 text");
+  EXPECT_EQ(Error(Yaml("name: a\xff" "b\n")),
+            "spec.yaml:1:8: byte 0xff is not UTF-8; a job spec is UTF-8 text");
+  EXPECT_THAT(Error(Json("{\"name\": \"\xc3\x28\"}")), HasSubstr("is not UTF-8"));
+  const std::string escape = Error(Yaml("\"\x1b[31mevil\": 1\n"));
+  EXPECT_THAT(escape, HasSubstr("\\x1b[31mevil"));
+  EXPECT_EQ(escape.find('\x1b'), std::string::npos) << escape;
+  const std::string huge = Error(Yaml("model:\n  num_layers: \"" + std::string(20000, 'x') + "\"\n"));
+  EXPECT_THAT(huge, HasSubstr("'model.num_layers' must be a whole number"));
+  EXPECT_LT(huge.size(), 600u) << huge.size();
+  const std::string lines = Error(Yaml("model:\n  num_layers: \"a\\nb\\nc\"\n"));
+  EXPECT_EQ(lines.find('\n'), std::string::npos) << lines;
+}
+
 TEST(SpecFileTest, FileErrorsNameThePath) {
   absl::StatusOr<v1::JobSpec> missing = ReadJobSpecFile("/nonexistent/job.yaml");
   ASSERT_FALSE(missing.ok());

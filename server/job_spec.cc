@@ -58,8 +58,8 @@ bool IsControl(absl::string_view text, size_t i, size_t n) {
 
 }  // namespace
 
-std::string AbbreviateValue(absl::string_view value) {
-  constexpr size_t kShown = 64;
+std::string AbbreviateValue(absl::string_view value, size_t shown) {
+  const size_t kShown = shown;
   std::string out;
   size_t i = 0;
   while (i < value.size() && i < kShown) {

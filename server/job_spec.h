@@ -47,7 +47,8 @@ inline constexpr size_t kMaxPathBytes = 4096;     // PATH_MAX: dataset_path, che
 // caller sent:
 //   AbbreviateValue(std::string(20000, 'a')) ==
 //       std::string(64, 'a') + "... (20000 bytes)"
-std::string AbbreviateValue(absl::string_view value);
+// `shown` bytes instead of 64 for longer text (a whole error message).
+std::string AbbreviateValue(absl::string_view value, size_t shown = 64);
 
 // The length of the UTF-8 character starting at text[i] (i < text.size()):
 // 1 for ASCII, 2..4 for a well-formed sequence, 0 when malformed.
