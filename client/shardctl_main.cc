@@ -16,6 +16,7 @@
 #include "client/coordinator_client.h"
 #include "client/job_commands.h"
 #include "client/plan_command.h"
+#include "server/job_spec.h"
 
 namespace {
 
@@ -102,6 +103,13 @@ bool HoistConnectionFlags(std::vector<std::string>& args) {
   return true;
 }
 
+// An error line as the terminal will show it: it may quote what the user
+// or the coordinator sent, so control characters are escaped and it is cut
+// at 1 KiB.
+std::string OneLine(absl::string_view text) {
+  return shardline::server::AbbreviateValue(text, 1024);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,12 +123,21 @@ int main(int argc, char** argv) {
     std::cout << kUsage;
     return 0;
   }
+  // Everything shardctl sends is a protobuf string, which must be UTF-8.
+  for (size_t a = 0; a < args.size(); ++a) {
+    if (!shardline::server::IsUtf8(args[a])) {
+      std::cerr << "shardctl: argument " << a + 1 << " ('"
+                << shardline::server::AbbreviateValue(args[a])
+                << "') is not UTF-8; give ids, names and reasons as UTF-8 text\n";
+      return 2;
+    }
+  }
   const std::string command = args[0];
   args.erase(args.begin());
   if (command == "plan") {
     const absl::Status s = shardline::client::RunPlanCommand(args, std::cout);
     if (!s.ok()) {
-      std::cerr << "shardctl plan: " << s.message() << "\n";
+      std::cerr << "shardctl plan: " << OneLine(s.message()) << "\n";
       // 2: the input was wrong (a flag, a value, a name); 1: anything else.
       return shardline::client::ExitCodeFor(s);
     }
@@ -134,11 +151,11 @@ int main(int argc, char** argv) {
           args[0][0] != '-') {
         name += " " + args[0];
       }
-      std::cerr << name << ": " << s.message() << "\n";
+      std::cerr << OneLine(name) << ": " << OneLine(s.message()) << "\n";
       return shardline::client::ExitCodeFor(s);
     }
     return 0;
   }
-  std::cerr << "shardctl: unknown command '" << command << "'\n\n" << kUsage;
+  std::cerr << "shardctl: unknown command '" << OneLine(command) << "'\n\n" << kUsage;
   return 2;
 }

@@ -84,6 +84,15 @@ std::string AbbreviateValue(absl::string_view value, size_t shown) {
   return out;
 }
 
+bool IsUtf8(absl::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = Utf8Length(text, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
 bool IsDisplayText(absl::string_view text) {
   for (size_t i = 0; i < text.size();) {
     const size_t n = Utf8Length(text, i);

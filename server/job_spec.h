@@ -54,6 +54,9 @@ std::string AbbreviateValue(absl::string_view value, size_t shown = 64);
 // 1 for ASCII, 2..4 for a well-formed sequence, 0 when malformed.
 size_t Utf8Length(absl::string_view text, size_t i);
 
+// Whether `text` is well-formed UTF-8.
+bool IsUtf8(absl::string_view text);
+
 // Whether `text` is well-formed UTF-8 without control characters (C0
 // 0x00-0x1f, DEL, C1 U+0080-U+009F): what a terminal shows as typed.
 bool IsDisplayText(absl::string_view text);

@@ -83,6 +83,8 @@ check "watch --count" 0 "#1 " "" -- watch shakespeare --after 0 --count 1
 [ "$(wc -l <"$TMP/out")" -eq 1 ] && echo "[  OK  ] watch --count 1 prints one line" \
   || { echo "[FAILED] watch --count 1 printed $(wc -l <"$TMP/out") lines"; fails=$((fails + 1)); }
 check "watch --json lines" 0 '"phase_changed":' "" -- watch shakespeare --after 0 --json
+check "an argument that is not UTF-8 is refused before any call" 2 "" "shardctl: argument 3 ('a\\xff') is not UTF-8" -- job get $'a\xff'
+check "an id with a terminal escape is echoed escaped" 2 "" "a\\x1b[31m" -- job get $'a\e[31m'
 check "watch --after beyond the history names the flag" 2 "" "shardctl watch: --after=99999 is outside the retained range [0, " -- watch shakespeare --after 99999
 
 # A job that fails before it forms (nobody joins within join_timeout 1s).
