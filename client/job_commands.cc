@@ -281,11 +281,17 @@ absl::Status JobCancel(const std::vector<std::string>& args, std::ostream& out) 
   // CancelJob answers a cancelled job as it is (retries are safe), so ask
   // first to tell the operator nothing changed. COMPLETED and FAILED are the
   // coordinator's FAILED_PRECONDITION ("job 'x' already COMPLETED; nothing to
-  // cancel").
+  // cancel"). The cancel is still sent: the coordinator checks the reason
+  // the same way whatever the phase.
   v1::GetJobRequest get;
   get.set_job_id((**positional)[0]);
   absl::StatusOr<v1::Job> before = (*client)->GetJob(get);
   if (!before.ok()) return WithJobHint(before.status());
+  v1::CancelJobRequest request;
+  request.set_job_id((**positional)[0]);
+  request.set_reason(reason);
+  absl::StatusOr<v1::Job> job = (*client)->CancelJob(request);
+  if (!job.ok()) return WithJobHint(job.status());
   if (before->phase() == v1::JOB_PHASE_CANCELLED) {
     Print(out, c.json ? ProtoToJson(*before)
                       : absl::StrCat("job ", before->job_id(), " is already CANCELLED",
@@ -296,11 +302,6 @@ absl::Status JobCancel(const std::vector<std::string>& args, std::ostream& out) 
                                      "; nothing to do"));
     return absl::OkStatus();
   }
-  v1::CancelJobRequest request;
-  request.set_job_id((**positional)[0]);
-  request.set_reason(reason);
-  absl::StatusOr<v1::Job> job = (*client)->CancelJob(request);
-  if (!job.ok()) return WithJobHint(job.status());
   Print(out, c.json ? ProtoToJson(*job) : FormatJob(*job));
   return absl::OkStatus();
 }

@@ -49,6 +49,7 @@ class FakeCoordinator final : public v1::JobService::Service,
   int page_size = 2;
 
   absl::Mutex mu;
+  int cancel_calls = 0;  // CancelJob requests seen
   std::map<std::string, v1::Job> jobs ABSL_GUARDED_BY(mu);
   std::vector<std::string> order ABSL_GUARDED_BY(mu);  // creation order
   std::vector<v1::Member> members ABSL_GUARDED_BY(mu);
@@ -130,8 +131,12 @@ class FakeCoordinator final : public v1::JobService::Service,
     absl::MutexLock lock(&mu);
     auto it = jobs.find(r->job_id());
     if (it == jobs.end()) return {grpc::StatusCode::NOT_FOUND, "no job '" + r->job_id() + "'"};
-    it->second.set_phase(v1::JOB_PHASE_CANCELLED);
-    it->second.set_phase_reason(r->reason());
+    ++cancel_calls;
+    // As the coordinator: a cancelled job is answered as it is.
+    if (it->second.phase() != v1::JOB_PHASE_CANCELLED) {
+      it->second.set_phase(v1::JOB_PHASE_CANCELLED);
+      it->second.set_phase_reason(r->reason());
+    }
     *out = it->second;
     return grpc::Status::OK;
   }
@@ -424,6 +429,8 @@ TEST_F(JobCommandsTest, GetAndCancel) {
   EXPECT_EQ(nlohmann::json::parse(*out)["phase_reason"], "bad data");
   absl::MutexLock lock(&fake_.mu);
   EXPECT_EQ(fake_.jobs["shakespeare"].phase_reason(), "bad data");  // The reason was kept.
+  // Every cancel was sent, so the coordinator checked each reason.
+  EXPECT_EQ(fake_.cancel_calls, 3);
 }
 
 TEST_F(JobCommandsTest, DrainSaysWhatHappensOnce) {

@@ -75,6 +75,7 @@ check "cancel" 0 "Phase:            CANCELLED" "" -- job cancel shakespeare --re
 check "cancel shows the reason" 0 "test over" "" -- job get shakespeare
 check "a job cancelled before it formed says so" 0 "World:            none: cancelled before it formed" "" -- job get shakespeare
 check "cancel a cancelled job says so" 0 "job shakespeare is already CANCELLED (cancelled: test over); nothing to do" "" -- job cancel shakespeare --reason again
+check "cancel a cancelled job still checks the reason" 2 "" "contains control characters" -- job cancel shakespeare --reason $'a\e[31mb'
 check "cancel again keeps the first reason" 0 "Phase:            CANCELLED (cancelled: test over)" "" -- job get shakespeare
 check "watch replays and ends at the terminal phase" 0 "phase_changed PENDING -> CANCELLED" "" -- watch shakespeare --after 0
 check "watch a finished job shows its history" 0 "phase_changed PENDING -> CANCELLED: cancelled: test over" "" -- watch shakespeare
