@@ -49,7 +49,7 @@ class FakeCoordinator final : public v1::JobService::Service,
   int page_size = 2;
 
   absl::Mutex mu;
-  int cancel_calls = 0;  // CancelJob requests seen
+  int cancel_calls ABSL_GUARDED_BY(mu) = 0;  // CancelJob requests seen
   std::map<std::string, v1::Job> jobs ABSL_GUARDED_BY(mu);
   std::vector<std::string> order ABSL_GUARDED_BY(mu);  // creation order
   std::vector<v1::Member> members ABSL_GUARDED_BY(mu);

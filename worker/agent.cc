@@ -422,6 +422,14 @@ void WorkerAgent::EndGeneration(uint64_t old_generation, const v1::Directive& di
   absl::StatusOr<v1::JoinJobResponse> joined = JoinWithRetry(absl::InfiniteFuture());
   if (!joined.ok() && joined.status().code() == absl::StatusCode::kFailedPrecondition) {
     DeliverStop(std::string(joined.status().message()), v1::JOB_PHASE_UNSPECIFIED);
+  } else if (!joined.ok() && joined.status().code() == absl::StatusCode::kNotFound) {
+    // The job this worker trained in is gone: nothing to re-join, ever.
+    DeliverStop(absl::StrCat(kJobUnknownPrefix, joined.status().message()),
+                v1::JOB_PHASE_UNSPECIFIED);
+  } else if (!joined.ok() && (joined.status().code() == absl::StatusCode::kUnauthenticated ||
+                              joined.status().code() == absl::StatusCode::kPermissionDenied)) {
+    DeliverStop(absl::StrCat(kTokenRefusedPrefix, joined.status().message()),
+                v1::JOB_PHASE_UNSPECIFIED);
   }
 }
 

@@ -92,13 +92,18 @@ struct WorkerAgentOptions {
 // A random non-zero 64-bit incarnation.
 uint64_t RandomIncarnation();
 
-// Starts the reason of the STOP the agent delivers itself when the
-// coordinator refuses the token this worker joined with (UNAUTHENTICATED or
-// PERMISSION_DENIED on a heartbeat): it no longer knows the job, e.g. it was
-// restarted on another --state file. The worker exits 1 on it.
+// Start the reason of the STOP the agent delivers itself when the
+// coordinator no longer knows the job it joined, e.g. it was restarted on
+// another --state file: it refuses the job's worker token (UNAUTHENTICATED
+// or PERMISSION_DENIED on a heartbeat), or, with the admin token or no
+// auth, answers a re-join with NOT_FOUND. Both start with kRefusedPrefix;
+// the worker exits 1 on it.
+inline constexpr char kRefusedPrefix[] = "refused: ";
 inline constexpr char kTokenRefusedPrefix[] = "refused: the coordinator no longer accepts this "
                                               "worker's token (was it restarted on another "
                                               "--state file?): ";
+inline constexpr char kJobUnknownPrefix[] = "refused: the coordinator no longer knows this job "
+                                            "(was it restarted on another --state file?): ";
 
 class WorkerAgent {
  public:

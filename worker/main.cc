@@ -473,7 +473,7 @@ int Run(int argc, char** argv) {
   // stops it while the job goes on: a failure of this process as well, and
   // so is a coordinator that no longer accepts this worker's token.
   return stop_phase == v1::JOB_PHASE_FAILED || absl::StartsWith(stop_reason, "excluded: ") ||
-                 absl::StartsWith(stop_reason, kTokenRefusedPrefix)
+                 absl::StartsWith(stop_reason, kRefusedPrefix)
              ? 1
              : 0;
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -222,47 +223,52 @@ absl::StatusOr<std::string> CreateOneWorkerJob(const std::string& address, const
 // checkpoint ("unknown token"), report, and train again from step 1, for
 // ever; it now stops at the first refused heartbeat and exits 1 saying why.
 TEST(WorkerProcessesTest, CoordinatorThatForgotTheJobStopsTheWorker) {
-  const std::string dir = TempDir();
-  auto coordinator = std::make_unique<Child>(
-      Runfile("server/shardline-coordinator"),
-      std::vector<std::string>{"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token",
-                               "admin"},
-      dir + "/forgot-coordinator1.log");
-  ASSERT_TRUE(coordinator->WaitFor("listening on ", absl::Seconds(20))) << coordinator->Log();
-  const std::string address = ListeningAddress(*coordinator);
-  ASSERT_FALSE(address.empty());
-  std::string worker_token;
-  {
+  // With the job's worker token the restarted coordinator refuses the token;
+  // with the admin token it answers the worker's re-join "no job" (the
+  // worker used to wait for an assignment for ever).
+  for (const bool admin : {false, true}) {
+    SCOPED_TRACE(admin ? "admin token" : "worker token");
+    const std::string dir = absl::StrCat(TempDir(), "/forgot-", admin ? "admin" : "worker");
+    ASSERT_TRUE(std::filesystem::create_directories(dir));
+    auto coordinator = std::make_unique<Child>(
+        Runfile("server/shardline-coordinator"),
+        std::vector<std::string>{"--listen", "127.0.0.1:0", "--state", "memory",
+                                 "--admin-token", "admin"},
+        dir + "/coordinator1.log");
+    ASSERT_TRUE(coordinator->WaitFor("listening on ", absl::Seconds(20))) << coordinator->Log();
+    const std::string address = ListeningAddress(*coordinator);
+    ASSERT_FALSE(address.empty());
     absl::StatusOr<std::string> created = CreateOneWorkerJob(address, "forgotten", Spec());
     ASSERT_TRUE(created.ok()) << created.status();
-    worker_token = *created;
-    ASSERT_FALSE(worker_token.empty());
-  }
-  Child worker(Runfile("worker/shardline-worker"),
-               {"--coordinator", address, "--job", "forgotten", "--worker-id", "w0", "--token",
-                worker_token, "--connect-timeout", "30s"},
-               dir + "/forgot-worker.log");
-  ASSERT_TRUE(worker.WaitFor("world 1: communicators ready", absl::Seconds(30)))
-      << worker.Log() << coordinator->Log();
+    ASSERT_FALSE(created->empty());
+    Child worker(Runfile("worker/shardline-worker"),
+                 {"--coordinator", address, "--job", "forgotten", "--worker-id", "w0", "--token",
+                  admin ? std::string("admin") : *created, "--connect-timeout", "30s"},
+                 dir + "/worker.log");
+    ASSERT_TRUE(worker.WaitFor("world 1: communicators ready", absl::Seconds(30)))
+        << worker.Log() << coordinator->Log();
 
-  coordinator->Kill();
-  Child forgetful(Runfile("server/shardline-coordinator"),
-                  {"--listen", address, "--state", "memory", "--admin-token", "admin"},
-                  dir + "/forgot-coordinator2.log");
-  ASSERT_TRUE(forgetful.WaitFor("listening on ", absl::Seconds(20))) << forgetful.Log();
+    coordinator->Kill();
+    Child forgetful(Runfile("server/shardline-coordinator"),
+                    {"--listen", address, "--state", "memory", "--admin-token", "admin"},
+                    dir + "/coordinator2.log");
+    ASSERT_TRUE(forgetful.WaitFor("listening on ", absl::Seconds(20))) << forgetful.Log();
 
-  EXPECT_EQ(worker.WaitExit(absl::Seconds(30)), 1) << worker.Log();
-  const std::string log = worker.Log();
-  EXPECT_TRUE(absl::StrContains(log, "no longer accepts this worker's token")) << log;
-  EXPECT_TRUE(absl::StrContains(log, "--state")) << log;
-  EXPECT_TRUE(absl::StrContains(log, "job 'forgotten'")) << log;
-  // It never started training over.
-  size_t starts = 0;
-  for (size_t at = log.find("training steps 1.."); at != std::string::npos;
-       at = log.find("training steps 1..", at + 1)) {
-    ++starts;
+    EXPECT_EQ(worker.WaitExit(absl::Seconds(30)), 1) << worker.Log();
+    const std::string log = worker.Log();
+    EXPECT_TRUE(absl::StrContains(log, admin ? "no longer knows this job"
+                                             : "no longer accepts this worker's token"))
+        << log;
+    EXPECT_TRUE(absl::StrContains(log, "--state")) << log;
+    EXPECT_TRUE(absl::StrContains(log, admin ? "no job 'forgotten'" : "job 'forgotten'")) << log;
+    // It never started training over.
+    size_t starts = 0;
+    for (size_t at = log.find("training steps 1.."); at != std::string::npos;
+         at = log.find("training steps 1..", at + 1)) {
+      ++starts;
+    }
+    EXPECT_EQ(starts, 1u) << log;
   }
-  EXPECT_EQ(starts, 1u) << log;
 }
 
 TEST(WorkerProcessesTest, ClearErrors) {
