@@ -109,25 +109,13 @@ std::string NotFormed(const v1::Job& job, const v1::ListMembersResponse* members
 std::string Printable(absl::string_view text, size_t max_bytes) {
   std::string out;
   for (size_t i = 0; i < text.size();) {
-    const size_t n = server::Utf8Length(text, i);
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    std::string piece;
-    if (c == '\n') {
-      piece = "\\n";
-    } else if (c == '\t') {
-      piece = "\\t";
-    } else if (n == 0 || (n == 1 && (c < 0x20 || c == 0x7f))) {
-      piece = absl::StrFormat("\\x%02x", c);
-    } else if (n == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0) {
-      piece = absl::StrFormat("\\u%04x", static_cast<unsigned char>(text[i + 1]));  // C1
-    } else {
-      piece = std::string(text.substr(i, n));
-    }
+    size_t n = 0;
+    const std::string piece = server::DisplayCharacter(text, i, &n);
     if (max_bytes != std::string::npos && out.size() + piece.size() > max_bytes) {
       return out + "...";
     }
     out += piece;
-    i += n == 0 ? 1 : n;
+    i += n;
   }
   return out;
 }

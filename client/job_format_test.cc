@@ -175,6 +175,7 @@ TEST(JobFormatTest, ServerTextIsPrintedEscaped) {
   EXPECT_EQ(Printable("bad \xff byte"), "bad \\xff byte");
   EXPECT_EQ(Printable(std::string(10, 'n'), 4), "nnnn...");
   EXPECT_EQ(Printable("ab\xc3\xa9", 3), "ab...");  // not cut inside a character
+  EXPECT_EQ(Printable("\xe2\x80\xae" "evil"), "\\u202eevil");  // a bidi override
 
   v1::Job job = DemoJob();
   job.mutable_spec()->set_name("x\x1b[2J\nPhase: COMPLETED");

@@ -50,6 +50,13 @@ inline constexpr size_t kMaxPathBytes = 4096;     // PATH_MAX: dataset_path, che
 // `shown` bytes instead of 64 for longer text (a whole error message).
 std::string AbbreviateValue(absl::string_view value, size_t shown = 64);
 
+// One character of `text` at byte i as messages and shardctl show it: the
+// character itself, or an escape (\n, \t; \xNN for C0, DEL and bytes that
+// are not UTF-8; \uNNNN for C1 and invisible formatting characters such as
+// U+202E, which reorders the rest of a line). *consumed: the bytes it took
+// (at least 1).
+std::string DisplayCharacter(absl::string_view text, size_t i, size_t* consumed);
+
 // The length of the UTF-8 character starting at text[i] (i < text.size()):
 // 1 for ASCII, 2..4 for a well-formed sequence, 0 when malformed.
 size_t Utf8Length(absl::string_view text, size_t i);

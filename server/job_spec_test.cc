@@ -79,6 +79,12 @@ TEST(ResolveJobSpecTest, NameIsOneShortPrintableLine) {
   EXPECT_THAT(Error(spec), HasSubstr("spec.name='bell\\x07' contains control characters"));
   spec.set_name("c1 \xc2\x9b" "2J");  // U+009B, the one-byte CSI
   EXPECT_THAT(Error(spec), HasSubstr("spec.name='c1 \\u009b2J' contains control characters"));
+  spec.set_name("\xe2\x80\xae" "evil");  // U+202E: reverses the rest of a table row
+  EXPECT_THAT(Error(spec), HasSubstr("spec.name='\\u202eevil' contains control characters"));
+  spec.set_name("zero\xe2\x80\x8bwidth");  // U+200B
+  EXPECT_THAT(Error(spec), HasSubstr("spec.name='zero\\u200bwidth' contains control characters"));
+  spec.set_name("   ");
+  EXPECT_THAT(Error(spec), HasSubstr("spec.name='   ' is blank; use 1..128 bytes"));
 }
 
 TEST(ResolveJobSpecTest, HugeCheckpointDirectoryIsNamedInAShortMessage) {
