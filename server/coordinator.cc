@@ -187,6 +187,7 @@ struct Coordinator::JobRecord {
     }
   }
   absl::Time waiting_since;                     // entered PENDING / RECOVERING
+  std::string last_end_reason;                  // why the last generation ended (not persisted)
   std::optional<absl::Time> last_call_deadline;
   v1::FormationReason pending_reason = v1::FORMATION_REASON_INITIAL;
   std::deque<v1::JobEvent> events;
@@ -398,6 +399,7 @@ void Coordinator::EndGenerationLocked(JobRecord& job, v1::FormationReason reason
                                       std::vector<GenerationEnded>* ended) {
   const uint64_t old_generation = job.job.generation();
   if (ended != nullptr) ended->push_back({job.job.job_id(), old_generation, why});
+  job.last_end_reason = why;
   job.job.set_generation(old_generation + 1);
   job.SetPlan(std::nullopt);
   job.last_call_deadline.reset();
@@ -530,7 +532,13 @@ void Coordinator::MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* 
         absl::StrCat("only ", count, " workers joined within join_timeout ",
                      TimeUtil::ToString(elastic.join_timeout()), "; the job needs min_workers=",
                      elastic.min_workers(), " (tp*pp=", model_parallel,
-                     ", and a dp dividing the global batch)"));
+                     ", and a dp dividing the global batch)",
+                     // What emptied it: e.g. a worker that left because its
+                     // host could not hold its rank.
+                     phase == v1::JOB_PHASE_RECOVERING && !job.last_end_reason.empty()
+                         ? absl::StrCat("; generation ", job.job.generation() - 1,
+                                        " had ended: ", job.last_end_reason)
+                         : ""));
     StopAllLocked(job);
     PersistAllMembersLocked(job).IgnoreError();
     (void)ended;

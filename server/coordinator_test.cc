@@ -263,6 +263,9 @@ TEST_F(CoordinatorTest, C9OneSurvivorBelowMinWorkersFailsWithAReason) {
   EXPECT_EQ(Job().phase(), v1::JOB_PHASE_FAILED);
   EXPECT_THAT(Job().phase_reason(), HasSubstr("only 1 workers joined within join_timeout 60s"));
   EXPECT_THAT(Job().phase_reason(), HasSubstr("min_workers=2"));
+  // The reason keeps what emptied the job.
+  EXPECT_THAT(Job().phase_reason(),
+              HasSubstr("; generation 1 had ended: rank 1 (b) lost: no heartbeat for"));
   const auto stop = Beat("a", 2);
   ASSERT_TRUE(stop.ok());
   EXPECT_TRUE(stop->directive().has_stop());
