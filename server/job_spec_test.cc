@@ -1,6 +1,7 @@
 // ResolveJobSpec's refusals of values a new user can type, and the helpers
 // that keep free text and echoed values short and printable.
 #include "server/job_spec.h"
+#include "server/grpc_test_util.h"
 
 #include <string>
 
@@ -12,21 +13,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// L=2, h=8, 2 heads, V=256, s=4; tp=1, pp=1; 12 samples of micro-batch 1.
+// grpc_test_util's small GPT (12 samples of micro-batch 1, one worker),
+// its corpus given relative to the workers' directory.
 v1::JobSpec Valid() {
-  v1::JobSpec spec;
-  spec.set_name("test");
-  v1::ModelConfig* m = spec.mutable_model();
-  m->set_num_layers(2);
-  m->set_hidden_size(8);
-  m->set_num_heads(2);
-  m->set_vocab_size(256);
-  m->set_seq_length(4);
-  spec.mutable_parallel()->set_tp(1);
-  spec.mutable_parallel()->set_pp(1);
-  spec.mutable_training()->set_global_batch(12);
-  spec.mutable_training()->set_micro_batch(1);
-  spec.mutable_training()->set_train_steps(100);
+  v1::JobSpec spec = testing::SmallSpec(1, 1, 12);
   spec.mutable_data()->set_dataset_path("data/tinyshakespeare.txt");
   return spec;
 }
