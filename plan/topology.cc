@@ -21,6 +21,16 @@ absl::string_view GroupKindName(GroupKind kind) {
   return "unknown";
 }
 
+absl::StatusOr<int> Topology::CheckedRankOf(const RankCoordinates& c) const {
+  if (c.tp_rank < 0 || c.tp_rank >= tp_ || c.dp_rank < 0 || c.dp_rank >= dp_ || c.pp_rank < 0 ||
+      c.pp_rank >= pp_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "coordinates (tp_rank=", c.tp_rank, ", dp_rank=", c.dp_rank, ", pp_rank=", c.pp_rank,
+        ") out of range for tp=", tp_, " dp=", dp_, " pp=", pp_));
+  }
+  return RankOf(c);
+}
+
 absl::StatusOr<Topology> Topology::Create(int tp, int pp, int dp) {
   const std::pair<const char*, int> degrees[] = {{"tp", tp}, {"pp", pp}, {"dp", dp}};
   for (const auto& [field, value] : degrees) {

@@ -53,6 +53,9 @@ class Topology {
 
   // Precondition: coordinates in range / 0 <= rank < world_size().
   int RankOf(const RankCoordinates& c) const { return c.tp_rank + tp_ * (c.dp_rank + dp_ * c.pp_rank); }
+  // RankOf without the precondition: InvalidArgument naming the coordinates
+  // and the degrees when they are outside this layout.
+  absl::StatusOr<int> CheckedRankOf(const RankCoordinates& c) const;
   RankCoordinates CoordinatesOf(int rank) const;
 
   // Each list sorted by its lowest member; each group's ranks ascending.

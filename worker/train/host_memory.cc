@@ -112,17 +112,6 @@ std::string Advice(const plan::ParallelConfig& p) {
       ") for activations, or run on a host with more memory");
 }
 
-// The global rank at `c`, checked against the plan's layout.
-absl::StatusOr<int> RankAt(const plan::Plan& p, const plan::RankCoordinates& c) {
-  const plan::ParallelConfig& par = p.parallel;
-  if (c.tp_rank < 0 || c.tp_rank >= par.tp || c.dp_rank < 0 || c.dp_rank >= par.dp ||
-      c.pp_rank < 0 || c.pp_rank >= par.pp) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "coordinates (tp_rank=", c.tp_rank, ", dp_rank=", c.dp_rank, ", pp_rank=", c.pp_rank,
-        ") out of range for tp=", par.tp, " dp=", par.dp, " pp=", par.pp));
-  }
-  return p.topology.RankOf(c);
-}
 
 }  // namespace
 
@@ -164,7 +153,7 @@ absl::StatusOr<plan::MemoryEstimate> EstimateRankMemory(const plan::GptConfig& m
                                                         const plan::RankCoordinates& c) {
   absl::StatusOr<plan::Plan> p = plan::MakePlan(model, parallel);
   if (!p.ok()) return p.status();
-  absl::StatusOr<int> rank = RankAt(*p, c);
+  absl::StatusOr<int> rank = p->topology.CheckedRankOf(c);
   if (!rank.ok()) return rank.status();
   return p->memory[*rank];
 }
@@ -178,7 +167,7 @@ absl::Status CheckHostMemory(const plan::GptConfig& model, const plan::ParallelC
   int64_t need = 0;
   int largest = -1;
   for (const plan::RankCoordinates& c : ranks) {
-    absl::StatusOr<int> rank = RankAt(*p, c);
+    absl::StatusOr<int> rank = p->topology.CheckedRankOf(c);
     if (!rank.ok()) return rank.status();
     const int64_t total = p->memory[*rank].total();
     // Saturate: a process of many huge ranks need not fit in int64.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "plan/model.h"
 #include "plan/pipeline.h"
+#include "plan/topology.h"
 #include "plan/zero.h"
 #include "worker/train/device.h"
 #include "worker/train/host_memory.h"
@@ -773,12 +774,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Build(const TrainingOptions& o
   }
   if (absl::Status s = corpus->CheckSequenceLength(options.model.seq_length); !s.ok()) return s;
   const plan::RankCoordinates& c = groups.coordinates;
-  if (c.tp_rank < 0 || c.tp_rank >= par.tp || c.dp_rank < 0 || c.dp_rank >= par.dp ||
-      c.pp_rank < 0 || c.pp_rank >= par.pp) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "coordinates (tp_rank=", c.tp_rank, ", dp_rank=", c.dp_rank, ", pp_rank=", c.pp_rank,
-        ") out of range for tp=", par.tp, " dp=", par.dp, " pp=", par.pp));
-  }
+  absl::StatusOr<plan::Topology> topology = plan::Topology::Create(par.tp, par.pp, par.dp);
+  if (!topology.ok()) return topology.status();
+  if (absl::StatusOr<int> rank = topology->CheckedRankOf(c); !rank.ok()) return rank.status();
   auto check_group = [](const char* name, Backend* b, int size, int rank) -> absl::Status {
     if (size == 1 && b == nullptr) return absl::OkStatus();
     if (b == nullptr)
