@@ -422,15 +422,23 @@ void WorkerAgent::EndGeneration(uint64_t old_generation, const v1::Directive& di
   absl::StatusOr<v1::JoinJobResponse> joined = JoinWithRetry(absl::InfiniteFuture());
   if (!joined.ok() && joined.status().code() == absl::StatusCode::kFailedPrecondition) {
     DeliverStop(std::string(joined.status().message()), v1::JOB_PHASE_UNSPECIFIED);
-  } else if (!joined.ok() && joined.status().code() == absl::StatusCode::kNotFound) {
-    // The job this worker trained in is gone: nothing to re-join, ever.
-    DeliverStop(absl::StrCat(kJobUnknownPrefix, joined.status().message()),
-                v1::JOB_PHASE_UNSPECIFIED);
-  } else if (!joined.ok() && (joined.status().code() == absl::StatusCode::kUnauthenticated ||
-                              joined.status().code() == absl::StatusCode::kPermissionDenied)) {
-    DeliverStop(absl::StrCat(kTokenRefusedPrefix, joined.status().message()),
-                v1::JOB_PHASE_UNSPECIFIED);
+  } else if (!joined.ok()) {
+    // JoinJob's NOT_FOUND: the job this worker trained in is gone.
+    StopIfJobForgotten(joined.status(), /*not_found_means_unknown_job=*/true);
   }
+}
+
+bool WorkerAgent::StopIfJobForgotten(const absl::Status& status,
+                                     bool not_found_means_unknown_job) {
+  const char* prefix = nullptr;
+  if (absl::IsUnauthenticated(status) || absl::IsPermissionDenied(status)) {
+    prefix = kTokenRefusedPrefix;
+  } else if (not_found_means_unknown_job && absl::IsNotFound(status)) {
+    prefix = kJobUnknownPrefix;
+  }
+  if (prefix == nullptr) return false;
+  DeliverStop(absl::StrCat(prefix, status.message()), v1::JOB_PHASE_UNSPECIFIED);
+  return true;
 }
 
 void WorkerAgent::HeartbeatLoop() {
@@ -460,16 +468,16 @@ void WorkerAgent::HeartbeatLoop() {
                     RestartDirective(req.fence().generation() + 1, s.error_message()));
     } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       DeliverStop(s.error_message(), v1::JOB_PHASE_UNSPECIFIED);
-    } else if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-               s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
-      // The token that joined is refused now: the coordinator no longer
-      // knows this job (e.g. restarted on another --state file). Training on
-      // would only fail at the next coordinator call and start over.
-      DeliverStop(absl::StrCat(kTokenRefusedPrefix, s.error_message()),
-                  v1::JOB_PHASE_UNSPECIFIED);
+    } else {
+      // A refused token: the coordinator no longer knows this job (e.g.
+      // restarted on another --state file); training on would only fail at
+      // the next coordinator call and start over. UNAVAILABLE and the rest:
+      // try again next interval (or at once when SetProgress changes the
+      // state).
+      StopIfJobForgotten(absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                                      s.error_message()),
+                         /*not_found_means_unknown_job=*/false);
     }
-    // UNAVAILABLE and the rest: try again next interval (or at once when
-    // SetProgress changes the state).
     absl::MutexLock lock(&mu_);
     auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || heartbeat_now_; };
     mu_.AwaitWithTimeout(absl::Condition(&wake), interval);

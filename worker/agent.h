@@ -227,6 +227,12 @@ class WorkerAgent {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Delivers STOP (once): queue + callback.
   void DeliverStop(const std::string& reason, v1::JobPhase phase) ABSL_LOCKS_EXCLUDED(mu_);
+  // Delivers the STOP of a coordinator that no longer knows this worker's
+  // job (kTokenRefusedPrefix for UNAUTHENTICATED / PERMISSION_DENIED,
+  // kJobUnknownPrefix for NOT_FOUND when `not_found_means_unknown_job`)
+  // and returns true; false for any other status.
+  bool StopIfJobForgotten(const absl::Status& status, bool not_found_means_unknown_job)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Queues `d` and calls the callback, outside mu_.
   void Deliver(const v1::Directive& d) ABSL_LOCKS_EXCLUDED(mu_);
 
