@@ -16,6 +16,8 @@
 #include "client/coordinator_client.h"
 #include "client/job_commands.h"
 #include "client/plan_command.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/str_join.h"
 #include "server/job_spec.h"
 
 namespace {
@@ -103,11 +105,15 @@ bool HoistConnectionFlags(std::vector<std::string>& args) {
   return true;
 }
 
-// An error line as the terminal will show it: it may quote what the user
-// or the coordinator sent, so control characters are escaped and it is cut
-// at 1 KiB.
-std::string OneLine(absl::string_view text) {
-  return shardline::server::AbbreviateValue(text, 1024);
+// An error as the terminal will show it: it may quote what the user or the
+// coordinator sent, so control characters other than the line breaks of
+// our own usage text are escaped, and each line is cut at 1 KiB.
+std::string Shown(absl::string_view text) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    lines.push_back(shardline::server::AbbreviateValue(line, 1024));
+  }
+  return absl::StrJoin(lines, "\n");
 }
 
 }  // namespace
@@ -137,7 +143,7 @@ int main(int argc, char** argv) {
   if (command == "plan") {
     const absl::Status s = shardline::client::RunPlanCommand(args, std::cout);
     if (!s.ok()) {
-      std::cerr << "shardctl plan: " << OneLine(s.message()) << "\n";
+      std::cerr << "shardctl plan: " << Shown(s.message()) << "\n";
       // 2: the input was wrong (a flag, a value, a name); 1: anything else.
       return shardline::client::ExitCodeFor(s);
     }
@@ -151,11 +157,11 @@ int main(int argc, char** argv) {
           args[0][0] != '-') {
         name += " " + args[0];
       }
-      std::cerr << OneLine(name) << ": " << OneLine(s.message()) << "\n";
+      std::cerr << Shown(name) << ": " << Shown(s.message()) << "\n";
       return shardline::client::ExitCodeFor(s);
     }
     return 0;
   }
-  std::cerr << "shardctl: unknown command '" << OneLine(command) << "'\n\n" << kUsage;
+  std::cerr << "shardctl: unknown command '" << Shown(command) << "'\n\n" << kUsage;
   return 2;
 }

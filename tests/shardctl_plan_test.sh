@@ -13,6 +13,9 @@ source "${TEST_SRCDIR:?run with bazel test}/${TEST_WORKSPACE:?}/tests/cli_check.
 check "help" 0 "plan      plan a layout offline" "" -- --help
 check "no command is a usage error" 2 "" "" --
 check "unknown command" 2 "" "unknown command 'deploy'" -- deploy
+check "a usage error" 2 "" "job get takes one job id" -- job get
+grep -qx 'Usage: shardctl job get ID \[--json\]' "$TMP/err" && echo "[  OK  ] ... keeps the usage on its own line" \
+  || { echo "[FAILED] the usage is not on its own line:"; cat "$TMP/err"; fails=$((fails + 1)); }
 check "plan help" 0 "--micro-batches VALUE" "" -- plan --help
 check "summary" 0 "834,304 parameters" "" -- plan "${MODEL[@]}" --tp 2 --pp 2 --dp 2 --zero 2 --micro-batches 4
 check "json bubble" 0 '"bubble_ratio": 0.25' "" -- plan "${MODEL[@]}" --pp 2 --micro-batches 4 --json
