@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -176,10 +177,14 @@ int Run(int argc, char** argv) {
               << " is not in 0..65535 (or -1 for off)\n";
     return 2;
   }
-  if (log_interval < 1 || sample_length < 0 || blas_threads < 1) {
-    std::cerr << "shardline-worker: --log-interval and --blas-threads must be >= 1, "
-                 "--sample-length >= 0\n";
-    return 2;
+  for (const auto& [flag, value, min] : {std::tuple<const char*, int64_t, int64_t>{
+                                             "log-interval", log_interval, 1},
+                                         {"blas-threads", blas_threads, 1},
+                                         {"sample-length", sample_length, 0}}) {
+    if (value < min) {
+      std::cerr << "shardline-worker: --" << flag << "=" << value << " must be >= " << min << "\n";
+      return 2;
+    }
   }
   if (job.empty()) {
     std::cerr << "shardline-worker: --job is required (the job id given to shardctl job create)\n";

@@ -298,6 +298,11 @@ TEST(WorkerProcessesTest, ClearErrors) {
     EXPECT_FALSE(absl::StrContains(c.Log(), "cannot reach the coordinator")) << c.Log();
   }
   {
+    Child c(worker, {"--job", "j", "--log-interval", "-3"}, dir + "/log-interval.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "--log-interval=-3 must be >= 1")) << c.Log();
+  }
+  {
     Child c(worker, {"--job", "j", "--worker-id", ""}, dir + "/empty-id.log");
     EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
     EXPECT_TRUE(absl::StrContains(c.Log(), "--worker-id is empty")) << c.Log();
