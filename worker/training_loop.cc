@@ -227,6 +227,19 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
         }
         continue;
       }
+      if (absl::IsFailedPrecondition(s) && absl::StartsWith(s.message(), "ReportShard:") &&
+          absl::StrContains(s.message(), " was aborted: ")) {
+        // The coordinator aborted this checkpoint while our shard was being
+        // written (e.g. it restarted with the checkpoint pending): the
+        // restore point is the previous one and the state is intact. Unless
+        // the generation is over too, train on and save a later step.
+        absl::StatusOr<Outcome> outcome = classify(s);
+        if (outcome.ok()) return outcome;
+        if (leader) {
+          Log(absl::StrFormat("gen %d step %d: checkpoint skipped: %s", gen, done, s.message()));
+        }
+        continue;
+      }
       if (!s.ok()) return classify(s);
       if (options_.metrics != nullptr) options_.metrics->ObserveCheckpoint(absl::Now() - start);
       if (leader) {
