@@ -27,12 +27,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/args.h"
-#include "worker/checkpoint/shard_io.h"
+#include "common/flags.h"
+#include "checkpoint/shard_io.h"
 
 namespace {
 
-namespace ckpt = ::shardline::worker::checkpoint;
+namespace ckpt = ::shardline::checkpoint;
 namespace v1 = ::shardline::v1;
 using Clock = std::chrono::steady_clock;
 
@@ -75,7 +75,7 @@ int Main(int argc, char** argv) {
   std::string dir;
   int64_t bytes = 64 << 20, hidden = 1024, repeats = 3;
   bool help = false;
-  shardline::client::ArgParser args("shardline-bench-checkpoint-io");
+  shardline::ArgParser args("shardline-bench-checkpoint-io");
   args.AddString("dir", &dir, "directory on the disk under test (required)");
   args.AddInt("bytes", &bytes, "state size in bytes (default 64 MiB)");
   args.AddInt("hidden", &hidden, "model width of the GPT-shaped state (default 1024)");

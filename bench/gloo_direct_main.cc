@@ -29,7 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "client/args.h"
+#include "common/flags.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
@@ -134,7 +134,7 @@ int Main(int argc, char** argv) {
   Config cfg;
   int64_t ranks = 2, min_bytes = 4, max_bytes = 1 << 20, factor = 2;
   bool help = false;
-  shardline::client::ArgParser args("shardline-bench-gloo-direct");
+  shardline::ArgParser args("shardline-bench-gloo-direct");
   args.AddInt("ranks", &ranks, "ranks, each a thread (default 2)");
   args.AddString("op", &cfg.op, "all_reduce, all_gather or reduce_scatter (default all_reduce)");
   args.AddInt("min-bytes", &min_bytes, "smallest size in bytes (default 4)");

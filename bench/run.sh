@@ -72,7 +72,7 @@ if [ "$BUILD" = 1 ]; then
   # any target listed one a line in bench/control_plane/BUILD_TARGETS. If this fails,
   # those benchmarks fail (and are listed in the report); the others still run.
   CP=(//bench/control_plane/... //server:shardline-coordinator //worker:shardline-worker
-      //client:shardctl)
+      //client/shardctl)
   if [ -s bench/control_plane/BUILD_TARGETS ]; then
     while read -r t; do
       [[ -z "$t" || "$t" == \#* ]] || CP+=("$t")

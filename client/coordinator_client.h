@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "client/args.h"
+#include "common/flags.h"
 #include "grpcpp/grpcpp.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 

@@ -20,6 +20,21 @@ std::vector<int64_t> ParameterSpec::local_shape(int tp) const {
   return local;
 }
 
+int64_t ParameterSpec::global_index(int tp, int tp_rank, int64_t local_index) const {
+  const int d = tp_split_dim;
+  if (tp == 1 || d < 0) return local_index;
+  // Index = (outer, j, inner) over shape = [outer dims..., dim d, inner dims...].
+  int64_t inner = 1;
+  for (size_t k = static_cast<size_t>(d) + 1; k < shape.size(); ++k) inner *= shape[k];
+  const int64_t dim = shape[static_cast<size_t>(d)];
+  const int64_t local_dim = dim / tp;
+  const int64_t i = local_index % inner;
+  const int64_t rest = local_index / inner;
+  const int64_t j = rest % local_dim;
+  const int64_t outer = rest / local_dim;
+  return (outer * dim + static_cast<int64_t>(tp_rank) * local_dim + j) * inner + i;
+}
+
 absl::StatusOr<std::vector<ParameterSpec>> GptParameters(const GptConfig& m) {
   if (absl::Status s = ValidateGptConfig(m); !s.ok()) return s;
   const int64_t h = m.hidden_size, f = m.ffn();

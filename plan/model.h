@@ -44,6 +44,10 @@ struct ParameterSpec {
   int64_t local_numel(int tp) const;
   // The shape on one tp rank: shape with shape[tp_split_dim] / tp.
   std::vector<int64_t> local_shape(int tp) const;
+  // The global row-major index of element `local_index` (row-major over
+  // local_shape(tp)) of tp rank `tp_rank`'s slice. Preconditions: 1 <= tp,
+  // 0 <= tp_rank < tp, tp divides the split dim, local_index < local_numel(tp).
+  int64_t global_index(int tp, int tp_rank, int64_t local_index) const;
 };
 
 // The parameters of `model` in forward order: embedding, then per layer

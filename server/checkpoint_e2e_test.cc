@@ -16,12 +16,12 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/checkpoint_files.h"
+#include "checkpoint/checkpoint_files.h"
 #include "server/checkpoint_registry.h"
-#include "server/clock.h"
+#include "common/clock.h"
 #include "server/coordinator.h"
 #include "server/grpc_service.h"
-#include "server/grpc_test_util.h"
+#include "testing/grpc_test_util.h"
 #include "server/rendezvous.h"
 #include "server/state_store.h"
 
@@ -54,7 +54,7 @@ std::string Fresh(const std::string& name) {
 testing::HarnessOptions Options(const std::string& state_path) {
   testing::HarnessOptions options;
   options.state_path = state_path;
-  options.checkpoints.verify_files = VerifyShardFiles;
+  options.checkpoints.verify_files = checkpoint::VerifyShardFiles;
   options.metrics = false;
   return options;
 }
@@ -208,10 +208,10 @@ class CheckpointE2eTest : public ::testing::Test {
     ASSERT_TRUE(latest.ok()) << latest.status();
     EXPECT_EQ(latest->checkpoint_id(), id);
     EXPECT_EQ(latest->step(), step);
-    absl::StatusOr<std::string> on_disk = ReadLatestFile(root_);
+    absl::StatusOr<std::string> on_disk = checkpoint::ReadLatestFile(root_);
     ASSERT_TRUE(on_disk.ok()) << on_disk.status();
     EXPECT_EQ(*on_disk, id);
-    absl::StatusOr<v1::Manifest> file = ReadManifestFile(latest->directory());
+    absl::StatusOr<v1::Manifest> file = checkpoint::ReadManifestFile(latest->directory());
     ASSERT_TRUE(file.ok()) << file.status();
     EXPECT_EQ(file->SerializeAsString(), latest->SerializeAsString());
   }
@@ -242,7 +242,7 @@ TEST_F(CheckpointE2eTest, CommitWritesManifestJsonThenLatest) {
   ASSERT_EQ(c.state(), v1::CHECKPOINT_STATE_COMMITTED) << c.abort_reason();
   EXPECT_EQ(c.directory(), root_ + "/" + c.checkpoint_id());
   ASSERT_NO_FATAL_FAILURE(ExpectLatest(c.checkpoint_id(), 10));
-  absl::StatusOr<v1::Manifest> file = ReadManifestFile(c.directory());
+  absl::StatusOr<v1::Manifest> file = checkpoint::ReadManifestFile(c.directory());
   ASSERT_TRUE(file.ok());
   EXPECT_EQ(file->state(), v1::CHECKPOINT_STATE_COMMITTED);
   EXPECT_EQ(file->data_cursor(), 999u);
@@ -448,7 +448,7 @@ TEST_F(CheckpointE2eTest, ManifestWriteFailureKeepsTheCommit) {
   absl::StatusOr<v1::Manifest> latest = Manifest("");
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(latest->checkpoint_id(), b.checkpoint_id());
-  EXPECT_EQ(*ReadLatestFile(root_), a.checkpoint_id());
+  EXPECT_EQ(*checkpoint::ReadLatestFile(root_), a.checkpoint_id());
   v1::Job job;
   v1::GetJobRequest req;
   req.set_job_id(job_);
@@ -467,7 +467,7 @@ TEST_F(CheckpointE2eTest, RestartRepairsManifestJsonAndLatest) {
   ASSERT_EQ(b.state(), v1::CHECKPOINT_STATE_COMMITTED) << b.abort_reason();
   h_->Kill();
   fs::remove(b.directory() + "/manifest.json");
-  ASSERT_TRUE(WriteLatestFile(root_, a.checkpoint_id()).ok());
+  ASSERT_TRUE(checkpoint::WriteLatestFile(root_, a.checkpoint_id()).ok());
   h_ = std::make_unique<Harness>(Options(state_));
   Connect();
   ASSERT_NO_FATAL_FAILURE(ExpectLatest(b.checkpoint_id(), 20));

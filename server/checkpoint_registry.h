@@ -110,7 +110,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/clock.h"
+#include "common/clock.h"
 #include "server/state_store.h"
 #include "shardline/v1/checkpoint.pb.h"
 #include "shardline/v1/common.pb.h"

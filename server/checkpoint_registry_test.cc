@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
-#include "server/clock.h"
+#include "common/clock.h"
 #include "server/state_store.h"
 
 namespace shardline::server {

@@ -13,8 +13,8 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
 #include "plan/zero.h"
-#include "server/job_spec.h"
-#include "server/plan_proto.h"
+#include "spec/job_spec.h"
+#include "spec/plan_proto.h"
 
 namespace shardline::server {
 namespace {
@@ -174,11 +174,11 @@ struct Coordinator::JobRecord {
   std::string worker_token;  // persisted
   std::map<std::string, MemberRecord> members;  // by worker_id; never erased
   std::optional<plan::Plan> plan;               // the current generation, once formed
-  PlanGroups plan_groups;                       // GroupsOfPlan(*plan) while plan is set
+  spec::PlanGroups plan_groups;                       // spec::GroupsOfPlan(*plan) while plan is set
   // Sets (or, with nullopt, clears) the plan and the groups derived from it.
   void SetPlan(std::optional<plan::Plan> p) {
     plan = std::move(p);
-    plan_groups = plan.has_value() ? GroupsOfPlan(*plan) : PlanGroups{};
+    plan_groups = plan.has_value() ? spec::GroupsOfPlan(*plan) : spec::PlanGroups{};
   }
   // A member that was a SPARE no longer is one.
   void UncountSpare(v1::MemberState was) {
@@ -297,7 +297,7 @@ absl::Status Coordinator::Recover() {
     // answering after a restart.
     if (job->job.phase() == v1::JOB_PHASE_RUNNING ||
         (job->job.phase() == v1::JOB_PHASE_COMPLETED && job->job.dp() > 0)) {
-      absl::StatusOr<plan::Plan> p = PlanGeneration(job->job.spec(), job->job.dp());
+      absl::StatusOr<plan::Plan> p = spec::PlanGeneration(job->job.spec(), job->job.dp());
       if (!p.ok()) {
         return absl::DataLossError(absl::StrCat("stored job '", id,
                                                 "' cannot be planned again: ", p.status().message()));
@@ -485,7 +485,7 @@ void Coordinator::ExcludeMemberLocked(JobRecord& job, MemberRecord& m,
   for (const auto& [id, other] : job.members) {
     if (id != worker_id && IsLive(other.member.state())) ++others;
   }
-  if (!ChooseDp(job.job.spec(), others).has_value()) {
+  if (!spec::ChooseDp(job.job.spec(), others).has_value()) {
     SetPhaseLocked(job, v1::JOB_PHASE_FAILED,
                    absl::StrCat("worker '", worker_id, "' was ", detail, "; the other ", others,
                                 " workers are fewer than the job needs (min_workers=",
@@ -511,7 +511,7 @@ void Coordinator::MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* 
     anyone_fenced |= m.member.state() == v1::MEMBER_STATE_FENCED;
   }
   const int count = static_cast<int>(candidates.size());
-  const std::optional<int> dp = ChooseDp(job.job.spec(), count);
+  const std::optional<int> dp = spec::ChooseDp(job.job.spec(), count);
   if (dp.has_value()) {
     if (!job.last_call_deadline.has_value()) {
       job.last_call_deadline = now + FromProto(elastic.last_call());
@@ -547,8 +547,8 @@ void Coordinator::MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* 
 
 void Coordinator::FormGenerationLocked(JobRecord& job, int dp,
                                        std::vector<MemberRecord*> candidates) {
-  absl::StatusOr<plan::Plan> p = PlanGeneration(job.job.spec(), dp);
-  if (!p.ok()) {  // ChooseDp checked this; an error here is a broken invariant.
+  absl::StatusOr<plan::Plan> p = spec::PlanGeneration(job.job.spec(), dp);
+  if (!p.ok()) {  // spec::ChooseDp checked this; an error here is a broken invariant.
     SetPhaseLocked(job, v1::JOB_PHASE_FAILED,
                    absl::StrCat("internal: cannot plan dp=", dp, ": ", p.status().message()));
     StopAllLocked(job);
@@ -624,7 +624,7 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord&
   v1::Assignment a;
   const v1::JobSpec& spec = job.job.spec();
   if (m.member.state() == v1::MEMBER_STATE_ACTIVE) {
-    a = AssignmentFor(*job.plan, job.plan_groups, static_cast<int>(m.member.rank()));
+    a = spec::AssignmentFor(*job.plan, job.plan_groups, static_cast<int>(m.member.rank()));
     if (job.job.has_last_checkpoint()) *a.mutable_restore() = job.job.last_checkpoint();
     const uint64_t start = job.job.has_last_checkpoint() ? job.job.last_checkpoint().step() : 0;
     a.set_start_step(start);
@@ -633,7 +633,7 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord&
     a.set_spare(true);
     a.set_world_size(job.plan->parallel.world_size());
     a.set_dp(job.plan->parallel.dp);
-    *a.mutable_parallel() = ParallelToProto(job.plan->parallel);
+    *a.mutable_parallel() = spec::ParallelToProto(job.plan->parallel);
   }
   a.set_generation(job.job.generation());
   return a;
@@ -696,7 +696,7 @@ absl::StatusOr<v1::CreateJobResponse> Coordinator::CreateJob(const v1::CreateJob
   if (!request.job_id().empty()) {
     if (absl::Status s = ValidJobId(request.job_id()); !s.ok()) return s;
   }
-  absl::StatusOr<v1::JobSpec> spec = ResolveJobSpec(request.spec());
+  absl::StatusOr<v1::JobSpec> spec = spec::ResolveJobSpec(request.spec());
   if (!spec.ok()) return spec.status();
   absl::MutexLock lock(&mu_);
   if (request.job_id().empty()) {  // the coordinator picks a fresh id
@@ -785,7 +785,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
 
 absl::StatusOr<v1::Job> Coordinator::CancelJob(const v1::CancelJobRequest& request) {
   // The reason becomes phase_reason, which `job get` and every STOP print.
-  if (absl::Status s = CheckText("reason", request.reason(), kMaxReasonBytes); !s.ok()) return s;
+  if (absl::Status s = CheckText("reason", request.reason(), spec::kMaxReasonBytes); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   JobRecord* job = FindJobLocked(request.job_id());
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", request.job_id(), "'"));
@@ -830,7 +830,7 @@ absl::StatusOr<v1::Plan> Coordinator::GetPlan(const std::string& job_id) const {
         "job '", job_id, "' has no formed generation (phase ", PhaseName(job->job.phase()),
         ", generation ", job->job.generation(), "): ", job->job.phase_reason()));
   }
-  return PlanToProto(*job->plan, job_id, job->job.generation());
+  return spec::PlanToProto(*job->plan, job_id, job->job.generation());
 }
 
 absl::StatusOr<v1::GetShardOwnerResponse> Coordinator::GetShardOwner(
@@ -864,7 +864,7 @@ absl::StatusOr<v1::GetShardOwnerResponse> Coordinator::GetShardOwner(
   response.set_zero_stage(p.parallel.zero_stage);
   response.set_generation(job->job.generation());
   for (const plan::Holder& h : *holders) {
-    *response.add_holders() = HolderToProto(h, *spec, p.parallel.tp);
+    *response.add_holders() = spec::HolderToProto(h, *spec, p.parallel.tp);
   }
   return response;
 }
@@ -1327,7 +1327,7 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
                                                     const std::string& reason, bool force,
                                                     std::vector<GenerationEnded>* ended) {
   // The reason goes into the member's detail and events that shardctl prints.
-  if (absl::Status s = CheckText("reason", reason, kMaxReasonBytes); !s.ok()) return s;
+  if (absl::Status s = CheckText("reason", reason, spec::kMaxReasonBytes); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   JobRecord* job = FindJobLocked(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
@@ -1549,7 +1549,7 @@ void Coordinator::MaybeGrowLocked(JobRecord& job, const v1::CheckpointRef& ref,
     if (m.member.state() == v1::MEMBER_STATE_SPARE && m.session.has_value()) ++spares;
   }
   if (spares == 0) return;
-  const std::optional<int> dp = ChooseDp(job.job.spec(), ranks + spares);
+  const std::optional<int> dp = spec::ChooseDp(job.job.spec(), ranks + spares);
   if (!dp.has_value() || *dp <= static_cast<int>(job.job.dp())) return;
   const uint64_t model_parallel =
       uint64_t{job.job.spec().parallel().tp()} * job.job.spec().parallel().pp();

@@ -62,7 +62,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/clock.h"
+#include "common/clock.h"
 #include "server/state_store.h"
 #include "shardline/v1/events.pb.h"
 #include "shardline/v1/job.pb.h"

@@ -29,7 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/auth.h"
-#include "server/checkpoint_files.h"
+#include "checkpoint/checkpoint_files.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 
 namespace shardline::server {
@@ -181,10 +181,10 @@ std::vector<v1::Job> AllJobs(const Coordinator& coordinator) {
 
 }  // namespace
 
-std::vector<JobSnapshot> SnapshotJobs(const Coordinator& coordinator) {
-  std::vector<JobSnapshot> out;
+std::vector<metrics::JobSnapshot> SnapshotJobs(const Coordinator& coordinator) {
+  std::vector<metrics::JobSnapshot> out;
   for (const v1::Job& job : AllJobs(coordinator)) {
-    JobSnapshot s;
+    metrics::JobSnapshot s;
     s.job_id = job.job_id();
     s.generation = job.generation();
     absl::StatusOr<v1::ListMembersResponse> members = coordinator.ListMembers(job.job_id());
@@ -522,12 +522,12 @@ class Services {
   void RepairLatestFiles(const std::string& job_id, const std::string& root) {
     if (root.empty()) return;
     std::optional<v1::CheckpointRef> latest = deps_.checkpoints->Latest(job_id);
-    absl::StatusOr<std::string> on_disk = ReadLatestFile(root);
+    absl::StatusOr<std::string> on_disk = checkpoint::ReadLatestFile(root);
     if (!latest) {
       if (!on_disk.ok()) return;
       absl::MutexLock lock(&files_mu_);
       std::error_code ec;
-      std::filesystem::remove(std::filesystem::path(root) / std::string(kLatestFileName), ec);
+      std::filesystem::remove(std::filesystem::path(root) / std::string(checkpoint::kLatestFileName), ec);
       Log(absl::StrCat("checkpoint LATEST removed job=", job_id, " (it named ", *on_disk,
                        "; no committed checkpoint is usable)",
                        ec ? absl::StrCat(" status=\"", ec.message(), "\"") : std::string()));
@@ -537,7 +537,7 @@ class Services {
         deps_.checkpoints->GetManifest(job_id, latest->checkpoint_id());
     if (!manifest.ok()) return;
     const bool latest_right = on_disk.ok() && *on_disk == latest->checkpoint_id();
-    if (latest_right && ReadManifestFile(manifest->directory()).ok()) return;
+    if (latest_right && checkpoint::ReadManifestFile(manifest->directory()).ok()) return;
     Log(latest_right
             ? absl::StrCat("checkpoint files repaired job=", job_id, " checkpoint=",
                            latest->checkpoint_id(), " (manifest.json was missing)")
@@ -569,7 +569,7 @@ class Services {
     const std::string root = CheckpointRoot(job_id);
     const std::string& id = manifest.checkpoint_id();
     absl::MutexLock lock(&files_mu_);
-    absl::Status s = WriteManifestFile(root, manifest);
+    absl::Status s = checkpoint::WriteManifestFile(root, manifest);
     if (!s.ok()) {
       Log(absl::StrCat("checkpoint manifest.json not written job=", job_id, " checkpoint=", id,
                        " status=\"", s.ToString(), "\" (the checkpoint is committed; LATEST "
@@ -580,13 +580,13 @@ class Services {
     if (!latest || latest->checkpoint_id() != id) {
       Log(absl::StrCat("checkpoint LATEST not moved job=", job_id, " checkpoint=", id,
                        " (no longer the newest committed)"));
-    } else if (s = WriteLatestFile(root, id); !s.ok()) {
+    } else if (s = checkpoint::WriteLatestFile(root, id); !s.ok()) {
       Log(absl::StrCat("checkpoint LATEST not moved job=", job_id, " checkpoint=", id,
                        " status=\"", s.ToString(), "\" (the checkpoint is committed)"));
       return;
     }
     for (const ExpiredCheckpoint& x : expired) {
-      absl::Status removed = RemoveCheckpointDirectory(root, x.directory);
+      absl::Status removed = checkpoint::RemoveCheckpointDirectory(root, x.directory);
       Log(absl::StrCat("checkpoint expired job=", job_id, " checkpoint=", x.ref.checkpoint_id(),
                        " directory=", x.directory,
                        removed.ok() ? std::string(" (deleted)")
@@ -603,7 +603,7 @@ class Services {
     if (root.empty() || directory.empty()) return;
     absl::MutexLock lock(&files_mu_);
     if (::access(directory.c_str(), F_OK) != 0) return;  // nothing written, or already gone
-    absl::Status removed = RemoveCheckpointDirectory(root, directory);
+    absl::Status removed = checkpoint::RemoveCheckpointDirectory(root, directory);
     Log(absl::StrCat("checkpoint directory of aborted checkpoint job=", job_id,
                      " checkpoint=", checkpoint_id, " directory=", directory,
                      removed.ok() ? std::string(" (deleted)")
@@ -656,7 +656,7 @@ class Services {
         }
         // A spec that is invalid anyway creates no directory (and a
         // directory with '..' is refused before anything is created).
-        if (absl::StatusOr<v1::JobSpec> spec = ResolveJobSpec(req->spec()); !spec.ok()) {
+        if (absl::StatusOr<v1::JobSpec> spec = spec::ResolveJobSpec(req->spec()); !spec.ok()) {
           return spec.status();
         }
         // The checkpoint directory must be usable before any worker trains

@@ -116,8 +116,8 @@
 #include "absl/time/time.h"
 #include "server/checkpoint_registry.h"
 #include "server/coordinator.h"
-#include "server/job_spec.h"
-#include "server/metrics.h"
+#include "spec/job_spec.h"
+#include "metrics/metrics.h"
 #include "server/rendezvous.h"
 
 namespace shardline::server {
@@ -149,7 +149,7 @@ struct ServiceDeps {
   Coordinator* coordinator = nullptr;         // required
   Rendezvous* rendezvous = nullptr;           // required
   CheckpointRegistry* checkpoints = nullptr;  // required
-  Metrics* metrics = nullptr;                 // optional
+  metrics::Metrics* metrics = nullptr;                 // optional
 };
 
 struct ServerOptions {
@@ -171,7 +171,7 @@ struct ServerOptions {
   // merely stalled (SIGSTOP, swapping) is judged by its job's
   // heartbeat_timeout (HEARTBEAT_TIMEOUT), not by the keepalive.
   absl::Duration keepalive_time = absl::Seconds(5);
-  absl::Duration keepalive_timeout = kMaxHeartbeatTimeout + absl::Minutes(1);
+  absl::Duration keepalive_timeout = spec::kMaxHeartbeatTimeout + absl::Minutes(1);
   // Most threads of the sync server (one per concurrent call, blocking
   // waits included); calls beyond get RESOURCE_EXHAUSTED.
   int max_threads = 16384;
@@ -189,7 +189,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const std::string& client_ca_file);
 
 // The gauges of every job for Metrics (generation, members by state).
-std::vector<JobSnapshot> SnapshotJobs(const Coordinator& coordinator);
+std::vector<metrics::JobSnapshot> SnapshotJobs(const Coordinator& coordinator);
 
 class Services;  // grpc_service.cc
 

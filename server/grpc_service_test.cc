@@ -24,10 +24,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint_registry.h"
-#include "server/clock.h"
+#include "common/clock.h"
 #include "server/coordinator.h"
-#include "server/grpc_test_util.h"
-#include "server/metrics.h"
+#include "testing/grpc_test_util.h"
+#include "metrics/metrics.h"
 #include "server/rendezvous.h"
 #include "server/state_store.h"
 
@@ -269,8 +269,8 @@ TEST(GrpcServiceTest, ElasticRestartAfterStreamBreaks) {
   }
 
   // Metrics over loopback show the real state.
-  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
-      MetricsHttpServer::Start("127.0.0.1", 0, &h.metrics());
+  absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> http =
+      metrics::MetricsHttpServer::Start("127.0.0.1", 0, &h.metrics());
   ASSERT_TRUE(http.ok()) << http.status();
   const std::string text = Scrape((*http)->port());
   EXPECT_THAT(text, HasSubstr("shardline_job_generation{job=\"elastic\"} 2\n"));

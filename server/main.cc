@@ -25,13 +25,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "client/args.h"
-#include "server/checkpoint_files.h"
+#include "common/flags.h"
+#include "checkpoint/checkpoint_files.h"
 #include "server/checkpoint_registry.h"
-#include "server/clock.h"
+#include "common/clock.h"
 #include "server/coordinator.h"
 #include "server/grpc_service.h"
-#include "server/metrics.h"
+#include "metrics/metrics.h"
 #include "server/rendezvous.h"
 #include "server/state_store.h"
 
@@ -50,7 +50,7 @@ int Main(int argc, char** argv) {
   std::string tls_cert, tls_key, tls_client_ca;
   int64_t metrics_port = 0;
   bool help = false;
-  client::ArgParser args("shardline-coordinator");
+  ArgParser args("shardline-coordinator");
   args.AddString("listen", &listen, "HOST:PORT to serve gRPC on (port 0: any free port)");
   args.AddString("state", &state, "SQLite state file, or 'memory' (nothing survives a restart)");
   args.AddString("admin-token", &admin_token,
@@ -157,12 +157,12 @@ int Main(int argc, char** argv) {
   // next to the shards), so it checks at commit that every reported file is
   // there with its size (server/checkpoint_files.h).
   CheckpointRegistryOptions checkpoint_options;
-  checkpoint_options.verify_files = VerifyShardFiles;
+  checkpoint_options.verify_files = checkpoint::VerifyShardFiles;
   absl::StatusOr<std::unique_ptr<CheckpointRegistry>> checkpoints =
       CheckpointRegistry::Create(store.get(), &clock, checkpoint_options);
   if (!checkpoints.ok()) return Fail(checkpoints.status());
   Rendezvous rendezvous(&clock);
-  Metrics metrics([&coordinator] { return SnapshotJobs(coordinator); });
+  metrics::Metrics metrics([&coordinator] { return SnapshotJobs(coordinator); });
 
   ServerOptions options;
   options.listen_address = listen;
@@ -177,12 +177,12 @@ int Main(int argc, char** argv) {
       {&coordinator, &rendezvous, checkpoints->get(), &metrics}, options);
   if (!server.ok()) return Fail(server.status());
 
-  std::unique_ptr<MetricsHttpServer> metrics_server;
+  std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
   if (metrics_port > 0) {
     const std::string& address = (*server)->address();
     const std::string host = address.substr(0, address.rfind(':'));
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(host, static_cast<int>(metrics_port), &metrics);
+    absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> started =
+        metrics::MetricsHttpServer::Start(host, static_cast<int>(metrics_port), &metrics);
     if (!started.ok()) return Fail(started.status());
     metrics_server = *std::move(started);
     std::fprintf(stdout, "metrics on %s:%d\n", host.c_str(), metrics_server->port());

@@ -69,7 +69,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/clock.h"
+#include "common/clock.h"
 
 namespace shardline::server {
 

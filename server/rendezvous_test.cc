@@ -16,7 +16,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/clock.h"
+#include "common/clock.h"
 
 namespace shardline::server {
 namespace {

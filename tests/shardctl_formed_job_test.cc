@@ -25,8 +25,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "server/grpc_test_util.h"
-#include "tests/coordinator_process.h"
+#include "testing/grpc_test_util.h"
+#include "testing/coordinator_process.h"
 
 namespace shardline {
 namespace {
@@ -41,7 +41,7 @@ struct Result {
 };
 
 Result Shardctl(const std::string& address, const std::string& args) {
-  const std::string command = absl::StrCat(Runfile("client/shardctl"), " ", args,
+  const std::string command = absl::StrCat(Runfile("client/shardctl/shardctl"), " ", args,
                                            " --coordinator ", address, " 2>&1");
   const e2e::CommandResult run = e2e::RunCommand(command);
   Result r;

@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/test_harness.h"
+#include "testing/worker_harness.h"
 
 namespace shardline::worker {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "worker/checkpoint/shard_io.h"
+#include "checkpoint/shard_io.h"
 #include "worker/checkpoint/trainer_state.h"
 
 namespace shardline::worker {
@@ -105,7 +105,7 @@ absl::Status Checkpointer::Save(const v1::Fence& fence, uint32_t rank, int64_t s
   last_summary_.set_step(static_cast<uint64_t>(step));
   last_summary_.set_state(v1::CHECKPOINT_STATE_PENDING);
   const std::vector<checkpoint::LocalRun> runs =
-      checkpoint::FromStateSlices(trainer.SaveSlices());
+      FromStateSlices(trainer.SaveSlices());
   if (!async) {
     absl::StatusOr<v1::ReportShardRequest> written =
         checkpoint::WriteShard(opened.directory(), static_cast<int>(rank), runs);
@@ -156,7 +156,7 @@ absl::Status Checkpointer::Restore(const std::string& job_id, const v1::Checkpoi
                         absl::StrCat("restoring ", ref.checkpoint_id(), ": ", s.message()));
   }
   if (absl::Status s = checkpoint::ReadRuns(manifest, manifest.directory(),
-                                             checkpoint::FromStateSlices(slices));
+                                             FromStateSlices(slices));
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("restoring ", ref.checkpoint_id(), ": ", s.message()));
   }

@@ -19,7 +19,7 @@
 #include "worker/cancel_token.h"
 #include "worker/comm/backend.h"
 #include "worker/coordinator_store.h"
-#include "worker/test_harness.h"
+#include "testing/worker_harness.h"
 
 namespace shardline::worker {
 namespace {

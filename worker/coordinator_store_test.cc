@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/agent.h"
-#include "worker/test_harness.h"
+#include "testing/worker_harness.h"
 
 namespace shardline::worker {
 namespace {

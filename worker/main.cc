@@ -37,11 +37,11 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/args.h"
+#include "common/flags.h"
 #include "client/coordinator_client.h"
 #include "worker/agent.h"
 #include "worker/communicators.h"
-#include "server/metrics.h"
+#include "metrics/metrics.h"
 #include "worker/gpu/gpu_compute_device.h"
 #include "worker/training_loop.h"
 #include "worker/worker_metrics.h"
@@ -115,7 +115,7 @@ class CommHolder {
 };
 
 int Run(int argc, char** argv) {
-  client::ArgParser parser("shardline-worker");
+  ArgParser parser("shardline-worker");
   client::ConnectionFlags connection_flags;
   connection_flags.Register(parser);
   std::string job, worker_id, device = "cpu", backend_flag = "auto", host, interface = "127.0.0.1";
@@ -303,10 +303,10 @@ int Run(int argc, char** argv) {
 
   SetLogPlace(job, 0, -1);
   WorkerMetrics metrics(job, agent->worker_id());
-  std::unique_ptr<server::MetricsHttpServer> metrics_server;
+  std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
   if (metrics_port >= 0) {
-    absl::StatusOr<std::unique_ptr<server::MetricsHttpServer>> started =
-        server::MetricsHttpServer::Start("0.0.0.0", static_cast<int>(metrics_port),
+    absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> started =
+        metrics::MetricsHttpServer::Start("0.0.0.0", static_cast<int>(metrics_port),
                                          [&metrics] { return metrics.Render(); });
     if (!started.ok()) {
       std::cerr << "shardline-worker: --metrics-port: " << started.status().message() << "\n";

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "server/job_spec.h"
+#include "spec/job_spec.h"
 #include "worker/train/job_options.h"
 #include "worker/train/ops.h"
 #include "worker/train/trainer.h"
@@ -63,7 +63,7 @@ absl::StatusOr<const train::Corpus*> TrainingLoop::CorpusFor(const v1::JobSpec& 
 absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
                                                         Communicators& comms) {
   const uint64_t gen = a.generation();
-  absl::StatusOr<v1::JobSpec> spec = server::ResolveJobSpec(agent_->spec());
+  absl::StatusOr<v1::JobSpec> spec = spec::ResolveJobSpec(agent_->spec());
   if (!spec.ok()) return spec.status();
   absl::StatusOr<train::TrainingOptions> options =
       train::TrainingOptionsFromSpec(*spec, static_cast<int>(a.dp()));

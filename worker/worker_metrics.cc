@@ -4,14 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/metrics.h"
+#include "metrics/metrics.h"
 #include "worker/comm/backend.h"
 
 namespace shardline::worker {
 
 WorkerMetrics::WorkerMetrics(std::string job_id, std::string worker_id)
-    : labels_(absl::StrCat("{job=\"", server::EscapeLabelValue(job_id), "\",worker_id=\"",
-                           server::EscapeLabelValue(worker_id), "\"}")) {}
+    : labels_(absl::StrCat("{job=\"", metrics::EscapeLabelValue(job_id), "\",worker_id=\"",
+                           metrics::EscapeLabelValue(worker_id), "\"}")) {}
 
 void WorkerMetrics::SetPlace(uint64_t generation, int64_t rank) {
   absl::MutexLock lock(&mu_);

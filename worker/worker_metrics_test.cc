@@ -4,8 +4,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/metrics.h"
-#include "worker/process_harness.h"
+#include "metrics/metrics.h"
+#include "testing/process_harness.h"
 
 namespace shardline::worker {
 namespace {
@@ -46,7 +46,7 @@ TEST(WorkerMetricsTest, RendersStepsCheckpointsAndPlace) {
 TEST(WorkerMetricsTest, ServedOverHttp) {
   WorkerMetrics m("j", "w");
   m.SetPlace(1, 0);
-  auto server = server::MetricsHttpServer::Start("127.0.0.1", 0, [&m] { return m.Render(); });
+  auto server = metrics::MetricsHttpServer::Start("127.0.0.1", 0, [&m] { return m.Render(); });
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string response = HttpGet((*server)->port(), "/metrics");
   EXPECT_THAT(response, HasSubstr("200 OK"));

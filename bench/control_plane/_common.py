@@ -39,7 +39,7 @@ def bin_path(rel):
         raise FileNotFoundError(
             "%s is missing; build it with bazel build --config=ci -c opt "
             "//bench/control_plane:cp_load //server:shardline-coordinator "
-            "//worker:shardline-worker //client:shardctl" % p)
+            "//worker:shardline-worker //client/shardctl" % p)
     return p
 
 

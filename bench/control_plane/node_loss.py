@@ -113,7 +113,7 @@ def shardline_once(rep, data):
     try:
         env = dict(os.environ, SHARDLINE_COORDINATOR=coord.address)
         env.pop("SHARDLINE_TOKEN", None)
-        subprocess.run([_common.bin_path("client/shardctl"), "job", "create", spec, "--id", "nl"],
+        subprocess.run([_common.bin_path("client/shardctl/shardctl"), "job", "create", spec, "--id", "nl"],
                        env=env, check=True, stdout=subprocess.DEVNULL, timeout=60)
         for i in range(WORKERS):
             workers.append(_common.Server(

@@ -24,7 +24,7 @@
 #   SHARDLINE_DEMO_STEPS  training steps (default 600; quick mode 40)
 #   SHARDLINE_DEMO_QUICK=1  a short run for tests: 40 steps, a checkpoint
 #                         every 10, the kill after step 15
-#   SHARDLINE_DEMO_BIN    folder holding client/shardctl,
+#   SHARDLINE_DEMO_BIN    folder holding client/shardctl/shardctl,
 #                         server/shardline-coordinator and
 #                         worker/shardline-worker: skip install and build
 #                         (tests/demo_test.sh uses its runfiles)
@@ -79,20 +79,20 @@ else
   bash deploy/install_deps.sh
   CONFIG=(--config=ci)
   [ -x /usr/local/cuda/bin/nvcc ] || CONFIG+=(--config=nocuda)
-  bazel --batch build "${CONFIG[@]}" //client:shardctl //server:shardline-coordinator \
+  bazel --batch build "${CONFIG[@]}" //client/shardctl //server:shardline-coordinator \
     //worker:shardline-worker >"$OUT/build.log" 2>&1 ||
     { tail -40 "$OUT/build.log" >&2; die "the build failed (full log: $OUT/build.log)"; }
   # Copies: a later build in this workspace (another configuration, or
   # -c opt) may replace bazel-bin under a running demo.
   rm -rf "$OUT/bin"
-  mkdir -p "$OUT/bin/client" "$OUT/bin/server" "$OUT/bin/worker"
-  cp -fL bazel-bin/client/shardctl "$OUT/bin/client/" &&
+  mkdir -p "$OUT/bin/client/shardctl" "$OUT/bin/server" "$OUT/bin/worker"
+  cp -fL bazel-bin/client/shardctl/shardctl "$OUT/bin/client/shardctl/" &&
     cp -fL bazel-bin/server/shardline-coordinator "$OUT/bin/server/" &&
     cp -fL bazel-bin/worker/shardline-worker "$OUT/bin/worker/" ||
     die "cannot copy the built programs from bazel-bin"
   BIN="$OUT/bin"
 fi
-SHARDCTL="$BIN/client/shardctl"
+SHARDCTL="$BIN/client/shardctl/shardctl"
 COORDINATOR="$BIN/server/shardline-coordinator"
 WORKER="$BIN/worker/shardline-worker"
 for b in "$SHARDCTL" "$COORDINATOR" "$WORKER"; do

@@ -62,11 +62,11 @@ if [ -z "$COORDINATOR_BIN" ]; then
   mkdir -p "$OUT"
   CONFIG=(--config=ci)
   [ -x /usr/local/cuda/bin/nvcc ] || CONFIG+=(--config=nocuda)
-  bazel --batch build "${CONFIG[@]}" //client:shardctl //server:shardline-coordinator \
+  bazel --batch build "${CONFIG[@]}" //client/shardctl //server:shardline-coordinator \
     //worker:shardline-worker 2>"$OUT/build.log" || { cat "$OUT/build.log" >&2; exit 1; }
   COORDINATOR_BIN=bazel-bin/server/shardline-coordinator
   WORKER_BIN=bazel-bin/worker/shardline-worker
-  SHARDCTL_BIN=bazel-bin/client/shardctl
+  SHARDCTL_BIN=bazel-bin/client/shardctl/shardctl
 fi
 COORDINATOR_BIN=$(absolute "$COORDINATOR_BIN")
 WORKER_BIN=$(absolute "$WORKER_BIN")

@@ -14,12 +14,12 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "plan/model.h"
-#include "worker/checkpoint/manifest_test_util.h"
-#include "worker/checkpoint/shard_io.h"
+#include "testing/manifest_test_util.h"
+#include "checkpoint/shard_io.h"
 #include "worker/checkpoint/trainer_state.h"
 #include "worker/train/test_util.h"
 
-namespace shardline::worker::checkpoint {
+namespace shardline::worker {
 namespace {
 
 using train::StepStats;
@@ -36,7 +36,7 @@ TrainingOptions Options(const Layout& l) { return train::testing::SmallGptOption
 // The coordinator's commit (see MergeReports), committed.
 v1::Manifest Merge(const std::map<int, v1::ReportShardRequest>& reports,
                    const std::string& directory) {
-  v1::Manifest m = testing::MergeReports(reports);
+  v1::Manifest m = checkpoint::testing::MergeReports(reports);
   m.set_checkpoint_id("job-1/step-3");
   m.set_step(kSaveAt);
   m.set_state(v1::CHECKPOINT_STATE_COMMITTED);
@@ -52,7 +52,7 @@ std::vector<double> Losses(const std::vector<StepStats>& stats) {
 
 struct Param {
   Layout before, after;
-  bool async = false;  // save through AsyncShardWriter
+  bool async = false;  // save through checkpoint::AsyncShardWriter
 };
 
 class TrainerCheckpointTest : public ::testing::TestWithParam<Param> {};
@@ -67,14 +67,14 @@ TEST_P(TrainerCheckpointTest, ContinuesTheUninterruptedCurveFromShardFiles) {
   std::mutex mu;
   std::map<int, v1::ReportShardRequest> reports;
   train::testing::Train(Options(param.before), kSaveAt, [&](int rank, Trainer& t) {
-    const std::vector<LocalRun> runs = FromStateSlices(t.SaveSlices());
+    const std::vector<checkpoint::LocalRun> runs = FromStateSlices(t.SaveSlices());
     absl::StatusOr<v1::ReportShardRequest> r;
     if (param.async) {
-      AsyncShardWriter writer;
+      checkpoint::AsyncShardWriter writer;
       ASSERT_TRUE(writer.Start(dir, rank, runs).ok());
       r = writer.Wait();
     } else {
-      r = WriteShard(dir, rank, runs);
+      r = checkpoint::WriteShard(dir, rank, runs);
     }
     ASSERT_TRUE(r.ok()) << r.status();
     std::lock_guard<std::mutex> lock(mu);
@@ -86,7 +86,7 @@ TEST_P(TrainerCheckpointTest, ContinuesTheUninterruptedCurveFromShardFiles) {
   // Every parameter and both moments, each element exactly once.
   const auto specs = *plan::GptParameters(Options(param.before).model);
   EXPECT_EQ(manifest.tensors_size(), static_cast<int>(3 * specs.size()));
-  const VerifyReport verify = VerifyCheckpoint(manifest, dir);
+  const checkpoint::VerifyReport verify = checkpoint::VerifyCheckpoint(manifest, dir);
   EXPECT_TRUE(verify.ok()) << verify.first_problem;
   EXPECT_EQ(verify.tensors, static_cast<int64_t>(3 * specs.size()));
   int64_t numel = 0;
@@ -95,7 +95,7 @@ TEST_P(TrainerCheckpointTest, ContinuesTheUninterruptedCurveFromShardFiles) {
 
   const std::vector<double> resumed =
       train::testing::ResumeAndTrain(Options(param.after), kSaveAt, kSteps, [&](Trainer& t) {
-        const absl::Status read = ReadRuns(manifest, dir, FromStateSlices(t.RestoreSlices()));
+        const absl::Status read = checkpoint::ReadRuns(manifest, dir, FromStateSlices(t.RestoreSlices()));
         ASSERT_TRUE(read.ok()) << read;
         ASSERT_TRUE(t.FinishRestore(kSaveAt).ok());
       });
@@ -127,4 +127,4 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 }  // namespace
-}  // namespace shardline::worker::checkpoint
+}  // namespace shardline::worker

@@ -1,9 +1,9 @@
 #include "worker/checkpoint/trainer_state.h"
 
-namespace shardline::worker::checkpoint {
+namespace shardline::worker {
 
-LocalRun FromStateSlice(const train::Trainer::StateSlice& slice) {
-  LocalRun run;
+checkpoint::LocalRun FromStateSlice(const train::Trainer::StateSlice& slice) {
+  checkpoint::LocalRun run;
   run.tensor = slice.tensor;
   run.global_shape = slice.spec->shape;
   run.split_dim = slice.spec->tp_split_dim;
@@ -15,11 +15,11 @@ LocalRun FromStateSlice(const train::Trainer::StateSlice& slice) {
   return run;
 }
 
-std::vector<LocalRun> FromStateSlices(const std::vector<train::Trainer::StateSlice>& slices) {
-  std::vector<LocalRun> runs;
+std::vector<checkpoint::LocalRun> FromStateSlices(const std::vector<train::Trainer::StateSlice>& slices) {
+  std::vector<checkpoint::LocalRun> runs;
   runs.reserve(slices.size());
   for (const train::Trainer::StateSlice& s : slices) runs.push_back(FromStateSlice(s));
   return runs;
 }
 
-}  // namespace shardline::worker::checkpoint
+}  // namespace shardline::worker

@@ -11,20 +11,20 @@
 
 #include <vector>
 
-#include "worker/checkpoint/shard_io.h"
+#include "checkpoint/shard_io.h"
 #include "worker/train/trainer.h"
 
-namespace shardline::worker::checkpoint {
+namespace shardline::worker {
 
 // The LocalRun of a Trainer::StateSlice: same tensor name, the parameter's
 // global shape and tp split dimension, tp/tp_rank, [begin, end) and data
 // (not copied: valid as long as the slice's pointer is).
 // Precondition: slice.spec != nullptr.
-LocalRun FromStateSlice(const train::Trainer::StateSlice& slice);
+checkpoint::LocalRun FromStateSlice(const train::Trainer::StateSlice& slice);
 
 // FromStateSlice of each slice, in order.
-std::vector<LocalRun> FromStateSlices(const std::vector<train::Trainer::StateSlice>& slices);
+std::vector<checkpoint::LocalRun> FromStateSlices(const std::vector<train::Trainer::StateSlice>& slices);
 
-}  // namespace shardline::worker::checkpoint
+}  // namespace shardline::worker
 
 #endif  // SHARDLINE_WORKER_CHECKPOINT_TRAINER_STATE_H_

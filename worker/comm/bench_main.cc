@@ -61,7 +61,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/args.h"
+#include "common/flags.h"
 #include "worker/comm/backend.h"
 #include "worker/comm/float16.h"
 #include "worker/comm/nccl_backend.h"
@@ -536,7 +536,7 @@ absl::Duration TimeMemcpy(size_t bytes, int64_t warmup, int64_t iters, bool chec
 
 absl::StatusOr<Config> ParseFlags(const std::vector<std::string>& argv, bool* help,
                                   std::string* usage) {
-  client::ArgParser args(kProgram);
+  ArgParser args(kProgram);
   int64_t ranks = 2, min_bytes = 4, max_bytes = int64_t{64} << 20, factor = 2;
   std::string op = "all", dtype = "fp32", backend = "gloo";
   Config cfg;

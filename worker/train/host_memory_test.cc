@@ -11,11 +11,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "client/spec_file.h"
+#include "spec/spec_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plan/plan.h"
-#include "server/job_spec.h"
+#include "spec/job_spec.h"
 #include "worker/train/data.h"
 #include "worker/train/job_options.h"
 #include "worker/train/trainer.h"
@@ -124,11 +124,11 @@ TEST(CheckHostMemoryTest, AFailingProbeChecksNothing) {
 TEST(CheckHostMemoryTest, TheHugeDemoSpecDoesNotFitAnyHost) {
   // The attack spec: the demo job with hidden_size 65536 (`shardctl plan`:
   // 3.00 TiB per rank at pp=1).
-  absl::StatusOr<v1::JobSpec> raw = client::ReadJobSpecFile("deploy/jobs/shakespeare.yaml");
+  absl::StatusOr<v1::JobSpec> raw = spec::ReadJobSpecFile("deploy/jobs/shakespeare.yaml");
   ASSERT_TRUE(raw.ok()) << raw.status();
   raw->mutable_model()->set_hidden_size(65536);
   raw->mutable_parallel()->set_pp(1);
-  absl::StatusOr<v1::JobSpec> spec = server::ResolveJobSpec(*raw);
+  absl::StatusOr<v1::JobSpec> spec = spec::ResolveJobSpec(*raw);
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<TrainingOptions> options = TrainingOptionsFromSpec(*spec, /*dp=*/1);
   ASSERT_TRUE(options.ok()) << options.status();

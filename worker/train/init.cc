@@ -74,22 +74,6 @@ float InitialValue(uint64_t seed, const plan::ParameterSpec& spec, int64_t num_l
   return static_cast<float>(std_dev * StandardNormal(TensorKey(seed, spec), index));
 }
 
-int64_t GlobalIndexOfLocal(const plan::ParameterSpec& spec, int tp, int tp_rank,
-                           int64_t local_index) {
-  const int d = spec.tp_split_dim;
-  if (tp == 1 || d < 0) return local_index;
-  // Index = (outer, j, inner) over shape = [outer dims..., dim d, inner dims...].
-  int64_t inner = 1;
-  for (size_t k = static_cast<size_t>(d) + 1; k < spec.shape.size(); ++k) inner *= spec.shape[k];
-  const int64_t dim = spec.shape[static_cast<size_t>(d)];
-  const int64_t local_dim = dim / tp;
-  const int64_t i = local_index % inner;
-  const int64_t rest = local_index / inner;
-  const int64_t j = rest % local_dim;
-  const int64_t outer = rest / local_dim;
-  return (outer * dim + static_cast<int64_t>(tp_rank) * local_dim + j) * inner + i;
-}
-
 void InitializeLocalSlice(uint64_t seed, const plan::ParameterSpec& spec, int64_t num_layers,
                           int tp, int tp_rank, float* out) {
   const int64_t n = spec.local_numel(tp);
@@ -102,7 +86,7 @@ void InitializeLocalSlice(uint64_t seed, const plan::ParameterSpec& spec, int64_
   const uint64_t key = TensorKey(seed, spec);
   for (int64_t k = 0; k < n; ++k) {
     out[k] = static_cast<float>(
-        std_dev * StandardNormal(key, GlobalIndexOfLocal(spec, tp, tp_rank, k)));
+        std_dev * StandardNormal(key, spec.global_index(tp, tp_rank, k)));
   }
 }
 

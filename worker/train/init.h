@@ -46,11 +46,6 @@ float InitialValue(uint64_t seed, const plan::ParameterSpec& spec, int64_t num_l
 void InitializeLocalSlice(uint64_t seed, const plan::ParameterSpec& spec, int64_t num_layers,
                           int tp, int tp_rank, float* out);
 
-// The global row-major index of local element `local_index` of tp rank
-// `tp_rank`'s slice (the mapping InitializeLocalSlice uses).
-int64_t GlobalIndexOfLocal(const plan::ParameterSpec& spec, int tp, int tp_rank,
-                           int64_t local_index);
-
 }  // namespace shardline::worker::train
 
 #endif  // SHARDLINE_WORKER_TRAIN_INIT_H_

@@ -69,15 +69,15 @@ TEST(GlobalIndexOfLocalTest, ClosedForm) {
   const plan::ParameterSpec cols = Spec("layers.0.mlp.fc2.weight", {4, 6}, 1);
   const plan::ParameterSpec whole = Spec("layers.0.input_layernorm.weight", {6}, -1);
   // Split dim 0, tp 2, rank 1: rows 2..3, so local 4 = (0, 4) -> (2, 4) = 16.
-  EXPECT_EQ(GlobalIndexOfLocal(rows, 2, 1, 4), 16);
-  EXPECT_EQ(GlobalIndexOfLocal(rows, 2, 0, 11), 11);
+  EXPECT_EQ(rows.global_index(2, 1, 4), 16);
+  EXPECT_EQ(rows.global_index(2, 0, 11), 11);
   // Split dim 1, tp 2, rank 1: columns 3..5, local [4, 3]; local 4 = (1, 1) -> (1, 4) = 10.
-  EXPECT_EQ(GlobalIndexOfLocal(cols, 2, 1, 4), 10);
-  EXPECT_EQ(GlobalIndexOfLocal(cols, 2, 0, 4), 7);
+  EXPECT_EQ(cols.global_index(2, 1, 4), 10);
+  EXPECT_EQ(cols.global_index(2, 0, 4), 7);
   // tp 3 rank 2: columns 4..5, local [4, 2]; local 7 = (3, 1) -> (3, 5) = 23.
-  EXPECT_EQ(GlobalIndexOfLocal(cols, 3, 2, 7), 23);
-  EXPECT_EQ(GlobalIndexOfLocal(whole, 4, 3, 5), 5);
-  EXPECT_EQ(GlobalIndexOfLocal(cols, 1, 0, 13), 13);
+  EXPECT_EQ(cols.global_index(3, 2, 7), 23);
+  EXPECT_EQ(whole.global_index(4, 3, 5), 5);
+  EXPECT_EQ(cols.global_index(1, 0, 13), 13);
 }
 
 TEST(InitTest, SlicesConcatenateToTheWholeTensor) {

@@ -1,7 +1,7 @@
 #include "worker/train/job_options.h"
 
 #include "absl/strings/str_cat.h"
-#include "server/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace shardline::worker::train {
 
@@ -17,8 +17,8 @@ absl::StatusOr<TrainingOptions> TrainingOptionsFromSpec(const v1::JobSpec& spec,
         "spec.training.precision: the trainer runs fp32 only; set precision: fp32");
   }
   TrainingOptions o;
-  o.model = server::ModelOf(spec);
-  o.parallel = server::ParallelOf(spec, dp);
+  o.model = spec::ModelOf(spec);
+  o.parallel = spec::ParallelOf(spec, dp);
   o.seed = t.seed();
   o.learning_rate.learning_rate = t.learning_rate();
   o.learning_rate.min_learning_rate = t.min_learning_rate();

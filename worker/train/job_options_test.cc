@@ -2,7 +2,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace shardline::worker::train {
 namespace {
@@ -35,7 +35,7 @@ v1::JobSpec Spec() {
 }
 
 TEST(JobOptionsTest, TakesModelLayoutAndOptimizerFromTheSpec) {
-  absl::StatusOr<v1::JobSpec> spec = server::ResolveJobSpec(Spec());
+  absl::StatusOr<v1::JobSpec> spec = spec::ResolveJobSpec(Spec());
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<TrainingOptions> o = TrainingOptionsFromSpec(*spec, 2);
   ASSERT_TRUE(o.ok()) << o.status();
@@ -57,7 +57,7 @@ TEST(JobOptionsTest, TakesModelLayoutAndOptimizerFromTheSpec) {
 }
 
 TEST(JobOptionsTest, DpThatDoesNotDivideTheBatchIsRejected) {
-  absl::StatusOr<v1::JobSpec> spec = server::ResolveJobSpec(Spec());
+  absl::StatusOr<v1::JobSpec> spec = spec::ResolveJobSpec(Spec());
   ASSERT_TRUE(spec.ok());
   absl::Status s = TrainingOptionsFromSpec(*spec, 3).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -68,7 +68,7 @@ TEST(JobOptionsTest, DpThatDoesNotDivideTheBatchIsRejected) {
 TEST(JobOptionsTest, MixedPrecisionIsRejected) {
   v1::JobSpec raw = Spec();
   raw.mutable_training()->set_precision(v1::PRECISION_MIXED);
-  absl::StatusOr<v1::JobSpec> spec = server::ResolveJobSpec(raw);
+  absl::StatusOr<v1::JobSpec> spec = spec::ResolveJobSpec(raw);
   ASSERT_TRUE(spec.ok());
   EXPECT_THAT(TrainingOptionsFromSpec(*spec, 1).status().message(), HasSubstr("fp32"));
 }

@@ -34,9 +34,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "client/args.h"
-#include "client/spec_file.h"
-#include "server/job_spec.h"
+#include "common/flags.h"
+#include "spec/spec_file.h"
+#include "spec/job_spec.h"
 #include "worker/gpu/gpu_compute_device.h"
 #include "worker/gpu/gpu_plugin.h"
 #include "worker/train/data.h"
@@ -58,7 +58,7 @@ int Fail(const std::string& what, int code = 2) {
 int Main(int argc, char** argv) {
   // Writes to a lost peer's socket fail with EPIPE instead of killing us.
   std::signal(SIGPIPE, SIG_IGN);
-  client::ArgParser args("shardline-train-local SPEC");
+  ArgParser args("shardline-train-local SPEC");
   constexpr int64_t kSpecSteps = std::numeric_limits<int64_t>::min();  // --steps not given
   int64_t dp = 1, steps = kSpecSteps, log_interval = 10, eval_interval = 0, eval_samples = 240,
           sample_length = 0, blas_threads = 1;
@@ -98,12 +98,12 @@ int Main(int argc, char** argv) {
   if (eval_interval < 0 || eval_samples < 1 || sample_length < 0)
     return Fail("--eval-interval and --sample-length must be >= 0, --eval-samples >= 1");
 
-  absl::StatusOr<v1::JobSpec> raw = client::ReadJobSpecFile((*positional)[0]);
+  absl::StatusOr<v1::JobSpec> raw = spec::ReadJobSpecFile((*positional)[0]);
   if (!raw.ok()) return Fail(std::string(raw.status().message()));
   if (!data_override.empty()) raw->mutable_data()->set_dataset_path(data_override);
   if (steps != kSpecSteps && steps < 0) return Fail(absl::StrCat("--steps=", steps, " must be >= 0"));
   if (steps != kSpecSteps) raw->mutable_training()->set_train_steps(static_cast<uint64_t>(steps));
-  absl::StatusOr<v1::JobSpec> spec = server::ResolveJobSpec(*raw);
+  absl::StatusOr<v1::JobSpec> spec = spec::ResolveJobSpec(*raw);
   if (!spec.ok()) return Fail(std::string(spec.status().message()));
   absl::StatusOr<TrainingOptions> options = TrainingOptionsFromSpec(*spec, static_cast<int>(dp));
   if (!options.ok()) return Fail(std::string(options.status().message()));

@@ -38,7 +38,7 @@ void Save(Trainer& t, GlobalState& g) {
     v.resize(n, 0.0f);
     w.resize(n, 0);
     for (int64_t i = s.begin; i < s.end; ++i) {
-      const int64_t global = GlobalIndexOfLocal(*s.spec, s.tp, s.tp_rank, i);
+      const int64_t global = s.spec->global_index(s.tp, s.tp_rank, i);
       v[global] = s.data[i - s.begin];
       ++w[global];
     }
@@ -49,7 +49,7 @@ void Restore(Trainer& t, const GlobalState& g, int64_t step) {
   for (const Trainer::StateSlice& s : t.RestoreSlices()) {
     const auto& v = g.values.at(s.tensor);
     for (int64_t i = s.begin; i < s.end; ++i) {
-      s.data[i - s.begin] = v[GlobalIndexOfLocal(*s.spec, s.tp, s.tp_rank, i)];
+      s.data[i - s.begin] = v[s.spec->global_index(s.tp, s.tp_rank, i)];
     }
   }
   ASSERT_TRUE(t.FinishRestore(step).ok());

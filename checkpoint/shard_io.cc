@@ -1,0 +1,927 @@
+#include "checkpoint/shard_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "checkpoint/crc32c.h"
+
+namespace shardline::checkpoint {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "shard files hold little-endian fp32; a big-endian host would need byte swaps");
+static_assert(sizeof(float) == 4, "fp32 is 4 bytes");
+
+constexpr uint64_t kFloatBytes = 4;
+// Largest single read/write and the checksum buffer (bytes).
+constexpr size_t kIoChunk = size_t{1} << 30;
+constexpr size_t kCrcBuffer = size_t{4} << 20;
+
+std::string Hex(uint32_t v) { return absl::StrFormat("0x%08X", v); }
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// --- Slice geometry --------------------------------------------------------
+
+// A hyperrectangle of a tensor's global shape and its decomposition into
+// "rows": maximal runs of slice elements that are contiguous in the global
+// row-major order. Dimension k is the innermost one the slice does not hold
+// whole; every dimension after k is whole, so a row is length[k] * (the
+// product of the later dimensions) elements, and there is one row per index
+// of the dimensions before k.
+struct SliceGeom {
+  std::vector<int64_t> shape;   // global, elements per dimension
+  std::vector<int64_t> offset;  // per dimension
+  std::vector<int64_t> length;  // per dimension
+  std::vector<int64_t> stride;  // global row-major strides (elements)
+  int64_t numel = 1;            // elements of the slice
+  int k = 0;                    // see above (0 for a 0-d tensor)
+  int64_t row = 1;              // elements per row
+
+  void Finish() {
+    const int rank = static_cast<int>(shape.size());
+    stride.assign(rank, 1);
+    for (int d = rank - 2; d >= 0; --d) stride[d] = stride[d + 1] * shape[d + 1];
+    numel = 1;
+    for (int64_t l : length) numel *= l;
+    k = rank == 0 ? 0 : rank - 1;
+    while (k > 0 && length[k] == shape[k]) --k;
+    row = 1;
+    for (int d = k; d < rank; ++d) row *= length[d];
+  }
+
+  // Global index of the first element of row `r`.
+  int64_t RowStart(int64_t r) const {
+    int64_t g = 0;
+    if (shape.empty()) return 0;
+    g += offset[k] * stride[k];
+    for (int d = k - 1; d >= 0; --d) {
+      const int64_t idx = r % length[d];
+      r /= length[d];
+      g += (offset[d] + idx) * stride[d];
+    }
+    return g;
+  }
+
+  // Calls f(global_begin, global_end, local_begin) for the global intervals
+  // of slice elements [b, e), in slice order.
+  template <typename F>
+  void ForEachInterval(int64_t b, int64_t e, F&& f) const {
+    if (b >= e || row == 0) return;
+    for (int64_t r = b / row; r * row < e; ++r) {
+      const int64_t lb = std::max(b, r * row);
+      const int64_t le = std::min(e, (r + 1) * row);
+      const int64_t g = RowStart(r) + (lb - r * row);
+      f(g, g + (le - lb), lb);
+    }
+  }
+};
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+SliceGeom GeomOfRun(const LocalRun& run) {
+  SliceGeom g;
+  g.shape = run.global_shape;
+  g.offset.assign(g.shape.size(), 0);
+  g.length = g.shape;
+  if (run.split_dim >= 0) {
+    const int64_t part = g.shape[run.split_dim] / run.tp;
+    g.offset[run.split_dim] = part * run.tp_rank;
+    g.length[run.split_dim] = part;
+  }
+  g.Finish();
+  return g;
+}
+
+// --- Validation ------------------------------------------------------------
+
+std::string RunName(const LocalRun& run) { return absl::StrCat("run of tensor '", run.tensor, "'"); }
+
+absl::Status ValidateRunsTogether(const std::vector<LocalRun>& runs) {
+  std::map<std::string, const LocalRun*> first;
+  for (const LocalRun& run : runs) {
+    if (absl::Status s = ValidateRun(run); !s.ok()) return s;
+    auto [it, inserted] = first.emplace(run.tensor, &run);
+    if (!inserted && it->second->global_shape != run.global_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "runs of tensor '", run.tensor, "' disagree on global_shape: ",
+          ShapeText(it->second->global_shape), " vs ", ShapeText(run.global_shape),
+          "; every run of one tensor must give its whole (unsplit) shape"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A manifest path must stay inside the checkpoint directory.
+absl::Status ValidateRelativePath(const std::string& path, const std::string& what) {
+  if (path.empty() || path[0] == '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " file '", path, "' must be a non-empty path relative to the checkpoint directory"));
+  }
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part == "..") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " file '", path, "' must not contain '..'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> ShapeOf(const v1::SavedTensor& t) {
+  std::vector<int64_t> shape;
+  for (uint64_t d : t.global_shape()) {
+    if (d > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()) * 1024) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has dimension ", d,
+                                                     ", beyond what a checkpoint can hold"));
+    }
+    shape.push_back(static_cast<int64_t>(d));
+  }
+  return shape;
+}
+
+uint64_t ElementBytes(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32:
+    case v1::DTYPE_INT32:
+      return 4;
+    case v1::DTYPE_FLOAT16:
+    case v1::DTYPE_BFLOAT16:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+// Checks one piece against its tensor and returns its slice geometry.
+absl::StatusOr<SliceGeom> GeomOfPiece(const v1::SavedTensor& t, const std::vector<int64_t>& shape,
+                                      const v1::SavedPiece& p, int index, uint64_t element_bytes) {
+  const std::string where = absl::StrCat("tensor '", t.name(), "' piece ", index, " (file '",
+                                         p.file(), "')");
+  if (p.slice().dims_size() != static_cast<int>(shape.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": slice has ", p.slice().dims_size(),
+                                                   " dims; the global shape ", ShapeText(shape),
+                                                   " has ", shape.size()));
+  }
+  SliceGeom g;
+  g.shape = shape;
+  for (int d = 0; d < p.slice().dims_size(); ++d) {
+    const v1::DimSlice& ds = p.slice().dims(d);
+    if (ds.offset() > static_cast<uint64_t>(shape[d]) ||
+        ds.length() > static_cast<uint64_t>(shape[d]) - ds.offset()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": slice dim ", d, " [", ds.offset(), ", ", ds.offset() + ds.length(),
+          ") lies outside [0, ", shape[d], ")"));
+    }
+    g.offset.push_back(static_cast<int64_t>(ds.offset()));
+    g.length.push_back(static_cast<int64_t>(ds.length()));
+  }
+  g.Finish();
+  if (p.range().begin() >= p.range().end() ||
+      p.range().end() > static_cast<uint64_t>(g.numel)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": range [", p.range().begin(), ", ",
+                                                   p.range().end(), ") must be non-empty within [0, ",
+                                                   g.numel, ") (the slice's elements)"));
+  }
+  const uint64_t want = (p.range().end() - p.range().begin()) * element_bytes;
+  if (p.byte_length() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": byte_length ", p.byte_length(),
+                                                   " should be ", want, " (elements x ",
+                                                   element_bytes, " bytes)"));
+  }
+  if (absl::Status s = ValidateRelativePath(p.file(), where); !s.ok()) return s;
+  return g;
+}
+
+// --- POSIX helpers -----------------------------------------------------------
+
+absl::Status ErrnoStatus(int error, const std::string& what) {
+  return absl::ErrnoToStatus(error, what);
+}
+
+absl::Status FsyncDirectory(const std::string& directory) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open directory '", directory, "'"));
+  const int synced = ::fsync(fd);
+  const int sync_errno = errno;
+  ::close(fd);
+  if (synced != 0) {
+    return ErrnoStatus(sync_errno, absl::StrCat("cannot fsync directory '", directory, "'"));
+  }
+  return absl::OkStatus();
+}
+
+// mkdir -p; the parent of every directory it creates is fsync'ed so that the
+// new entries survive a crash.
+absl::Status MakeDirs(const std::string& directory) {
+  std::string path;
+  for (absl::string_view part : absl::StrSplit(directory, '/')) {
+    if (path.empty() && directory[0] == '/') path = "/";
+    if (part.empty()) continue;
+    const std::string parent = path.empty() ? "." : path;
+    if (!path.empty() && path.back() != '/') path += '/';
+    path.append(part.data(), part.size());
+    if (::mkdir(path.c_str(), 0755) == 0) {
+      if (absl::Status s = FsyncDirectory(parent); !s.ok()) return s;
+    } else if (errno != EEXIST) {
+      return ErrnoStatus(errno, absl::StrCat("cannot create checkpoint directory '", path, "'"));
+    }
+  }
+  struct stat st;
+  if (::stat(directory.c_str(), &st) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("cannot stat checkpoint directory '", directory, "'"));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint directory '", directory, "' exists and is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, const char* p, uint64_t bytes, const std::string& path) {
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, std::min<uint64_t>(bytes, kIoChunk));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, absl::StrCat("cannot write '", path, "'"));
+    }
+    p += n;
+    bytes -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// Reads exactly `bytes` at `offset`; DataLoss if the file ends first.
+absl::Status PreadAll(int fd, char* p, uint64_t bytes, uint64_t offset, const std::string& path) {
+  while (bytes > 0) {
+    const ssize_t n =
+        ::pread(fd, p, std::min<uint64_t>(bytes, kIoChunk), static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, absl::StrCat("cannot read '", path, "'"));
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("checkpoint file '", path, "' ends at byte ",
+                                              offset, " but ", bytes, " more bytes were expected"));
+    }
+    p += n;
+    bytes -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> CrcOfRange(int fd, uint64_t offset, uint64_t bytes,
+                                    const std::string& path, std::vector<char>& buffer,
+                                    uint64_t* bytes_read) {
+  buffer.resize(kCrcBuffer);
+  uint32_t crc = 0;
+  while (bytes > 0) {
+    const uint64_t n = std::min<uint64_t>(bytes, buffer.size());
+    if (absl::Status s = PreadAll(fd, buffer.data(), n, offset, path); !s.ok()) return s;
+    crc = Crc32c(buffer.data(), n, crc);
+    offset += n;
+    bytes -= n;
+    if (bytes_read != nullptr) *bytes_read += n;
+  }
+  return crc;
+}
+
+// Open checkpoint files of one call, by relative path; closed on destruction.
+class FileCache {
+ public:
+  struct File {
+    int fd = -1;
+    uint64_t size = 0;
+    std::string path;  // full path, for messages
+  };
+
+  FileCache(const v1::Manifest& manifest, std::string directory)
+      : directory_(std::move(directory)) {
+    for (const v1::RankRecord& r : manifest.ranks()) {
+      for (const v1::ShardFile& f : r.files()) recorded_size_[f.path()] = f.size_bytes();
+    }
+  }
+  ~FileCache() {
+    for (auto& [name, f] : files_) ::close(f.fd);
+  }
+
+  // `user` names who needs it, for messages (e.g. "tensor 'w'").
+  absl::StatusOr<const File*> Open(const std::string& rel, const std::string& user) {
+    auto it = files_.find(rel);
+    if (it != files_.end()) return &it->second;
+    File f;
+    f.path = absl::StrCat(directory_, "/", rel);
+    f.fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f.fd < 0) {
+      const int e = errno;
+      if (e == ENOENT || e == ENOTDIR) {
+        // ErrnoToStatus for the (thread-safe) errno text, as DataLoss.
+        return absl::DataLossError(
+            ErrnoStatus(e, absl::StrCat("checkpoint file '", f.path, "' of ", user, " is missing"))
+                .message());
+      }
+      return ErrnoStatus(e, absl::StrCat("cannot open checkpoint file '", f.path, "' of ", user));
+    }
+    struct stat st;
+    if (::fstat(f.fd, &st) != 0) {
+      const int e = errno;
+      ::close(f.fd);
+      return ErrnoStatus(e, absl::StrCat("cannot stat '", f.path, "'"));
+    }
+    f.size = static_cast<uint64_t>(st.st_size);
+    auto rec = recorded_size_.find(rel);
+    if (rec != recorded_size_.end() && rec->second != f.size) {
+      ::close(f.fd);
+      return absl::DataLossError(absl::StrCat("checkpoint file '", f.path, "' of ", user, " is ",
+                                              f.size, " bytes; the manifest records ",
+                                              rec->second));
+    }
+    return &files_.emplace(rel, std::move(f)).first->second;
+  }
+
+ private:
+  const std::string directory_;
+  absl::flat_hash_map<std::string, uint64_t> recorded_size_;
+  std::map<std::string, File> files_;
+};
+
+// --- Reading -----------------------------------------------------------------
+
+// One piece's global interval: slice elements [local_begin, local_begin +
+// (gend - gbegin)) of piece `piece` are global elements [gbegin, gend).
+struct Interval {
+  int64_t gbegin = 0;
+  int64_t gend = 0;
+  int piece = 0;
+  int64_t local_begin = 0;
+};
+
+struct PieceState {
+  const v1::SavedPiece* piece = nullptr;
+  SliceGeom geom;
+  const FileCache::File* file = nullptr;  // set when first used
+  bool verified = false;
+};
+
+struct TensorIndex {
+  const v1::SavedTensor* tensor = nullptr;
+  std::vector<int64_t> shape;
+  std::vector<PieceState> pieces;
+  std::vector<Interval> intervals;  // sorted by gbegin, disjoint
+};
+
+absl::StatusOr<std::unique_ptr<TensorIndex>> BuildIndex(const v1::SavedTensor& t) {
+  auto index = std::make_unique<TensorIndex>();
+  index->tensor = &t;
+  absl::StatusOr<std::vector<int64_t>> shape = ShapeOf(t);
+  if (!shape.ok()) return shape.status();
+  index->shape = *std::move(shape);
+  if (t.dtype() != v1::DTYPE_FLOAT32) {
+    return absl::UnimplementedError(absl::StrCat("tensor '", t.name(), "' is stored as ",
+                                                 v1::DType_Name(t.dtype()),
+                                                 "; only DTYPE_FLOAT32 can be restored"));
+  }
+  for (int i = 0; i < t.pieces_size(); ++i) {
+    absl::StatusOr<SliceGeom> g = GeomOfPiece(t, index->shape, t.pieces(i), i, kFloatBytes);
+    if (!g.ok()) return g.status();
+    const v1::SavedPiece& p = t.pieces(i);
+    g->ForEachInterval(static_cast<int64_t>(p.range().begin()),
+                       static_cast<int64_t>(p.range().end()),
+                       [&](int64_t gb, int64_t ge, int64_t lb) {
+                         index->intervals.push_back({gb, ge, i, lb});
+                       });
+    index->pieces.push_back({&p, *std::move(g)});
+  }
+  std::sort(index->intervals.begin(), index->intervals.end(),
+            [](const Interval& a, const Interval& b) { return a.gbegin < b.gbegin; });
+  for (size_t i = 1; i < index->intervals.size(); ++i) {
+    const Interval& a = index->intervals[i - 1];
+    const Interval& b = index->intervals[i];
+    if (b.gbegin < a.gend) {
+      return absl::DataLossError(absl::StrCat(
+          "tensor '", t.name(), "': global element ", b.gbegin, " is saved twice (pieces ",
+          a.piece, " in '", t.pieces(a.piece).file(), "' and ", b.piece, " in '",
+          t.pieces(b.piece).file(), "'); the manifest is inconsistent"));
+    }
+  }
+  return index;
+}
+
+// Merges adjacent reads (same file, consecutive bytes, consecutive
+// destination) into one pread.
+class ReadQueue {
+ public:
+  absl::Status Add(const FileCache::File* file, uint64_t offset, char* dest, uint64_t bytes) {
+    if (file_ == file && offset == offset_ + bytes_ && dest == dest_ + bytes_) {
+      bytes_ += bytes;
+      return absl::OkStatus();
+    }
+    if (absl::Status s = Flush(); !s.ok()) return s;
+    file_ = file;
+    offset_ = offset;
+    dest_ = dest;
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  absl::Status Flush() {
+    if (file_ == nullptr || bytes_ == 0) return absl::OkStatus();
+    absl::Status s = PreadAll(file_->fd, dest_, bytes_, offset_, file_->path);
+    file_ = nullptr;
+    bytes_ = 0;
+    return s;
+  }
+
+ private:
+  const FileCache::File* file_ = nullptr;
+  uint64_t offset_ = 0;
+  char* dest_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+class Reader {
+ public:
+  Reader(const v1::Manifest& manifest, const std::string& directory)
+      : manifest_(manifest), files_(manifest, directory) {
+    for (const v1::SavedTensor& t : manifest.tensors()) by_name_.emplace(t.name(), &t);
+  }
+
+  absl::Status Fill(const LocalRun& run) {
+    absl::StatusOr<TensorIndex*> index = Index(run.tensor);
+    if (!index.ok()) return index.status();
+    TensorIndex& ix = **index;
+    if (ix.shape != run.global_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", run.tensor, "': the run's global_shape ", ShapeText(run.global_shape),
+          " differs from the checkpoint's ", ShapeText(ix.shape),
+          "; restore with the model config the checkpoint was saved with"));
+    }
+    const SliceGeom geom = GeomOfRun(run);
+    absl::Status status;
+    char* const base = reinterpret_cast<char*>(run.data);
+    geom.ForEachInterval(run.begin, run.end, [&](int64_t gb, int64_t ge, int64_t lb) {
+      if (status.ok()) status = FillInterval(ix, gb, ge, base + (lb - run.begin) * kFloatBytes);
+    });
+    if (!status.ok()) return status;
+    return queue_.Flush();
+  }
+
+ private:
+  absl::StatusOr<TensorIndex*> Index(const std::string& name) {
+    auto it = indexes_.find(name);
+    if (it != indexes_.end()) return it->second.get();
+    auto t = by_name_.find(name);
+    if (t == by_name_.end()) {
+      return absl::NotFoundError(absl::StrCat("tensor '", name, "' is not in checkpoint '",
+                                              manifest_.checkpoint_id(), "' (step ",
+                                              manifest_.step(), ")"));
+    }
+    absl::StatusOr<std::unique_ptr<TensorIndex>> built = BuildIndex(*t->second);
+    if (!built.ok()) return built.status();
+    return (indexes_[name] = *std::move(built)).get();
+  }
+
+  // Fills global elements [gb, ge) of `ix` into `dest`.
+  absl::Status FillInterval(TensorIndex& ix, int64_t gb, int64_t ge, char* dest) {
+    const auto& iv = ix.intervals;
+    auto it = std::upper_bound(iv.begin(), iv.end(), gb,
+                               [](int64_t g, const Interval& x) { return g < x.gbegin; });
+    if (it != iv.begin() && std::prev(it)->gend > gb) --it;
+    int64_t cur = gb;
+    while (cur < ge) {
+      if (it == iv.end() || it->gbegin > cur) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor '", ix.tensor->name(), "': global element ", cur,
+            " is in no saved piece of checkpoint '", manifest_.checkpoint_id(),
+            "' (a rank's shard is missing from the manifest)"));
+      }
+      PieceState& ps = ix.pieces[it->piece];
+      if (absl::Status s = Verify(ix, it->piece); !s.ok()) return s;
+      const int64_t n = std::min(ge, it->gend) - cur;
+      const int64_t local = it->local_begin + (cur - it->gbegin);
+      const uint64_t offset =
+          ps.piece->byte_offset() +
+          static_cast<uint64_t>(local - static_cast<int64_t>(ps.piece->range().begin())) *
+              kFloatBytes;
+      if (absl::Status s = queue_.Add(ps.file, offset, dest + (cur - gb) * kFloatBytes,
+                                      static_cast<uint64_t>(n) * kFloatBytes);
+          !s.ok()) {
+        return s;
+      }
+      cur += n;
+      ++it;
+    }
+    return absl::OkStatus();
+  }
+
+  // Opens the piece's file and checks its CRC-32C once per call.
+  absl::Status Verify(TensorIndex& ix, int i) {
+    PieceState& ps = ix.pieces[i];
+    if (ps.verified) return absl::OkStatus();
+    const v1::SavedPiece& p = *ps.piece;
+    const std::string user = absl::StrCat("tensor '", ix.tensor->name(), "'");
+    absl::StatusOr<const FileCache::File*> file = files_.Open(p.file(), user);
+    if (!file.ok()) return file.status();
+    if (p.byte_offset() > (*file)->size || p.byte_length() > (*file)->size - p.byte_offset()) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint file '", (*file)->path, "' is ", (*file)->size, " bytes but ", user,
+          " piece ", i, " needs bytes [", p.byte_offset(), ", ", p.byte_offset() + p.byte_length(),
+          "): the file is truncated"));
+    }
+    absl::StatusOr<uint32_t> crc =
+        CrcOfRange((*file)->fd, p.byte_offset(), p.byte_length(), (*file)->path, buffer_, nullptr);
+    if (!crc.ok()) return crc.status();
+    if (*crc != p.crc32c()) {
+      return absl::DataLossError(absl::StrCat(
+          user, ": piece ", i, " in file '", (*file)->path, "' (bytes [", p.byte_offset(), ", ",
+          p.byte_offset() + p.byte_length(), ")) has CRC-32C ", Hex(*crc),
+          " but the manifest records ", Hex(p.crc32c()), ": the checkpoint is corrupt"));
+    }
+    ps.file = *file;
+    ps.verified = true;
+    return absl::OkStatus();
+  }
+
+  const v1::Manifest& manifest_;
+  FileCache files_;
+  absl::flat_hash_map<std::string, const v1::SavedTensor*> by_name_;
+  absl::flat_hash_map<std::string, std::unique_ptr<TensorIndex>> indexes_;
+  ReadQueue queue_;
+  std::vector<char> buffer_;
+};
+
+std::atomic<uint64_t> temp_counter{0};
+
+}  // namespace
+
+// --- Public API --------------------------------------------------------------
+
+absl::Status ValidateRun(const LocalRun& run) {
+  if (run.tensor.empty()) {
+    return absl::InvalidArgumentError("run has an empty tensor name; give the checkpoint name");
+  }
+  const int rank = static_cast<int>(run.global_shape.size());
+  for (int d = 0; d < rank; ++d) {
+    if (run.global_shape[d] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(RunName(run), ": global_shape ",
+                                                     ShapeText(run.global_shape),
+                                                     " has a negative dimension ", d));
+    }
+  }
+  if (run.split_dim < -1 || run.split_dim >= rank) {
+    return absl::InvalidArgumentError(absl::StrCat(RunName(run), ": split_dim ", run.split_dim,
+                                                   " must be -1 or in [0, ", rank, ")"));
+  }
+  if (run.split_dim >= 0) {
+    if (run.tp < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(RunName(run), ": tp ", run.tp, " must be >= 1"));
+    }
+    if (run.tp_rank < 0 || run.tp_rank >= run.tp) {
+      return absl::InvalidArgumentError(absl::StrCat(RunName(run), ": tp_rank ", run.tp_rank,
+                                                     " must be in [0, ", run.tp, ")"));
+    }
+    if (run.global_shape[run.split_dim] % run.tp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          RunName(run), ": tp ", run.tp, " does not divide global_shape[", run.split_dim,
+          "] = ", run.global_shape[run.split_dim]));
+    }
+  }
+  int64_t local = Numel(run.global_shape);
+  if (run.split_dim >= 0) local /= run.tp;
+  if (run.begin < 0 || run.begin > run.end || run.end > local) {
+    return absl::InvalidArgumentError(absl::StrCat(RunName(run), ": [begin, end) = [", run.begin,
+                                                   ", ", run.end, ") must satisfy 0 <= begin <= end <= ",
+                                                   local, " (the tp-local slice's elements)"));
+  }
+  if (run.end > run.begin && run.data == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(RunName(run), ": data is null for ", run.end - run.begin, " elements"));
+  }
+  return absl::OkStatus();
+}
+
+std::string ShardFileName(int rank) { return absl::StrFormat("rank-%05d.bin", rank); }
+
+absl::StatusOr<v1::ReportShardRequest> WriteShard(const std::string& directory, int rank,
+                                                  const std::vector<LocalRun>& runs) {
+  if (rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " must be >= 0"));
+  }
+  if (directory.empty()) {
+    return absl::InvalidArgumentError("checkpoint directory is empty; pass BeginCheckpoint's");
+  }
+  if (absl::Status s = ValidateRunsTogether(runs); !s.ok()) return s;
+  v1::ReportShardRequest report;
+  const bool any = std::any_of(runs.begin(), runs.end(),
+                               [](const LocalRun& r) { return r.end > r.begin; });
+  if (!any) return report;
+  if (absl::Status s = MakeDirs(directory); !s.ok()) return s;
+
+  const std::string name = ShardFileName(rank);
+  const std::string path = absl::StrCat(directory, "/", name);
+  const std::string temp = absl::StrCat(path, ".tmp-", ::getpid(), "-", temp_counter++);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot create '", temp, "'"));
+  auto fail = [&](absl::Status s, bool close_fd) {
+    if (close_fd) ::close(fd);
+    ::unlink(temp.c_str());
+    return s;
+  };
+
+  std::map<std::string, v1::SavedTensor*> tensors;
+  uint64_t offset = 0;
+  uint32_t file_crc = 0;
+  for (const LocalRun& run : runs) {
+    if (run.end == run.begin) continue;
+    const uint64_t bytes = static_cast<uint64_t>(run.end - run.begin) * kFloatBytes;
+    const char* p = reinterpret_cast<const char*>(run.data);
+    if (absl::Status s = WriteAll(fd, p, bytes, temp); !s.ok()) return fail(s, true);
+    const uint32_t crc = Crc32c(p, bytes);
+    file_crc = Crc32c(p, bytes, file_crc);
+
+    v1::SavedTensor*& t = tensors[run.tensor];
+    if (t == nullptr) {
+      t = report.add_tensors();
+      t->set_name(run.tensor);
+      t->set_dtype(v1::DTYPE_FLOAT32);
+      for (int64_t d : run.global_shape) t->add_global_shape(static_cast<uint64_t>(d));
+    }
+    const SliceGeom g = GeomOfRun(run);
+    v1::SavedPiece* piece = t->add_pieces();
+    piece->set_rank(static_cast<uint32_t>(rank));
+    for (size_t d = 0; d < g.shape.size(); ++d) {
+      v1::DimSlice* ds = piece->mutable_slice()->add_dims();
+      ds->set_offset(static_cast<uint64_t>(g.offset[d]));
+      ds->set_length(static_cast<uint64_t>(g.length[d]));
+    }
+    piece->mutable_range()->set_begin(static_cast<uint64_t>(run.begin));
+    piece->mutable_range()->set_end(static_cast<uint64_t>(run.end));
+    piece->set_file(name);
+    piece->set_byte_offset(offset);
+    piece->set_byte_length(bytes);
+    piece->set_crc32c(crc);
+    offset += bytes;
+  }
+  if (::fsync(fd) != 0) {
+    return fail(ErrnoStatus(errno, absl::StrCat("cannot fsync '", temp, "'")), true);
+  }
+  if (::close(fd) != 0) {
+    return fail(ErrnoStatus(errno, absl::StrCat("cannot close '", temp, "'")), false);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    return fail(ErrnoStatus(errno, absl::StrCat("cannot rename '", temp, "' to '", path, "'")),
+                false);
+  }
+  if (absl::Status s = FsyncDirectory(directory); !s.ok()) return s;
+  v1::ShardFile* file = report.add_files();
+  file->set_path(name);
+  file->set_size_bytes(offset);
+  file->set_crc32c(file_crc);
+  return report;
+}
+
+AsyncShardWriter::~AsyncShardWriter() {
+  std::thread t;
+  {
+    absl::MutexLock lock(&mu_);
+    t = std::move(thread_);
+  }
+  if (t.joinable()) t.join();
+}
+
+absl::Status AsyncShardWriter::Start(const std::string& directory, int rank,
+                                     const std::vector<LocalRun>& runs) {
+  absl::MutexLock lock(&mu_);
+  if (state_ != State::kIdle) {
+    return absl::FailedPreconditionError(
+        "a checkpoint save is already in flight (or not yet collected); call Wait() first");
+  }
+  if (rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " must be >= 0"));
+  if (absl::Status s = ValidateRunsTogether(runs); !s.ok()) return s;
+  // Own copy of the values; the runs point into it.
+  struct Copy {
+    std::vector<float> values;
+    std::vector<LocalRun> runs;
+  };
+  auto copy = std::make_shared<Copy>();
+  size_t total = 0;
+  for (const LocalRun& r : runs) total += static_cast<size_t>(r.end - r.begin);
+  copy->values.resize(total);
+  copy->runs = runs;
+  size_t at = 0;
+  for (LocalRun& r : copy->runs) {
+    const size_t n = static_cast<size_t>(r.end - r.begin);
+    if (n > 0) std::memcpy(copy->values.data() + at, r.data, n * sizeof(float));
+    r.data = copy->values.data() + at;
+    at += n;
+  }
+  if (thread_.joinable()) thread_.join();  // a finished earlier writer
+  state_ = State::kWriting;
+  result_.reset();
+  thread_ = std::thread([this, copy, directory, rank] {
+    absl::StatusOr<v1::ReportShardRequest> r = WriteShard(directory, rank, copy->runs);
+    absl::MutexLock lock(&mu_);
+    result_ = std::move(r);
+    state_ = State::kDone;
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ReportShardRequest> AsyncShardWriter::Wait() {
+  std::thread t;
+  absl::StatusOr<v1::ReportShardRequest> result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ == State::kIdle) {
+      return absl::FailedPreconditionError("no checkpoint save was started; call Start() first");
+    }
+    mu_.Await(absl::Condition(
+        +[](State* s) { return *s != State::kWriting; }, &state_));
+    if (state_ != State::kDone) {
+      return absl::FailedPreconditionError("the save's result was collected by another Wait()");
+    }
+    result = std::move(*result_);
+    result_.reset();
+    state_ = State::kIdle;
+    t = std::move(thread_);
+  }
+  if (t.joinable()) t.join();
+  return result;
+}
+
+bool AsyncShardWriter::InFlight() const {
+  absl::MutexLock lock(&mu_);
+  return state_ != State::kIdle;
+}
+
+absl::Status ReadRuns(const v1::Manifest& manifest, const std::string& directory,
+                      const std::vector<LocalRun>& runs) {
+  for (const LocalRun& run : runs) {
+    if (absl::Status s = ValidateRun(run); !s.ok()) return s;
+  }
+  Reader reader(manifest, directory);
+  for (const LocalRun& run : runs) {
+    if (absl::Status s = reader.Fill(run); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+VerifyReport VerifyCheckpoint(const v1::Manifest& manifest, const std::string& directory) {
+  VerifyReport report;
+  auto problem = [&](absl::Status s) {
+    if (report.problems++ == 0) report.first_problem = std::move(s);
+  };
+  std::vector<char> buffer;
+  FileCache files(manifest, directory);
+
+  // Files: size and whole-file checksum.
+  absl::flat_hash_map<std::string, int> listed;
+  for (const v1::RankRecord& r : manifest.ranks()) {
+    for (const v1::ShardFile& f : r.files()) {
+      ++report.files;
+      if (++listed[f.path()] > 1) {
+        problem(absl::DataLossError(
+            absl::StrCat("file '", f.path(), "' is listed by more than one rank record")));
+        continue;
+      }
+      if (absl::Status s = ValidateRelativePath(f.path(), absl::StrCat("rank ", r.rank()));
+          !s.ok()) {
+        problem(s);
+        continue;
+      }
+      absl::StatusOr<const FileCache::File*> file =
+          files.Open(f.path(), absl::StrCat("rank ", r.rank()));
+      if (!file.ok()) {
+        problem(file.status());
+        continue;
+      }
+      absl::StatusOr<uint32_t> crc =
+          CrcOfRange((*file)->fd, 0, (*file)->size, (*file)->path, buffer, &report.bytes_checked);
+      if (!crc.ok()) {
+        problem(crc.status());
+      } else if (*crc != f.crc32c()) {
+        problem(absl::DataLossError(absl::StrCat("checkpoint file '", (*file)->path,
+                                                 "' has CRC-32C ", Hex(*crc),
+                                                 " but the manifest records ", Hex(f.crc32c()))));
+      }
+    }
+  }
+
+  // Tensors: pieces and coverage.
+  absl::flat_hash_map<std::string, int> names;
+  for (const v1::SavedTensor& t : manifest.tensors()) {
+    ++report.tensors;
+    if (++names[t.name()] > 1) {
+      problem(absl::DataLossError(absl::StrCat("tensor '", t.name(), "' is listed twice")));
+      continue;
+    }
+    absl::StatusOr<std::vector<int64_t>> shape = ShapeOf(t);
+    if (!shape.ok()) {
+      problem(shape.status());
+      continue;
+    }
+    const uint64_t element_bytes = ElementBytes(t.dtype());
+    if (element_bytes == 0) {
+      problem(absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has dtype ",
+                                                      v1::DType_Name(t.dtype()),
+                                                      ", which has no element size")));
+      continue;
+    }
+    std::vector<Interval> intervals;
+    bool complete = true;  // every piece was readable, so coverage is meaningful
+    for (int i = 0; i < t.pieces_size(); ++i) {
+      ++report.pieces;
+      const v1::SavedPiece& p = t.pieces(i);
+      absl::StatusOr<SliceGeom> g = GeomOfPiece(t, *shape, p, i, element_bytes);
+      if (!g.ok()) {
+        problem(g.status());
+        complete = false;
+        continue;
+      }
+      g->ForEachInterval(static_cast<int64_t>(p.range().begin()),
+                         static_cast<int64_t>(p.range().end()),
+                         [&](int64_t gb, int64_t ge, int64_t lb) {
+                           intervals.push_back({gb, ge, i, lb});
+                         });
+      if (!listed.empty() && !listed.contains(p.file())) {
+        problem(absl::DataLossError(absl::StrCat("tensor '", t.name(), "' piece ", i, " is in '",
+                                                 p.file(), "', which no rank record lists")));
+      }
+      const std::string user = absl::StrCat("tensor '", t.name(), "'");
+      absl::StatusOr<const FileCache::File*> file = files.Open(p.file(), user);
+      if (!file.ok()) {
+        problem(file.status());
+        continue;
+      }
+      if (p.byte_offset() > (*file)->size || p.byte_length() > (*file)->size - p.byte_offset()) {
+        problem(absl::DataLossError(absl::StrCat(
+            "checkpoint file '", (*file)->path, "' is ", (*file)->size, " bytes but ", user,
+            " piece ", i, " needs bytes [", p.byte_offset(), ", ",
+            p.byte_offset() + p.byte_length(), ")")));
+        continue;
+      }
+      absl::StatusOr<uint32_t> crc = CrcOfRange((*file)->fd, p.byte_offset(), p.byte_length(),
+                                                (*file)->path, buffer, &report.bytes_checked);
+      if (!crc.ok()) {
+        problem(crc.status());
+      } else if (*crc != p.crc32c()) {
+        problem(absl::DataLossError(absl::StrCat(
+            user, ": piece ", i, " in file '", (*file)->path, "' has CRC-32C ", Hex(*crc),
+            " but the manifest records ", Hex(p.crc32c()))));
+      }
+    }
+    if (!complete) continue;
+    std::sort(intervals.begin(), intervals.end(),
+              [](const Interval& a, const Interval& b) { return a.gbegin < b.gbegin; });
+    const int64_t numel = Numel(*shape);
+    int64_t covered = 0;  // [0, covered) seen so far
+    bool reported = false;
+    for (const Interval& iv : intervals) {
+      if (iv.gbegin > covered) {
+        problem(absl::DataLossError(absl::StrCat("tensor '", t.name(), "': global elements [",
+                                                 covered, ", ", iv.gbegin,
+                                                 ") are in no saved piece (a gap)")));
+        reported = true;
+        break;
+      }
+      if (iv.gbegin < covered) {
+        problem(absl::DataLossError(absl::StrCat(
+            "tensor '", t.name(), "': global element ", iv.gbegin,
+            " is in more than one saved piece (an overlap; piece ", iv.piece, " in '",
+            t.pieces(iv.piece).file(), "')")));
+        reported = true;
+        break;
+      }
+      covered = iv.gend;
+    }
+    if (!reported && covered < numel) {
+      problem(absl::DataLossError(absl::StrCat("tensor '", t.name(), "': global elements [",
+                                               covered, ", ", numel,
+                                               ") are in no saved piece (a gap)")));
+    }
+  }
+  return report;
+}
+
+}  // namespace shardline::checkpoint

@@ -1,0 +1,859 @@
+// shardctl's coordinator commands against an in-process fake coordinator on
+// loopback (a real gRPC server, hand-written service fakes): what is sent
+// (auth metadata, request fields, paging), what is printed, and how every
+// failure reads and which exit code it gets.
+#include "client/shardctl/job_commands.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/flags.h"
+#include "client/coordinator_client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "shardline/v1/coordinator.grpc.pb.h"
+
+namespace shardline::shardctl {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using Args = std::vector<std::string>;
+
+// The three services shardctl calls, over one in-memory job table. Checks the
+// bearer token like the coordinator: when admin_token is set, every call
+// must carry "authorization: Bearer <admin_token>".
+class FakeCoordinator final : public v1::JobService::Service,
+                              public v1::CheckpointService::Service,
+                              public v1::RendezvousService::Service {
+ public:
+  std::string admin_token;
+  absl::Duration get_job_delay = absl::ZeroDuration();
+  // Page size the fake uses whatever the client asks, to exercise paging.
+  int page_size = 2;
+
+  absl::Mutex mu;
+  int cancel_calls ABSL_GUARDED_BY(mu) = 0;  // CancelJob requests seen
+  std::map<std::string, v1::Job> jobs ABSL_GUARDED_BY(mu);
+  std::vector<std::string> order ABSL_GUARDED_BY(mu);  // creation order
+  std::vector<v1::Member> members ABSL_GUARDED_BY(mu);
+  std::optional<v1::Plan> plan ABSL_GUARDED_BY(mu);
+  std::vector<v1::CheckpointSummary> checkpoints ABSL_GUARDED_BY(mu);
+  std::vector<v1::JobEvent> events ABSL_GUARDED_BY(mu);
+  // Sent to every watcher after the replay, as if they happened during it.
+  std::vector<v1::JobEvent> live_events ABSL_GUARDED_BY(mu);
+  bool end_watch = true;
+  std::map<std::string, std::string> kv ABSL_GUARDED_BY(mu);  // scope + "/" + key
+  // What the last calls carried.
+  std::vector<std::string> authorizations ABSL_GUARDED_BY(mu);
+  v1::CreateJobRequest last_create ABSL_GUARDED_BY(mu);
+  v1::ListJobsRequest last_list ABSL_GUARDED_BY(mu);
+  v1::GetShardOwnerRequest last_owner ABSL_GUARDED_BY(mu);
+  v1::ListCheckpointsRequest last_checkpoints ABSL_GUARDED_BY(mu);
+  v1::KvGetRequest last_kv ABSL_GUARDED_BY(mu);
+  std::optional<v1::WatchJobRequest> last_watch ABSL_GUARDED_BY(mu);
+
+  grpc::Status CreateJob(grpc::ServerContext* c, const v1::CreateJobRequest* r,
+                         v1::CreateJobResponse* out) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    absl::MutexLock lock(&mu);
+    last_create = *r;
+    if (r->spec().model().num_heads() == 3) {
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              "spec.model.num_heads=3 does not divide spec.model.hidden_size=128"};
+    }
+    const std::string id = r->job_id().empty() ? "job-1" : r->job_id();
+    if (jobs.count(id)) {
+      // Like the coordinator: the same spec again returns the job and its token.
+      if (jobs[id].spec().SerializeAsString() != r->spec().SerializeAsString()) {
+        return {grpc::StatusCode::ALREADY_EXISTS, "job " + id + " exists with a different spec"};
+      }
+      *out->mutable_job() = jobs[id];
+      out->set_worker_token(admin_token.empty() ? "" : "worker-token-" + id);
+      return grpc::Status::OK;
+    }
+    v1::Job& job = jobs[id];
+    order.push_back(id);
+    job.set_job_id(id);
+    *job.mutable_spec() = r->spec();
+    job.set_phase(v1::JOB_PHASE_PENDING);
+    job.set_generation(1);
+    job.mutable_create_time()->set_seconds(1714557600);
+    *out->mutable_job() = job;
+    out->set_worker_token(admin_token.empty() ? "" : "worker-token-" + id);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetJob(grpc::ServerContext* c, const v1::GetJobRequest* r, v1::Job* out) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    if (get_job_delay > absl::ZeroDuration()) absl::SleepFor(get_job_delay);
+    absl::MutexLock lock(&mu);
+    auto it = jobs.find(r->job_id());
+    if (it == jobs.end()) return {grpc::StatusCode::NOT_FOUND, "no job '" + r->job_id() + "'"};
+    *out = it->second;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListJobs(grpc::ServerContext* c, const v1::ListJobsRequest* r,
+                        v1::ListJobsResponse* out) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    absl::MutexLock lock(&mu);
+    last_list = *r;
+    const size_t start = r->page_token().empty() ? 0 : std::stoul(r->page_token());
+    std::vector<std::string> newest(order.rbegin(), order.rend());
+    size_t i = start;
+    for (; i < newest.size() && out->jobs_size() < page_size; ++i) {
+      *out->add_jobs() = jobs[newest[i]];
+    }
+    if (i < newest.size()) out->set_next_page_token(std::to_string(i));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CancelJob(grpc::ServerContext* c, const v1::CancelJobRequest* r,
+                         v1::Job* out) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    absl::MutexLock lock(&mu);
+    auto it = jobs.find(r->job_id());
+    if (it == jobs.end()) return {grpc::StatusCode::NOT_FOUND, "no job '" + r->job_id() + "'"};
+    ++cancel_calls;
+    // As the coordinator: a cancelled job is answered as it is.
+    if (it->second.phase() != v1::JOB_PHASE_CANCELLED) {
+      it->second.set_phase(v1::JOB_PHASE_CANCELLED);
+      it->second.set_phase_reason(r->reason());
+    }
+    *out = it->second;
+    return grpc::Status::OK;
+  }
+
+  // As the coordinator: with a checkpoint directory, an ACTIVE member drains
+  // after the next checkpoint; otherwise it leaves at once.
+  grpc::Status DrainWorker(grpc::ServerContext* c, const v1::DrainWorkerRequest* r,
+                           v1::Member* out) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    absl::MutexLock lock(&mu);
+    auto job = jobs.find(r->job_id());
+    if (job == jobs.end()) return {grpc::StatusCode::NOT_FOUND, "no job '" + r->job_id() + "'"};
+    for (v1::Member& m : members) {
+      if (m.worker_id() != r->worker_id()) continue;
+      const std::string reason = r->reason().empty() ? "operator request" : r->reason();
+      if (job->second.spec().checkpoint().directory().empty()) {
+        m.set_state(v1::MEMBER_STATE_LEFT);
+        m.clear_rank();
+        m.set_detail("drained: " + reason);
+      } else {
+        m.set_drain_reason(reason);
+        m.set_detail("draining (" + reason + "): leaves after the next checkpoint commits");
+      }
+      *out = m;
+      return grpc::Status::OK;
+    }
+    return {grpc::StatusCode::NOT_FOUND, "no worker '" + r->worker_id() + "'"};
+  }
+
+  grpc::Status ListMembers(grpc::ServerContext* c, const v1::ListMembersRequest* r,
+                           v1::ListMembersResponse* out) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    absl::MutexLock lock(&mu);
+    auto it = jobs.find(r->job_id());
+    if (it == jobs.end()) return {grpc::StatusCode::NOT_FOUND, "no job '" + r->job_id() + "'"};
+    out->set_generation(it->second.generation());
+    for (const v1::Member& m : members) *out->add_members() = m;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetPlan(grpc::ServerContext* c, const v1::GetPlanRequest* r,
+                       v1::Plan* out) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    absl::MutexLock lock(&mu);
+    if (!jobs.count(r->job_id())) return {grpc::StatusCode::NOT_FOUND, "no job '" + r->job_id() + "'"};
+    if (!plan) return {grpc::StatusCode::FAILED_PRECONDITION, "job " + r->job_id() + " is PENDING"};
+    *out = *plan;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetShardOwner(grpc::ServerContext* c, const v1::GetShardOwnerRequest* r,
+                             v1::GetShardOwnerResponse* out) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    absl::MutexLock lock(&mu);
+    last_owner = *r;
+    if (r->parameter() != "layers.0.mlp.fc1.weight") {
+      return {grpc::StatusCode::NOT_FOUND, "no parameter '" + r->parameter() +
+                                               "'; close names: layers.0.mlp.fc1.weight"};
+    }
+    out->set_parameter(r->parameter());
+    out->set_numel(65536);
+    v1::ShardHolder* h = out->add_holders();
+    h->set_kind(v1::HOLDER_KIND_PARAM);
+    h->set_rank(1);
+    h->set_unit("layers.0");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchJob(grpc::ServerContext* c, const v1::WatchJobRequest* r,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    std::vector<v1::JobEvent> to_send;
+    {
+      absl::MutexLock lock(&mu);
+      last_watch = *r;
+      if (!jobs.count(r->job_id())) return {grpc::StatusCode::NOT_FOUND, "no job '" + r->job_id() + "'"};
+      if (r->has_after_sequence() && r->after_sequence() > events.size()) {
+        return {grpc::StatusCode::OUT_OF_RANGE, "after_sequence " +
+                                                    std::to_string(r->after_sequence()) +
+                                                    " is beyond the newest event; retained [0, " +
+                                                    std::to_string(events.size()) + "]"};
+      }
+      for (const v1::JobEvent& e : events) {
+        if (r->has_after_sequence() && e.sequence() > r->after_sequence()) to_send.push_back(e);
+      }
+      to_send.insert(to_send.end(), live_events.begin(), live_events.end());
+    }
+    for (const v1::JobEvent& e : to_send) {
+      if (!writer->Write(e)) return grpc::Status::CANCELLED;
+    }
+    while (!end_watch && !c->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListCheckpoints(grpc::ServerContext* c, const v1::ListCheckpointsRequest* r,
+                               v1::ListCheckpointsResponse* out) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    absl::MutexLock lock(&mu);
+    last_checkpoints = *r;
+    if (!jobs.count(r->job_id())) return {grpc::StatusCode::NOT_FOUND, "no job '" + r->job_id() + "'"};
+    const size_t start = r->page_token().empty() ? 0 : std::stoul(r->page_token());
+    size_t i = start;
+    for (; i < checkpoints.size() && out->checkpoints_size() < page_size; ++i) {
+      *out->add_checkpoints() = checkpoints[i];
+    }
+    if (i < checkpoints.size()) out->set_next_page_token(std::to_string(i));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status KvGet(grpc::ServerContext* c, const v1::KvGetRequest* r,
+                     v1::KvGetResponse* out) override {
+    if (auto s = Auth(c); !s.ok()) return s;
+    absl::MutexLock lock(&mu);
+    last_kv = *r;
+    // An operator read: no fence, the job's current generation.
+    if (r->has_fence()) return {grpc::StatusCode::INVALID_ARGUMENT, "unexpected fence"};
+    if (r->generation() != 1) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "generation=2 does not exist yet"};
+    }
+    auto it = kv.find(r->scope() + "/" + r->key());
+    out->set_found(it != kv.end());
+    if (it != kv.end()) out->set_value(it->second);
+    return grpc::Status::OK;
+  }
+
+ private:
+  grpc::Status Auth(grpc::ServerContext* c) {
+    std::string got;
+    auto it = c->client_metadata().find("authorization");
+    if (it != c->client_metadata().end()) got.assign(it->second.data(), it->second.size());
+    {
+      absl::MutexLock lock(&mu);
+      authorizations.push_back(got);
+    }
+    if (!admin_token.empty() && got != "Bearer " + admin_token) {
+      return {grpc::StatusCode::UNAUTHENTICATED, got.empty() ? "no authorization metadata"
+                                                             : "unknown token"};
+    }
+    return grpc::Status::OK;
+  }
+};
+
+class JobCommandsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    unsetenv(client::kCoordinatorEnv);
+    unsetenv(client::kTokenEnv);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(static_cast<v1::JobService::Service*>(&fake_));
+    builder.RegisterService(static_cast<v1::CheckpointService::Service*>(&fake_));
+    builder.RegisterService(static_cast<v1::RendezvousService::Service*>(&fake_));
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port_, 0);
+    address_ = "127.0.0.1:" + std::to_string(port_);
+  }
+  void TearDown() override {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    unsetenv(client::kCoordinatorEnv);
+    unsetenv(client::kTokenEnv);
+  }
+
+  // Runs `shardctl <command> <args> --coordinator <fake>`.
+  absl::StatusOr<std::string> Run(const std::string& command, Args args) {
+    args.push_back("--coordinator");
+    args.push_back(address_);
+    return RunRaw(command, args);
+  }
+  absl::StatusOr<std::string> RunRaw(const std::string& command, const Args& args) {
+    std::ostringstream out;
+    absl::Status s = RunCoordinatorCommand(command, args, out);
+    if (!s.ok()) {
+      EXPECT_EQ(out.str(), "") << "no partial output on error";
+      return s;
+    }
+    return out.str();
+  }
+  void CreateDemo(const std::string& id = "shakespeare") {
+    absl::StatusOr<std::string> out = Run("job", {"create", "deploy/jobs/shakespeare.yaml", "--id", id});
+    ASSERT_TRUE(out.ok()) << out.status();
+  }
+
+  FakeCoordinator fake_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+};
+
+TEST_F(JobCommandsTest, CreateSendsTheSpecAndPrintsTheTokenOnce) {
+  fake_.admin_token = "admin-secret";
+  absl::StatusOr<std::string> out = Run("job", {"create", "deploy/jobs/shakespeare.yaml", "--id",
+                                               "shakespeare", "--token", "admin-secret"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, AllOf(HasSubstr("Job:              shakespeare\n"),
+                          HasSubstr("Phase:            PENDING\n"),
+                          HasSubstr("Worker token (shown only now; give it to this job's workers "
+                                    "as SHARDLINE_TOKEN):\n  worker-token-shakespeare\n")));
+  absl::MutexLock lock(&fake_.mu);
+  EXPECT_EQ(fake_.authorizations.back(), "Bearer admin-secret");
+  EXPECT_EQ(fake_.last_create.job_id(), "shakespeare");
+  EXPECT_EQ(fake_.last_create.spec().model().num_layers(), 4u);
+  EXPECT_EQ(fake_.last_create.spec().elastic().heartbeat_timeout().seconds(), 10);
+}
+
+// Creating again with the same --id and spec succeeds (idempotent) and
+// says the job already existed, not "shown only now".
+TEST_F(JobCommandsTest, CreateAgainSaysTheJobAlreadyExisted) {
+  fake_.admin_token = "admin-secret";
+  const Args create = {"create", "deploy/jobs/shakespeare.yaml", "--id", "shakespeare",
+                       "--token", "admin-secret"};
+  absl::StatusOr<std::string> first = Run("job", create);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(*first, AllOf(Not(HasSubstr("already existed")), HasSubstr("shown only now")));
+  absl::StatusOr<std::string> again = Run("job", create);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->rfind("Job shakespeare already existed with this spec; nothing was created "
+                         "(job create is idempotent). It is:\n",
+                         0),
+            0u)
+      << *again;
+  EXPECT_THAT(*again, AllOf(HasSubstr("Worker token (the one issued when the job was created; "
+                                      "give it to this job's workers as SHARDLINE_TOKEN):\n"
+                                      "  worker-token-shakespeare\n"),
+                            Not(HasSubstr("shown only now"))));
+  absl::MutexLock lock(&fake_.mu);
+  EXPECT_EQ(fake_.order.size(), 1u);
+}
+
+TEST_F(JobCommandsTest, TokenAndAddressFromTheEnvironment) {
+  fake_.admin_token = "from-env";
+  setenv(client::kTokenEnv, "from-env\n", 1);  // A trailing newline from $(cat file) is trimmed.
+  setenv(client::kCoordinatorEnv, address_.c_str(), 1);
+  CreateDemo();
+  absl::StatusOr<std::string> out = RunRaw("job", {"get", "shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::MutexLock lock(&fake_.mu);
+  EXPECT_EQ(fake_.authorizations.back(), "Bearer from-env");
+}
+
+TEST_F(JobCommandsTest, NoTokenSendsNoMetadata) {
+  CreateDemo();
+  absl::MutexLock lock(&fake_.mu);
+  EXPECT_EQ(fake_.authorizations.back(), "");
+}
+
+TEST_F(JobCommandsTest, MissingOrWrongToken) {
+  fake_.admin_token = "admin-secret";
+  absl::StatusOr<std::string> out = Run("job", {"list"});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("requires a token (no authorization metadata); pass --token or set "
+                        "SHARDLINE_TOKEN"));
+  EXPECT_EQ(ExitCodeFor(out.status()), 1);
+  out = Run("job", {"list", "--token", "nope"});
+  EXPECT_THAT(out.status().message(), HasSubstr("unknown token; check the token"));
+}
+
+TEST_F(JobCommandsTest, GetAndCancel) {
+  CreateDemo();
+  absl::StatusOr<std::string> out = Run("job", {"get", "shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, HasSubstr("World:            not formed yet; waiting for workers: 0 joined, "
+                              "needs at least 4 (min_workers)\n"));
+  {
+    absl::MutexLock lock(&fake_.mu);
+    for (const char* id : {"w0", "w1"}) {
+      v1::Member m;
+      m.set_worker_id(id);
+      m.set_state(v1::MEMBER_STATE_JOINING);
+      m.set_generation(1);
+      fake_.members.push_back(m);
+    }
+  }
+  out = Run("job", {"get", "shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, HasSubstr("World:            not formed yet; waiting for workers: 2 joined, "
+                              "needs at least 4 (min_workers)\n"));
+  out = Run("job", {"cancel", "shakespeare", "--reason", "bad data"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, AllOf(HasSubstr("Phase:            CANCELLED (bad data)\n"),
+                          HasSubstr("World:            none: cancelled before it formed\n")));
+  // Again: nothing changes, and it says so (exit 0).
+  out = Run("job", {"cancel", "shakespeare", "--reason", "other"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "job shakespeare is already CANCELLED (bad data); nothing to do\n");
+  out = Run("job", {"cancel", "shakespeare", "--json"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(nlohmann::json::parse(*out)["phase_reason"], "bad data");
+  absl::MutexLock lock(&fake_.mu);
+  EXPECT_EQ(fake_.jobs["shakespeare"].phase_reason(), "bad data");  // The reason was kept.
+  // Every cancel was sent, so the coordinator checked each reason.
+  EXPECT_EQ(fake_.cancel_calls, 3);
+}
+
+TEST_F(JobCommandsTest, DrainSaysWhatHappensOnce) {
+  CreateDemo();  // The demo spec has a checkpoint directory: a graceful drain.
+  CreateDemo("nockpt");
+  {
+    absl::MutexLock lock(&fake_.mu);
+    fake_.jobs["nockpt"].mutable_spec()->mutable_checkpoint()->clear_directory();
+    for (const char* id : {"w0", "w1"}) {
+      v1::Member m;
+      m.set_worker_id(id);
+      m.set_state(v1::MEMBER_STATE_ACTIVE);
+      m.set_rank(id[1] - '0');
+      fake_.members.push_back(m);
+    }
+  }
+  absl::StatusOr<std::string> out =
+      Run("drain", {"shakespeare", "w1", "--reason", "kernel upgrade"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "w1: draining (kernel upgrade); leaves after the next checkpoint commits\n");
+  out = Run("drain", {"nockpt", "w0"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "w0: left the job (drained: operator request)\n");
+  // Text from the coordinator is printed escaped (an older coordinator may
+  // have stored control characters).
+  {
+    absl::MutexLock lock(&fake_.mu);
+    fake_.jobs["shakespeare"].set_phase(v1::JOB_PHASE_CANCELLED);
+    fake_.jobs["shakespeare"].set_phase_reason("cancelled: a\x1b[2Jb\nPhase: fake");
+  }
+  out = Run("job", {"cancel", "shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "job shakespeare is already CANCELLED (cancelled: a\\x1b[2Jb\\nPhase: fake); "
+                  "nothing to do\n");
+}
+
+TEST_F(JobCommandsTest, UnknownJobIsExitCode2WithTheCoordinatorsMessage) {
+  for (const Args& args : {Args{"get", "nope"}, Args{"cancel", "nope"}}) {
+    absl::StatusOr<std::string> out = Run("job", args);
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(out.status().message(), "no job 'nope'; 'shardctl job list' lists the jobs");
+    EXPECT_EQ(ExitCodeFor(out.status()), 2);
+  }
+  for (const char* command : {"members", "topology", "checkpoints", "watch"}) {
+    absl::StatusOr<std::string> out = Run(command, {"nope"});
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kNotFound) << command;
+  }
+}
+
+TEST_F(JobCommandsTest, ListFollowsPagesAndFiltersPhases) {
+  for (const char* id : {"a", "b", "c"}) CreateDemo(id);
+  absl::StatusOr<std::string> out = Run("job", {"list", "--phase", "pending,Running"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, AllOf(HasSubstr("JOB  NAME         PHASE    GEN  WORLD    STEP  CREATED\n"),
+                          HasSubstr("\nc    shakespeare  PENDING"), HasSubstr("\na    shakespeare")));
+  absl::MutexLock lock(&fake_.mu);
+  ASSERT_EQ(fake_.last_list.phases_size(), 2);
+  EXPECT_EQ(fake_.last_list.phases(0), v1::JOB_PHASE_PENDING);
+  EXPECT_EQ(fake_.last_list.phases(1), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(fake_.last_list.page_token(), "2");  // The second page was asked for.
+}
+
+TEST_F(JobCommandsTest, JsonIsTheResponseWithProtoNames) {
+  for (const char* id : {"a", "b", "c"}) CreateDemo(id);
+  absl::StatusOr<std::string> out = Run("job", {"list", "--json"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const nlohmann::json j = nlohmann::json::parse(*out);
+  ASSERT_EQ(j["jobs"].size(), 3u);
+  EXPECT_EQ(j["jobs"][0]["job_id"], "c");
+  EXPECT_EQ(j["jobs"][0]["spec"]["model"]["hidden_size"], 128);
+  EXPECT_EQ(j["next_page_token"], "");
+  out = Run("job", {"get", "a", "--json"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(nlohmann::json::parse(*out)["phase"], "JOB_PHASE_PENDING");
+}
+
+TEST_F(JobCommandsTest, MembersTopologyOwnerCheckpoints) {
+  CreateDemo();
+  absl::StatusOr<std::string> out = Run("members", {"shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "no workers have joined job shakespeare (generation 1)\n");
+
+  out = Run("topology", {"shakespeare"});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out.status().message(), HasSubstr("the topology exists once the first generation forms"));
+  {
+    absl::MutexLock lock(&fake_.mu);
+    fake_.plan.emplace();
+    fake_.plan->set_job_id("shakespeare");
+    fake_.plan->set_world_size(4);
+    v1::ProcessGroup* g = fake_.plan->add_groups();
+    g->set_name("pp/0");
+    g->set_kind(v1::GROUP_KIND_PP);
+    g->add_ranks(0);
+    g->add_ranks(2);
+  }
+  out = Run("topology", {"shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, HasSubstr("0  pp/0   pp    0,2\n"));
+
+  out = Run("owner", {"shakespeare", "layers.0.mlp.fc1.weight", "--element", "17"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, HasSubstr("param     1   0   0   0  layers.0"));
+  {
+    absl::MutexLock lock(&fake_.mu);
+    EXPECT_TRUE(fake_.last_owner.has_element_index());
+    EXPECT_EQ(fake_.last_owner.element_index(), 17u);
+  }
+  out = Run("owner", {"shakespeare", "layers.9.x"});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(out.status().message(), HasSubstr("close names: layers.0.mlp.fc1.weight"));
+  EXPECT_EQ(Run("owner", {"shakespeare", "x", "--element", "-1"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  {
+    absl::MutexLock lock(&fake_.mu);
+    for (int step : {300, 200, 100}) {
+      v1::CheckpointSummary c;
+      c.set_checkpoint_id("step-" + std::to_string(step));
+      c.set_step(step);
+      c.set_state(v1::CHECKPOINT_STATE_COMMITTED);
+      fake_.checkpoints.push_back(c);
+    }
+  }
+  out = Run("checkpoints", {"shakespeare", "--all"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, AllOf(HasSubstr("step-300"), HasSubstr("step-200"), HasSubstr("step-100")));
+  absl::MutexLock lock(&fake_.mu);
+  EXPECT_TRUE(fake_.last_checkpoints.include_aborted());
+}
+
+TEST_F(JobCommandsTest, WatchStreamsLinesUntilCountOrEnd) {
+  CreateDemo();
+  {
+    absl::MutexLock lock(&fake_.mu);
+    for (uint64_t seq = 1; seq <= 3; ++seq) {
+      v1::JobEvent e;
+      e.set_sequence(seq);
+      e.set_job_id("shakespeare");
+      e.set_generation(1);
+      e.mutable_step_progress()->set_step(seq * 10);
+      fake_.events.push_back(e);
+    }
+  }
+  absl::StatusOr<std::string> out = Run("watch", {"shakespeare", "--after", "0"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "#1 - g1 step 10\n"
+            "#2 - g1 step 20\n"
+            "#3 - g1 step 30\n");
+  {
+    absl::MutexLock lock(&fake_.mu);
+    ASSERT_TRUE(fake_.last_watch->has_after_sequence());  // --after 0 is sent, not dropped.
+    EXPECT_EQ(fake_.last_watch->after_sequence(), 0u);
+  }
+
+  fake_.end_watch = false;  // Now the stream stays open: --count ends it.
+  out = Run("watch", {"shakespeare", "--after", "1", "--count", "1", "--json"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(nlohmann::json::parse(*out)["sequence"], "2");
+  EXPECT_EQ(std::count(out->begin(), out->end(), '\n'), 1);
+
+  // A job that has ended: no new events, so its history and how it ended.
+  fake_.end_watch = true;
+  {
+    absl::MutexLock lock(&fake_.mu);
+    v1::JobEvent e;
+    e.set_sequence(4);
+    e.set_job_id("shakespeare");
+    e.set_generation(1);
+    e.mutable_phase_changed()->set_old_phase(v1::JOB_PHASE_RUNNING);
+    e.mutable_phase_changed()->set_new_phase(v1::JOB_PHASE_COMPLETED);
+    fake_.events.push_back(e);
+    fake_.jobs["shakespeare"].set_phase(v1::JOB_PHASE_COMPLETED);
+    fake_.jobs["shakespeare"].set_phase_reason("every rank finished 2000 steps");
+  }
+  out = Run("watch", {"shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "#1 - g1 step 10\n"
+            "#2 - g1 step 20\n"
+            "#3 - g1 step 30\n"
+            "#4 - g1 phase_changed RUNNING -> COMPLETED\n"
+            "job shakespeare has ended: COMPLETED (every rank finished 2000 steps); no more "
+            "events will come\n");
+  out = Run("watch", {"shakespeare", "--count", "2"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "#1 - g1 step 10\n#2 - g1 step 20\n");
+  {
+    // A watch that saw the job end live prints only what it saw.
+    absl::MutexLock lock(&fake_.mu);
+    fake_.live_events.push_back(fake_.events.back());
+  }
+  out = Run("watch", {"shakespeare"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "#4 - g1 phase_changed RUNNING -> COMPLETED\n");
+  {
+    absl::MutexLock lock(&fake_.mu);
+    fake_.live_events.clear();
+  }
+  out = Run("watch", {"shakespeare", "--json"});  // Events only: every line is JSON.
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(std::count(out->begin(), out->end(), '\n'), 4);
+  const std::string last_line = out->substr(out->rfind('\n', out->size() - 2) + 1);
+  EXPECT_EQ(nlohmann::json::parse(last_line)["phase_changed"]["new_phase"], "JOB_PHASE_COMPLETED");
+
+  out = Run("watch", {"shakespeare", "--after", "9"});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(ExitCodeFor(out.status()), 2);
+  EXPECT_EQ(Run("watch", {"shakespeare", "--count", "0"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobCommandsTest, KvGetIsAnOperatorReadWithoutAFence) {
+  CreateDemo();
+  {
+    absl::MutexLock lock(&fake_.mu);
+    fake_.kv["tp/0/addr"] = "10.0.0.1:29500";
+    fake_.kv["tp/0/nccl_id"] = std::string("\x01\x02\xff", 3);
+  }
+  absl::StatusOr<std::string> out =
+      Run("kv", {"get", "shakespeare", "--generation", "1", "--scope", "tp/0", "addr"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, AllOf(HasSubstr("Scope:       tp/0\n"), HasSubstr("Value:       14 bytes, text\n"),
+                          HasSubstr("\n10.0.0.1:29500\n")));
+  {
+    absl::MutexLock lock(&fake_.mu);
+    EXPECT_FALSE(fake_.last_kv.has_fence());
+    EXPECT_EQ(fake_.last_kv.job_id(), "shakespeare");
+    EXPECT_EQ(fake_.last_kv.generation(), 1u);
+    EXPECT_FALSE(fake_.last_kv.wait());
+  }
+  out = Run("kv", {"get", "shakespeare", "--generation", "1", "--scope", "tp/0", "nccl_id"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, AllOf(HasSubstr("3 bytes, hex"), HasSubstr("\n01 02 ff\n")));
+  out = Run("kv", {"get", "shakespeare", "--generation", "1", "missing"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, AllOf(HasSubstr("Value:       not set"), HasSubstr("(generation-wide)")));
+  out = Run("kv", {"get", "shakespeare", "--generation", "2", "k"});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.status().message(), HasSubstr("does not exist yet"));
+  out = Run("kv", {"get", "shakespeare", "k"});
+  EXPECT_THAT(out.status().message(), HasSubstr("--generation is required"));
+  out = Run("kv", {"set", "shakespeare", "k", "v"});
+  EXPECT_THAT(out.status().message(), HasSubstr("the only one is 'get'"));
+}
+
+TEST_F(JobCommandsTest, CoordinatorRejectsTheSpec) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir ? dir : "/tmp") + "/heads.yaml";
+  std::ofstream(path) << "model:\n  num_layers: 4\n  hidden_size: 128\n  num_heads: 3\n";
+  absl::StatusOr<std::string> out = Run("job", {"create", path});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().message(),
+            path + ": spec.model.num_heads=3 does not divide spec.model.hidden_size=128");
+  EXPECT_EQ(ExitCodeFor(out.status()), 2);
+  // A field error in the file never reaches the coordinator.
+  std::ofstream(path) << "model:\n  num_heads: 3\n  colour: blue\n";
+  out = Run("job", {"create", path});
+  EXPECT_THAT(out.status().message(), HasSubstr(path + ":3:3: unknown field 'model.colour'"));
+  EXPECT_EQ(ExitCodeFor(out.status()), 2);
+}
+
+// A loopback port nothing listens on: bound, then closed.
+std::string ClosedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(fd);
+  return "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+}
+
+TEST_F(JobCommandsTest, UnreachableCoordinatorIsOneClearLine) {
+  const std::string closed = ClosedPort();
+  for (const Args& args : {Args{"job", "get", "x"}, Args{"watch", "x"}}) {
+    Args rest(args.begin() + 1, args.end());
+    rest.push_back("--coordinator=" + closed);
+    const absl::Status s = RunRaw(args[0], rest).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(s.message(), "cannot reach the coordinator at " + closed +
+                               ": connection refused; start shardline-coordinator or set "
+                               "--coordinator / SHARDLINE_COORDINATOR");
+    EXPECT_EQ(ExitCodeFor(s), 1);
+  }
+}
+
+TEST_F(JobCommandsTest, DeadlineNamesTheTimeoutFlag) {
+  CreateDemo();
+  fake_.get_job_delay = absl::Milliseconds(500);
+  absl::StatusOr<std::string> out = Run("job", {"get", "shakespeare", "--timeout", "100ms"});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("no answer from the coordinator at " + address_ +
+                        " to GetJob within 100ms (--timeout)"));
+}
+
+TEST_F(JobCommandsTest, UsageErrors) {
+  struct Case {
+    std::string command;
+    Args args;
+    std::string message;
+  } cases[] = {
+      {"job", {}, "job needs a subcommand"},
+      {"job", {"start"}, "unknown job subcommand 'start'"},
+      {"job", {"create"}, "job create needs a spec file"},
+      {"job", {"create", "a.yaml", "--id", "Bad_Id"}, "--id='Bad_Id' is not a job id"},
+      {"job", {"get"}, "job get takes one job id"},
+      {"job", {"get", "a", "--bogus"}, "unknown flag --bogus for 'shardctl job get'"},
+      {"job", {"get", "a", "-json"}, "unknown option '-json'"},
+      {"job", {"list", "--phase", "done"}, "'done' is not a job phase; choose from pending"},
+      {"members", {}, "takes one job id"},
+      {"owner", {"j"}, "owner takes a job id and a parameter name"},
+      {"job", {"get", "a", "--coordinator", "localhost"}, "--coordinator='localhost' is not HOST:PORT"},
+      {"job", {"get", "a", "--timeout", "soon"}, "--timeout='soon' is not a positive duration"},
+      {"job", {"get", "a", "--tls-cert", "c.pem"}, "mutual TLS needs both --tls-cert and --tls-key"},
+      {"job", {"get", "a", "--tls-ca", "/nonexistent/ca.pem"},
+       "cannot read --tls-ca file '/nonexistent/ca.pem'"},
+      {"job", {"create", "/nonexistent/spec.yaml"},
+       "cannot read spec file '/nonexistent/spec.yaml': No such file or directory"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<std::string> out = RunRaw(c.command, c.args);
+    ASSERT_FALSE(out.ok()) << c.command << " " << c.args.size();
+    EXPECT_THAT(out.status().message(), HasSubstr(c.message));
+    EXPECT_EQ(ExitCodeFor(out.status()), 2) << out.status();
+  }
+  setenv(client::kCoordinatorEnv, "nowhere", 1);
+  EXPECT_THAT(RunRaw("job", {"get", "a"}).status().message(),
+              HasSubstr("SHARDLINE_COORDINATOR='nowhere' is not HOST:PORT"));
+}
+
+TEST_F(JobCommandsTest, HelpGoesToStdout) {
+  for (const auto& [command, args] : std::vector<std::pair<std::string, Args>>{
+           {"job", {"--help"}}, {"job", {"create", "--help"}}, {"watch", {"--help"}},
+           {"kv", {"get", "--help"}}}) {
+    absl::StatusOr<std::string> out = RunRaw(command, args);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_THAT(*out, HasSubstr("Usage"));
+  }
+}
+
+TEST(ConnectionFlagsTest, DefaultsAndPrecedence) {
+  client::ConnectionFlags flags;
+  ArgParser parser("t");
+  flags.Register(parser);
+  ASSERT_TRUE(parser.Parse({}).ok());
+  std::map<std::string, std::string> env;
+  auto getenv = [&](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  absl::StatusOr<client::ConnectionOptions> o = flags.Resolve(parser, getenv);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->address, "127.0.0.1:7070");
+  EXPECT_EQ(o->token, "");
+  EXPECT_EQ(o->timeout, absl::Seconds(10));
+  EXPECT_FALSE(o->tls());
+  env = {{"SHARDLINE_COORDINATOR", "[::1]:9000"}, {"SHARDLINE_TOKEN", "t1"}};
+  o = flags.Resolve(parser, getenv);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->address, "[::1]:9000");
+  EXPECT_EQ(o->address_source, "SHARDLINE_COORDINATOR");
+  EXPECT_EQ(o->token, "t1");
+
+  client::ConnectionFlags flags2;
+  ArgParser parser2("t");
+  flags2.Register(parser2);
+  ASSERT_TRUE(parser2.Parse({"--coordinator", "coord.example:7070", "--token", "t2",
+                             "--tls-ca", "ca.pem", "--timeout", "1m"})
+                  .ok());
+  o = flags2.Resolve(parser2, getenv);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->address, "coord.example:7070");
+  EXPECT_EQ(o->token, "t2");
+  EXPECT_TRUE(o->tls());
+  EXPECT_EQ(o->timeout, absl::Minutes(1));
+
+  env = {{"SHARDLINE_TOKEN", "a b"}};
+  EXPECT_THAT(flags.Resolve(parser, getenv).status().message(),
+              HasSubstr("SHARDLINE_TOKEN holds a space or control character"));
+}
+
+TEST(FromGrpcStatusTest, Messages) {
+  client::ConnectionOptions o;
+  EXPECT_EQ(client::FromGrpcStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                        "DNS resolution failed for x:1: C-ares status is not "
+                                        "ARES_SUCCESS: Domain name not found"),
+                           o, "GetJob")
+                .message(),
+            "cannot reach the coordinator at 127.0.0.1:7070: the host name does not resolve; "
+            "start shardline-coordinator or set --coordinator / SHARDLINE_COORDINATOR");
+  EXPECT_EQ(client::FromGrpcStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator is starting"),
+                           o, "GetJob")
+                .message(),
+            "the coordinator at 127.0.0.1:7070 is unavailable: coordinator is starting; retry "
+            "shortly");
+  EXPECT_THAT(client::FromGrpcStatus(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                          "worker token of job a on job b"),
+                             o, "CancelJob")
+                  .message(),
+              HasSubstr("CancelJob needs the coordinator's admin token"));
+  EXPECT_EQ(client::FromGrpcStatus(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                        "a worker token may not make this call; it needs the "
+                                        "admin token"),
+                           o, "ListJobs")
+                .message(),
+            "a worker token may not make this call; it needs the admin token (--token or "
+            "SHARDLINE_TOKEN)");
+  EXPECT_EQ(client::FromGrpcStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "x"), o, "R").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(client::FromGrpcStatus(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                          "Received http2 header with status: 404"),
+                             o, "GetJob")
+                  .message(),
+              HasSubstr("is not a Shardline coordinator"));
+}
+
+}  // namespace
+}  // namespace shardline::shardctl

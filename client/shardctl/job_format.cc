@@ -1,0 +1,515 @@
+#include "client/shardctl/job_format.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/shardctl/table.h"
+#include "google/protobuf/util/json_util.h"
+#include "spec/job_spec.h"
+
+namespace shardline::shardctl {
+namespace {
+
+std::string Phase(v1::JobPhase p) { return EnumName(v1::JobPhase_descriptor(), p); }
+
+std::string Duration(const google::protobuf::Duration& d) {
+  if (d.seconds() == 0 && d.nanos() == 0) return "default";
+  return absl::FormatDuration(absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos()));
+}
+
+std::string Range(const v1::ElementRange& r) { return absl::StrCat("[", r.begin(), ",", r.end(), ")"); }
+
+std::string Slice(const v1::TensorSlice& s) {
+  std::vector<std::string> dims;
+  for (const v1::DimSlice& d : s.dims()) {
+    dims.push_back(absl::StrCat(d.offset(), ":", d.offset() + d.length()));
+  }
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+std::string ScheduleName(v1::Schedule s) {
+  switch (s) {
+    case v1::SCHEDULE_GPIPE:
+      return "gpipe";
+    case v1::SCHEDULE_ONE_F_ONE_B:
+      return "1f1b";
+    case v1::SCHEDULE_INTERLEAVED:
+      return "interleaved";
+    default:
+      return "default";
+  }
+}
+
+std::string Optional(bool has, uint32_t v) { return has ? absl::StrCat(v) : "-"; }
+
+absl::Time FromProto(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
+// The ACTIVITY column: what the member said at its last heartbeat, only
+// while that still describes it. A FENCED, LOST or LEFT member has no rank
+// (RANK shows "-") and its last report belongs to a world it is no longer
+// in, so it shows "-" too; STATE and DETAIL say what happened.
+std::string Activity(const v1::Member& m) {
+  const bool current = m.state() == v1::MEMBER_STATE_JOINING ||
+                       m.state() == v1::MEMBER_STATE_ACTIVE || m.state() == v1::MEMBER_STATE_SPARE;
+  if (!current || m.worker_state() == v1::WORKER_STATE_UNSPECIFIED) return "-";
+  return EnumName(v1::WorkerState_descriptor(), m.worker_state());
+}
+
+// The World line of a job whose first generation has not formed. The
+// coordinator forms it (Coordinator::MaybeFormLocked) once ChooseDp accepts
+// the JOINING workers and either max_workers have joined or the last call
+// (elastic.last_call from when enough had joined) has passed.
+std::string NotFormed(const v1::Job& job, const v1::ListMembersResponse* members) {
+  const v1::ElasticPolicy& e = job.spec().elastic();
+  if (job.phase() == v1::JOB_PHASE_CANCELLED) return "none: cancelled before it formed";
+  if (job.phase() == v1::JOB_PHASE_FAILED) return "none: failed before it formed";
+  if (members == nullptr) {
+    return absl::StrCat("not formed yet (needs ", e.min_workers(), " workers)");
+  }
+  std::vector<absl::Time> joined;  // join times of the workers waiting for this generation
+  for (const v1::Member& m : members->members()) {
+    if (m.state() == v1::MEMBER_STATE_JOINING && m.generation() == job.generation()) {
+      joined.push_back(FromProto(m.join_time()));
+    }
+  }
+  std::sort(joined.begin(), joined.end());
+  const int n = static_cast<int>(joined.size());
+  if (!spec::ChooseDp(job.spec(), n).has_value()) {
+    if (n < static_cast<int>(e.min_workers())) {
+      return absl::StrCat("not formed yet; waiting for workers: ", n, " joined, needs at least ",
+                          e.min_workers(), " (min_workers)");
+    }
+    return absl::StrCat("not formed yet; waiting for workers: ", n,
+                        " joined, but no tp x pp x dp layout with dp dividing the global batch "
+                        "fits them");
+  }
+  // The last call started when the first formable count had joined.
+  int enough = 1;
+  while (enough < n && !spec::ChooseDp(job.spec(), enough).has_value()) ++enough;
+  const absl::Time deadline =
+      joined[enough - 1] + absl::Seconds(e.last_call().seconds()) +
+      absl::Nanoseconds(e.last_call().nanos());
+  return absl::StrCat("not formed yet; waiting for workers: ", n, " of ", e.max_workers(),
+                      " joined (max_workers), last call until ",
+                      absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", deadline, absl::UTCTimeZone()),
+                      ", then it forms with those joined");
+}
+
+
+}  // namespace
+
+std::string Printable(absl::string_view text, size_t max_bytes) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    size_t n = 0;
+    const std::string piece = DisplayCharacter(text, i, &n);
+    if (max_bytes != std::string::npos && out.size() + piece.size() > max_bytes) {
+      return out + "...";
+    }
+    out += piece;
+    i += n;
+  }
+  return out;
+}
+
+std::string ProtoToJson(const google::protobuf::Message& message, bool one_line) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = !one_line;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  const auto status = google::protobuf::util::MessageToJsonString(message, &out, options);
+  if (!status.ok()) return absl::StrCat("{\"error\": \"", status.message().as_string(), "\"}");
+  // add_whitespace ends with a newline; keep exactly one at the call site.
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+std::string EnumName(const google::protobuf::EnumDescriptor* type, int value) {
+  const google::protobuf::EnumValueDescriptor* v = type->FindValueByNumber(value);
+  if (v == nullptr) return absl::StrCat(value);
+  std::string prefix;
+  for (char c : type->name()) {
+    if (absl::ascii_isupper(c) && !prefix.empty()) prefix += '_';
+    prefix += absl::ascii_toupper(c);
+  }
+  prefix += '_';
+  return absl::StartsWith(v->name(), prefix) ? v->name().substr(prefix.size()) : v->name();
+}
+
+std::string FormatTimestamp(const google::protobuf::Timestamp& t, bool millis) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "-";
+  const absl::Time time = absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+  return absl::FormatTime(millis ? "%Y-%m-%dT%H:%M:%E3SZ" : "%Y-%m-%dT%H:%M:%SZ", time,
+                          absl::UTCTimeZone());
+}
+
+
+std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members) {
+  const v1::JobSpec& s = job.spec();
+  const v1::ModelConfig& m = s.model();
+  const v1::ParallelConfig& p = s.parallel();
+  const v1::TrainingConfig& t = s.training();
+  const v1::ElasticPolicy& e = s.elastic();
+  std::vector<std::pair<std::string, std::string>> lines;
+  lines.emplace_back("Job", job.job_id());
+  if (!s.name().empty()) lines.emplace_back("Name", Printable(s.name()));
+  lines.emplace_back("Phase", job.phase_reason().empty()
+                                  ? Phase(job.phase())
+                                  : absl::StrCat(Phase(job.phase()), " (",
+                                                 Printable(job.phase_reason()), ")"));
+  lines.emplace_back("Generation", absl::StrCat(job.generation()));
+  if (job.world_size() == 0) {
+    lines.emplace_back("World", NotFormed(job, members));
+  } else {
+    lines.emplace_back("World", absl::StrCat(job.world_size(), " = tp ", p.tp(), " x pp ", p.pp(),
+                                             " x dp ", job.dp(), "; ", job.num_spares(),
+                                             job.num_spares() == 1 ? " spare" : " spares"));
+  }
+  lines.emplace_back("Step", absl::StrCat(job.step(), " / ", t.train_steps()));
+  lines.emplace_back("Last checkpoint",
+                     job.has_last_checkpoint()
+                         ? absl::StrCat(job.last_checkpoint().checkpoint_id(), " (step ",
+                                        job.last_checkpoint().step(), ")")
+                         : "none");
+  lines.emplace_back(
+      "Model", absl::StrCat("GPT ", m.num_layers(), " layers, hidden ", m.hidden_size(), ", ",
+                            m.num_heads(), " heads, ffn ",
+                            m.ffn_hidden_size() == 0 ? 4 * m.hidden_size() : m.ffn_hidden_size(),
+                            ", vocab ", m.vocab_size(), ", seq ", m.seq_length()));
+  lines.emplace_back("Parallel",
+                     absl::StrCat("tp ", p.tp(), ", pp ", p.pp(), ", vpp ",
+                                  p.vpp() == 0 ? 1 : p.vpp(), ", ZeRO stage ", p.zero_stage(),
+                                  ", schedule ", ScheduleName(p.schedule())));
+  lines.emplace_back(
+      "Training",
+      absl::StrCat("global batch ", t.global_batch(), ", micro-batch ", t.micro_batch(),
+                   ", ", t.train_steps(), " steps, lr ", t.learning_rate(), ", ",
+                   t.precision() == v1::PRECISION_MIXED ? "mixed precision" : "fp32"));
+  lines.emplace_back("Data",
+                     s.data().dataset_path().empty() ? "-" : Printable(s.data().dataset_path()));
+  const v1::CheckpointConfig& c = s.checkpoint();
+  lines.emplace_back(
+      "Checkpoints",
+      c.directory().empty()
+          ? "none (no directory)"
+          : absl::StrCat(c.interval_steps() == 0 ? "on demand"
+                                                 : absl::StrCat("every ", c.interval_steps(),
+                                                                " steps"),
+                         " into ", Printable(c.directory()), ", keep ",
+                         c.keep_last() == 0 ? "all" : absl::StrCat("last ", c.keep_last())));
+  lines.emplace_back("Elastic", absl::StrCat(e.min_workers(), "..", e.max_workers(),
+                                             " workers, heartbeat ",
+                                             Duration(e.heartbeat_interval()), ", timeout ",
+                                             Duration(e.heartbeat_timeout())));
+  lines.emplace_back("Created", FormatTimestamp(job.create_time()));
+  lines.emplace_back("Updated", FormatTimestamp(job.update_time()));
+  return KeyValueBlock(lines);
+}
+
+std::string FormatCreatedJob(const v1::CreateJobResponse& response, bool already_existed) {
+  std::string out;
+  if (already_existed) {
+    absl::StrAppend(&out, "Job ", response.job().job_id(),
+                    " already existed with this spec; nothing was created (job create is "
+                    "idempotent). It is:\n\n");
+  }
+  out += FormatJob(response.job());
+  out += "\n";
+  if (response.worker_token().empty()) {
+    out += "Worker token: none (the coordinator runs without authentication)\n";
+  } else if (already_existed) {
+    absl::StrAppend(&out, "Worker token (the one issued when the job was created; give it to ",
+                    "this job's workers as SHARDLINE_TOKEN):\n  ", response.worker_token(), "\n");
+  } else {
+    absl::StrAppend(&out, "Worker token (shown only now; give it to this job's workers as ",
+                    "SHARDLINE_TOKEN):\n  ", response.worker_token(), "\n");
+  }
+  return out;
+}
+
+std::string FormatJobList(const google::protobuf::RepeatedPtrField<v1::Job>& jobs) {
+  if (jobs.empty()) return "no jobs\n";
+  Table t({"JOB", "NAME", "PHASE", "GEN", "WORLD", "STEP", "CREATED"});
+  t.AlignRight(3);
+  t.AlignRight(4);
+  t.AlignRight(5);
+  for (const v1::Job& j : jobs) {
+    // A name is at most 128 bytes (the coordinator refuses longer); cut it
+    // anyway, so one job can never widen every row.
+    t.AddRow({j.job_id(), Printable(j.spec().name(), 128), Phase(j.phase()),
+              absl::StrCat(j.generation()),
+              j.world_size() == 0 ? "-" : absl::StrCat(j.world_size()),
+              absl::StrCat(j.step(), "/", j.spec().training().train_steps()),
+              FormatTimestamp(j.create_time())});
+  }
+  return t.Render();
+}
+
+std::string FormatMembers(const std::string& job_id, const v1::ListMembersResponse& response) {
+  if (response.members().empty()) {
+    return absl::StrCat("no workers have joined job ", job_id, " (generation ",
+                        response.generation(), ")\n");
+  }
+  Table t({"WORKER", "INCARNATION", "STATE", "RANK", "GEN", "STEP", "ACTIVITY", "HOST", "DEVICE",
+           "LAST HEARTBEAT", "DETAIL"});
+  for (size_t c : {3, 4, 5}) t.AlignRight(c);
+  for (const v1::Member& m : response.members()) {
+    std::string detail;
+    if (m.loss_reason() != v1::LOSS_REASON_UNSPECIFIED) {
+      detail = absl::AsciiStrToLower(EnumName(v1::LossReason_descriptor(), m.loss_reason()));
+    }
+    if (!m.detail().empty()) {
+      detail = detail.empty() ? Printable(m.detail()) : detail + ": " + Printable(m.detail());
+    }
+    t.AddRow({Printable(m.worker_id()), absl::StrCat(m.incarnation()),
+              EnumName(v1::MemberState_descriptor(), m.state()), Optional(m.has_rank(), m.rank()),
+              absl::StrCat(m.generation()), absl::StrCat(m.step()),
+              Activity(m),
+              m.host().empty() ? "-" : Printable(m.host()),
+              m.device().empty() ? "-" : Printable(m.device()),
+              FormatTimestamp(m.last_heartbeat_time()), detail});
+  }
+  return absl::StrCat("Job ", job_id, ", generation ", response.generation(), "\n", t.Render());
+}
+
+std::string FormatTopology(const v1::Plan& plan) {
+  const v1::ParallelConfig& p = plan.parallel();
+  std::string out = absl::StrCat(
+      "Job ", plan.job_id(), ", generation ", plan.generation(), ": world ", plan.world_size(),
+      " = tp ", p.tp(), " x pp ", p.pp(), " x dp ", plan.dp(), "; vpp ", p.vpp(), ", ZeRO stage ",
+      p.zero_stage(), ", ", ScheduleName(p.schedule()), "\n",
+      plan.num_parameters(), " parameters; ", plan.gradient_accumulation_steps(),
+      " micro-batches of ", plan.micro_batch(), " per dp rank per step");
+  if (plan.has_schedule()) {
+    absl::StrAppendFormat(&out, "; bubble ratio %.4f", plan.schedule().bubble_ratio());
+  }
+  out += "\n\nPipeline stages\n";
+  Table stages({"PP RANK", "CHUNK", "LAYERS", "HOLDS"});
+  stages.AlignRight(0);
+  stages.AlignRight(1);
+  for (const v1::PipelineStage& s : plan.stages()) {
+    for (const v1::PipelineChunk& c : s.chunks()) {
+      std::vector<std::string> holds;
+      if (c.holds_embedding()) holds.push_back("embedding");
+      if (c.holds_head()) holds.push_back("head");
+      stages.AddRow({absl::StrCat(s.pp_rank()), absl::StrCat(c.chunk()),
+                     absl::StrCat(c.first_layer(), "-", c.last_layer()), absl::StrJoin(holds, ", ")});
+    }
+  }
+  out += stages.Render();
+  out += "\nProcess groups (creation order)\n";
+  Table groups({"#", "GROUP", "KIND", "RANKS"});
+  groups.AlignRight(0);
+  for (const v1::ProcessGroup& g : plan.groups()) {
+    groups.AddRow({absl::StrCat(g.index()), g.name(),
+                   absl::AsciiStrToLower(EnumName(v1::GroupKind_descriptor(), g.kind())),
+                   absl::StrJoin(g.ranks(), ",")});
+  }
+  out += groups.Render();
+  return out;
+}
+
+std::string FormatShardOwner(const v1::GetShardOwnerResponse& r) {
+  std::string out = absl::StrCat(r.parameter(), ": shape [", absl::StrJoin(r.global_shape(), ", "),
+                                 "], ", r.numel(), " elements; ZeRO stage ", r.zero_stage(),
+                                 ", generation ", r.generation(), "\n");
+  if (r.holders().empty()) return out + "(no holders: the parameter has no elements)\n";
+  Table t({"KIND", "RANK", "TP", "DP", "PP", "UNIT", "UNIT RANGE", "SLICE", "SLICE RANGE"});
+  for (size_t c : {1, 2, 3, 4}) t.AlignRight(c);
+  for (const v1::ShardHolder& h : r.holders()) {
+    t.AddRow({absl::AsciiStrToLower(EnumName(v1::HolderKind_descriptor(), h.kind())),
+              absl::StrCat(h.rank()), absl::StrCat(h.tp_rank()), absl::StrCat(h.dp_rank()),
+              absl::StrCat(h.pp_rank()), h.unit(), Range(h.unit_range()), Slice(h.slice()),
+              Range(h.slice_range())});
+  }
+  return out + t.Render();
+}
+
+std::string FormatCheckpoints(
+    const std::string& job_id,
+    const google::protobuf::RepeatedPtrField<v1::CheckpointSummary>& list) {
+  if (list.empty()) return absl::StrCat("no checkpoints of job ", job_id, "\n");
+  Table t({"CHECKPOINT", "STEP", "GEN", "STATE", "RANKS", "SIZE", "COMMITTED", "NOTE"});
+  for (size_t c : {1, 2, 4, 5}) t.AlignRight(c);
+  for (const v1::CheckpointSummary& c : list) {
+    t.AddRow({c.checkpoint_id(), absl::StrCat(c.step()), absl::StrCat(c.generation()),
+              EnumName(v1::CheckpointState_descriptor(), c.state()),
+              absl::StrCat(c.reported_ranks(), "/", c.world_size()), HumanBytes(c.total_bytes()),
+              FormatTimestamp(c.commit_time()),
+              c.unusable_reason().empty()
+                  ? Printable(c.abort_reason())
+                  : absl::StrCat("UNUSABLE: ", Printable(c.unusable_reason()))});
+  }
+  return t.Render();
+}
+
+std::string FormatManifest(const v1::Manifest& m, bool tensors) {
+  const v1::ParallelConfig& p = m.parallel();
+  const v1::ModelConfig& model = m.model();
+  uint64_t files = 0, bytes = 0, pieces = 0;
+  for (const v1::RankRecord& r : m.ranks()) {
+    files += static_cast<uint64_t>(r.files_size());
+    for (const v1::ShardFile& f : r.files()) bytes += f.size_bytes();
+  }
+  for (const v1::SavedTensor& t : m.tensors()) pieces += static_cast<uint64_t>(t.pieces_size());
+  const std::string state = EnumName(v1::CheckpointState_descriptor(), m.state());
+  std::vector<std::pair<std::string, std::string>> lines;
+  lines.emplace_back("Checkpoint", m.checkpoint_id());
+  lines.emplace_back("Job", m.job_id());
+  lines.emplace_back("State", !m.unusable_reason().empty()
+                                  ? absl::StrCat(state, ", UNUSABLE (",
+                                                 Printable(m.unusable_reason()), ")")
+                              : m.abort_reason().empty()
+                                  ? state
+                                  : absl::StrCat(state, " (", Printable(m.abort_reason()), ")"));
+  lines.emplace_back("Step", absl::StrCat(m.step()));
+  lines.emplace_back("Generation", absl::StrCat(m.generation()));
+  lines.emplace_back("Directory", Printable(m.directory()));
+  lines.emplace_back("Layout", absl::StrCat("world ", m.world_size(), " = tp ", p.tp(), " x pp ",
+                                            p.pp(), " x dp ", m.dp(), "; vpp ",
+                                            p.vpp() == 0 ? 1 : p.vpp(), ", ZeRO stage ",
+                                            p.zero_stage(), ", schedule ",
+                                            ScheduleName(p.schedule())));
+  lines.emplace_back(
+      "Model", absl::StrCat("GPT ", model.num_layers(), " layers, hidden ", model.hidden_size(),
+                            ", ", model.num_heads(), " heads, vocab ", model.vocab_size(),
+                            ", seq ", model.seq_length()));
+  lines.emplace_back("Data cursor", absl::StrCat("sample ", m.data_cursor(), " (seed ",
+                                                 m.seed(), ")"));
+  lines.emplace_back("Ranks", absl::StrCat(m.ranks_size(), " of ", m.world_size(), ", ", files,
+                                           files == 1 ? " file, " : " files, ",
+                                           HumanBytes(bytes), " (", bytes, " bytes)"));
+  lines.emplace_back("Tensors", absl::StrCat(m.tensors_size(), " (", pieces,
+                                             pieces == 1 ? " piece)" : " pieces)"));
+  lines.emplace_back("Created", FormatTimestamp(m.create_time()));
+  lines.emplace_back("Committed", FormatTimestamp(m.commit_time()));
+  std::string out = KeyValueBlock(lines);
+  if (!tensors) return out;
+  if (m.tensors().empty()) return out + "\nno tensors\n";
+  Table t({"TENSOR", "DTYPE", "SHAPE", "PIECES", "SIZE"});
+  for (size_t c : {3, 4}) t.AlignRight(c);
+  for (const v1::SavedTensor& x : m.tensors()) {
+    uint64_t saved = 0;
+    for (const v1::SavedPiece& piece : x.pieces()) saved += piece.byte_length();
+    std::string dtype = EnumName(v1::DType_descriptor(), x.dtype());
+    if (absl::StartsWith(dtype, "DTYPE_")) dtype = dtype.substr(6);
+    t.AddRow({x.name(), dtype,
+              absl::StrCat("[", absl::StrJoin(x.global_shape(), ", "), "]"),
+              absl::StrCat(x.pieces_size()), HumanBytes(saved)});
+  }
+  return absl::StrCat(out, "\n", t.Render());
+}
+
+std::string FormatEvent(const v1::JobEvent& e) {
+  std::string what;
+  switch (e.event_case()) {
+    case v1::JobEvent::kPhaseChanged: {
+      const v1::PhaseChanged& x = e.phase_changed();
+      what = absl::StrCat("phase_changed ", Phase(x.old_phase()), " -> ", Phase(x.new_phase()),
+                          x.reason().empty() ? "" : ": " + Printable(x.reason()));
+      break;
+    }
+    case v1::JobEvent::kGenerationFormed: {
+      const v1::GenerationFormed& x = e.generation_formed();
+      what = absl::StrCat(
+          "generation_formed ",
+          absl::AsciiStrToLower(EnumName(v1::FormationReason_descriptor(), x.reason())),
+          ": world ", x.world_size(), " (dp ", x.dp(), "), ranks ",
+          x.worker_ids().empty() ? "-" : Printable(absl::StrJoin(x.worker_ids(), " ")));
+      if (!x.spares().empty()) {
+        absl::StrAppend(&what, ", spares ", Printable(absl::StrJoin(x.spares(), " ")));
+      }
+      if (x.has_restore()) {
+        absl::StrAppend(&what, ", restore ", x.restore().checkpoint_id(), " (step ",
+                        x.restore().step(), ")");
+      }
+      break;
+    }
+    case v1::JobEvent::kWorkerJoined: {
+      const v1::WorkerJoined& x = e.worker_joined();
+      what = absl::StrCat(x.rejoined() ? "worker_rejoined " : "worker_joined ",
+                          Printable(x.worker_id()), " incarnation ", x.incarnation(), " on ",
+                          x.host().empty() ? "-" : Printable(x.host()), " ", Printable(x.device()));
+      break;
+    }
+    case v1::JobEvent::kWorkerLeft: {
+      const v1::WorkerLeft& x = e.worker_left();
+      what = absl::StrCat("worker_left ", Printable(x.worker_id()), " incarnation ",
+                          x.incarnation(), x.has_rank() ? absl::StrCat(" rank ", x.rank()) : "",
+                          x.reason().empty() ? "" : ": " + Printable(x.reason()));
+      break;
+    }
+    case v1::JobEvent::kWorkerLost: {
+      const v1::WorkerLost& x = e.worker_lost();
+      what = absl::StrCat(
+          "worker_lost ", Printable(x.worker_id()), " incarnation ", x.incarnation(),
+          x.has_rank() ? absl::StrCat(" rank ", x.rank()) : "", " (",
+          absl::AsciiStrToLower(EnumName(v1::LossReason_descriptor(), x.reason())), ")",
+          x.detail().empty() ? "" : ": " + Printable(x.detail()));
+      break;
+    }
+    case v1::JobEvent::kCheckpointCommitted: {
+      const v1::CheckpointCommitted& x = e.checkpoint_committed();
+      what = absl::StrCat("checkpoint_committed ", x.checkpoint_id(), " step ", x.step(), ", ",
+                          HumanBytes(x.total_bytes()));
+      break;
+    }
+    case v1::JobEvent::kCheckpointAborted: {
+      const v1::CheckpointAborted& x = e.checkpoint_aborted();
+      what = absl::StrCat("checkpoint_aborted ", x.checkpoint_id(), " step ", x.step(),
+                          x.reason().empty() ? "" : ": " + Printable(x.reason()));
+      break;
+    }
+    case v1::JobEvent::kStepProgress: {
+      const v1::StepProgress& x = e.step_progress();
+      what = absl::StrCat("step ", x.step());
+      if (x.has_loss()) absl::StrAppendFormat(&what, " loss %.4f", x.loss());
+      if (x.has_tokens_per_second()) {
+        absl::StrAppendFormat(&what, " %.0f tokens/s", x.tokens_per_second());
+      }
+      break;
+    }
+    case v1::JobEvent::EVENT_NOT_SET:
+      what = "unknown event (newer coordinator? use --json)";
+      break;
+  }
+  return absl::StrCat("#", e.sequence(), " ", FormatTimestamp(e.time(), /*millis=*/true), " g",
+                      e.generation(), " ", what);
+}
+
+bool IsPrintableText(const std::string& value) {
+  for (size_t i = 0; i < value.size(); ++i) {
+    const unsigned char c = value[i];
+    if (c == '\t' || c == '\n') continue;
+    if (c < 0x20 || c == 0x7f) return false;
+    if (c < 0x80) continue;
+    // A well-formed UTF-8 sequence: a lead byte, then n continuation bytes.
+    const size_t n = (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c & 0xF8) == 0xF0 ? 3 : 0;
+    if (n == 0 || i + n >= value.size()) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      if ((static_cast<unsigned char>(value[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+std::string HexBytes(const std::string& value) {
+  std::string hex;
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (i > 0) hex += (i % 32 == 0) ? '\n' : ' ';
+    absl::StrAppendFormat(&hex, "%02x", static_cast<unsigned char>(value[i]));
+  }
+  return hex;
+}
+
+}  // namespace shardline::shardctl

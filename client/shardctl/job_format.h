@@ -1,0 +1,99 @@
+// Human-readable renderings of coordinator responses for shardctl: aligned
+// tables for lists, "Key: value" blocks for one object, one line per event.
+// --json output is protobuf's JSON of the response instead (ProtoToJson).
+//
+//   out << FormatJobList(response.jobs());
+//   // JOB          NAME         PHASE    GEN  WORLD  STEP      CREATED
+//   // shakespeare  shakespeare  RUNNING    2      4  120/2000  2024-05-01T10:00:00Z
+//
+// Pure functions; thread-safe.
+#ifndef SHARDLINE_CLIENT_SHARDCTL_JOB_FORMAT_H_
+#define SHARDLINE_CLIENT_SHARDCTL_JOB_FORMAT_H_
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/repeated_ptr_field.h"
+#include "google/protobuf/timestamp.pb.h"
+#include "shardline/v1/coordinator.pb.h"
+#include "plan/memory.h"
+
+namespace shardline::shardctl {
+
+// protobuf's JSON with the proto's field names and every primitive field
+// (zeros included), so scripts see a stable set of keys. Pretty (2-space
+// indent) unless `one_line`.
+std::string ProtoToJson(const google::protobuf::Message& message, bool one_line = false);
+
+// An enum value without its type prefix, as users type it:
+// JOB_PHASE_RUNNING → "RUNNING", SCHEDULE_ONE_F_ONE_B → "ONE_F_ONE_B". An
+// unknown number prints as the number.
+std::string EnumName(const google::protobuf::EnumDescriptor* type, int value);
+
+// RFC 3339 UTC, seconds ("2024-05-01T10:00:00Z"); "-" when unset. With
+// `millis`, three fractional digits.
+std::string FormatTimestamp(const google::protobuf::Timestamp& t, bool millis = false);
+
+// "1.50 MiB"; below 1 KiB "812 B" (the planner's).
+using ::shardline::plan::HumanBytes;
+
+// `job get`, `job cancel`: one job, every field an operator needs. Before
+// the first generation forms, `members` (the job's ListMembers, or null when
+// not fetched) says how formation stands: how many workers have joined and,
+// once enough have, until when the last call waits for more ("not formed
+// yet; waiting for workers: 4 of 5 joined (max_workers), last call until
+// 2024-05-01T10:00:10Z, ..."); a job cancelled or failed before it formed
+// says so.
+std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members = nullptr);
+
+// Text from the coordinator (names, reasons, details, paths) as it may be
+// printed to a terminal: control characters (C0, DEL, C1 U+0080-U+009F) and
+// malformed UTF-8 bytes written as \n, \t, \xNN or \u00NN, so a value can
+// neither send terminal escapes nor fake an output line. Longer than
+// `max_bytes` (after escaping): cut on a character boundary, "..." added.
+//   Printable("x\x1b[2J\nPhase: COMPLETED") == "x\\x1b[2J\\nPhase: COMPLETED"
+std::string Printable(absl::string_view text, size_t max_bytes = std::string::npos);
+
+// `job create`: the job, then the worker token, labelled. When
+// `already_existed` (the same --id and spec were created before; CreateJob
+// is idempotent and returned that job), it says so first, and that the
+// token is the one issued then.
+std::string FormatCreatedJob(const v1::CreateJobResponse& response, bool already_existed = false);
+
+// `job list`.
+std::string FormatJobList(const google::protobuf::RepeatedPtrField<v1::Job>& jobs);
+
+// `members`.
+std::string FormatMembers(const std::string& job_id, const v1::ListMembersResponse& response);
+
+// `topology`: the generation's layout, pipeline stages and process groups.
+std::string FormatTopology(const v1::Plan& plan);
+
+// `owner`.
+std::string FormatShardOwner(const v1::GetShardOwnerResponse& response);
+
+// `checkpoints`.
+std::string FormatCheckpoints(const std::string& job_id,
+                              const google::protobuf::RepeatedPtrField<v1::CheckpointSummary>& list);
+
+// `checkpoint show`: one manifest summarized (step, generation, layout,
+// data cursor, ranks / files / bytes, tensor and piece counts); with
+// `tensors`, then a table of every tensor: dtype, global shape, pieces and
+// saved bytes.
+std::string FormatManifest(const v1::Manifest& manifest, bool tensors);
+
+// `watch`: one line, no newline:
+// "#12 2024-05-01T10:00:00.123Z g2 generation_formed initial: world 4 (dp 2), ranks w0 w1 w2 w3, spares w4".
+std::string FormatEvent(const v1::JobEvent& event);
+
+// `kv get`: whether a value can be shown as text (well-formed UTF-8 without
+// control characters other than tab and newline), and the hex form for the
+// rest ("0a 1b ...", 32 bytes a line).
+bool IsPrintableText(const std::string& value);
+std::string HexBytes(const std::string& value);
+
+}  // namespace shardline::shardctl
+
+#endif  // SHARDLINE_CLIENT_SHARDCTL_JOB_FORMAT_H_

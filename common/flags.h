@@ -1,0 +1,72 @@
+// A small command-line parser for shardctl's subcommands: each subcommand
+// declares its own flags, so a flag that belongs elsewhere is an error, and
+// flag names keep the dashes users type (--micro-batches).
+//
+//   ArgParser args("shardctl plan");
+//   int64_t tp = 1;
+//   args.AddInt("tp", &tp, "tensor-parallel degree");
+//   absl::StatusOr<std::vector<std::string>> positional = args.Parse(argv_tail);
+//
+// Accepts "--name value", "--name=value", "--flag" for booleans (and
+// "--flag=true|false"), and "--" to end flags. Not thread-safe; use one per
+// parse.
+#ifndef SHARDLINE_COMMON_FLAGS_H_
+#define SHARDLINE_COMMON_FLAGS_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace shardline {
+
+class ArgParser {
+ public:
+  explicit ArgParser(std::string command) : command_(std::move(command)) {}
+
+  // Registers a flag; `out` (not owned) keeps its value unless the flag is
+  // given. `help` is one line for Usage().
+  void AddInt(const std::string& name, int64_t* out, const std::string& help);
+  void AddString(const std::string& name, std::string* out, const std::string& help);
+  void AddBool(const std::string& name, bool* out, const std::string& help);
+
+  // Parses `args` (without the program and subcommand words) and returns the
+  // positional arguments. Errors (InvalidArgument, naming the flag and what
+  // would be valid): an unknown flag, a missing value, a value that is not
+  // an integer, a flag given twice.
+  absl::StatusOr<std::vector<std::string>> Parse(const std::vector<std::string>& args);
+
+  bool WasSet(const std::string& name) const { return set_.count(name) > 0; }
+
+  // Whether flag `name` (without "--") takes a value (true) or is a bool
+  // (false); nullopt when no such flag is registered.
+  std::optional<bool> TakesValue(const std::string& name) const {
+    auto it = flags_.find(name);
+    if (it == flags_.end()) return std::nullopt;
+    return it->second.type != Type::kBool;
+  }
+
+  // "Flags of <command>:" then one line per flag, sorted by name.
+  std::string Usage() const;
+
+ private:
+  enum class Type { kInt, kString, kBool };
+  struct Flag {
+    Type type;
+    void* out;
+    std::string help;
+  };
+  absl::Status Assign(const std::string& name, const Flag& flag, const std::string& value);
+
+  std::string command_;
+  std::map<std::string, Flag> flags_;
+  std::set<std::string> set_;
+};
+
+}  // namespace shardline
+
+#endif  // SHARDLINE_COMMON_FLAGS_H_

@@ -1,0 +1,65 @@
+#include "common/flags.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardline {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Parsed {
+  int64_t tp = 1;
+  std::string schedule;
+  bool json = false;
+};
+
+absl::StatusOr<std::vector<std::string>> ParseWith(const std::vector<std::string>& args, Parsed& p) {
+  ArgParser parser("shardctl test");
+  parser.AddInt("tp", &p.tp, "tensor-parallel degree");
+  parser.AddString("schedule", &p.schedule, "schedule name");
+  parser.AddBool("json", &p.json, "print JSON");
+  return parser.Parse(args);
+}
+
+TEST(ArgParserTest, AcceptsBothValueFormsBooleansAndPositionals) {
+  Parsed p;
+  const auto pos = ParseWith({"owner", "--tp", "4", "--schedule=1f1b", "--json", "x", "--", "--tp"}, p);
+  ASSERT_TRUE(pos.ok()) << pos.status();
+  EXPECT_EQ(p.tp, 4);
+  EXPECT_EQ(p.schedule, "1f1b");
+  EXPECT_TRUE(p.json);
+  EXPECT_EQ(*pos, (std::vector<std::string>{"owner", "x", "--tp"}));
+  Parsed q;
+  ASSERT_TRUE(ParseWith({"--json=false", "--tp=-3"}, q).ok());
+  EXPECT_FALSE(q.json);
+  EXPECT_EQ(q.tp, -3);  // range checks belong to the command
+}
+
+TEST(ArgParserTest, ErrorsNameTheFlag) {
+  Parsed p;
+  auto unknown = ParseWith({"--pt", "2"}, p);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("unknown flag --pt"));
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("--json --schedule --tp"));
+  EXPECT_THAT(std::string(ParseWith({"--tp", "two"}, p).status().message()),
+              HasSubstr("--tp='two' is not an integer"));
+  EXPECT_THAT(std::string(ParseWith({"--tp", "99999999999999999999"}, p).status().message()),
+              HasSubstr("is not an integer"));
+  EXPECT_THAT(std::string(ParseWith({"--tp"}, p).status().message()), HasSubstr("--tp needs a value"));
+  EXPECT_THAT(std::string(ParseWith({"--tp=1", "--tp=2"}, p).status().message()),
+              HasSubstr("more than once"));
+  EXPECT_THAT(std::string(ParseWith({"--json=maybe"}, p).status().message()),
+              HasSubstr("is not a boolean"));
+}
+
+TEST(ArgParserTest, UsageListsEveryFlag) {
+  ArgParser parser("shardctl x");
+  int64_t v = 0;
+  parser.AddInt("micro-batches", &v, "micro-batches per iteration");
+  EXPECT_THAT(parser.Usage(), HasSubstr("--micro-batches VALUE"));
+  EXPECT_THAT(parser.Usage(), HasSubstr("micro-batches per iteration"));
+}
+
+}  // namespace
+}  // namespace shardline

@@ -1,0 +1,144 @@
+// The coordinator's Prometheus metrics and a tiny HTTP/1.1 server that
+// serves them (text exposition format 0.0.4) on GET /metrics.
+//
+//   Metrics metrics([&] { return SnapshotJobs(coordinator); });
+//   metrics.CountJoin();
+//   metrics.ObserveRpc("WorkerService/Heartbeat", absl::Milliseconds(2), absl::StatusCode::kOk);
+//   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
+//       MetricsHttpServer::Start("127.0.0.1", /*port=*/0, &metrics);
+//   // curl http://127.0.0.1:<(*http)->port()>/metrics
+//
+// Series (rates are the scraper's job, so only totals are exported):
+//   shardline_joins_total                          counter, successful JoinJob calls
+//   shardline_heartbeats_total                     counter, Heartbeat calls answered OK
+//   shardline_job_generation{job}                  gauge, current generation
+//   shardline_job_members{job,state}               gauge, members by MemberState
+//   shardline_rpc_duration_seconds{method,le}      histogram of handler time, fixed
+//                                                  buckets kRpcLatencyBuckets (seconds)
+//   shardline_rpcs_total{method,code}              counter, calls by final status code
+// Streams (Session, WatchJob) observe their whole lifetime.
+//
+// The HTTP server is for a scraper on a trusted network: no TLS, no auth.
+// One thread serves one connection at a time: a request is at most
+// kMaxRequestBytes and must arrive within kRequestTimeout, every answer is
+// "Connection: close".
+//
+// Thread-safety: Metrics is thread-safe; the job snapshot callback is called
+// from the HTTP thread without any Metrics lock held.
+#ifndef SHARDLINE_METRICS_METRICS_H_
+#define SHARDLINE_METRICS_METRICS_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace shardline::metrics {
+
+// Upper bounds of the RPC latency buckets (seconds); +Inf is implied.
+inline constexpr std::array<double, 16> kRpcLatencyBuckets = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25,   0.5,   1,      2.5,   5,    10,    60,   300};
+
+// What the gauges show of one job at scrape time.
+struct JobSnapshot {
+  std::string job_id;
+  uint64_t generation = 0;
+  // Lower-case MemberState name without prefix ("active", "spare", ...) →
+  // count. States with no member may be missing (then exported as 0).
+  std::map<std::string, int64_t> members_by_state;
+};
+
+class Metrics {
+ public:
+  using JobSnapshotFn = std::function<std::vector<JobSnapshot>()>;
+
+  // `jobs` (may be empty) is called at every Render.
+  explicit Metrics(JobSnapshotFn jobs = nullptr);
+
+  void CountJoin() { joins_.fetch_add(1, std::memory_order_relaxed); }
+  void CountHeartbeat() { heartbeats_.fetch_add(1, std::memory_order_relaxed); }
+  // `method` is "Service/Method", e.g. "WorkerService/Heartbeat".
+  void ObserveRpc(absl::string_view method, absl::Duration latency, absl::StatusCode code)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The exposition text (format 0.0.4).
+  std::string Render() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Histogram {
+    std::array<uint64_t, kRpcLatencyBuckets.size()> buckets{};  // non-cumulative
+    uint64_t count = 0;
+    double sum_seconds = 0;
+  };
+
+  const JobSnapshotFn jobs_;
+  std::atomic<uint64_t> joins_{0};
+  std::atomic<uint64_t> heartbeats_{0};
+  mutable absl::Mutex mu_;
+  std::map<std::string, Histogram> latency_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, absl::StatusCode>, uint64_t> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+// Escapes a label value for the exposition format (\\, \", \n).
+std::string EscapeLabelValue(absl::string_view value);
+
+// GET /metrics over HTTP/1.1 on one thread. Lifecycle: Start → serving →
+// Stop (or destruction). Thread-safe.
+class MetricsHttpServer {
+ public:
+  static constexpr size_t kMaxRequestBytes = 8192;
+  static constexpr absl::Duration kRequestTimeout = absl::Seconds(2);
+
+  // Binds host:port (port 0 picks a free one) and starts serving `metrics`
+  // (not owned; must outlive the server). `host` is an IPv4 or IPv6 literal
+  // or a name. Errors: InvalidArgument for a bad host or port; Unavailable
+  // when it cannot bind or listen (the message gives errno's text).
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host,
+                                                                   int port,
+                                                                   const Metrics* metrics);
+  // The same for any exposition text: `render` is called (from the server's
+  // threads, so it must be thread-safe) for every GET /metrics. The worker
+  // serves its own series this way.
+  using RenderFn = std::function<std::string()>;
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host,
+                                                                   int port, RenderFn render);
+  ~MetricsHttpServer();
+  MetricsHttpServer(const MetricsHttpServer&) = delete;
+  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+
+  int port() const { return port_; }
+  // Stops accepting and joins the thread (at most ~kRequestTimeout).
+  // Idempotent.
+  void Stop();
+
+ private:
+  MetricsHttpServer(int fd, int port, RenderFn render);
+  void Serve();
+  void HandleConnection(int fd);
+
+  const int listen_fd_;
+  const int port_;
+  const RenderFn render_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> active_{0};  // connection threads running
+  static constexpr int kMaxConnections = 16;
+  std::thread thread_;
+};
+
+}  // namespace shardline::metrics
+
+#endif  // SHARDLINE_METRICS_METRICS_H_

@@ -1,0 +1,268 @@
+#include "spec/job_spec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace shardline::spec {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+absl::Duration FromProto(const google::protobuf::Duration& d) {
+  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
+}
+
+void SetIfUnset(google::protobuf::Duration* d, absl::Duration value) {
+  if (d->seconds() == 0 && d->nanos() == 0) {
+    *d = TimeUtil::NanosecondsToDuration(absl::ToInt64Nanoseconds(value));
+  }
+}
+
+absl::Status Invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
+
+// The planner's field names as spec paths.
+absl::Status InSpecTerms(const absl::Status& s) {
+  static const auto* const kNames = new std::vector<std::pair<std::string, std::string>>{
+      {"num_layers=", "spec.model.num_layers="},
+      {"ffn_hidden_size=", "spec.model.ffn_hidden_size="},
+      {"hidden_size=", "spec.model.hidden_size="},
+      {"num_heads=", "spec.model.num_heads="},
+      {"vocab_size=", "spec.model.vocab_size="},
+      {"seq_length=", "spec.model.seq_length="},
+      {"zero_stage=", "spec.parallel.zero_stage="},
+      {"zero_alignment=", "spec.parallel.zero_alignment="},
+      {"micro_batch_size=", "spec.training.micro_batch="},
+      {"tp=", "spec.parallel.tp="},
+      {"pp=", "spec.parallel.pp="},
+      {"vpp=", "spec.parallel.vpp="},
+      {"schedule=", "spec.parallel.schedule="}};
+  return plan::RenameFields(s, *kNames);
+}
+
+}  // namespace
+
+plan::GptConfig ModelOf(const v1::JobSpec& spec) {
+  const v1::ModelConfig& m = spec.model();
+  return plan::GptConfig{m.num_layers(), m.hidden_size(), m.num_heads(),
+                         m.ffn_hidden_size(), m.vocab_size(), m.seq_length()};
+}
+
+plan::ParallelConfig ParallelOf(const v1::JobSpec& spec, int dp) {
+  const v1::ParallelConfig& p = spec.parallel();
+  plan::ParallelConfig out;
+  out.tp = static_cast<int>(p.tp());
+  out.pp = static_cast<int>(p.pp());
+  out.dp = dp;
+  out.vpp = static_cast<int>(std::max<uint32_t>(p.vpp(), 1));
+  out.zero_stage = static_cast<int>(p.zero_stage());
+  out.zero_alignment = static_cast<int64_t>(std::max<uint64_t>(p.zero_alignment(), 1));
+  out.micro_batch_size = spec.training().micro_batch();
+  const uint64_t per_step = spec.training().global_batch() /
+                            std::max<uint64_t>(spec.training().micro_batch(), 1);
+  out.micro_batches = static_cast<int>(per_step / std::max(dp, 1));
+  out.schedule = p.schedule() == v1::SCHEDULE_GPIPE         ? plan::ScheduleKind::kGpipe
+                 : p.schedule() == v1::SCHEDULE_INTERLEAVED ? plan::ScheduleKind::kInterleaved
+                                                            : plan::ScheduleKind::kOneFOneB;
+  out.precision = spec.training().precision() == v1::PRECISION_MIXED ? plan::Precision::kMixed
+                                                                     : plan::Precision::kFp32;
+  return out;
+}
+
+absl::StatusOr<plan::Plan> PlanGeneration(const v1::JobSpec& spec, int dp) {
+  absl::StatusOr<plan::Plan> p = plan::MakePlan(ModelOf(spec), ParallelOf(spec, dp));
+  if (!p.ok()) return InSpecTerms(p.status());
+  return p;
+}
+
+std::optional<int> ChooseDp(const v1::JobSpec& spec, int available) {
+  const int64_t model_parallel = int64_t{spec.parallel().tp()} * spec.parallel().pp();
+  const int64_t cap = std::min<int64_t>(available, spec.elastic().max_workers());
+  const uint64_t per_step = spec.training().global_batch() / spec.training().micro_batch();
+  for (int64_t dp = cap / model_parallel; dp >= 1; --dp) {
+    if (dp * model_parallel < spec.elastic().min_workers()) break;
+    if (per_step % dp != 0) continue;  // the global batch must stay constant
+    if (plan::ValidateConfig(ModelOf(spec), ParallelOf(spec, static_cast<int>(dp))).ok() &&
+        plan::BuildSchedule(ParallelOf(spec, static_cast<int>(dp)).schedule, spec.parallel().pp(),
+                            std::max<uint32_t>(spec.parallel().vpp(), 1),
+                            static_cast<int>(per_step / dp))
+            .ok()) {
+      return static_cast<int>(dp);
+    }
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
+  v1::JobSpec spec = in;
+  v1::ModelConfig& m = *spec.mutable_model();
+  v1::ParallelConfig& p = *spec.mutable_parallel();
+  v1::TrainingConfig& t = *spec.mutable_training();
+  v1::ElasticPolicy& e = *spec.mutable_elastic();
+  // Free text that listings and `job get` print: one short printable line.
+  if (absl::Status s = CheckText("spec.name", spec.name(), kMaxJobNameBytes, /*required=*/true);
+      !s.ok()) {
+    return Invalid(absl::StrCat(s.message(), ", e.g. name: shakespeare"));
+  }
+  if (m.ffn_hidden_size() == 0) m.set_ffn_hidden_size(4 * m.hidden_size());
+  if (p.tp() == 0) return Invalid("spec.parallel.tp=0 is invalid; tp must be >= 1");
+  if (p.pp() == 0) return Invalid("spec.parallel.pp=0 is invalid; pp must be >= 1");
+  if (p.vpp() == 0) p.set_vpp(1);
+  if (p.zero_alignment() == 0) p.set_zero_alignment(1);
+  if (p.schedule() == v1::SCHEDULE_UNSPECIFIED) {
+    p.set_schedule(p.vpp() > 1 ? v1::SCHEDULE_INTERLEAVED : v1::SCHEDULE_ONE_F_ONE_B);
+  }
+  if (t.precision() == v1::PRECISION_UNSPECIFIED) t.set_precision(v1::PRECISION_FP32);
+  if (t.micro_batch() == 0) {
+    return Invalid("spec.training.micro_batch=0 is invalid; give samples per micro-batch, >= 1");
+  }
+  if (t.global_batch() == 0 || t.global_batch() % t.micro_batch() != 0) {
+    return Invalid(absl::StrCat("spec.training.global_batch=", t.global_batch(),
+                                " is not a positive multiple of spec.training.micro_batch=",
+                                t.micro_batch()));
+  }
+  if (t.train_steps() == 0 || t.train_steps() > kMaxTrainSteps) {
+    return Invalid(absl::StrCat("spec.training.train_steps=", t.train_steps(),
+                                " is invalid; give the optimizer steps to run, 1..",
+                                kMaxTrainSteps));
+  }
+  // Optimizer settings: finite and in their ranges (0 means the default).
+  struct Range {
+    const char* field;
+    double value;
+    double low;
+    double high;
+    bool high_open;
+  };
+  const Range ranges[] = {
+      {"training.learning_rate", t.learning_rate(), 0, 1e3, false},
+      {"training.min_learning_rate", t.min_learning_rate(), 0, 1e3, false},
+      {"training.weight_decay", t.weight_decay(), 0, 1e3, false},
+      {"training.grad_clip", t.grad_clip(), 0, 1e12, false},
+      {"training.adam_beta1", t.adam_beta1(), 0, 1, true},
+      {"training.adam_beta2", t.adam_beta2(), 0, 1, true},
+      {"training.adam_epsilon", t.adam_epsilon(), 0, 1, false},
+      {"data.validation_fraction", spec.data().validation_fraction(), 0, 1, true}};
+  for (const Range& r : ranges) {
+    if (!std::isfinite(r.value) || r.value < r.low || r.value > r.high ||
+        (r.high_open && r.value == r.high)) {
+      return Invalid(absl::StrCat("spec.", r.field, "=", r.value, " is invalid; use a value in [",
+                                  r.low, ", ", r.high, r.high_open ? ")" : "]"));
+    }
+  }
+  // The data is bytes (worker/train/data.h): every byte value is a token.
+  if (spec.model().vocab_size() < 256) {
+    return Invalid(absl::StrCat("spec.model.vocab_size=", spec.model().vocab_size(),
+                                " is smaller than the byte vocabulary the data uses; set "
+                                "vocab_size to 256 (or more)"));
+  }
+  // Checkpoints go to <directory>/<job_id>/ on a filesystem the coordinator
+  // and every worker see at the same path, whatever their working directory.
+  const std::string& ckpt = spec.checkpoint().directory();
+  if (!ckpt.empty() && (ckpt.front() != '/' || absl::StrContains(absl::StrCat(ckpt, "/"), "/../") ||
+                        ckpt.size() > kMaxPathBytes || !IsDisplayText(ckpt))) {
+    return Invalid(absl::StrCat("spec.checkpoint.directory='", AbbreviateValue(ckpt),
+                                "' must be an absolute path without '..' or control characters, "
+                                "at most ", kMaxPathBytes, " bytes (the coordinator and every "
+                                "worker use it as given), e.g. /var/lib/shardline/checkpoints"));
+  }
+  // Every worker reads the corpus at this path; an empty one would only
+  // fail on the workers, after the job formed.
+  const std::string& dataset = spec.data().dataset_path();
+  if (dataset.empty()) {
+    return Invalid(absl::StrCat(
+        "spec.data.dataset_path is empty; give the path of the text corpus every worker can read "
+        "(at most ", kMaxPathBytes, " bytes), e.g. /data/tinyshakespeare.txt"));
+  }
+  if (dataset.size() > kMaxPathBytes || !IsDisplayText(dataset)) {
+    return Invalid(absl::StrCat("spec.data.dataset_path='", AbbreviateValue(dataset),
+                                "' is invalid; give a path of at most ", kMaxPathBytes,
+                                " bytes without control characters, e.g. "
+                                "/data/tinyshakespeare.txt"));
+  }
+  if (t.learning_rate() > 0 && t.min_learning_rate() > t.learning_rate()) {
+    return Invalid(absl::StrCat("spec.training.min_learning_rate=", t.min_learning_rate(),
+                                " exceeds spec.training.learning_rate=", t.learning_rate(),
+                                "; the cosine schedule decays from the peak to the minimum"));
+  }
+  // The model and the layout alone (any dp), before the worker range.
+  plan::ParallelConfig probe = ParallelOf(spec, 1);
+  probe.micro_batches = 1;
+  if (absl::Status s = InSpecTerms(plan::ValidateConfig(ModelOf(spec), probe)); !s.ok()) return s;
+  const uint32_t model_parallel = p.tp() * p.pp();
+  if (e.min_workers() == 0) e.set_min_workers(model_parallel);
+  if (e.max_workers() == 0) e.set_max_workers(static_cast<uint32_t>(plan::kMaxWorldSize));
+  if (e.min_workers() < model_parallel) {
+    return Invalid(absl::StrCat("spec.elastic.min_workers=", e.min_workers(), " < tp*pp=",
+                                model_parallel, "; one model replica needs tp*pp workers"));
+  }
+  if (e.max_workers() < e.min_workers()) {
+    return Invalid(absl::StrCat("spec.elastic.max_workers=", e.max_workers(),
+                                " < spec.elastic.min_workers=", e.min_workers()));
+  }
+  if (e.max_workers() > plan::kMaxWorldSize) {
+    return Invalid(absl::StrCat("spec.elastic.max_workers=", e.max_workers(),
+                                " is too large; the limit is ", plan::kMaxWorldSize));
+  }
+  SetIfUnset(e.mutable_heartbeat_interval(), kDefaultHeartbeatInterval);
+  SetIfUnset(e.mutable_heartbeat_timeout(), kDefaultHeartbeatTimeout);
+  SetIfUnset(e.mutable_join_timeout(), kDefaultJoinTimeout);
+  SetIfUnset(e.mutable_last_call(), kDefaultLastCall);
+  SetIfUnset(e.mutable_collective_timeout(), kDefaultCollectiveTimeout);
+  const std::pair<const char*, const google::protobuf::Duration*> durations[] = {
+      {"heartbeat_interval", &e.heartbeat_interval()},
+      {"heartbeat_timeout", &e.heartbeat_timeout()},
+      {"join_timeout", &e.join_timeout()},
+      {"last_call", &e.last_call()},
+      {"collective_timeout", &e.collective_timeout()}};
+  for (const auto& [field, d] : durations) {
+    if (FromProto(*d) <= absl::ZeroDuration()) {
+      return Invalid(absl::StrCat("spec.elastic.", field, "=", TimeUtil::ToString(*d),
+                                  " is invalid; give a positive duration such as \"10s\""));
+    }
+  }
+  if (FromProto(e.heartbeat_timeout()) > kMaxHeartbeatTimeout) {
+    return Invalid(absl::StrCat("spec.elastic.heartbeat_timeout=",
+                                TimeUtil::ToString(e.heartbeat_timeout()), " is too long; at most ",
+                                absl::FormatDuration(kMaxHeartbeatTimeout)));
+  }
+  if (FromProto(e.heartbeat_timeout()) <= FromProto(e.heartbeat_interval())) {
+    return Invalid(absl::StrCat(
+        "spec.elastic.heartbeat_timeout=", TimeUtil::ToString(e.heartbeat_timeout()),
+        " must be longer than spec.elastic.heartbeat_interval=",
+        TimeUtil::ToString(e.heartbeat_interval()), " (a few intervals, e.g. 10x)"));
+  }
+  // world = dp * tp * pp must lie in min_workers..max_workers.
+  const uint32_t min_dp = (e.min_workers() + model_parallel - 1) / model_parallel;
+  const uint32_t max_dp = e.max_workers() / model_parallel;
+  if (min_dp > max_dp) {
+    return Invalid(absl::StrCat(
+        "no data-parallel degree fits: the world size is dp * tp*pp, a multiple of tp*pp=",
+        model_parallel, ", and none lies in spec.elastic.min_workers..max_workers = ",
+        e.min_workers(), "..", e.max_workers(), "; set min_workers to ",
+        max_dp * model_parallel, " or max_workers to ", min_dp * model_parallel,
+        " (or change tp or pp)"));
+  }
+  if (!ChooseDp(spec, static_cast<int>(e.max_workers())).has_value()) {
+    return Invalid(absl::StrCat(
+        "no data-parallel degree fits: with tp*pp=", model_parallel, " and ",
+        e.min_workers(), "..", e.max_workers(), " workers, dp must be in ",
+        min_dp == max_dp ? absl::StrCat("{", min_dp, "}")
+                         : absl::StrCat("[", min_dp, ", ", max_dp, "]"),
+        " and divide spec.training.global_batch / spec.training.micro_batch = ",
+        t.global_batch() / t.micro_batch(),
+        " (and the schedule must run that many micro-batches); change the batch or the "
+        "worker range"));
+  }
+  return spec;
+}
+
+}  // namespace shardline::spec
