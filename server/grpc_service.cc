@@ -28,6 +28,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
 #include "server/auth.h"
 #include "checkpoint/checkpoint_files.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
@@ -37,12 +39,7 @@ namespace {
 
 namespace v1 = ::shardline::v1;
 
-// One line per event on stderr: time, then key=value pairs.
-void Log(absl::string_view line) {
-  std::string s = absl::StrCat(
-      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()), " ", line, "\n");
-  std::fwrite(s.data(), 1, s.size(), stderr);
-}
+void Log(absl::string_view line) { LogLine(line); }
 
 bool IsTerminal(v1::JobPhase phase) {
   return phase == v1::JOB_PHASE_COMPLETED || phase == v1::JOB_PHASE_FAILED ||
@@ -112,25 +109,6 @@ v1::Coordinates CoordinatesOf(uint32_t rank, uint32_t tp, uint32_t dp) {
 }
 
 }  // namespace
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  // absl::StatusCode and grpc::StatusCode are the same canonical numbers.
-  const auto code = static_cast<grpc::StatusCode>(static_cast<int>(status.code()));
-  const absl::string_view message = status.message();
-  if (message.size() <= kMaxStatusMessageBytes) return grpc::Status(code, std::string(message));
-  const std::string suffix = absl::StrCat("... (message truncated, ", message.size(), " bytes)");
-  size_t keep = kMaxStatusMessageBytes - suffix.size();
-  // Not inside a UTF-8 sequence: back up over continuation bytes.
-  while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
-  return grpc::Status(code, absl::StrCat(message.substr(0, keep), suffix));
-}
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(status.error_code())),
-                      status.error_message());
-}
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const std::string& cert_file, const std::string& key_file,

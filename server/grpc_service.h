@@ -114,6 +114,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/grpc_status.h"
 #include "server/checkpoint_registry.h"
 #include "server/coordinator.h"
 #include "spec/job_spec.h"
@@ -129,20 +130,6 @@ inline constexpr absl::Duration kDefaultAssignmentTimeout = absl::Minutes(5);
 inline constexpr absl::Duration kMaxAssignmentTimeout = absl::Hours(1);
 // Longest single wait inside a sliced blocking call (see the file comment).
 inline constexpr absl::Duration kWaitSlice = absl::Milliseconds(500);
-
-// The longest status message a handler returns (bytes). gRPC sends the
-// message percent-encoded in trailing metadata and a client refuses
-// metadata over 8 KiB ("received initial metadata size exceeds limit"),
-// which would hide the field the message names.
-inline constexpr size_t kMaxStatusMessageBytes = 2048;
-
-// The absl → gRPC status mapping (codes are the same numbers, 1:1; the
-// message is kept, up to kMaxStatusMessageBytes: a longer one keeps its
-// start, which names the field, cut on a UTF-8 boundary, plus
-// "... (message truncated, N bytes)").
-grpc::Status ToGrpcStatus(const absl::Status& status);
-// And back, for clients and tests.
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // The components the services adapt. Not owned; all must outlive the server.
 struct ServiceDeps {

@@ -226,7 +226,7 @@ setsid bash -c '
   done
   tail -n +1 -F "$1/coordinator.log" 2>/dev/null |
     grep -a --line-buffered -E "session broken|generation ended|checkpoint committed|checkpoint aborted" |
-    sed -u "s/^[0-9-]*T\([0-9:.]*\)Z /  \1 coordinator | /" &
+    sed -u "s/^[0-9-]*T\([0-9:.]*\)Z shardline-coordinator: /  \1 coordinator | /" &
   wait' _ "$OUT" &
 WATCH_PID=$!
 
