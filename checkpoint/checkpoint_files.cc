@@ -160,7 +160,12 @@ absl::StatusOr<v1::Manifest> ReadManifestFile(absl::string_view directory) {
   absl::StatusOr<std::string> text = ReadFileToString(path);
   if (!text.ok()) return text.status();
   v1::Manifest manifest;
-  const auto parsed = google::protobuf::util::JsonStringToMessage(*text, &manifest);
+  // Fields this version does not know are skipped: a manifest written by a
+  // newer coordinator still reads (forward compatibility); what is read is
+  // checked by its users (VerifyCheckpoint, the restore planner).
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(*text, &manifest, options);
   if (!parsed.ok()) {
     return absl::DataLossError(
         absl::StrCat("'", path, "' does not parse as a manifest: ", parsed.message().as_string()));

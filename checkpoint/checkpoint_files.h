@@ -67,8 +67,11 @@ absl::StatusOr<std::string> CheckpointDirectoryUnder(absl::string_view root,
 // Unavailable when a file operation fails (names it and errno).
 absl::Status WriteManifestFile(absl::string_view root, const shardline::v1::Manifest& manifest);
 
-// Reads <directory>/manifest.json back. Errors: NotFound: no file;
-// DataLoss: it does not parse; Unavailable: it cannot be read.
+// Reads <directory>/manifest.json back (protobuf JSON of a v1.Manifest;
+// unknown fields are skipped, so a newer writer's manifest reads). The one
+// reader of manifest.json: the coordinator's repair and shardctl --dir use
+// it. Errors: NotFound "no file '<path>'"; DataLoss: it does not parse;
+// FileError (common/files.h) when it cannot be read.
 absl::StatusOr<shardline::v1::Manifest> ReadManifestFile(absl::string_view directory);
 
 // Writes <root>/LATEST = checkpoint_id + "\n" atomically (creating the root

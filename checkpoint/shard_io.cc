@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/geometry.h"
 #include "common/files.h"
 
 namespace shardline::checkpoint {
@@ -159,19 +160,6 @@ absl::StatusOr<std::vector<int64_t>> ShapeOf(const v1::SavedTensor& t) {
     shape.push_back(static_cast<int64_t>(d));
   }
   return shape;
-}
-
-uint64_t ElementBytes(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32:
-    case v1::DTYPE_INT32:
-      return 4;
-    case v1::DTYPE_FLOAT16:
-    case v1::DTYPE_BFLOAT16:
-      return 2;
-    default:
-      return 0;
-  }
 }
 
 // Checks one piece against its tensor and returns its slice geometry.
@@ -825,7 +813,7 @@ VerifyReport VerifyCheckpoint(const v1::Manifest& manifest, const std::string& d
       problem(shape.status());
       continue;
     }
-    const uint64_t element_bytes = ElementBytes(t.dtype());
+    const uint64_t element_bytes = DTypeBytes(t.dtype());
     if (element_bytes == 0) {
       problem(absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has dtype ",
                                                       v1::DType_Name(t.dtype()),

@@ -110,6 +110,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "checkpoint/geometry.h"
 #include "common/clock.h"
 #include "server/state_store.h"
 #include "shardline/v1/checkpoint.pb.h"
@@ -120,9 +121,6 @@ namespace shardline::server {
 // StateStore kinds the registry owns.
 inline constexpr absl::string_view kCheckpointKind = "checkpoint";
 inline constexpr absl::string_view kCheckpointLatestKind = "checkpoint_latest";
-
-// Largest rng_state a rank may report (bytes).
-inline constexpr size_t kMaxRngStateBytes = 1 << 20;
 
 // What the coordinator knows when a rank calls BeginCheckpoint (after it
 // checked the fence, that the caller holds a rank, that the job is RUNNING
@@ -383,14 +381,6 @@ class CheckpointRegistry {
   absl::CondVar settled_;
   std::map<std::string, JobCheckpoints, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
 };
-
-// Exact-cover check of one tensor's pieces (exposed for tests and for the
-// restore planner): OK when the pieces cover every element of
-// `global_shape` exactly once. Assumes each piece was validated (slice
-// inside the shape, range non-empty inside the slice). Errors: DataLoss
-// naming the tensor and the first gap or overlap (global element ranges,
-// or slice and ranges).
-absl::Status CheckExactCover(const shardline::v1::SavedTensor& tensor);
 
 }  // namespace shardline::server
 

@@ -353,47 +353,6 @@ TEST_F(CheckpointRegistryTest, MissingExpectedTensorAbortsWithDataLoss) {
   EXPECT_THAT(last.checkpoint.abort_reason(), HasSubstr("\"lm_head\" was saved by no rank"));
 }
 
-TEST(CheckExactCoverTest, GeneralPathAcrossDifferentSlices) {
-  // [4,6]: rows 0-1 saved as part of the whole-tensor slice, rows 2-3 as
-  // their own slice: an exact cover the per-slice fast path cannot prove.
-  v1::SavedTensor t;
-  t.set_name("x");
-  t.add_global_shape(4);
-  t.add_global_shape(6);
-  auto add = [&](uint64_t o0, uint64_t l0, uint64_t o1, uint64_t l1, uint64_t b, uint64_t e,
-                 uint32_t rank) {
-    v1::SavedPiece* p = t.add_pieces();
-    auto* d0 = p->mutable_slice()->add_dims();
-    d0->set_offset(o0);
-    d0->set_length(l0);
-    auto* d1 = p->mutable_slice()->add_dims();
-    d1->set_offset(o1);
-    d1->set_length(l1);
-    p->mutable_range()->set_begin(b);
-    p->mutable_range()->set_end(e);
-    p->set_rank(rank);
-  };
-  add(0, 4, 0, 6, 0, 12, 0);
-  add(2, 2, 0, 6, 0, 12, 1);
-  EXPECT_TRUE(CheckExactCover(t).ok()) << CheckExactCover(t);
-  // Rows 1-2 instead: rows 1 overlaps, row 3 missing.
-  t.mutable_pieces(1)->mutable_slice()->mutable_dims(0)->set_offset(1);
-  absl::Status s = CheckExactCover(t);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("elements [6, 12) (global row-major) are saved twice"));
-  // Column split with a partial range on one side: runs across rows.
-  t.clear_pieces();
-  add(0, 4, 0, 3, 0, 6, 0);
-  add(0, 4, 3, 3, 0, 12, 1);
-  s = CheckExactCover(t);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("[12, 15) (global row-major) are in no piece"));
-  add(0, 4, 3, 3, 0, 12, 2);  // duplicate of rank 1's half
-  s = CheckExactCover(t);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("saved twice (ranks 1 and 2)"));
-}
-
 // C10 (i): rank 2 dies before writing; the generation ends.
 TEST_F(CheckpointRegistryTest, C10RankDiesBeforeWritingLatestStaysAtPreviousStep) {
   const std::string step5 = SaveW4(1, 5);
@@ -609,7 +568,7 @@ TEST_F(CheckpointRegistryTest, ReportValidationNamesTheField) {
   rep.request.mutable_tensors(0)->set_dtype(v1::DTYPE_UNSPECIFIED);
   expect_invalid(rep, "dtype 0 is unspecified");
   rep = W4Report(0, id);
-  rep.request.set_rng_state(std::string(kMaxRngStateBytes + 1, 'x'));
+  rep.request.set_rng_state(std::string(checkpoint::kMaxRngStateBytes + 1, 'x'));
   expect_invalid(rep, "rng_state is 1048577 bytes");
   // C4 overhang: rank 6 saving its padding is refused at report time.
   rep = ReportBuilder(0, id).Piece("w", {8, 6}, {{0, 8}, {0, 3}}, 12, 28).Build();
