@@ -1,4 +1,4 @@
-// The coordinator's file work for checkpoints (DESIGN.md "Checkpoints"):
+// The coordinator's file work for checkpoints (docs/ARCHITECTURE.md "Checkpoints"):
 // checking that the files ranks reported are on disk, writing the committed
 // manifest next to the shards, moving LATEST, and deleting the directories
 // of expired and aborted checkpoints. No gRPC, no registry state: the

@@ -1,4 +1,4 @@
-// Checkpoint shard I/O (DESIGN.md "Checkpoints"; checkpoint.proto): what one
+// Checkpoint shard I/O (docs/ARCHITECTURE.md "Checkpoints"; checkpoint.proto): what one
 // rank writes, how any later layout reads it back, and how a committed
 // checkpoint is verified.
 //

@@ -2,6 +2,7 @@
 // last call, spares, constant global batch), failure detection three ways,
 // fencing, case C9, durability across a restart.
 #include "server/coordinator.h"
+#include "testing/job_specs.h"
 
 #include <cmath>
 #include <optional>
@@ -30,29 +31,15 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_->Recover().ok());
   }
 
-  // L=2, h=8, 2 heads, V=256, s=4; global batch 12 samples of micro-batch 1.
+  // fixtures::SmallSpec (testing/job_specs.h) with `pp` stages, heartbeats
+  // every 1 s, a 10 s heartbeat timeout and a 5 s last call.
   static v1::JobSpec Spec(int min_workers, int max_workers, int pp = 1, int global_batch = 12) {
-    v1::JobSpec spec;
-    spec.set_name("test");
-    v1::ModelConfig* m = spec.mutable_model();
-    m->set_num_layers(2);
-    m->set_hidden_size(8);
-    m->set_num_heads(2);
-    m->set_vocab_size(256);
-    m->set_seq_length(4);
-    spec.mutable_parallel()->set_tp(1);
+    v1::JobSpec spec =
+        fixtures::SmallSpec(min_workers, max_workers, global_batch, absl::Seconds(10));
     spec.mutable_parallel()->set_pp(pp);
-    spec.mutable_training()->set_global_batch(global_batch);
-    spec.mutable_training()->set_micro_batch(1);
-    spec.mutable_training()->set_train_steps(100);
-    spec.mutable_data()->set_dataset_path("/data/tinyshakespeare.txt");
     v1::ElasticPolicy* e = spec.mutable_elastic();
-    e->set_min_workers(min_workers);
-    e->set_max_workers(max_workers);
     *e->mutable_heartbeat_interval() = TimeUtil::SecondsToDuration(1);
-    *e->mutable_heartbeat_timeout() = TimeUtil::SecondsToDuration(10);
     *e->mutable_last_call() = TimeUtil::SecondsToDuration(5);
-    *e->mutable_join_timeout() = TimeUtil::SecondsToDuration(60);
     return spec;
   }
 
