@@ -12,7 +12,7 @@
 //   ... min_workers joined and (max_workers joined or last_call passed) ...
 //   coordinator.Tick();                        // RUNNING(1), assignments out
 //
-// Job phases (DESIGN.md "Lifecycle"):
+// Job phases (docs/ARCHITECTURE.md "Coordinator state machine"):
 //
 //   PENDING --min workers--> RUNNING(g) --lost/left/error/grow--> RECOVERING(g+1)
 //      |                        |    ^                                 |
@@ -43,8 +43,21 @@
 // (Recover), workers reconnect their sessions and carry on in the same
 // generation when nothing else changed.
 //
-// Thread-safety: thread-safe. One mutex guards all state; store writes happen
-// under it (ordering), nothing else is called while holding it.
+// Thread-safety: thread-safe. One mutex (mu_) guards all state. While it is
+// held the coordinator writes to the StateStore (so that the store sees the
+// changes in the order they are made), reads the Clock, logs to stderr and
+// runs session wakers (see OpenSession); it never calls the rendezvous or
+// checkpoint components or gRPC: the adapter does that after the call
+// returns (GenerationEnded). The blocking calls (WaitEvents, GetAssignment,
+// NextSessionMessage) release it while they wait; Recover reads the store
+// before taking it.
+//
+// Layout: the class is defined across coordinator.cc (core, JobService,
+// checkpoint notes), coordinator_formation.cc, coordinator_membership.cc,
+// coordinator_failure.cc, coordinator_worker.cc and
+// coordinator_persistence.cc; its records (coordinator_records.h) hold an
+// EventLog (event_log.h) per job and a SessionOutbox (session_outbox.h) per
+// member, and formation.h decides who gets which rank.
 #ifndef SHARDLINE_SERVER_COORDINATOR_H_
 #define SHARDLINE_SERVER_COORDINATOR_H_
 
@@ -222,8 +235,8 @@ class Coordinator {
   // communicators are broken); the named peer is declared LOST if it is also
   // late or disconnected. Answers RESTART_AT_GENERATION (or STOP).
   //
-  // Restore fallback (DESIGN.md "Checkpoints": a checksum mismatch is
-  // DataLoss and restore falls back to the previous committed checkpoint):
+  // Restore fallback (a checksum mismatch is DataLoss, and restore falls
+  // back to the previous committed checkpoint):
   // when the report ends the current generation, its code is DATA_LOSS and
   // its message or operation names the generation's restore point (the
   // job's last_checkpoint id, as Checkpointer::Restore's errors do), that
@@ -276,24 +289,23 @@ class Coordinator {
   // Records a committed checkpoint as the job's latest (the restore point of
   // the next generation) and its step as the job's progress. NotFound.
   //
-  // Growing (DESIGN.md "Lifecycle": RUNNING --grow--> RECOVERING): a worker
-  // that joins a RUNNING job waits as a SPARE; the job grows only here, at a
-  // checkpoint boundary, so that nothing trained since the restore point is
-  // thrown away. When the job is RUNNING, `ref` is not older (by step) than
-  // the previous restore point, ref.step < train_steps (a job about to
-  // complete does not restart), and ChooseDp over the generation's ranks
-  // plus its healthy spares (SPARE in this generation with an open session)
-  // gives a larger dp than the current one, the generation ends
-  // (FORMATION_REASON_GROW, reason "grow: N spares joined; world A -> B at
-  // checkpoint step S") and every rank and spare re-joins; the next
-  // generation restores `ref`. Policy on spares: the job grows whenever a
-  // larger world fits (up to max_workers); no spare is held back for
-  // failover: a lost rank of the larger world re-forms the job at the
-  // largest world that still fits, from the same kind of restore point a
-  // spare would use. Workers a larger world cannot use (max_workers, or dp
-  // not dividing global_batch / micro_batch) stay spares. A job with no
-  // checkpoints never grows. Ended generations go to `ended`; when it is
-  // null, the next Tick() returns them.
+  // Growing (docs/ARCHITECTURE.md "Coordinator state machine": RUNNING --grow-->
+  // RECOVERING): a worker that joins a RUNNING job waits as a SPARE; the job
+  // grows only here, at a checkpoint boundary, so that nothing trained since the
+  // restore point is thrown away. When the job is RUNNING, `ref` is not older (by
+  // step) than the previous restore point, ref.step < train_steps (a job about to
+  // complete does not restart), and ChooseDp over the generation's ranks plus its
+  // healthy spares (SPARE in this generation with an open session) gives a larger
+  // dp than the current one, the generation ends (FORMATION_REASON_GROW, reason
+  // "grow: N spares joined; world A -> B at checkpoint step S") and every rank
+  // and spare re-joins; the next generation restores `ref`. Policy on spares: the
+  // job grows whenever a larger world fits (up to max_workers); no spare is held
+  // back for failover: a lost rank of the larger world re-forms the job at the
+  // largest world that still fits, from the same kind of restore point a spare
+  // would use. Workers a larger world cannot use (max_workers, or dp not dividing
+  // global_batch / micro_batch) stay spares. A job with no checkpoints never
+  // grows. Ended generations go to `ended`; when it is null, the next Tick()
+  // returns them.
   absl::Status NoteCheckpointCommitted(const std::string& job_id, const v1::CheckpointRef& ref,
                                        uint64_t total_bytes,
                                        std::vector<GenerationEnded>* ended = nullptr);
@@ -301,22 +313,50 @@ class Coordinator {
                              uint64_t step, const std::string& reason);
 
  private:
-  struct Session;
+  // coordinator_records.h.
   struct MemberRecord;
   struct JobRecord;
 
+  // coordinator.cc: the core.
   JobRecord* FindJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const JobRecord* FindJobLocked(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<MemberRecord*> CheckFenceLocked(const v1::Fence& fence, JobRecord** job)
+  void SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // STOP to every live member.
+  void StopAllLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends to the job's EventLog at clock_->Now() in its current generation.
+  void EmitLocked(JobRecord& job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The restore point of `job`'s current generation failed its checksums
+  // (`what`: the report): marks it unusable and ends the generation with
+  // the previous usable committed checkpoint as the restore point.
+  void FallBackFromRestorePointLocked(JobRecord& job, const std::string& what,
+                                      const std::vector<v1::CheckpointRef>& committed,
+                                      std::vector<GenerationEnded>* ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // coordinator_formation.cc: generations.
+  // Forms the next generation of a PENDING or RECOVERING job once enough
+  // members joined (max_workers, every survivor back, or the last call), or
+  // FAILS it past join_timeout without enough.
   void MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FormGenerationLocked(JobRecord& job, int dp, std::vector<MemberRecord*> candidates)
+  // Forms a generation of `candidates` (its JOINING members, by worker_id)
+  // as FormWorld (formation.h) says.
+  void FormGenerationLocked(JobRecord& job, std::vector<MemberRecord*> candidates)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndGenerationLocked(JobRecord& job, v1::FormationReason reason, const std::string& why,
                            std::vector<GenerationEnded>* ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NoteCheckpointCommitted's grow rule, after `ref` became the restore
+  // point: ends the generation when the spares make a larger world fit.
+  void MaybeGrowLocked(JobRecord& job, const v1::CheckpointRef& ref,
+                       std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::Assignment> GetAssignmentLocked(const JobRecord& job,
+                                                     const MemberRecord& member) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // coordinator_failure.cc: failure policy.
   void LoseMemberLocked(JobRecord& job, MemberRecord& member, v1::LossReason reason,
                         const std::string& detail, std::vector<GenerationEnded>* ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -325,39 +365,23 @@ class Coordinator {
   // when the others cannot form one.
   void ExcludeMemberLocked(JobRecord& job, MemberRecord& member,
                            std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The restore point of `job`'s current generation failed its checksums
-  // (`what`: the report): marks it unusable and ends the generation with
-  // the previous usable committed checkpoint as the restore point.
-  void FallBackFromRestorePointLocked(JobRecord& job, const std::string& what,
-                                      const std::vector<v1::CheckpointRef>& committed,
-                                      std::vector<GenerationEnded>* ended)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // NoteCheckpointCommitted's grow rule, after `ref` became the restore
-  // point: ends the generation when the spares make a larger world fit.
-  void MaybeGrowLocked(JobRecord& job, const v1::CheckpointRef& ref,
-                       std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // coordinator_membership.cc: drain and leave.
   // Takes a drained member out: LEFT, STOP pushed, WorkerLeft emitted; the
   // generation ends when it held a rank of a RUNNING job.
   void RemoveDrainedLocked(JobRecord& job, MemberRecord& member,
                            std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::string& reason)
+
+  // coordinator_worker.cc: fences.
+  absl::StatusOr<MemberRecord*> CheckFenceLocked(const v1::Fence& fence, JobRecord** job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StopAllLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Wakes whoever streams `member`'s session (its CondVar and its waker).
-  void WakeSessionLocked(MemberRecord& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends `member`'s session, if any, and wakes its stream.
-  void EndSessionLocked(MemberRecord& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PushLocked(MemberRecord& member, v1::SessionMessage message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EmitLocked(JobRecord& job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // coordinator_persistence.cc.
   // Writes the job record and the given members; logs and keeps serving on
   // failure (the state in memory stays authoritative until the next write).
   absl::Status PersistLocked(const JobRecord& job, const std::vector<const MemberRecord*>& members)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistAllMembersLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::Assignment> GetAssignmentLocked(const JobRecord& job,
-                                                     const MemberRecord& member) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   StateStore* const store_;
