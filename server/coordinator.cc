@@ -4,6 +4,8 @@
 // The other parts of the class are defined in coordinator_formation.cc,
 // coordinator_membership.cc, coordinator_failure.cc, coordinator_worker.cc
 // and coordinator_persistence.cc; its records are in coordinator_records.h.
+#include "absl/strings/str_format.h"
+#include "common/log.h"
 #include "server/coordinator.h"
 
 #include <algorithm>
@@ -129,10 +131,10 @@ void Coordinator::SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::
   e.mutable_phase_changed()->set_new_phase(phase);
   e.mutable_phase_changed()->set_reason(reason);
   EmitLocked(job, std::move(e));
-  std::fprintf(stderr, "coordinator: job %s generation %llu: %s -> %s%s%s\n",
-               job.job.job_id().c_str(), static_cast<unsigned long long>(job.job.generation()),
-               PhaseName(old).c_str(), PhaseName(phase).c_str(), reason.empty() ? "" : ": ",
-               reason.c_str());
+  LogLine(absl::StrFormat("job %s generation %d: %s -> %s%s%s",
+               job.job.job_id(), job.job.generation(),
+               PhaseName(old), PhaseName(phase), reason.empty() ? "" : ": ",
+               reason));
 }
 
 void Coordinator::StopAllLocked(JobRecord& job) {

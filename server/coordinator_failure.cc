@@ -2,6 +2,8 @@
 // session stream breaks (CloseSession), when it misses heartbeats (Tick) or
 // when a peer reports it (ReportError); a worker whose own error reports
 // keep ending generations is excluded (kMaxConsecutiveErrorGenerations).
+#include "absl/strings/str_format.h"
+#include "common/log.h"
 #include "server/coordinator.h"
 
 #include <cstdio>
@@ -43,11 +45,11 @@ void Coordinator::LoseMemberLocked(JobRecord& job, MemberRecord& m, v1::LossReas
   lost->set_reason(reason);
   lost->set_detail(detail);
   EmitLocked(job, std::move(e));
-  std::fprintf(stderr, "coordinator: job %s generation %llu: worker %s%s lost: %s\n",
-               job.job.job_id().c_str(), static_cast<unsigned long long>(job.job.generation()),
-               m.member.worker_id().c_str(),
-               rank.has_value() ? absl::StrCat(" (rank ", *rank, ")").c_str() : "",
-               detail.c_str());
+  LogLine(absl::StrFormat("job %s generation %d: worker %s%s lost: %s",
+               job.job.job_id(), job.job.generation(),
+               m.member.worker_id(),
+               rank.has_value() ? absl::StrCat(" (rank ", *rank, ")") : "",
+               detail));
 
   if (was == v1::MEMBER_STATE_ACTIVE && job.job.phase() == v1::JOB_PHASE_RUNNING) {
     EndGenerationLocked(job,

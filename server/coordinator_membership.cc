@@ -1,5 +1,7 @@
 // Coordinator: joining, leaving and draining (member-state transitions a
 // worker or an operator asks for).
+#include "absl/strings/str_format.h"
+#include "common/log.h"
 #include "server/coordinator.h"
 
 #include <cstdio>
@@ -207,8 +209,8 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
   if (absl::Status s = PersistLocked(*job, {&m}); !s.ok()) {
     // Kept in memory: the drain still happens unless this coordinator
     // restarts before the checkpoint commits.
-    std::fprintf(stderr, "coordinator: job %s: drain of %s not saved: %s\n", job_id.c_str(),
-                 worker_id.c_str(), std::string(s.message()).c_str());
+    LogLine(absl::StrFormat("job %s: drain of %s not saved: %s", job_id,
+                 worker_id, s.message()));
   }
   for (auto& [id, other] : job->members) {
     if (other.member.state() != v1::MEMBER_STATE_ACTIVE) continue;

@@ -1,5 +1,7 @@
 // Coordinator: writing job and member records to the StateStore. Recover
 // (reading them back) is in coordinator.cc.
+#include "absl/strings/str_format.h"
+#include "common/log.h"
 #include "server/coordinator.h"
 
 #include <cstdio>
@@ -32,9 +34,9 @@ absl::Status Coordinator::PersistLocked(const JobRecord& job,
   }
   absl::Status s = store_->Write(batch);
   if (!s.ok()) {
-    std::fprintf(stderr, "coordinator: job %s generation %llu: state not saved: %s\n",
-                 job.job.job_id().c_str(), static_cast<unsigned long long>(job.job.generation()),
-                 std::string(s.message()).c_str());
+    LogLine(absl::StrFormat("job %s generation %d: state not saved: %s",
+                 job.job.job_id(), job.job.generation(),
+                 s.message()));
   }
   return s;
 }

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <utility>
 
+#include "absl/strings/str_format.h"
+#include "common/log.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/time_util.h"
@@ -33,9 +35,9 @@ uint64_t EventLog::Append(const std::string& job_id, uint64_t generation, absl::
     batch.push_back(Mutation::Delete(kStoreKind, Key(job_id, event.sequence() - max_events_)));
   }
   if (absl::Status s = store_->Write(batch); !s.ok()) {
-    std::fprintf(stderr, "coordinator: job %s: event %llu not saved: %s\n", job_id.c_str(),
-                 static_cast<unsigned long long>(event.sequence()),
-                 std::string(s.message()).c_str());
+    LogLine(absl::StrFormat("job %s: event %d not saved: %s", job_id,
+                 event.sequence(),
+                 s.message()));
   }
   const uint64_t sequence = event.sequence();
   events_.push_back(std::move(event));
