@@ -1004,7 +1004,7 @@ TEST_F(CoordinatorGrowTest, NoGrowAtTheLastStepFromAnOlderCheckpointOrForDeadSpa
   EXPECT_TRUE(coordinator_->Tick().empty());
 }
 
-// DESIGN.md "Checkpoints": a checksum mismatch is DataLoss and restore
+// docs/ARCHITECTURE.md "Checkpoints": a checksum mismatch is DataLoss and restore
 // falls back to the previous committed checkpoint. Each DataLoss that names
 // the restore point marks it unusable (durably) and moves one checkpoint
 // further back, down to training from scratch; it never loops and does not
