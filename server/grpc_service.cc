@@ -1443,7 +1443,7 @@ class Services {
    public:
     SessionStream(Services* s, v1::WorkerIdentity w,
                   grpc::ServerWriteReactor<v1::SessionMessage>* reactor)
-        : s_(s), w_(std::move(w)), reactor_(reactor), start_(absl::Now()) {}
+        : s_(s), w_(std::move(w)), start_(absl::Now()), reactor_(reactor) {}
 
     Services* services() const { return s_; }
 

@@ -14,11 +14,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -112,7 +112,7 @@ class CheckpointToolsTest : public ::testing::Test {
     dir_ = new std::string(absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt-step2"));
     parameters_ = new std::map<std::string, std::vector<float>>();
     fs::remove_all(*dir_);
-    std::mutex mu;
+    absl::Mutex mu;
     std::map<int, v1::ReportShardRequest> reports;
     const TrainingOptions options = Options();
     const auto specs = *plan::GptParameters(options.model);
@@ -127,7 +127,7 @@ class CheckpointToolsTest : public ::testing::Test {
         ASSERT_TRUE(value.ok()) << spec.name << ": " << value.status();
         mine[spec.name] = *std::move(value);
       }
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       reports[rank] = *std::move(r);
       if (rank == 0) *parameters_ = std::move(mine);
     });

@@ -54,7 +54,7 @@ uint64_t StepOf(const std::string& checkpoint_id) {
   uint64_t step = 0;
   const size_t at = checkpoint_id.find("step");
   if (at == std::string::npos) return 0;
-  absl::SimpleAtoi(checkpoint_id.substr(at + 4, 12), &step);
+  if (!absl::SimpleAtoi(checkpoint_id.substr(at + 4, 12), &step)) return 0;
   return step;
 }
 

@@ -25,7 +25,6 @@
 #include <csignal>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <tuple>
 #include <thread>
@@ -35,6 +34,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/flags.h"
@@ -56,11 +56,11 @@ std::atomic<bool> g_shutdown{false};
 // Every log line carries the job, generation and rank it is about
 // ("job=shakespeare gen=2 rank=1"; rank=- for a spare or before an
 // assignment), so lines of many workers can be merged and filtered.
-std::mutex g_log_mu;
-std::string g_log_place = "job=- gen=- rank=-";
+ABSL_CONST_INIT absl::Mutex g_log_mu(absl::kConstInit);
+std::string g_log_place ABSL_GUARDED_BY(g_log_mu) = "job=- gen=- rank=-";
 
 void SetLogPlace(const std::string& job, uint64_t generation, int64_t rank) {
-  std::lock_guard<std::mutex> lock(g_log_mu);
+  absl::MutexLock lock(&g_log_mu);
   g_log_place = absl::StrCat("job=", job, " gen=",
                              generation == 0 ? std::string("-") : absl::StrCat(generation),
                              " rank=", rank < 0 ? std::string("-") : absl::StrCat(rank));
@@ -69,7 +69,7 @@ void SetLogPlace(const std::string& job, uint64_t generation, int64_t rank) {
 void Log(const std::string& line) {
   std::string place;
   {
-    std::lock_guard<std::mutex> lock(g_log_mu);
+    absl::MutexLock lock(&g_log_mu);
     place = g_log_place;
   }
   std::cerr << absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::UTCTimeZone())
@@ -92,26 +92,26 @@ bool ValidDevice(const std::string& d) {
 class CommHolder {
  public:
   void Set(std::shared_ptr<Communicators> c) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     comms_ = std::move(c);
   }
   std::shared_ptr<Communicators> Take() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return std::move(comms_);
   }
   // Aborts the held communicators if they are older than `generation`.
   void AbortBefore(uint64_t generation) {
     std::shared_ptr<Communicators> c;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       c = comms_;
     }
     if (c != nullptr && c->generation() < generation) c->Abort();
   }
 
  private:
-  std::mutex mu_;
-  std::shared_ptr<Communicators> comms_;
+  absl::Mutex mu_;
+  std::shared_ptr<Communicators> comms_ ABSL_GUARDED_BY(mu_);
 };
 
 int Run(int argc, char** argv) {

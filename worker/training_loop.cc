@@ -27,7 +27,7 @@ TrainingLoop::TrainingLoop(WorkerAgent* agent, TrainingLoopOptions options)
     : agent_(agent), options_(std::move(options)) {}
 
 void TrainingLoop::NoteGenerationEnded(absl::Time when, std::string reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (ended_at_.has_value()) return;
   ended_at_ = when;
   ended_reason_ = std::move(reason);
@@ -35,7 +35,7 @@ void TrainingLoop::NoteGenerationEnded(absl::Time when, std::string reason) {
 }
 
 void TrainingLoop::NoteCommunicatorsReady(absl::Time when) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ready_at_ = when;
 }
 
@@ -173,7 +173,7 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
     std::optional<absl::Time> ended_at, ready_at;
     std::string reason;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       ended_at = ended_at_;
       ready_at = ready_at_;
       reason = ended_reason_;

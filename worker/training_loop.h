@@ -21,12 +21,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 #include "worker/agent.h"
@@ -105,9 +105,10 @@ class TrainingLoop {
 
   WorkerAgent* const agent_;
   std::atomic<bool> checkpoint_requested_{false};
-  mutable std::mutex mu_;  // guards the three fields below
-  std::optional<absl::Time> ended_at_, ready_at_;
-  std::string ended_reason_;
+  mutable absl::Mutex mu_;
+  std::optional<absl::Time> ended_at_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Time> ready_at_ ABSL_GUARDED_BY(mu_);
+  std::string ended_reason_ ABSL_GUARDED_BY(mu_);
   const TrainingLoopOptions options_;
   // By (path, validation_fraction): the corpus is read once per process.
   std::map<std::pair<std::string, double>, std::unique_ptr<train::Corpus>> corpora_;

@@ -7,11 +7,11 @@
 // the same round trip in memory).
 #include <cstdlib>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "plan/model.h"
 #include "testing/manifest_test_util.h"
@@ -64,7 +64,7 @@ TEST_P(TrainerCheckpointTest, ContinuesTheUninterruptedCurveFromShardFiles) {
   static int attempt = 0;
   const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt-", attempt++);
 
-  std::mutex mu;
+  absl::Mutex mu;
   std::map<int, v1::ReportShardRequest> reports;
   train::testing::Train(Options(param.before), kSaveAt, [&](int rank, Trainer& t) {
     const std::vector<checkpoint::LocalRun> runs = FromStateSlices(t.SaveSlices());
@@ -77,7 +77,7 @@ TEST_P(TrainerCheckpointTest, ContinuesTheUninterruptedCurveFromShardFiles) {
       r = checkpoint::WriteShard(dir, rank, runs);
     }
     ASSERT_TRUE(r.ok()) << r.status();
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     reports[rank] = *std::move(r);
   });
   ASSERT_EQ(reports.size(), static_cast<size_t>(Options(param.before).parallel.world_size()));

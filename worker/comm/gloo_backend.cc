@@ -12,7 +12,6 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,7 +19,6 @@
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -326,20 +324,21 @@ struct State {
   // By rank: the names Gloo's errors may give that peer (see GlooName).
   std::vector<std::vector<std::string>> peer_names;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::pair<std::function<absl::Status()>, std::shared_ptr<WorkImpl>>>
-      queue;                          // guarded by mu
-  std::shared_ptr<WorkImpl> running;  // guarded by mu
-  bool aborted = false;               // guarded by mu
-  bool stopping = false;              // guarded by mu
-  bool exited = false;                // op thread left Loop; guarded by mu
-  bool detached = false;              // counted in g_stalled_op_threads; guarded by mu
-  absl::Status sticky;                // first fatal error; guarded by mu
+  // Waiters use Mutex::Await: a change to the fields below wakes them when
+  // its writer releases `mu`, with no separate notify.
+  absl::Mutex mu;
+  std::deque<std::pair<std::function<absl::Status()>, std::shared_ptr<WorkImpl>>> queue
+      ABSL_GUARDED_BY(mu);
+  std::shared_ptr<WorkImpl> running ABSL_GUARDED_BY(mu);
+  bool aborted ABSL_GUARDED_BY(mu) = false;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  bool exited ABSL_GUARDED_BY(mu) = false;    // op thread left Loop
+  bool detached ABSL_GUARDED_BY(mu) = false;  // counted in g_stalled_op_threads
+  absl::Status sticky ABSL_GUARDED_BY(mu);    // first fatal error
   // Posted point-to-point operations not yet known complete (Abort
   // completes them with Aborted at once).
-  std::vector<std::weak_ptr<WorkImpl>> p2p_pending;  // guarded by mu
-  uint32_t next_tag = 1;              // only touched on the op thread
+  std::vector<std::weak_ptr<WorkImpl>> p2p_pending ABSL_GUARDED_BY(mu);
+  uint32_t next_tag = 1;  // only touched on the op thread
   // Scratch reused across calls (a fresh buffer of tens of MiB is a fresh
   // mmap with its page faults each call); only touched on the op thread.
   std::vector<float> fp32_scratch;  // 16-bit all_reduce in fp32
@@ -354,7 +353,7 @@ struct State {
     } catch (const gloo::IoException& e) {
       std::string msg = e.what();
       {
-        std::lock_guard<std::mutex> lock(mu);
+        absl::MutexLock lock(&mu);
         if (aborted) return absl::AbortedError(absl::StrCat(op, ": aborted"));
       }
       if (absl::StrContains(msg, "Timed out") || absl::StrContains(msg, "timed out") ||
@@ -413,7 +412,7 @@ struct State {
   // Makes `s` the group's sticky error (first one wins) unless it is an
   // argument error.
   void RecordFailure(const absl::Status& s) {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     if (!s.ok() && !absl::IsInvalidArgument(s) && sticky.ok()) sticky = s;
   }
 
@@ -424,17 +423,21 @@ struct State {
     return out;
   }
 
+  // The op thread's wait in Loop.
+  bool StoppingOrQueued() const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    return stopping || !queue.empty();
+  }
+
   void Loop() {
     for (;;) {
       std::function<absl::Status()> fn;
       std::shared_ptr<WorkImpl> work;
       {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        absl::MutexLock lock(&mu);
+        mu.Await(absl::Condition(this, &State::StoppingOrQueued));
         if (queue.empty()) {
-          exited = true;
+          exited = true;  // wakes ~GlooBackend's Await when `lock` releases mu
           if (detached) --g_stalled_op_threads;
-          cv.notify_all();
           return;
         }
         fn = std::move(queue.front().first);
@@ -452,7 +455,7 @@ struct State {
       }
       absl::Status s = fn();
       {
-        std::lock_guard<std::mutex> lock(mu);
+        absl::MutexLock lock(&mu);
         running.reset();
         if (aborted && !s.ok())
           s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
@@ -472,10 +475,11 @@ class GlooBackend : public Backend {
 
   ~GlooBackend() override {
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      // Wakes an idle op thread, which then exits (whether or not Abort
+      // below still has anything to do).
+      absl::MutexLock lock(&state_->mu);
       state_->stopping = true;
     }
-    state_->cv.notify_all();  // Abort() returns early if it already ran.
     Abort();
     // An idle op thread exits at once. One inside a Gloo operation stays
     // there: Gloo's closeConnections (Abort) does not wake an operation
@@ -484,15 +488,15 @@ class GlooBackend : public Backend {
     // reach its buffers: let it go rather than hold up the caller (waiting
     // 0.5 s here held up re-forming after every node loss). Counted in
     // GlooStalledOpThreads until it ends.
-    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->mu.Lock();
     if (state_->exited || state_->running == nullptr) {
-      state_->cv.wait(lock, [&] { return state_->exited; });
-      lock.unlock();
+      state_->mu.Await(absl::Condition(&state_->exited));
+      state_->mu.Unlock();
       thread_.join();
     } else {
       state_->detached = true;
       ++g_stalled_op_threads;
-      lock.unlock();
+      state_->mu.Unlock();
       thread_.detach();
     }
   }
@@ -719,14 +723,13 @@ class GlooBackend : public Backend {
     std::shared_ptr<WorkImpl> running;
     std::vector<std::weak_ptr<WorkImpl>> p2p;
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       if (state_->aborted) return;
       state_->aborted = true;
       queued.swap(state_->queue);
       running = state_->running;
       p2p.swap(state_->p2p_pending);
     }
-    state_->cv.notify_all();
     // Close sockets: peers see this rank as lost, and our own blocked op
     // (if any) fails on its next socket event or at its op timeout.
     if (state_->context) {
@@ -842,7 +845,7 @@ class GlooBackend : public Backend {
     // by the op timeout (Abort closes the sockets, which ends the wait).
     std::shared_ptr<State> st = state_;
     {
-      std::lock_guard<std::mutex> lock(st->mu);
+      absl::MutexLock lock(&st->mu);
       if (st->aborted) return Done(absl::AbortedError("backend was aborted"));
       if (!st->sticky.ok()) return Done(st->sticky);
     }
@@ -878,14 +881,14 @@ class GlooBackend : public Backend {
       }
       if (!s.ok()) st->RecordFailure(s);
       {
-        std::lock_guard<std::mutex> lock(st->mu);
+        absl::MutexLock lock(&st->mu);
         if (st->aborted && !s.ok())
           s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
       }
       work->Complete(std::move(s));
     }).detach();
     {
-      std::lock_guard<std::mutex> lock(st->mu);
+      absl::MutexLock lock(&st->mu);
       // Drop handles of completed operations so the list stays short.
       auto& pending = st->p2p_pending;
       pending.erase(std::remove_if(pending.begin(), pending.end(),
@@ -908,14 +911,13 @@ class GlooBackend : public Backend {
   std::shared_ptr<Work> Enqueue(std::function<absl::Status()> fn) {
     auto work = std::make_shared<WorkImpl>();
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);  // wakes the op thread
       if (state_->aborted) {
         work->Complete(absl::AbortedError("backend was aborted"));
         return work;
       }
       state_->queue.emplace_back(std::move(fn), work);
     }
-    state_->cv.notify_all();
     return work;
   }
 

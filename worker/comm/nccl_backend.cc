@@ -156,8 +156,11 @@ class NcclWork : public Work {
   // enqueue, operations on a failed group).
   static std::shared_ptr<NcclWork> Done(absl::Status status) {
     auto w = std::make_shared<NcclWork>(nullptr, nullptr, "", absl::InfiniteFuture());
-    w->done_ = true;
-    w->status_ = std::move(status);
+    {
+      absl::MutexLock lock(&w->mu_);  // not shared yet: taken for the analysis only
+      w->done_ = true;
+      w->status_ = std::move(status);
+    }
     return w;
   }
 

@@ -10,10 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "worker/gpu/plugin_abi.h"
 
 // What the next operations do (shardline_fake_set_mode).
@@ -36,13 +36,13 @@ struct ShardlineGpuEvent {
 
 namespace {
 
-std::mutex mu;
-int mode = SHARDLINE_FAKE_COMPLETE;
-int aborts = 0;
-std::vector<std::string> init_ids;  // one per comm_init, in call order
+ABSL_CONST_INIT absl::Mutex mu(absl::kConstInit);
+int mode ABSL_GUARDED_BY(mu) = SHARDLINE_FAKE_COMPLETE;
+int aborts ABSL_GUARDED_BY(mu) = 0;
+std::vector<std::string> init_ids ABSL_GUARDED_BY(mu);  // one per comm_init, in call order
 
 int Mode() {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   return mode;
 }
 
@@ -66,7 +66,7 @@ int GetUniqueId(uint8_t id[SHARDLINE_NCCL_UNIQUE_ID_BYTES], char*, size_t) {
 int CommInit(const uint8_t id[SHARDLINE_NCCL_UNIQUE_ID_BYTES], int32_t nranks, int32_t rank,
              int32_t, int64_t, ShardlineNcclComm** comm, char* error, size_t error_len) {
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     init_ids.emplace_back(reinterpret_cast<const char*>(id), SHARDLINE_NCCL_UNIQUE_ID_BYTES);
   }
   if (Mode() == SHARDLINE_FAKE_INIT_HANG) {
@@ -91,7 +91,7 @@ int CommStatus(ShardlineNcclComm* c, char* error, size_t error_len) {
 
 void CommAbort(ShardlineNcclComm* c) {
   if (c->aborted.exchange(true)) return;
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   ++aborts;
 }
 
@@ -201,19 +201,19 @@ EXPORT const ShardlineGpuApi* shardline_gpu_api(void) { return &kApi; }
 // --- Test controls ---
 
 EXPORT void shardline_fake_set_mode(int m) {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   mode = m;
 }
 
 // comm_abort calls that aborted a live communicator, since the last reset.
 EXPORT int shardline_fake_aborts(void) {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   return aborts;
 }
 
 // How many comm_init calls since the last reset used the unique id `id`.
 EXPORT int shardline_fake_inits_with_id(const uint8_t* id) {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   int n = 0;
   for (const std::string& s : init_ids)
     n += std::memcmp(s.data(), id, SHARDLINE_NCCL_UNIQUE_ID_BYTES) == 0;
@@ -221,7 +221,7 @@ EXPORT int shardline_fake_inits_with_id(const uint8_t* id) {
 }
 
 EXPORT void shardline_fake_reset(void) {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   mode = SHARDLINE_FAKE_COMPLETE;
   aborts = 0;
   init_ids.clear();

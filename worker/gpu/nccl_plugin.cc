@@ -16,9 +16,9 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "worker/gpu/plugin_abi.h"
 
 static_assert(SHARDLINE_NCCL_UNIQUE_ID_BYTES == NCCL_UNIQUE_ID_BYTES,
@@ -35,8 +35,8 @@ struct ShardlineNcclComm {
   // Set by comm_abort before it takes `mu`, so a call polling for an enqueue
   // gives up promptly instead of holding `mu` until its deadline.
   std::atomic<bool> abort_requested{false};
-  std::mutex mu;         // serialises every NCCL call on `comm`
-  bool aborted = false;  // guarded by mu; `comm` is freed once true
+  absl::Mutex mu;  // serialises every NCCL call on `comm`
+  bool aborted ABSL_GUARDED_BY(mu) = false;  // `comm` is freed once true
 };
 
 struct ShardlineGpuEvent {
@@ -156,7 +156,7 @@ int Enqueue(ShardlineNcclComm* c, const char* what, int64_t timeout_ms, Shardlin
     return Fail(SHARDLINE_GPU_INVALID_ARGUMENT, error, error_len, "%s: null comm or event", what);
   *event = nullptr;
   const Clock::time_point deadline = DeadlineAfter(timeout_ms);
-  std::lock_guard<std::mutex> lock(c->mu);
+  absl::MutexLock lock(&c->mu);
   if (c->aborted || c->abort_requested.load())
     return Fail(SHARDLINE_GPU_ABORTED, error, error_len, "%s: communicator was aborted", what);
   cudaError_t e = cudaSetDevice(c->device);
@@ -289,7 +289,7 @@ int CommInit(const uint8_t id[SHARDLINE_NCCL_UNIQUE_ID_BYTES], int32_t nranks, i
 int CommStatus(ShardlineNcclComm* c, char* error, size_t error_len) {
   if (c->abort_requested.load())
     return Fail(SHARDLINE_GPU_ABORTED, error, error_len, "communicator was aborted");
-  std::lock_guard<std::mutex> lock(c->mu);
+  absl::MutexLock lock(&c->mu);
   if (c->aborted) return Fail(SHARDLINE_GPU_ABORTED, error, error_len, "communicator was aborted");
   ncclResult_t state = ncclSuccess;
   const ncclResult_t r = ncclCommGetAsyncError(c->comm, &state);
@@ -304,7 +304,7 @@ int CommStatus(ShardlineNcclComm* c, char* error, size_t error_len) {
 void CommAbort(ShardlineNcclComm* c) {
   if (c == nullptr) return;
   c->abort_requested.store(true);
-  std::lock_guard<std::mutex> lock(c->mu);
+  absl::MutexLock lock(&c->mu);
   if (c->aborted) return;
   c->aborted = true;
   cudaSetDevice(c->device);

@@ -1,11 +1,11 @@
 #include "worker/train/local_cluster.h"
 
 #include <algorithm>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace shardline::worker::train {
 
@@ -40,8 +40,8 @@ absl::Status RunLocalCluster(const plan::ParallelConfig& parallel,
       plan::Topology::Create(parallel.tp, parallel.pp, parallel.dp);
   if (!topology.ok()) return topology.status();
   std::shared_ptr<Store> store = NewInMemoryStore();
-  std::mutex mu;
-  absl::Status first;
+  absl::Mutex mu;
+  absl::Status first;  // guarded by mu until the threads are joined
   std::vector<std::thread> threads;
   for (int rank = 0; rank < topology->world_size(); ++rank) {
     threads.emplace_back([&, rank] {
@@ -61,7 +61,7 @@ absl::Status RunLocalCluster(const plan::ParallelConfig& parallel,
         }
       }
       if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
+        absl::MutexLock lock(&mu);
         if (first.ok()) first = absl::Status(s.code(), absl::StrCat("rank ", rank, ": ", s.message()));
       }
     });

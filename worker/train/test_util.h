@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -133,7 +132,7 @@ inline std::vector<StepStats> Train(
 // checks each step's index.
 inline std::vector<double> ResumeAndTrain(const TrainingOptions& options, int from, int to,
                                           const std::function<void(Trainer&)>& restore) {
-  std::mutex mu;
+  absl::Mutex mu;
   std::vector<double> resumed;
   Train(options, 0, [&](int rank, Trainer& t) {
     restore(t);
@@ -144,7 +143,7 @@ inline std::vector<double> ResumeAndTrain(const TrainingOptions& options, int fr
       EXPECT_EQ(st->step, s);
       mine.push_back(st->loss);
     }
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     if (rank == 0) resumed = std::move(mine);
   });
   return resumed;

@@ -4,10 +4,10 @@
 // uninterrupted single-rank run (DESIGN.md: restore at any layout).
 #include <cmath>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "worker/train/init.h"
 #include "worker/train/test_util.h"
@@ -24,13 +24,13 @@ TrainingOptions Options(const Layout& l) { return testing::SmallGptOptions(l, kS
 
 // Whole tensors by name, and how often each element was written.
 struct GlobalState {
-  std::mutex mu;
-  std::map<std::string, std::vector<float>> values;
-  std::map<std::string, std::vector<int>> writes;
+  mutable absl::Mutex mu;
+  std::map<std::string, std::vector<float>> values ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::vector<int>> writes ABSL_GUARDED_BY(mu);
 };
 
 void Save(Trainer& t, GlobalState& g) {
-  std::lock_guard<std::mutex> lock(g.mu);
+  absl::MutexLock lock(&g.mu);
   for (const Trainer::StateSlice& s : t.SaveSlices()) {
     const int64_t n = s.spec->numel();
     auto& v = g.values[s.tensor];
@@ -46,10 +46,13 @@ void Save(Trainer& t, GlobalState& g) {
 }
 
 void Restore(Trainer& t, const GlobalState& g, int64_t step) {
-  for (const Trainer::StateSlice& s : t.RestoreSlices()) {
-    const auto& v = g.values.at(s.tensor);
-    for (int64_t i = s.begin; i < s.end; ++i) {
-      s.data[i - s.begin] = v[s.spec->global_index(s.tp, s.tp_rank, i)];
+  {
+    absl::ReaderMutexLock lock(&g.mu);  // shared: every rank restores at once
+    for (const Trainer::StateSlice& s : t.RestoreSlices()) {
+      const auto& v = g.values.at(s.tensor);
+      for (int64_t i = s.begin; i < s.end; ++i) {
+        s.data[i - s.begin] = v[s.spec->global_index(s.tp, s.tp_rank, i)];
+      }
     }
   }
   ASSERT_TRUE(t.FinishRestore(step).ok());
@@ -71,10 +74,13 @@ TEST_P(RestoreTest, ContinuesTheUninterruptedCurveAtAnotherLayout) {
   testing::Train(Options(before), kSaveAt, [&](int, Trainer& t) { Save(t, state); });
   // Every element of every tensor exactly once: 3 tensors per parameter.
   const auto specs = *plan::GptParameters(Options(before).model);
-  ASSERT_EQ(state.values.size(), 3 * specs.size());
-  for (const auto& [name, writes] : state.writes) {
-    for (size_t i = 0; i < writes.size(); ++i)
-      ASSERT_EQ(writes[i], 1) << name << " element " << i;
+  {
+    absl::MutexLock lock(&state.mu);
+    ASSERT_EQ(state.values.size(), 3 * specs.size());
+    for (const auto& [name, writes] : state.writes) {
+      for (size_t i = 0; i < writes.size(); ++i)
+        ASSERT_EQ(writes[i], 1) << name << " element " << i;
+    }
   }
   const std::vector<double> resumed = testing::ResumeAndTrain(
       Options(after), kSaveAt, kSteps, [&](Trainer& t) { Restore(t, state, kSaveAt); });

@@ -4,10 +4,10 @@
 
 #include <cmath>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plan/model.h"
@@ -83,13 +83,13 @@ TEST(TrainerTest, ParametersAgreeWithSingleRankAfterTraining) {
     single_qkv = *t.Parameter(name);
     single_dense = *t.Parameter(dense);
   });
-  std::mutex mu;
+  absl::Mutex mu;
   std::vector<std::vector<float>> qkv(4), dns(4);
   testing::Train(Small(2, 1, 2, 3, 2), kSteps, [&](int rank, Trainer& t) {
     absl::StatusOr<std::vector<float>> a = t.Parameter(name);
     absl::StatusOr<std::vector<float>> b = t.Parameter(dense);
     ASSERT_TRUE(a.ok() && b.ok());
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     qkv[rank] = *a;
     dns[rank] = *b;
   });
@@ -133,7 +133,7 @@ TEST(TrainerTest, ParameterNotOnThisStageIsNotFound) {
 
 // Validation loss and samples are the same on every rank and layout.
 TEST(TrainerTest, ValidationAndSamplesAgreeAcrossLayouts) {
-  std::mutex mu;
+  absl::Mutex mu;
   std::vector<double> losses;
   std::vector<std::string> texts;
   auto probe = [&](int, Trainer& t) {
@@ -142,7 +142,7 @@ TEST(TrainerTest, ValidationAndSamplesAgreeAcrossLayouts) {
     absl::StatusOr<std::string> text = t.Sample("To be", 12, 0.8, 7);
     ASSERT_TRUE(text.ok()) << text.status();
     EXPECT_EQ(text->size(), 12u);
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     losses.push_back(*v);
     texts.push_back(*text);
   };
@@ -175,7 +175,7 @@ namespace {
 // at that same step (the drain protocol relies on it).
 TEST(TrainerTest, CheckpointRequestIsAgreedByEveryRank) {
   TrainingOptions o = Small(2, 2, 2, 1, 1);
-  std::mutex mu;
+  absl::Mutex mu;
   std::map<int, std::vector<bool>> seen;
   absl::Status s = RunLocalCluster(o.parallel, [&](int rank, const RankGroups& g) -> absl::Status {
     absl::StatusOr<std::unique_ptr<Trainer>> t =
@@ -185,7 +185,7 @@ TEST(TrainerTest, CheckpointRequestIsAgreedByEveryRank) {
       // Only rank 5 asks, and only at step 1.
       absl::StatusOr<StepStats> st = (*t)->TrainStep(rank == 5 && step == 1);
       if (!st.ok()) return st.status();
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       seen[rank].push_back(st->checkpoint_requested);
     }
     return absl::OkStatus();
