@@ -106,9 +106,6 @@ std::string NewToken() {
   return token;
 }
 
-// StateStore kind of the restore fallback's marks (see ReportError).
-constexpr char kUnusableCheckpointKind[] = "checkpoint_unusable";
-
 std::string MemberKey(const std::string& job_id, const std::string& worker_id) {
   return absl::StrCat(job_id, "/", worker_id);
 }
@@ -193,9 +190,6 @@ struct Coordinator::JobRecord {
   std::deque<v1::JobEvent> events;
   uint64_t next_sequence = 1;
   uint64_t progress_step = 0;  // last StepProgress emitted
-  // Checkpoints a restore found corrupt: id -> why. Persisted as kind
-  // kUnusableCheckpointKind, key "<job>/<checkpoint_id>", value the reason.
-  std::map<std::string, std::string> unusable_checkpoints;
   // Signalled at every event (EmitLocked). Every change that GetAssignment
   // and WaitEvents wait for (formation, a generation's end, a phase, a
   // member joining, leaving or lost) emits one. A CondVar rather than an
@@ -245,8 +239,6 @@ absl::Status Coordinator::Recover() {
   if (!members.ok()) return members.status();
   absl::StatusOr<std::vector<Record>> events = store_->Scan("event");
   if (!events.ok()) return events.status();
-  absl::StatusOr<std::vector<Record>> unusable = store_->Scan(kUnusableCheckpointKind);
-  if (!unusable.ok()) return unusable.status();
 
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
@@ -284,12 +276,6 @@ absl::Status Coordinator::Recover() {
     job.next_sequence = std::max(job.next_sequence, e.sequence() + 1);
     job.events.push_back(std::move(e));
     if (job.events.size() > static_cast<size_t>(options_.max_events_per_job)) job.events.pop_front();
-  }
-  for (const Record& r : *unusable) {
-    const size_t slash = r.key.find('/');
-    auto it = jobs_.find(r.key.substr(0, slash));
-    if (slash == std::string::npos || it == jobs_.end()) continue;
-    it->second->unusable_checkpoints[r.key.substr(slash + 1)] = r.value;
   }
   for (auto& [id, job] : jobs_) {
     // RUNNING, and COMPLETED (which only a RUNNING job becomes): the plan of
@@ -1243,7 +1229,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
 
 absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
     const v1::ReportErrorRequest& request, std::vector<GenerationEnded>* ended,
-    const std::vector<v1::CheckpointRef>& committed) {
+    const std::vector<v1::CheckpointRef>& committed, UnusableCheckpointMarks* marks) {
   absl::MutexLock lock(&mu_);
   JobRecord* job = nullptr;
   absl::StatusOr<MemberRecord*> m = CheckFenceLocked(request.fence(), &job);
@@ -1289,7 +1275,7 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
         (absl::StrContains(request.message(), restoring) ||
          absl::StrContains(request.operation(), restoring))) {
       // The restore point is corrupt, not this worker: no error streak.
-      FallBackFromRestorePointLocked(*job, what, committed, ended);
+      FallBackFromRestorePointLocked(*job, what, committed, marks, ended);
       MaybeFormLocked(*job, ended);
       v1::ReportErrorResponse response;
       if (IsTerminal(job->job.phase())) {
@@ -1495,12 +1481,15 @@ std::vector<GenerationEnded> Coordinator::Tick() {
 absl::Status Coordinator::NoteCheckpointCommitted(const std::string& job_id,
                                                   const v1::CheckpointRef& ref,
                                                   uint64_t total_bytes,
-                                                  std::vector<GenerationEnded>* ended) {
+                                                  std::vector<GenerationEnded>* ended,
+                                                  const UnusableCheckpointMarks* marks) {
+  const bool unusable =
+      marks != nullptr && marks->UnusableReason(job_id, ref.checkpoint_id()).has_value();
   absl::MutexLock lock(&mu_);
   JobRecord* job = FindJobLocked(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   if ((!job->job.has_last_checkpoint() || ref.step() >= job->job.last_checkpoint().step()) &&
-      job->unusable_checkpoints.count(ref.checkpoint_id()) == 0) {
+      !unusable) {
     *job->job.mutable_last_checkpoint() = ref;
   }
   v1::JobEvent e;
@@ -1573,25 +1562,28 @@ void Coordinator::NoteCheckpointAborted(const std::string& job_id,
   EmitLocked(*job, std::move(e));
 }
 
-std::map<std::string, std::string> Coordinator::UnusableCheckpoints(
-    const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
-  const JobRecord* job = FindJobLocked(job_id);
-  if (job == nullptr) return {};
-  return job->unusable_checkpoints;
-}
-
 void Coordinator::FallBackFromRestorePointLocked(JobRecord& job, const std::string& what,
                                                  const std::vector<v1::CheckpointRef>& committed,
+                                                 UnusableCheckpointMarks* marks,
                                                  std::vector<GenerationEnded>* ended) {
   const v1::CheckpointRef bad = job.job.last_checkpoint();
-  job.unusable_checkpoints[bad.checkpoint_id()] = what;
+  // The mark first, so that a crash cannot restore the corrupt one again
+  // (the job record with the new restore point follows in
+  // EndGenerationLocked's write).
+  if (marks != nullptr) {
+    absl::Status s = marks->MarkUnusable(job.job.job_id(), bad.checkpoint_id(), what);
+    if (!s.ok()) {
+      std::fprintf(stderr, "coordinator: job %s: unusable mark of %s not saved: %s\n",
+                   job.job.job_id().c_str(), bad.checkpoint_id().c_str(),
+                   std::string(s.message()).c_str());
+    }
+  }
   // The previous usable one: the newest committed strictly older than the
   // corrupt one (a newer one would have been the restore point already).
   const v1::CheckpointRef* previous = nullptr;
   for (const v1::CheckpointRef& c : committed) {
     if (c.step() >= bad.step() || c.checkpoint_id().empty() ||
-        job.unusable_checkpoints.count(c.checkpoint_id()) > 0) {
+        (marks != nullptr && marks->UnusableReason(job.job.job_id(), c.checkpoint_id()))) {
       continue;
     }
     if (previous == nullptr || c.step() > previous->step()) previous = &c;
@@ -1607,16 +1599,6 @@ void Coordinator::FallBackFromRestorePointLocked(JobRecord& job, const std::stri
     job.job.clear_last_checkpoint();
   }
   std::fprintf(stderr, "coordinator: job %s: %s\n", job.job.job_id().c_str(), why.c_str());
-  // The mark first, so that a crash cannot restore the corrupt one again
-  // (the job record with the new restore point follows in
-  // EndGenerationLocked's write).
-  absl::Status s = store_->Write({Mutation::Put(
-      kUnusableCheckpointKind, absl::StrCat(job.job.job_id(), "/", bad.checkpoint_id()), what)});
-  if (!s.ok()) {
-    std::fprintf(stderr, "coordinator: job %s: unusable mark of %s not saved: %s\n",
-                 job.job.job_id().c_str(), bad.checkpoint_id().c_str(),
-                 std::string(s.message()).c_str());
-  }
   v1::JobEvent e;
   e.mutable_checkpoint_aborted()->set_checkpoint_id(bad.checkpoint_id());
   e.mutable_checkpoint_aborted()->set_step(bad.step());

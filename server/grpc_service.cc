@@ -302,7 +302,6 @@ class Services {
   // coordinator that died between the durable commit and the file writes).
   void RecoverCheckpointFiles() {
     for (const v1::Job& job : AllJobs(*deps_.coordinator)) {
-      ApplyUnusableMarks(job.job_id());  // first: Latest() skips them
       const std::string root = JobCheckpointRoot(job);
       if (root.empty()) continue;
       std::string token;
@@ -480,18 +479,6 @@ class Services {
     return job.ok() ? JobCheckpointRoot(*job) : std::string();
   }
 
-  // Tells the registry every checkpoint the coordinator marked unusable (a
-  // restore found it corrupt), so that Latest(), Begin and retention skip
-  // them. At start and after a DATA_LOSS report, before RepairLatestFiles.
-  void ApplyUnusableMarks(const std::string& job_id) {
-    for (const auto& [id, reason] : deps_.coordinator->UnusableCheckpoints(job_id)) {
-      if (absl::Status s = deps_.checkpoints->MarkUnusable(job_id, id); !s.ok()) {
-        Log(absl::StrCat("checkpoint mark not saved job=", job_id, " checkpoint=", id,
-                         " status=\"", s.ToString(), "\""));
-      }
-    }
-  }
-
   // Makes <root>/LATEST name the registry's Latest() (the newest committed
   // checkpoint not marked unusable) with its manifest.json in place, or
   // removes LATEST when there is none: a reader of LATEST is never sent to a
@@ -524,14 +511,6 @@ class Services {
                            on_disk.ok() ? *on_disk : std::string("nothing"),
                            "; the newest committed checkpoint not marked unusable)"));
     WriteCommittedFiles(job_id, *manifest, {});
-  }
-
-  // The reason `checkpoint_id` is marked unusable, or "".
-  std::string UnusableReason(const std::string& job_id, const std::string& checkpoint_id) {
-    const std::map<std::string, std::string> marks =
-        deps_.coordinator->UnusableCheckpoints(job_id);
-    auto it = marks.find(checkpoint_id);
-    return it == marks.end() ? std::string() : it->second;
   }
 
   // After the registry made `manifest` durable: manifest.json, then LATEST
@@ -600,7 +579,8 @@ class Services {
     // generation it ends is passed on at once.
     std::vector<GenerationEnded> ended;
     absl::Status s =
-        deps_.coordinator->NoteCheckpointCommitted(job_id, ref, summary.total_bytes(), &ended);
+        deps_.coordinator->NoteCheckpointCommitted(job_id, ref, summary.total_bytes(), &ended,
+                                                   deps_.checkpoints);
     if (!s.ok()) {
       Log(absl::StrCat("note checkpoint committed failed job=", job_id, " status=\"",
                        s.ToString(), "\""));
@@ -934,14 +914,15 @@ class Services {
           return st;
         }
         // A DataLoss may be a corrupt restore point: the coordinator then
-        // falls back to an older committed checkpoint (Coordinator::ReportError).
+        // falls back to an older committed checkpoint and marks the corrupt
+        // one in the registry, the marks' owner (Coordinator::ReportError).
         std::vector<v1::CheckpointRef> committed;
         if (req->code() == static_cast<int>(absl::StatusCode::kDataLoss)) {
           committed = s_->CommittedCheckpoints(fence.worker().job_id());
         }
         std::vector<GenerationEnded> ended;
         absl::StatusOr<v1::ReportErrorResponse> r =
-            s_->deps_.coordinator->ReportError(*req, &ended, committed);
+            s_->deps_.coordinator->ReportError(*req, &ended, committed, s_->deps_.checkpoints);
         if (r.ok()) {
           Log(absl::StrCat("error reported ", Who(fence.worker()),
                            " generation=", fence.generation(), " code=", req->code(),
@@ -950,7 +931,6 @@ class Services {
         }
         s_->PassOn(ended);
         if (r.ok() && req->code() == static_cast<int>(absl::StatusCode::kDataLoss)) {
-          s_->ApplyUnusableMarks(fence.worker().job_id());
           s_->RepairLatestFiles(fence.worker().job_id(),
                                 s_->CheckpointRoot(fence.worker().job_id()));
         }
@@ -1380,12 +1360,6 @@ class Services {
         absl::StatusOr<v1::ListCheckpointsResponse> r = s_->deps_.checkpoints->List(
             req->job_id(), req->include_aborted(), req->page_size(), req->page_token());
         if (!r.ok()) return r.status();
-        const std::map<std::string, std::string> marks =
-            s_->deps_.coordinator->UnusableCheckpoints(req->job_id());
-        for (v1::CheckpointSummary& c : *r->mutable_checkpoints()) {
-          auto it = marks.find(c.checkpoint_id());
-          if (it != marks.end()) c.set_unusable_reason(it->second);
-        }
         *resp = *std::move(r);
         return absl::OkStatus();
       });
@@ -1402,7 +1376,6 @@ class Services {
         absl::StatusOr<v1::Manifest> r =
             s_->deps_.checkpoints->GetManifest(req->job_id(), req->checkpoint_id(), tensors);
         if (!r.ok()) return r.status();
-        r->set_unusable_reason(s_->UnusableReason(req->job_id(), r->checkpoint_id()));
         *resp = *std::move(r);
         return absl::OkStatus();
       });

@@ -51,12 +51,12 @@
 //     missing or behind. Nothing outside the root is ever deleted
 //     (RemoveCheckpointDirectory refuses it). Two jobs must not share a
 //     checkpoint root (ids are unique per job only).
-//     A checkpoint a restore found corrupt (a DATA_LOSS ReportError; the
-//     coordinator marks it unusable and falls back) is marked in the
-//     registry too, and LATEST moves back to the newest usable committed
-//     checkpoint at once (or is removed when none is left); ListCheckpoints
-//     and GetManifest carry the mark's reason (unusable_reason). The marks
-//     are re-applied at Start before anything else.
+//     A checkpoint a restore found corrupt (a DATA_LOSS ReportError) is
+//     marked unusable by the coordinator's fallback in the registry, the
+//     marks' only owner (server/unusable_marks.h), and LATEST moves back to
+//     the newest usable committed checkpoint at once (or is removed when
+//     none is left); ListCheckpoints and GetManifest carry the mark's
+//     reason (unusable_reason).
 //   * Blocking calls (GetAssignment with wait, KvGet with wait, KvWait,
 //     Barrier) end at the earlier of the request's timeout (defaults and
 //     limits per the proto) and the gRPC deadline. GetAssignment, KvGet and
