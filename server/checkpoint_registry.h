@@ -87,7 +87,7 @@
 //     the commit batch, and returned in ReportShardResult::expired so the
 //     coordinator deletes their directories. The newest is always kept.
 //     Directories of ABORTED checkpoints are deleted by the coordinator when
-//     they abort and again at its start (server/grpc_service.h,
+//     they abort and again at its start (server/checkpoint_flow.h,
 //     checkpoint/checkpoint_files.h).
 //   * Unusable marks (server/unusable_marks.h): the registry is their single
 //     owner. A mark and the latest pointer it moves are one atomic batch;

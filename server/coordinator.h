@@ -1,5 +1,5 @@
 // The coordinator's state machine: jobs, membership, generations and
-// fencing, failure detection, assignments. No gRPC in it (grpc_service.h
+// fencing, failure detection, assignments. No gRPC in it (server/rpc/
 // adapts it); requests and answers are v1 API messages. Rendezvous and
 // checkpoint state live in their own components; this class validates the
 // fence, then the adapter calls them.
@@ -238,7 +238,7 @@ class Coordinator {
   // kMaxConsecutiveErrorGenerations (the checkpoint is at fault, not the
   // worker); every further DataLoss moves one checkpoint further back, so
   // it cannot loop. `committed`: the job's COMMITTED checkpoints (any
-  // order; server/grpc_service.cc passes CheckpointRegistry::List's when
+  // order; server/checkpoint_flow.h passes CheckpointRegistry::List's when
   // the code is DATA_LOSS). `marks` null: nothing is marked and every entry
   // of `committed` counts as usable. `marks` is called with this
   // coordinator's lock held (server/unusable_marks.h).
