@@ -2,7 +2,8 @@
 // checking that the files ranks reported are on disk, writing the committed
 // manifest next to the shards, moving LATEST, and deleting the directories
 // of expired and aborted checkpoints. No gRPC, no registry state: the
-// adapter (grpc_service.cc) calls these around CheckpointRegistry.
+// coordinator's checkpoint flow (server/checkpoint_flow.cc) calls these
+// around CheckpointRegistry.
 //
 //   CheckpointRegistryOptions options;
 //   options.verify_files = VerifyShardFiles;         // at commit

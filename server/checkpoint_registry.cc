@@ -63,6 +63,8 @@ absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Create(
   if (!records.ok()) return records.status();
   absl::StatusOr<std::vector<Record>> latest = store->Scan(kCheckpointLatestKind);
   if (!latest.ok()) return latest.status();
+  absl::StatusOr<std::vector<Record>> marks = store->Scan(kCheckpointUnusableKind);
+  if (!marks.ok()) return marks.status();
 
   std::vector<Mutation> rewrites;
   {
@@ -106,6 +108,14 @@ absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Create(
       e.reports.resize(m->world_size());
       e.manifest = std::move(m);
     }
+    for (const Record& rec : *marks) {
+      const size_t slash = rec.key.find('/');
+      if (slash == std::string::npos || slash == 0 || slash + 1 == rec.key.size()) {
+        return absl::DataLossError(absl::StrFormat(
+            "checkpoint_unusable record \"%s\" is not \"<job_id>/<checkpoint_id>\"", rec.key));
+      }
+      reg->jobs_[rec.key.substr(0, slash)].unusable[rec.key.substr(slash + 1)] = rec.value;
+    }
     for (const Record& rec : *latest) {
       v1::CheckpointRef ref;
       if (!ref.ParseFromString(rec.value)) {
@@ -128,6 +138,14 @@ absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Create(
     // registry, but harmless): the newest committed step.
     for (auto& [job_id, job] : reg->jobs_) {
       if (job.latest_id.empty()) job.latest_id = job.NewestUsableCommitted();
+    }
+    // A pointer that names a marked checkpoint (the state of a previous
+    // version whose pointer write failed after its mark): moved and
+    // rewritten.
+    for (auto& [job_id, job] : reg->jobs_) {
+      if (job.latest_id.empty() || job.unusable.count(job.latest_id) == 0) continue;
+      job.latest_id = job.NewestUsableCommitted();
+      rewrites.push_back(reg->LatestPointerLocked(job_id, job));
     }
   }
   if (!rewrites.empty()) {
@@ -673,7 +691,12 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointRegistry::List(
   });
   v1::ListCheckpointsResponse response;
   for (size_t i = 0; i < list.size() && i < page_size; ++i) {
-    *response.add_checkpoints() = SummaryLocked(*list[i]);
+    v1::CheckpointSummary* c = response.add_checkpoints();
+    *c = SummaryLocked(*list[i]);
+    if (auto mark = job->second.unusable.find(c->checkpoint_id());
+        mark != job->second.unusable.end()) {
+      c->set_unusable_reason(mark->second);
+    }
   }
   if (list.size() > page_size) {
     const v1::Manifest& last = *list[page_size - 1]->manifest;
@@ -703,6 +726,10 @@ absl::StatusOr<v1::Manifest> CheckpointRegistry::GetManifest(
       return absl::NotFoundError(absl::StrFormat("no checkpoint \"%s\" in job \"%s\"", id, job_id));
     }
     m = BuildManifestLocked(*e);
+    const JobCheckpoints& job = jobs_.find(job_id)->second;
+    if (auto mark = job.unusable.find(id); mark != job.unusable.end()) {
+      m.set_unusable_reason(mark->second);
+    }
   }
   if (tensors.empty()) return m;
   std::set<std::string> wanted(tensors.begin(), tensors.end());
@@ -727,32 +754,65 @@ std::string CheckpointRegistry::JobCheckpoints::NewestUsableCommitted() const {
   return newest;
 }
 
+Mutation CheckpointRegistry::LatestPointerLocked(const std::string& job_id,
+                                                 const JobCheckpoints& job) const {
+  if (job.latest_id.empty()) {
+    return Mutation::Delete(std::string(kCheckpointLatestKind), job_id);
+  }
+  v1::CheckpointRef ref;
+  ref.set_checkpoint_id(job.latest_id);
+  ref.set_step(job.entries.at(job.latest_id).manifest->step());
+  return Mutation::Put(std::string(kCheckpointLatestKind), job_id, ref.SerializeAsString());
+}
+
 absl::Status CheckpointRegistry::MarkUnusable(absl::string_view job_id,
-                                              absl::string_view checkpoint_id) {
+                                              absl::string_view checkpoint_id,
+                                              absl::string_view reason) {
+  if (job_id.empty() || checkpoint_id.empty() || reason.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "an unusable mark needs a job_id, a checkpoint_id and a reason (got \"%s\", \"%s\", "
+        "\"%s\")",
+        job_id, checkpoint_id, reason));
+  }
   std::vector<Mutation> writes;
   {
     absl::MutexLock lock(&mu_);
     JobCheckpoints& job = jobs_[std::string(job_id)];
-    job.unusable.insert(std::string(checkpoint_id));
-    if (job.latest_id != checkpoint_id) return absl::OkStatus();
-    job.latest_id = job.NewestUsableCommitted();
-    if (job.latest_id.empty()) {
-      writes.push_back(Mutation::Delete(std::string(kCheckpointLatestKind), std::string(job_id)));
-    } else {
-      v1::CheckpointRef ref;
-      ref.set_checkpoint_id(job.latest_id);
-      ref.set_step(job.entries.at(job.latest_id).manifest->step());
-      writes.push_back(Mutation::Put(std::string(kCheckpointLatestKind), std::string(job_id),
-                                     ref.SerializeAsString()));
+    if (!job.unusable.emplace(std::string(checkpoint_id), std::string(reason)).second) {
+      return absl::OkStatus();  // already marked: the first reason stands
+    }
+    writes.push_back(Mutation::Put(std::string(kCheckpointUnusableKind),
+                                   StoreKey(job_id, checkpoint_id), std::string(reason)));
+    if (job.latest_id == checkpoint_id) {
+      job.latest_id = job.NewestUsableCommitted();
+      writes.push_back(LatestPointerLocked(std::string(job_id), job));
     }
   }
   if (absl::Status s = store_->Write(writes); !s.ok()) {
     return absl::UnavailableError(absl::StrFormat(
-        "checkpoint %s is marked unusable, but the new latest pointer of job \"%s\" was not "
-        "saved (%s)",
+        "checkpoint %s of job \"%s\" is marked unusable in memory, but the mark was not saved "
+        "(%s)",
         checkpoint_id, job_id, s.ToString()));
   }
   return absl::OkStatus();
+}
+
+std::optional<std::string> CheckpointRegistry::UnusableReason(
+    absl::string_view job_id, absl::string_view checkpoint_id) const {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return std::nullopt;
+  auto mark = job->second.unusable.find(std::string(checkpoint_id));
+  if (mark == job->second.unusable.end()) return std::nullopt;
+  return mark->second;
+}
+
+std::map<std::string, std::string> CheckpointRegistry::UnusableCheckpoints(
+    absl::string_view job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return {};
+  return job->second.unusable;
 }
 
 std::optional<v1::CheckpointRef> CheckpointRegistry::Latest(absl::string_view job_id) const {

@@ -1,6 +1,7 @@
 // The coordinator's core: construction and recovery, the helpers every
 // part uses under the lock (jobs, events, phases), the JobService calls, and
-// what the checkpoint component reports (committed, aborted, unusable).
+// what the checkpoint component reports (committed, aborted, a corrupt
+// restore point).
 // The other parts of the class are defined in coordinator_formation.cc,
 // coordinator_membership.cc, coordinator_failure.cc, coordinator_worker.cc
 // and coordinator_persistence.cc; its records are in coordinator_records.h.
@@ -22,13 +23,6 @@
 #include "spec/plan_proto.h"
 
 namespace shardline::server {
-namespace {
-
-// StateStore kind of the restore fallback's marks (see ReportError).
-constexpr char kUnusableCheckpointKind[] = "checkpoint_unusable";
-
-}  // namespace
-
 Coordinator::Coordinator(Clock* clock, StateStore* store, CoordinatorOptions options)
     : clock_(clock), store_(store), options_(options) {}
 
@@ -43,8 +37,6 @@ absl::Status Coordinator::Recover() {
   if (!members.ok()) return members.status();
   absl::StatusOr<std::vector<Record>> events = store_->Scan(EventLog::kStoreKind);
   if (!events.ok()) return events.status();
-  absl::StatusOr<std::vector<Record>> unusable = store_->Scan(kUnusableCheckpointKind);
-  if (!unusable.ok()) return unusable.status();
 
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
@@ -79,12 +71,6 @@ absl::Status Coordinator::Recover() {
       return absl::DataLossError(absl::StrCat("stored event '", r.key, "' cannot be parsed"));
     }
     it->second->events.Restore(std::move(e));
-  }
-  for (const Record& r : *unusable) {
-    const size_t slash = r.key.find('/');
-    auto it = jobs_.find(r.key.substr(0, slash));
-    if (slash == std::string::npos || it == jobs_.end()) continue;
-    it->second->unusable_checkpoints[r.key.substr(slash + 1)] = r.value;
   }
   for (auto& [id, job] : jobs_) {
     // RUNNING, and COMPLETED (which only a RUNNING job becomes): the plan of
@@ -345,12 +331,15 @@ absl::StatusOr<std::string> Coordinator::WorkerToken(const std::string& job_id) 
 absl::Status Coordinator::NoteCheckpointCommitted(const std::string& job_id,
                                                   const v1::CheckpointRef& ref,
                                                   uint64_t total_bytes,
-                                                  std::vector<GenerationEnded>* ended) {
+                                                  std::vector<GenerationEnded>* ended,
+                                                  const UnusableCheckpointMarks* marks) {
+  const bool unusable =
+      marks != nullptr && marks->UnusableReason(job_id, ref.checkpoint_id()).has_value();
   absl::MutexLock lock(&mu_);
   JobRecord* job = FindJobLocked(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   if ((!job->job.has_last_checkpoint() || ref.step() >= job->job.last_checkpoint().step()) &&
-      job->unusable_checkpoints.count(ref.checkpoint_id()) == 0) {
+      !unusable) {
     *job->job.mutable_last_checkpoint() = ref;
   }
   v1::JobEvent e;
@@ -399,25 +388,27 @@ void Coordinator::NoteCheckpointAborted(const std::string& job_id,
   EmitLocked(*job, std::move(e));
 }
 
-std::map<std::string, std::string> Coordinator::UnusableCheckpoints(
-    const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
-  const JobRecord* job = FindJobLocked(job_id);
-  if (job == nullptr) return {};
-  return job->unusable_checkpoints;
-}
-
 void Coordinator::FallBackFromRestorePointLocked(JobRecord& job, const std::string& what,
                                                  const std::vector<v1::CheckpointRef>& committed,
+                                                 UnusableCheckpointMarks* marks,
                                                  std::vector<GenerationEnded>* ended) {
   const v1::CheckpointRef bad = job.job.last_checkpoint();
-  job.unusable_checkpoints[bad.checkpoint_id()] = what;
+  // The mark first, so that a crash cannot restore the corrupt one again
+  // (the job record with the new restore point follows in
+  // EndGenerationLocked's write).
+  if (marks != nullptr) {
+    absl::Status s = marks->MarkUnusable(job.job.job_id(), bad.checkpoint_id(), what);
+    if (!s.ok()) {
+      LogLine(absl::StrFormat("job %s: unusable mark of %s not saved: %s", job.job.job_id(),
+                              bad.checkpoint_id(), s.message()));
+    }
+  }
   // The previous usable one: the newest committed strictly older than the
   // corrupt one (a newer one would have been the restore point already).
   const v1::CheckpointRef* previous = nullptr;
   for (const v1::CheckpointRef& c : committed) {
     if (c.step() >= bad.step() || c.checkpoint_id().empty() ||
-        job.unusable_checkpoints.count(c.checkpoint_id()) > 0) {
+        (marks != nullptr && marks->UnusableReason(job.job.job_id(), c.checkpoint_id()))) {
       continue;
     }
     if (previous == nullptr || c.step() > previous->step()) previous = &c;
@@ -432,17 +423,7 @@ void Coordinator::FallBackFromRestorePointLocked(JobRecord& job, const std::stri
     absl::StrAppend(&why, "no earlier committed checkpoint is usable: restarting from step 0");
     job.job.clear_last_checkpoint();
   }
-  std::fprintf(stderr, "coordinator: job %s: %s\n", job.job.job_id().c_str(), why.c_str());
-  // The mark first, so that a crash cannot restore the corrupt one again
-  // (the job record with the new restore point follows in
-  // EndGenerationLocked's write).
-  absl::Status s = store_->Write({Mutation::Put(
-      kUnusableCheckpointKind, absl::StrCat(job.job.job_id(), "/", bad.checkpoint_id()), what)});
-  if (!s.ok()) {
-    std::fprintf(stderr, "coordinator: job %s: unusable mark of %s not saved: %s\n",
-                 job.job.job_id().c_str(), bad.checkpoint_id().c_str(),
-                 std::string(s.message()).c_str());
-  }
+  LogLine(absl::StrFormat("job %s: %s", job.job.job_id(), why));
   v1::JobEvent e;
   e.mutable_checkpoint_aborted()->set_checkpoint_id(bad.checkpoint_id());
   e.mutable_checkpoint_aborted()->set_step(bad.step());

@@ -1,5 +1,5 @@
 // The coordinator's state machine: jobs, membership, generations and
-// fencing, failure detection, assignments. No gRPC in it (grpc_service.h
+// fencing, failure detection, assignments. No gRPC in it (server/rpc/
 // adapts it); requests and answers are v1 API messages. Rendezvous and
 // checkpoint state live in their own components; this class validates the
 // fence, then the adapter calls them.
@@ -77,6 +77,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/state_store.h"
+#include "server/unusable_marks.h"
 #include "shardline/v1/events.pb.h"
 #include "shardline/v1/job.pb.h"
 #include "shardline/v1/plan.pb.h"
@@ -240,25 +241,25 @@ class Coordinator {
   // when the report ends the current generation, its code is DATA_LOSS and
   // its message or operation names the generation's restore point (the
   // job's last_checkpoint id, as Checkpointer::Restore's errors do), that
-  // checkpoint is marked unusable (durably, with the report as the reason;
-  // it stays COMMITTED and listed in the registry, see
-  // UnusableCheckpoints) and the next generation restores the newest entry
-  // of `committed` that is older (by step) and not unusable, or starts from
+  // checkpoint is marked unusable in `marks` (their owner, the
+  // CheckpointRegistry: durably, before the job record with the new restore
+  // point is written, with the report as the reason; it stays COMMITTED and
+  // listed) and the next generation restores the newest entry of
+  // `committed` that is older (by step) and not marked, or starts from
   // scratch when there is none; the job's phase_reason and a
   // CheckpointAborted event say which. Such a report does not count towards
   // kMaxConsecutiveErrorGenerations (the checkpoint is at fault, not the
   // worker); every further DataLoss moves one checkpoint further back, so
   // it cannot loop. `committed`: the job's COMMITTED checkpoints (any
-  // order; the adapter passes CheckpointRegistry::List's when the code is
-  // DATA_LOSS).
+  // order; server/checkpoint_flow.h passes CheckpointRegistry::List's when
+  // the code is DATA_LOSS). `marks` null: nothing is marked and every entry
+  // of `committed` counts as usable. `marks` is called with this
+  // coordinator's lock held (server/unusable_marks.h).
   // Errors: CheckFence's.
   absl::StatusOr<v1::ReportErrorResponse> ReportError(
       const v1::ReportErrorRequest& request, std::vector<GenerationEnded>* ended,
-      const std::vector<v1::CheckpointRef>& committed = {});
-
-  // Checkpoints of the job that a restore found corrupt (see ReportError),
-  // by id, with why; never restored again. Empty for an unknown job.
-  std::map<std::string, std::string> UnusableCheckpoints(const std::string& job_id) const;
+      const std::vector<v1::CheckpointRef>& committed = {},
+      UnusableCheckpointMarks* marks = nullptr);
 
   // Drains `worker_id` (coordinator.proto DrainWorker): a rank of a RUNNING
   // job with a checkpoint directory is marked draining and every rank is
@@ -289,26 +290,29 @@ class Coordinator {
   // Records a committed checkpoint as the job's latest (the restore point of
   // the next generation) and its step as the job's progress. NotFound.
   //
-  // Growing (docs/ARCHITECTURE.md "Coordinator state machine": RUNNING --grow-->
-  // RECOVERING): a worker that joins a RUNNING job waits as a SPARE; the job
-  // grows only here, at a checkpoint boundary, so that nothing trained since the
-  // restore point is thrown away. When the job is RUNNING, `ref` is not older (by
-  // step) than the previous restore point, ref.step < train_steps (a job about to
-  // complete does not restart), and ChooseDp over the generation's ranks plus its
-  // healthy spares (SPARE in this generation with an open session) gives a larger
-  // dp than the current one, the generation ends (FORMATION_REASON_GROW, reason
-  // "grow: N spares joined; world A -> B at checkpoint step S") and every rank
-  // and spare re-joins; the next generation restores `ref`. Policy on spares: the
-  // job grows whenever a larger world fits (up to max_workers); no spare is held
-  // back for failover: a lost rank of the larger world re-forms the job at the
-  // largest world that still fits, from the same kind of restore point a spare
-  // would use. Workers a larger world cannot use (max_workers, or dp not dividing
-  // global_batch / micro_batch) stay spares. A job with no checkpoints never
-  // grows. Ended generations go to `ended`; when it is null, the next Tick()
-  // returns them.
+  // Growing (docs/ARCHITECTURE.md "Coordinator state machine": RUNNING --grow--> RECOVERING): a worker
+  // that joins a RUNNING job waits as a SPARE; the job grows only here, at a
+  // checkpoint boundary, so that nothing trained since the restore point is
+  // thrown away. When the job is RUNNING, `ref` is not older (by step) than
+  // the previous restore point, ref.step < train_steps (a job about to
+  // complete does not restart), and ChooseDp over the generation's ranks
+  // plus its healthy spares (SPARE in this generation with an open session)
+  // gives a larger dp than the current one, the generation ends
+  // (FORMATION_REASON_GROW, reason "grow: N spares joined; world A -> B at
+  // checkpoint step S") and every rank and spare re-joins; the next
+  // generation restores `ref`. Policy on spares: the job grows whenever a
+  // larger world fits (up to max_workers); no spare is held back for
+  // failover: a lost rank of the larger world re-forms the job at the
+  // largest world that still fits, from the same kind of restore point a
+  // spare would use. Workers a larger world cannot use (max_workers, or dp
+  // not dividing global_batch / micro_batch) stay spares. A job with no
+  // checkpoints never grows. Ended generations go to `ended`; when it is
+  // null, the next Tick() returns them. A checkpoint `marks` holds unusable
+  // (see ReportError) never becomes the restore point; `marks` null: none is.
   absl::Status NoteCheckpointCommitted(const std::string& job_id, const v1::CheckpointRef& ref,
                                        uint64_t total_bytes,
-                                       std::vector<GenerationEnded>* ended = nullptr);
+                                       std::vector<GenerationEnded>* ended = nullptr,
+                                       const UnusableCheckpointMarks* marks = nullptr);
   void NoteCheckpointAborted(const std::string& job_id, const std::string& checkpoint_id,
                              uint64_t step, const std::string& reason);
 
@@ -328,10 +332,12 @@ class Coordinator {
   // Appends to the job's EventLog at clock_->Now() in its current generation.
   void EmitLocked(JobRecord& job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The restore point of `job`'s current generation failed its checksums
-  // (`what`: the report): marks it unusable and ends the generation with
-  // the previous usable committed checkpoint as the restore point.
+  // (`what`: the report): marks it unusable in `marks` (if any) and ends the
+  // generation with the previous usable committed checkpoint as the
+  // restore point.
   void FallBackFromRestorePointLocked(JobRecord& job, const std::string& what,
                                       const std::vector<v1::CheckpointRef>& committed,
+                                      UnusableCheckpointMarks* marks,
                                       std::vector<GenerationEnded>* ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

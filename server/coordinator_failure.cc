@@ -112,7 +112,7 @@ std::vector<GenerationEnded> Coordinator::CloseSession(const v1::WorkerIdentity&
 
 absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
     const v1::ReportErrorRequest& request, std::vector<GenerationEnded>* ended,
-    const std::vector<v1::CheckpointRef>& committed) {
+    const std::vector<v1::CheckpointRef>& committed, UnusableCheckpointMarks* marks) {
   absl::MutexLock lock(&mu_);
   JobRecord* job = nullptr;
   absl::StatusOr<MemberRecord*> m = CheckFenceLocked(request.fence(), &job);
@@ -158,7 +158,7 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
         (absl::StrContains(request.message(), restoring) ||
          absl::StrContains(request.operation(), restoring))) {
       // The restore point is corrupt, not this worker: no error streak.
-      FallBackFromRestorePointLocked(*job, what, committed, ended);
+      FallBackFromRestorePointLocked(*job, what, committed, marks, ended);
       MaybeFormLocked(*job, ended);
       v1::ReportErrorResponse response;
       if (IsTerminal(job->job.phase())) {

@@ -16,8 +16,8 @@ namespace shardline::server {
 namespace {
 
 // Record kinds and keys in the StateStore: "job" and "token" by job_id (see
-// CreateJob), "member" by MemberKey, "event" (EventLog::Key), and the
-// unusable checkpoints' marks (coordinator.cc).
+// CreateJob), "member" by MemberKey, "event" (EventLog::Key). The unusable
+// checkpoints' marks are the CheckpointRegistry's (server/unusable_marks.h).
 std::string MemberKey(const std::string& job_id, const std::string& worker_id) {
   return absl::StrCat(job_id, "/", worker_id);
 }

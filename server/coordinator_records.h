@@ -133,9 +133,6 @@ struct Coordinator::JobRecord {
   // member joining, leaving or lost) emits one.
   EventLog events;
   uint64_t progress_step = 0;  // last StepProgress emitted
-  // Checkpoints a restore found corrupt: id -> why. Persisted as kind
-  // kUnusableCheckpointKind, key "<job>/<checkpoint_id>", value the reason.
-  std::map<std::string, std::string> unusable_checkpoints;
 };
 
 }  // namespace shardline::server

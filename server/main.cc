@@ -31,7 +31,7 @@
 #include "server/checkpoint_registry.h"
 #include "common/clock.h"
 #include "server/coordinator.h"
-#include "server/grpc_service.h"
+#include "server/rpc/coordinator_server.h"
 #include "metrics/metrics.h"
 #include "server/rendezvous.h"
 #include "server/state_store.h"

@@ -1,7 +1,7 @@
 // Integration tests of the gRPC layer: a real in-process server on
 // 127.0.0.1 (port 0) over the real Coordinator, Rendezvous and
 // CheckpointRegistry, with simulated workers on threads.
-#include "server/grpc_service.h"
+#include "server/rpc/coordinator_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
