@@ -274,7 +274,7 @@ TEST(GrpcRendezvousClientTest, CancelTokenEndsABlockedCall) {
   CancelToken token;
   absl::StatusOr<v1::KvGetResponse> got;
   std::thread getter([&] { got = clients.rendezvous->KvGet(get, &token); });
-  absl::SleepFor(absl::Milliseconds(200));  // let it reach the coordinator (either way it ends)
+  ASSERT_TRUE(h.AwaitRendezvousWaiters("job", w.fence.generation(), 1));  // blocked there
   const absl::Time cancelled = absl::Now();
   token.Cancel("generation over");
   getter.join();

@@ -105,6 +105,19 @@ class CoordinatorHarness {
     return out;
   }
 
+  // Blocks until `n` rendezvous calls of (job_id, generation) wait in the
+  // coordinator (KvGet with wait, KvWait, Barrier); false after
+  // `real_timeout`, a guard against hanging.
+  bool AwaitRendezvousWaiters(const std::string& job_id, uint64_t generation, int64_t n,
+                              absl::Duration real_timeout = absl::Seconds(30)) const {
+    const absl::Time deadline = absl::Now() + real_timeout;
+    while (rendezvous_->GetUsage(job_id, generation).waiters < n) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
+
  private:
   const std::string admin_token_;
   RealClock clock_;
