@@ -64,9 +64,10 @@ absl::StatusOr<v1::HeartbeatResponse> GrpcWorkerClient::Heartbeat(
 
 absl::StatusOr<v1::Assignment> GrpcWorkerClient::GetAssignment(
     const v1::GetAssignmentRequest& request) {
+  const absl::Duration timeout =
+      internal::WaitingTimeout(options_, request.wait(), request.timeout());
   return internal::UnaryCall<v1::Assignment>(
-      options_, "GetAssignment", internal::WaitingTimeout(options_, request.wait(), request.timeout()),
-      nullptr, [&](auto* context, auto* response) {
+      options_, "GetAssignment", timeout, nullptr, [&](auto* context, auto* response) {
         return stub_->GetAssignment(context, request, response);
       });
 }

@@ -144,7 +144,8 @@ absl::StatusOr<v1::KvGetResponse> FakeRendezvousClient::KvGet(const v1::KvGetReq
                                                               CancelToken* cancel) {
   const uint64_t generation =
       request.has_fence() ? request.fence().generation() : request.generation();
-  const absl::Duration timeout = request.wait() ? FromProto(request.timeout()) : absl::ZeroDuration();
+  const absl::Duration timeout =
+      request.wait() ? FromProto(request.timeout()) : absl::ZeroDuration();
   const Key key{request.scope(), request.key()};
   v1::KvGetResponse response;
   absl::Status s = Run(

@@ -295,7 +295,8 @@ absl::StatusOr<v1::Assignment> FakeWorkerClient::GetAssignment(
     return absl::FailedPreconditionError(
         absl::StrCat("generation ", generation, " has not formed yet"));
   }
-  return absl::DeadlineExceededError(absl::StrCat("generation ", generation, " did not form in time"));
+  return absl::DeadlineExceededError(
+      absl::StrCat("generation ", generation, " did not form in time"));
 }
 
 absl::StatusOr<v1::ReportErrorResponse> FakeWorkerClient::ReportError(

@@ -321,7 +321,9 @@ TEST_F(AgentTest, HeartbeatsEveryIntervalOfTheClock) {
               ElementsAre(t0_, t0_ + kInterval, t0_ + 2 * kInterval));
   for (const FakeWorkerClient::Call& c : workers_->calls()) {
     // A heartbeat's deadline: the longer of the interval and --timeout.
-    if (c.rpc == "Heartbeat") EXPECT_EQ(c.timeout, absl::Seconds(10));
+    if (c.rpc == "Heartbeat") {
+      EXPECT_EQ(c.timeout, absl::Seconds(10));
+    }
   }
 }
 

@@ -269,7 +269,8 @@ TEST_F(CheckpointerTest, RestoreChecksEveryPiecesChecksum) {
   WithTrainer(0, [&](Trainer& t) {
     const absl::Status s = ckpt.Restore("job", ref, t);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-    EXPECT_THAT(std::string(s.message()), StartsWith(absl::StrCat("restoring ", report.checkpoint_id(), ": ")));
+    EXPECT_THAT(std::string(s.message()),
+                StartsWith(absl::StrCat("restoring ", report.checkpoint_id(), ": ")));
   });
 }
 
