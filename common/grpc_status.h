@@ -29,7 +29,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // The code and message as they came. Callers that can say more about a
 // transport failure (which address, TLS or not) add it: see
-// client/coordinator_client.h's FromGrpcStatus.
+// client/connection.h's FromGrpcStatus.
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
 }  // namespace shardline

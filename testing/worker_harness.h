@@ -1,10 +1,11 @@
 // A real in-process coordinator for worker tests: the coordinator's
 // components (memory store) behind a gRPC server on 127.0.0.1:0, like
-// server/rpc/coordinator_server_test.cc's Harness, plus job creation.
+// server/rpc/coordinator_server_test.cc's Harness, plus job creation, talked
+// to with the client library (client/coordinator_client.h).
 //
 //   CoordinatorHarness h(/*admin_token=*/"secret");
 //   std::string token = h.CreateJob("job", spec);   // the job's worker token
-//   ... agents connect to h.address() ...
+//   ... agents use h.Clients(token) ...
 #ifndef SHARDLINE_TESTING_WORKER_HARNESS_H_
 #define SHARDLINE_TESTING_WORKER_HARNESS_H_
 
@@ -17,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/coordinator_client.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint_registry.h"
 #include "common/clock.h"
@@ -68,42 +70,55 @@ class CoordinatorHarness {
   std::shared_ptr<grpc::Channel> Channel() const {
     return grpc::CreateChannel(address(), grpc::InsecureChannelCredentials());
   }
+  // Options for this coordinator with `token` and a 5 s deadline.
+  client::ConnectionOptions Connection(const std::string& token = "") const {
+    client::ConnectionOptions o;
+    o.address = address();
+    o.token = token;
+    o.timeout = absl::Seconds(5);
+    return o;
+  }
+  // The client library's gRPC clients of this coordinator.
+  client::CoordinatorClients Clients(const std::string& token = "") const {
+    return client::GrpcCoordinatorClients(Channel(), Connection(token));
+  }
 
   // Creates a job with the admin token; returns its worker token.
   std::string CreateJob(const std::string& job_id, const v1::JobSpec& spec) {
-    auto jobs = v1::JobService::NewStub(Channel());
     v1::CreateJobRequest req;
     req.set_job_id(job_id);
     *req.mutable_spec() = spec;
-    v1::CreateJobResponse resp;
-    grpc::ClientContext ctx;
-    Authorize(&ctx);
-    grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp.worker_token();
+    absl::StatusOr<v1::CreateJobResponse> resp = Clients(admin_token_).jobs->CreateJob(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? resp->worker_token() : "";
   }
 
   // worker_id -> member, with the admin token.
   std::map<std::string, v1::Member> Members(const std::string& job_id) {
-    auto jobs = v1::JobService::NewStub(Channel());
     v1::ListMembersRequest req;
     req.set_job_id(job_id);
-    v1::ListMembersResponse resp;
-    grpc::ClientContext ctx;
-    Authorize(&ctx);
-    grpc::Status s = jobs->ListMembers(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
+    absl::StatusOr<v1::ListMembersResponse> resp = Clients(admin_token_).jobs->ListMembers(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
     std::map<std::string, v1::Member> out;
-    for (const v1::Member& m : resp.members()) out[m.worker_id()] = m;
+    if (!resp.ok()) return out;
+    for (const v1::Member& m : resp->members()) out[m.worker_id()] = m;
     return out;
   }
 
- private:
-  void Authorize(grpc::ClientContext* ctx) const {
-    if (!admin_token_.empty()) ctx->AddMetadata("authorization", "Bearer " + admin_token_);
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  // Blocks until `n` rendezvous calls of (job_id, generation) wait in the
+  // coordinator (KvGet with wait, KvWait, Barrier); false after
+  // `real_timeout`, a guard against hanging.
+  bool AwaitRendezvousWaiters(const std::string& job_id, uint64_t generation, int64_t n,
+                              absl::Duration real_timeout = absl::Seconds(30)) const {
+    const absl::Time deadline = absl::Now() + real_timeout;
+    while (rendezvous_->GetUsage(job_id, generation).waiters < n) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
   }
 
+ private:
   const std::string admin_token_;
   RealClock clock_;
   std::unique_ptr<server::StateStore> store_;

@@ -10,18 +10,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 
 namespace shardline::worker {
 namespace {
 
-// Backoff between retries of UNAVAILABLE and of a broken stream.
-constexpr absl::Duration kMinBackoff = absl::Milliseconds(100);
-constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
 // Longest single GetAssignment wait (the proto allows 1 h).
 constexpr absl::Duration kAssignmentSlice = absl::Seconds(30);
-// Extra gRPC deadline beyond a blocking call's own timeout.
-constexpr absl::Duration kDeadlineSlack = absl::Seconds(5);
 // ElasticPolicy.heartbeat_interval when unset.
 constexpr absl::Duration kDefaultHeartbeatInterval = absl::Seconds(5);
 
@@ -53,27 +47,30 @@ v1::Directive RestartDirective(uint64_t generation, const std::string& reason) {
 uint64_t RandomIncarnation() {
   std::random_device rd;
   std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-                      static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^
-                      static_cast<uint64_t>(::getpid()));
+                      (static_cast<uint64_t>(::getpid()) << 16));
   uint64_t v = 0;
   while (v == 0) v = gen();
   return v;
 }
 
-absl::StatusOr<std::unique_ptr<WorkerAgent>> WorkerAgent::Create(WorkerAgentOptions options) {
+absl::StatusOr<std::unique_ptr<WorkerAgent>> WorkerAgent::Create(WorkerAgentOptions options,
+                                                                client::CoordinatorClients clients,
+                                                                const Clock* clock) {
   if (options.job_id.empty()) return absl::InvalidArgumentError("--job is required");
   if (options.worker_id.empty()) return absl::InvalidArgumentError("--worker-id is required");
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      client::MakeCoordinatorChannel(options.connection);
-  if (!channel.ok()) return channel.status();
-  return std::make_unique<WorkerAgent>(*std::move(channel), std::move(options));
+  if (clients.workers == nullptr || clock == nullptr) {
+    return absl::InvalidArgumentError("a WorkerAgent needs a workers client and a clock");
+  }
+  return std::make_unique<WorkerAgent>(std::move(options), std::move(clients), clock);
 }
 
-WorkerAgent::WorkerAgent(std::shared_ptr<grpc::Channel> channel, WorkerAgentOptions options)
+WorkerAgent::WorkerAgent(WorkerAgentOptions options, client::CoordinatorClients clients,
+                         const Clock* clock)
     : options_(std::move(options)),
       incarnation_(options_.incarnation != 0 ? options_.incarnation : RandomIncarnation()),
-      channel_(std::move(channel)),
-      workers_(v1::WorkerService::NewStub(channel_)) {}
+      clients_(std::move(clients)),
+      workers_(clients_.workers.get()),
+      clock_(clock) {}
 
 WorkerAgent::~WorkerAgent() { StopThreads(); }
 
@@ -81,22 +78,14 @@ void WorkerAgent::StopThreads() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    if (session_ctx_ != nullptr) session_ctx_->TryCancel();
+    if (session_ != nullptr) session_->Cancel();
   }
   CancelGenerationToken("the worker agent is shutting down");
   if (session_thread_.joinable()) session_thread_.join();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
 }
 
-void WorkerAgent::Prepare(grpc::ClientContext* ctx, absl::Duration deadline) const {
-  if (!options_.connection.token.empty()) {
-    ctx->AddMetadata("authorization", absl::StrCat("Bearer ", options_.connection.token));
-  }
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-}
-
-absl::Status WorkerAgent::ToStatus(const grpc::Status& s, absl::string_view rpc) const {
-  absl::Status status = client::FromGrpcStatus(s, options_.connection, rpc);
+absl::Status WorkerAgent::WithJobHint(absl::Status status) const {
   if (status.code() == absl::StatusCode::kNotFound &&
       absl::StrContains(status.message(), "no job")) {
     return absl::NotFoundError(
@@ -135,20 +124,20 @@ bool WorkerAgent::stopped() const {
   return stopped_;
 }
 
-std::shared_ptr<CancelToken> WorkerAgent::GenerationToken(uint64_t generation) {
+std::shared_ptr<client::CancelToken> WorkerAgent::GenerationToken(uint64_t generation) {
   absl::MutexLock lock(&mu_);
   if (generation == generation_ && !generation_over_ && !stopped_ && !stopping_ && !left_) {
-    if (generation_token_ == nullptr) generation_token_ = std::make_shared<CancelToken>();
+    if (generation_token_ == nullptr) generation_token_ = std::make_shared<client::CancelToken>();
     return generation_token_;
   }
-  auto over = std::make_shared<CancelToken>();
+  auto over = std::make_shared<client::CancelToken>();
   over->Cancel(absl::StrCat("generation ", generation, " is not this worker's live generation (",
                             generation_, generation_over_ ? ", over" : "", ")"));
   return over;
 }
 
 void WorkerAgent::CancelGenerationToken(const std::string& reason) {
-  std::shared_ptr<CancelToken> token;
+  std::shared_ptr<client::CancelToken> token;
   {
     absl::MutexLock lock(&mu_);
     token = generation_token_;
@@ -181,7 +170,7 @@ void WorkerAgent::SetMetrics(const v1::StepMetrics& metrics) {
 bool WorkerAgent::SleepUnlessStopping(absl::Duration d) {
   absl::MutexLock lock(&mu_);
   auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-  return mu_.AwaitWithTimeout(absl::Condition(&stopping), d);
+  return clock_->AwaitWithTimeout(mu_, absl::Condition(&stopping), d);
 }
 
 absl::StatusOr<v1::JoinJobResponse> WorkerAgent::JoinWithRetry(absl::Time deadline) {
@@ -193,39 +182,39 @@ absl::StatusOr<v1::JoinJobResponse> WorkerAgent::JoinWithRetry(absl::Time deadli
   req.set_host(options_.host.empty() ? HostName() : options_.host);
   req.set_device(options_.device);
   req.set_backend(options_.backend);
-  absl::Duration backoff = kMinBackoff;
-  while (true) {
-    v1::JoinJobResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(&ctx, options_.connection.timeout);
-    grpc::Status s = workers_->JoinJob(&ctx, req, &resp);
-    if (s.ok()) {
-      std::shared_ptr<CancelToken> old_token;
-      {
-        absl::MutexLock lock(&mu_);
-        if (resp.generation() != generation_ ||
-            (generation_token_ != nullptr && generation_token_->cancelled())) {
-          // The next GenerationToken makes a fresh one.
-          old_token = std::move(generation_token_);
-          generation_token_.reset();
-        }
-        generation_ = resp.generation();
-        generation_over_ = false;
-        spec_ = resp.spec();
-        assignment_.reset();
-      }
-      if (old_token != nullptr) old_token->Cancel("this worker joined a newer generation");
-      return resp;
+  Backoff backoff(options_.backoff);
+  absl::StatusOr<v1::JoinJobResponse> resp;
+  bool shutting_down = false;
+  const absl::Status s = Retry(
+      *clock_, backoff, deadline,
+      [](const absl::Status& s) { return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s); },
+      [&] {
+        resp = workers_->JoinJob(req);
+        return resp.status();
+      },
+      [&](absl::Duration d) {
+        shutting_down = SleepUnlessStopping(d);
+        return shutting_down ? absl::CancelledError("the agent is shutting down")
+                             : absl::OkStatus();
+      });
+  if (shutting_down) return s;
+  if (!s.ok()) return WithJobHint(s);
+  std::shared_ptr<client::CancelToken> old_token;
+  {
+    absl::MutexLock lock(&mu_);
+    if (resp->generation() != generation_ ||
+        (generation_token_ != nullptr && generation_token_->cancelled())) {
+      // The next GenerationToken makes a fresh one.
+      old_token = std::move(generation_token_);
+      generation_token_.reset();
     }
-    absl::Status status = ToStatus(s, "JoinJob");
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
-        s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return status;
-    }
-    if (absl::Now() + backoff > deadline) return status;
-    if (SleepUnlessStopping(backoff)) return absl::CancelledError("the agent is shutting down");
-    backoff = std::min(backoff * 2, kMaxBackoff);
+    generation_ = resp->generation();
+    generation_over_ = false;
+    spec_ = resp->spec();
+    assignment_.reset();
   }
+  if (old_token != nullptr) old_token->Cancel("this worker joined a newer generation");
+  return resp;
 }
 
 absl::Status WorkerAgent::Connect() {
@@ -236,7 +225,7 @@ absl::Status WorkerAgent::Connect() {
     }
   }
   absl::StatusOr<v1::JoinJobResponse> joined =
-      JoinWithRetry(absl::Now() + options_.connect_timeout);
+      JoinWithRetry(clock_->Now() + options_.connect_timeout);
   if (!joined.ok()) return joined.status();
   if (joined->phase() == v1::JOB_PHASE_COMPLETED || joined->phase() == v1::JOB_PHASE_FAILED ||
       joined->phase() == v1::JOB_PHASE_CANCELLED) {
@@ -254,7 +243,7 @@ absl::Status WorkerAgent::Connect() {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return session_opened_ || session_first_error_.has_value();
     };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), options_.connect_timeout)) {
+    if (!clock_->AwaitWithTimeout(mu_, absl::Condition(&ready), options_.connect_timeout)) {
       session_first_error_ = absl::UnavailableError(
           absl::StrCat("the Session stream to the coordinator at ", options_.connection.address,
                        " did not open within ", absl::FormatDuration(options_.connect_timeout)));
@@ -273,23 +262,25 @@ absl::Status WorkerAgent::Connect() {
 }
 
 void WorkerAgent::SessionLoop() {
-  absl::Duration backoff = kMinBackoff;
+  Backoff backoff(options_.backoff);
   while (true) {
-    grpc::ClientContext ctx;
-    if (!options_.connection.token.empty()) {
-      ctx.AddMetadata("authorization", absl::StrCat("Bearer ", options_.connection.token));
-    }
     v1::SessionRequest req;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
-      session_ctx_ = &ctx;
       *req.mutable_worker() = FenceLocked().worker();
     }
-    std::unique_ptr<grpc::ClientReader<v1::SessionMessage>> reader = workers_->Session(&ctx, req);
+    // Nothing is sent before the first Read, so StopThreads can cancel the
+    // stream from the moment it is registered.
+    std::unique_ptr<client::SessionStream> stream = workers_->Session(req);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      session_ = stream.get();
+    }
     v1::SessionMessage msg;
-    while (reader->Read(&msg)) {
-      backoff = kMinBackoff;
+    while (stream->Read(&msg)) {
+      backoff.Reset();
       if (msg.has_opened()) {
         absl::MutexLock lock(&mu_);
         session_opened_ = true;
@@ -302,47 +293,46 @@ void WorkerAgent::SessionLoop() {
         HandleDirective(msg.directive());
       }
     }
-    grpc::Status s = reader->Finish();
+    const absl::Status s = stream->Finish();
     bool first_failure = false;
     {
       absl::MutexLock lock(&mu_);
-      session_ctx_ = nullptr;
+      session_ = nullptr;
       if (stopping_ || left_) return;
-      if (!session_opened_ && !s.ok() && s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      if (!session_opened_ && !s.ok() && !absl::IsUnavailable(s)) {
         first_failure = true;
-        session_first_error_ = ToStatus(s, "Session");
+        session_first_error_ = WithJobHint(s);
       }
     }
+    stream.reset();
     if (first_failure) return;
-    switch (s.error_code()) {
-      case grpc::StatusCode::OK:
+    switch (s.code()) {
+      case absl::StatusCode::kOk:
         // Ends OK after STOP or LeaveJob.
         if (stopped()) return;
         break;
-      case grpc::StatusCode::FAILED_PRECONDITION:
-        DeliverStop(s.error_message(), v1::JOB_PHASE_UNSPECIFIED);
+      case absl::StatusCode::kFailedPrecondition:
+        DeliverStop(std::string(s.message()), v1::JOB_PHASE_UNSPECIFIED);
         return;
-      case grpc::StatusCode::ABORTED:
-      case grpc::StatusCode::NOT_FOUND: {
+      case absl::StatusCode::kAborted:
+      case absl::StatusCode::kNotFound: {
         // LOST or replaced (or the coordinator forgot us): this generation is
         // over for us; re-join before reopening.
         if (stopped()) return;
         uint64_t g = generation();
-        EndGeneration(g, RestartDirective(g + 1, s.error_message()));
+        EndGeneration(g, RestartDirective(g + 1, std::string(s.message())));
         if (generation_over()) {
           // The re-join failed (e.g. a newer incarnation replaced us).
-          JoinWithRetry(absl::Now() + options_.connect_timeout).IgnoreError();
+          JoinWithRetry(clock_->Now() + options_.connect_timeout).IgnoreError();
         }
         // Never spin: a stream refused again right away waits a little.
-        if (SleepUnlessStopping(backoff)) return;
-        backoff = std::min(backoff * 2, kMaxBackoff);
+        if (SleepUnlessStopping(backoff.Next())) return;
         break;
       }
       default:
         // UNAVAILABLE (coordinator restarting), ALREADY_EXISTS (our previous
         // stream is still closing there), CANCELLED...: reopen after a pause.
-        if (SleepUnlessStopping(backoff)) return;
-        backoff = std::min(backoff * 2, kMaxBackoff);
+        if (SleepUnlessStopping(backoff.Next())) return;
         break;
     }
   }
@@ -386,7 +376,7 @@ void WorkerAgent::Deliver(const v1::Directive& d) {
     callback = callback_;
   }
   if (callback) {
-    std::lock_guard<std::mutex> serial(callback_mu_);
+    absl::MutexLock serial(&callback_mu_);
     callback(d);
   }
 }
@@ -457,30 +447,27 @@ void WorkerAgent::HeartbeatLoop() {
                      ? FromProto(spec_.elastic().heartbeat_interval())
                      : kDefaultHeartbeatInterval;
     }
-    v1::HeartbeatResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(&ctx, std::max(interval, options_.connection.timeout));
-    grpc::Status s = workers_->Heartbeat(&ctx, req, &resp);
-    if (s.ok()) {
-      HandleDirective(resp.directive());
-    } else if (s.error_code() == grpc::StatusCode::ABORTED) {
+    const absl::StatusOr<v1::HeartbeatResponse> resp =
+        workers_->Heartbeat(req, std::max(interval, options_.connection.timeout));
+    const absl::Status& s = resp.status();
+    if (resp.ok()) {
+      HandleDirective(resp->directive());
+    } else if (absl::IsAborted(s)) {
       EndGeneration(req.fence().generation(),
-                    RestartDirective(req.fence().generation() + 1, s.error_message()));
-    } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      DeliverStop(s.error_message(), v1::JOB_PHASE_UNSPECIFIED);
+                    RestartDirective(req.fence().generation() + 1, std::string(s.message())));
+    } else if (absl::IsFailedPrecondition(s)) {
+      DeliverStop(std::string(s.message()), v1::JOB_PHASE_UNSPECIFIED);
     } else {
       // A refused token: the coordinator no longer knows this job (e.g.
       // restarted on another --state file); training on would only fail at
       // the next coordinator call and start over. UNAVAILABLE and the rest:
       // try again next interval (or at once when SetProgress changes the
       // state).
-      StopIfJobForgotten(absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                                      s.error_message()),
-                         /*not_found_means_unknown_job=*/false);
+      StopIfJobForgotten(s, /*not_found_means_unknown_job=*/false);
     }
     absl::MutexLock lock(&mu_);
     auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || heartbeat_now_; };
-    mu_.AwaitWithTimeout(absl::Condition(&wake), interval);
+    clock_->AwaitWithTimeout(mu_, absl::Condition(&wake), interval);
     if (stopping_) return;
   }
 }
@@ -488,15 +475,15 @@ void WorkerAgent::HeartbeatLoop() {
 std::optional<v1::Directive> WorkerAgent::NextDirective(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !directives_.empty(); };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&any), timeout)) return std::nullopt;
+  if (!clock_->AwaitWithTimeout(mu_, absl::Condition(&any), timeout)) return std::nullopt;
   v1::Directive d = std::move(directives_.front());
   directives_.pop_front();
   return d;
 }
 
 absl::StatusOr<v1::Assignment> WorkerAgent::WaitForAssignment(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = kMinBackoff;
+  const absl::Time deadline = clock_->Now() + timeout;
+  Backoff backoff(options_.backoff);
   while (true) {
     v1::GetAssignmentRequest req;
     {
@@ -504,7 +491,7 @@ absl::StatusOr<v1::Assignment> WorkerAgent::WaitForAssignment(absl::Duration tim
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return !generation_over_ || stopped_ || stopping_ || left_ || !connected_;
       };
-      mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+      clock_->AwaitWithDeadline(mu_, absl::Condition(&ready), deadline);
       if (!connected_ || stopping_ || left_) {
         return absl::FailedPreconditionError("the agent is not connected (Connect first)");
       }
@@ -521,7 +508,7 @@ absl::StatusOr<v1::Assignment> WorkerAgent::WaitForAssignment(absl::Duration tim
       }
       *req.mutable_fence() = FenceLocked();
     }
-    const absl::Duration left = deadline - absl::Now();
+    const absl::Duration left = deadline - clock_->Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(absl::StrCat("no assignment for generation ",
                                                       req.fence().generation(), " within ",
@@ -530,33 +517,32 @@ absl::StatusOr<v1::Assignment> WorkerAgent::WaitForAssignment(absl::Duration tim
     const absl::Duration slice = std::min(left, kAssignmentSlice);
     req.set_wait(true);
     ToProto(slice, req.mutable_timeout());
-    v1::Assignment a;
-    grpc::ClientContext ctx;
-    Prepare(&ctx, slice + kDeadlineSlack);
-    grpc::Status s = workers_->GetAssignment(&ctx, req, &a);
-    if (s.ok()) {
+    absl::StatusOr<v1::Assignment> a = workers_->GetAssignment(req);
+    if (a.ok()) {
       absl::MutexLock lock(&mu_);
-      if (a.generation() == generation_ && !generation_over_) assignment_ = a;
+      if (a->generation() == generation_ && !generation_over_) assignment_ = *a;
       return a;
     }
-    switch (s.error_code()) {
-      case grpc::StatusCode::ABORTED:
+    const absl::Status& s = a.status();
+    switch (s.code()) {
+      case absl::StatusCode::kAborted:
         EndGeneration(req.fence().generation(),
-                      RestartDirective(req.fence().generation() + 1, s.error_message()));
+                      RestartDirective(req.fence().generation() + 1, std::string(s.message())));
         break;
-      case grpc::StatusCode::DEADLINE_EXCEEDED:
+      case absl::StatusCode::kDeadlineExceeded:
         break;  // the loop checks the overall deadline
-      case grpc::StatusCode::UNAVAILABLE:
-        if (absl::Now() + backoff > deadline) return ToStatus(s, "GetAssignment");
-        SleepUnlessStopping(backoff);
-        backoff = std::min(backoff * 2, kMaxBackoff);
+      case absl::StatusCode::kUnavailable: {
+        const absl::Duration delay = backoff.Next();
+        if (clock_->Now() + delay > deadline) return s;
+        SleepUnlessStopping(delay);
         break;
-      case grpc::StatusCode::FAILED_PRECONDITION:
+      }
+      case absl::StatusCode::kFailedPrecondition:
         // The job finished (or a not-formed race without wait): stop.
-        DeliverStop(s.error_message(), v1::JOB_PHASE_UNSPECIFIED);
-        return ToStatus(s, "GetAssignment");
+        DeliverStop(std::string(s.message()), v1::JOB_PHASE_UNSPECIFIED);
+        return s;
       default:
-        return ToStatus(s, "GetAssignment");
+        return WithJobHint(s);
     }
   }
 }
@@ -576,21 +562,18 @@ absl::StatusOr<v1::Directive> WorkerAgent::ReportError(absl::StatusCode code,
   req.set_message(message);
   req.set_operation(operation);
   if (peer_rank.has_value()) req.set_peer_rank(*peer_rank);
-  v1::ReportErrorResponse resp;
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.connection.timeout);
-  grpc::Status s = workers_->ReportError(&ctx, req, &resp);
+  const absl::StatusOr<v1::ReportErrorResponse> resp = workers_->ReportError(req);
   const uint64_t g = req.fence().generation();
-  if (s.error_code() == grpc::StatusCode::ABORTED) {
-    EndGeneration(g, RestartDirective(g + 1, s.error_message()));
+  if (absl::IsAborted(resp.status())) {
+    EndGeneration(g, RestartDirective(g + 1, std::string(resp.status().message())));
   }
-  if (!s.ok()) return ToStatus(s, "ReportError");
-  if (resp.directive().has_restart_at_generation()) {
-    EndGeneration(g, resp.directive());
+  if (!resp.ok()) return WithJobHint(resp.status());
+  if (resp->directive().has_restart_at_generation()) {
+    EndGeneration(g, resp->directive());
   } else {
-    HandleDirective(resp.directive());
+    HandleDirective(resp->directive());
   }
-  return resp.directive();
+  return resp->directive();
 }
 
 absl::Status WorkerAgent::Leave(const std::string& reason) {
@@ -605,17 +588,14 @@ absl::Status WorkerAgent::Leave(const std::string& reason) {
     *req.mutable_fence() = FenceLocked();
   }
   req.set_reason(reason);
-  v1::LeaveJobResponse resp;
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.connection.timeout);
-  grpc::Status s = workers_->LeaveJob(&ctx, req, &resp);
+  const absl::StatusOr<v1::LeaveJobResponse> resp = workers_->LeaveJob(req);
   {
     absl::MutexLock lock(&mu_);
     left_ = true;
   }
   StopThreads();
-  if (!s.ok() && s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
-    return ToStatus(s, "LeaveJob");
+  if (!resp.ok() && !absl::IsFailedPrecondition(resp.status())) {
+    return WithJobHint(resp.status());
   }
   return absl::OkStatus();
 }

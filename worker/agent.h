@@ -4,7 +4,9 @@
 // wait for and a queue of directives.
 //
 //   WorkerAgentOptions options;  // connection, job_id, worker_id, device...
-//   absl::StatusOr<std::unique_ptr<WorkerAgent>> agent = WorkerAgent::Create(options);
+//   RealClock clock;
+//   absl::StatusOr<std::unique_ptr<WorkerAgent>> agent = WorkerAgent::Create(
+//       options, *client::ConnectCoordinator(options.connection), &clock);
 //   absl::Status s = (*agent)->Connect();          // JoinJob + Session + heartbeats
 //   absl::StatusOr<v1::Assignment> a = (*agent)->WaitForAssignment(absl::Minutes(5));
 //   ... build communicators under (*agent)->fence() ...
@@ -38,18 +40,27 @@
 // Destroying the agent without Leave() closes its stream like a dying
 // process: the coordinator declares it LOST at once.
 //
+// Seams: the agent talks to the coordinator only through a
+// client::WorkerClient (client/worker_client.h) and waits only on its Clock
+// (common/clock.h), so its unit tests run on testing/fake_worker_client.h
+// and a FakeClock. It hands its rendezvous and checkpoint clients and its
+// clock to the worker's stores and checkpointer (rendezvous(),
+// checkpoints(), clock()).
+//
+// Retries: UNAVAILABLE answers (JoinJob, GetAssignment) and a broken Session
+// stream are retried with jittered exponential backoff (options.backoff,
+// common/backoff.h), so the workers of a job do not all come back in
+// lockstep after a coordinator restart.
+//
 // Thread-safety: thread-safe. One mutex guards the state; no RPC and no
 // callback runs while it is held.
 #ifndef SHARDLINE_WORKER_AGENT_H_
 #define SHARDLINE_WORKER_AGENT_H_
 
-#include <grpcpp/grpcpp.h>
-
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -59,17 +70,20 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/cancel_token.h"
 #include "client/coordinator_client.h"
+#include "common/backoff.h"
+#include "common/clock.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
-#include "worker/cancel_token.h"
 
 namespace shardline::worker {
 
 namespace v1 = ::shardline::v1;
 
 struct WorkerAgentOptions {
-  // Where the coordinator is, the token (the job's worker token or the admin
-  // token), TLS files, and the deadline of each short unary call.
+  // Where the coordinator is (named in messages) and the deadline of each
+  // short call (a heartbeat's deadline is at least its interval). The
+  // clients given to the agent are built from the same options.
   client::ConnectionOptions connection;
   std::string job_id;
   // Stable slot name, e.g. "node3:cuda:1"; 1..128 printable ASCII bytes.
@@ -86,6 +100,9 @@ struct WorkerAgentOptions {
   absl::Duration connect_timeout = absl::Seconds(10);
   // False: no heartbeats (tests simulating a hung worker).
   bool send_heartbeats = true;
+  // Retries of UNAVAILABLE and of a broken Session stream: 100 ms doubling
+  // to 2 s, half of each delay random.
+  BackoffOptions backoff;
 };
 
 
@@ -109,11 +126,16 @@ class WorkerAgent {
  public:
   using DirectiveCallback = std::function<void(const v1::Directive&)>;
 
-  // Opens a channel (lazily; nothing is sent before Connect).
-  // InvalidArgument: job_id or worker_id empty, a TLS file unreadable.
-  static absl::StatusOr<std::unique_ptr<WorkerAgent>> Create(WorkerAgentOptions options);
-  // Uses an existing channel (tests).
-  WorkerAgent(std::shared_ptr<grpc::Channel> channel, WorkerAgentOptions options);
+  // Checks the options and makes an agent (nothing is sent before
+  // Connect). `clients.workers` is the agent's own; `clients.rendezvous` and
+  // `clients.checkpoints` are only handed out (rendezvous(), checkpoints())
+  // and may be null when unused; `clock` is not owned and must outlive the
+  // agent. InvalidArgument: job_id or worker_id empty, no workers client.
+  static absl::StatusOr<std::unique_ptr<WorkerAgent>> Create(WorkerAgentOptions options,
+                                                             client::CoordinatorClients clients,
+                                                             const Clock* clock);
+  WorkerAgent(WorkerAgentOptions options, client::CoordinatorClients clients,
+              const Clock* clock);
   ~WorkerAgent();  // Stops the threads; does not Leave (the stream breaks).
 
   WorkerAgent(const WorkerAgent&) = delete;
@@ -157,14 +179,22 @@ class WorkerAgent {
   // callback runs. Already cancelled when `generation` is not the current,
   // live one. Give it to Communicators::Build so a build blocked in the
   // rendezvous returns Aborted at once.
-  std::shared_ptr<CancelToken> GenerationToken(uint64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<client::CancelToken> GenerationToken(uint64_t generation)
+      ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t incarnation() const { return incarnation_; }
   const std::string& worker_id() const { return options_.worker_id; }
   const std::string& job_id() const { return options_.job_id; }
   // The job spec from the latest JoinJob (heartbeat interval, timeouts...).
   v1::JobSpec spec() const ABSL_LOCKS_EXCLUDED(mu_);
-  // For stores and other clients of the same coordinator.
-  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  // For the worker's stores and checkpointer: the clients of the same
+  // coordinator given at construction, and the agent's clock.
+  const std::shared_ptr<client::RendezvousClient>& rendezvous() const {
+    return clients_.rendezvous;
+  }
+  const std::shared_ptr<client::CheckpointClient>& checkpoints() const {
+    return clients_.checkpoints;
+  }
+  const Clock* clock() const { return clock_; }
   const client::ConnectionOptions& connection() const { return options_.connection; }
 
   // The next queued directive, waiting up to `timeout`; nullopt if none.
@@ -209,9 +239,9 @@ class WorkerAgent {
   absl::Status Leave(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // Unary call plumbing.
-  void Prepare(grpc::ClientContext* ctx, absl::Duration deadline) const;
-  absl::Status ToStatus(const grpc::Status& s, absl::string_view rpc) const;
+  // A client's error, with the hint to check --job for the coordinator's
+  // "no job" NotFound.
+  absl::Status WithJobHint(absl::Status status) const;
 
   // JoinJob until success, a non-retryable error or `deadline` (UNAVAILABLE
   // is retried with backoff). On success records generation and spec.
@@ -234,7 +264,7 @@ class WorkerAgent {
   bool StopIfJobForgotten(const absl::Status& status, bool not_found_means_unknown_job)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Queues `d` and calls the callback, outside mu_.
-  void Deliver(const v1::Directive& d) ABSL_LOCKS_EXCLUDED(mu_);
+  void Deliver(const v1::Directive& d) ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
 
   // Cancels the current generation's token (outside mu_).
   void CancelGenerationToken(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
@@ -246,11 +276,13 @@ class WorkerAgent {
 
   const WorkerAgentOptions options_;
   const uint64_t incarnation_;
-  const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<v1::WorkerService::Stub> workers_;
+  const client::CoordinatorClients clients_;
+  client::WorkerClient* const workers_;  // clients_.workers
+  const Clock* const clock_;
 
-  // Serializes directive callbacks (never held with mu_).
-  std::mutex callback_mu_;
+  // Serializes directive callbacks: held while one runs, never while
+  // taking it with mu_ held (a callback may call into the agent).
+  absl::Mutex callback_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 
   mutable absl::Mutex mu_;
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
@@ -260,7 +292,7 @@ class WorkerAgent {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool generation_over_ ABSL_GUARDED_BY(mu_) = false;
   // Token of generation_ (null until asked for); see GenerationToken.
-  std::shared_ptr<CancelToken> generation_token_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<client::CancelToken> generation_token_ ABSL_GUARDED_BY(mu_);
   v1::JobSpec spec_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::Assignment> assignment_ ABSL_GUARDED_BY(mu_);
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
@@ -271,9 +303,9 @@ class WorkerAgent {
   uint64_t last_checkpoint_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<v1::Directive> directives_ ABSL_GUARDED_BY(mu_);
   DirectiveCallback callback_ ABSL_GUARDED_BY(mu_);
-  // Session stream: the open call's context (to cancel it), and whether
+  // Session stream: the open stream (to cancel it), and whether
   // SessionOpened arrived / the first attempt failed.
-  grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  client::SessionStream* session_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool session_opened_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<absl::Status> session_first_error_ ABSL_GUARDED_BY(mu_);
 

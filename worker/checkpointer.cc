@@ -5,56 +5,33 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "checkpoint/shard_io.h"
 #include "worker/checkpoint/trainer_state.h"
 
 namespace shardline::worker {
-namespace {
 
-
-// Token and deadline of one call. Checkpoint calls may wait for a commit
-// (fsyncs on the coordinator) or carry a large manifest: at least a minute.
-void Prepare(const client::ConnectionOptions& connection, grpc::ClientContext* ctx) {
-  if (!connection.token.empty()) {
-    ctx->AddMetadata("authorization", absl::StrCat("Bearer ", connection.token));
-  }
-  ctx->set_deadline(
-      absl::ToChronoTime(absl::Now() + std::max(connection.timeout, absl::Minutes(1))));
+BackoffOptions Checkpointer::DefaultBackoff() {
+  BackoffOptions o;
+  o.initial = absl::Milliseconds(100);
+  o.max = absl::Milliseconds(500);
+  return o;
 }
 
-absl::Status FromGrpc(const grpc::Status& s, const char* rpc) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(rpc, ": ", s.error_message()));
+Checkpointer::Checkpointer(std::shared_ptr<client::CheckpointClient> checkpoints,
+                           const Clock* clock, BackoffOptions backoff)
+    : checkpoints_(std::move(checkpoints)), clock_(clock), backoff_(backoff) {}
+
+// A coordinator restarting (on its state file) should delay a save or a
+// restore, not fail it.
+absl::Status Checkpointer::WithRetry(const char* rpc,
+                                     absl::FunctionRef<absl::Status()> call) const {
+  Backoff backoff(backoff_);
+  const absl::Status s =
+      Retry(*clock_, backoff, clock_->Now() + kRetryWindow,
+            [](const absl::Status& s) { return absl::IsUnavailable(s); }, call);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(rpc, ": ", s.message()));
 }
-
-// Calls `rpc` until it answers something other than UNAVAILABLE or a
-// minute has passed: a coordinator restarting (on its state file) should
-// delay a save or a restore, not fail it. Backoff 100 ms doubling to 0.5 s.
-template <typename Rpc>
-grpc::Status WithRetry(const client::ConnectionOptions& connection, Rpc rpc) {
-  const absl::Time deadline = absl::Now() + absl::Minutes(1);
-  absl::Duration backoff = absl::Milliseconds(100);
-  for (;;) {
-    grpc::ClientContext ctx;
-    Prepare(connection, &ctx);
-    grpc::Status s = rpc(&ctx);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() + backoff > deadline) {
-      return s;
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Milliseconds(500));
-  }
-}
-
-}  // namespace
-
-Checkpointer::Checkpointer(std::shared_ptr<grpc::Channel> channel,
-                           client::ConnectionOptions connection)
-    : channel_(std::move(channel)),
-      connection_(std::move(connection)),
-      stub_(v1::CheckpointService::NewStub(channel_)) {}
 
 Checkpointer::~Checkpointer() { Finish().IgnoreError(); }
 
@@ -78,10 +55,16 @@ absl::Status Checkpointer::Report(const v1::Fence& fence, const std::string& che
   v1::ReportShardResponse response;
   // A repeat of a recorded report is answered with the current summary, so
   // retrying after a lost answer is safe.
-  grpc::Status rpc = WithRetry(connection_, [&](grpc::ClientContext* ctx) {
-    return stub_->ReportShard(ctx, request, &response);
-  });
-  if (absl::Status s = FromGrpc(rpc, "ReportShard"); !s.ok()) return s;
+  if (absl::Status s = WithRetry("ReportShard",
+                                 [&] {
+                                   absl::StatusOr<v1::ReportShardResponse> r =
+                                       checkpoints_->ReportShard(request);
+                                   if (r.ok()) response = *std::move(r);
+                                   return r.status();
+                                 });
+      !s.ok()) {
+    return s;
+  }
   *summary = response.checkpoint();
   if (response.checkpoint().state() == v1::CHECKPOINT_STATE_ABORTED) {
     return absl::AbortedError(absl::StrCat("checkpoint ", checkpoint_id,
@@ -97,10 +80,16 @@ absl::Status Checkpointer::Save(const v1::Fence& fence, uint32_t rank, int64_t s
   *begin.mutable_fence() = fence;
   begin.set_step(static_cast<uint64_t>(step));
   v1::BeginCheckpointResponse opened;
-  grpc::Status rpc = WithRetry(connection_, [&](grpc::ClientContext* ctx) {
-    return stub_->BeginCheckpoint(ctx, begin, &opened);
-  });
-  if (absl::Status s = FromGrpc(rpc, "BeginCheckpoint"); !s.ok()) return s;
+  if (absl::Status s = WithRetry("BeginCheckpoint",
+                                 [&] {
+                                   absl::StatusOr<v1::BeginCheckpointResponse> r =
+                                       checkpoints_->BeginCheckpoint(begin);
+                                   if (r.ok()) opened = *std::move(r);
+                                   return r.status();
+                                 });
+      !s.ok()) {
+    return s;
+  }
   last_summary_.set_checkpoint_id(opened.checkpoint_id());
   last_summary_.set_step(static_cast<uint64_t>(step));
   last_summary_.set_state(v1::CHECKPOINT_STATE_PENDING);
@@ -146,10 +135,14 @@ absl::Status Checkpointer::Restore(const std::string& job_id, const v1::Checkpoi
   names.erase(std::unique(names.begin(), names.end()), names.end());
   for (const std::string& n : names) request.add_tensors(n);
   v1::Manifest manifest;
-  grpc::Status rpc = WithRetry(connection_, [&](grpc::ClientContext* ctx) {
-    return stub_->GetManifest(ctx, request, &manifest);
-  });
-  if (absl::Status s = FromGrpc(rpc, "GetManifest"); !s.ok()) {
+  if (absl::Status s = WithRetry("GetManifest",
+                                 [&] {
+                                   absl::StatusOr<v1::Manifest> r =
+                                       checkpoints_->GetManifest(request);
+                                   if (r.ok()) manifest = *std::move(r);
+                                   return r.status();
+                                 });
+      !s.ok()) {
     // Names the checkpoint, as every restore error does: the coordinator
     // falls back from a restore point named in a DataLoss report.
     return absl::Status(s.code(),

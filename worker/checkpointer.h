@@ -3,7 +3,7 @@
 // trainer state as one shard file and report it; restore a committed
 // checkpoint onto this rank's (possibly different) layout.
 //
-//   Checkpointer ckpt(agent.channel(), agent.connection());
+//   Checkpointer ckpt(agent.checkpoints(), agent.clock());
 //   absl::Status s = ckpt.Save(fence, rank, step, data_cursor, trainer, /*async=*/false);
 //   s = ckpt.Restore(job_id, assignment.restore(), trainer);
 //
@@ -19,14 +19,16 @@
 // crc32c.
 //
 // Coordinator calls are retried while it answers UNAVAILABLE (restarting),
-// for up to a minute.
+// for up to kRetryWindow (a minute, measured on the clock), with jittered
+// backoff (100 ms doubling to 0.5 s by default, common/backoff.h). Give the
+// checkpointer a client whose calls wait at least kMinCallTimeout
+// (client::GrpcCheckpointClient's min_timeout): a report may wait for the
+// commit's fsyncs on the coordinator, and a manifest can be large.
 //
 // Thread-safety: one thread calls Save / Restore / Finish; the background
 // save runs on its own thread.
 #ifndef SHARDLINE_WORKER_CHECKPOINTER_H_
 #define SHARDLINE_WORKER_CHECKPOINTER_H_
-
-#include <grpcpp/grpcpp.h>
 
 #include <cstdint>
 #include <memory>
@@ -34,8 +36,12 @@
 #include <string>
 #include <thread>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
-#include "client/coordinator_client.h"
+#include "absl/time/time.h"
+#include "client/checkpoint_client.h"
+#include "common/backoff.h"
+#include "common/clock.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 #include "worker/train/trainer.h"
 
@@ -43,7 +49,16 @@ namespace shardline::worker {
 
 class Checkpointer {
  public:
-  Checkpointer(std::shared_ptr<grpc::Channel> channel, client::ConnectionOptions connection);
+  // How long a call is retried while the coordinator answers UNAVAILABLE.
+  static constexpr absl::Duration kRetryWindow = absl::Minutes(1);
+  // The least deadline the checkpoint client's calls should have.
+  static constexpr absl::Duration kMinCallTimeout = absl::Minutes(1);
+  // The retry backoff: 100 ms doubling to 0.5 s.
+  static BackoffOptions DefaultBackoff();
+
+  // `clock` (not owned, must outlive the checkpointer) paces the retries.
+  Checkpointer(std::shared_ptr<client::CheckpointClient> checkpoints, const Clock* clock,
+               BackoffOptions backoff = DefaultBackoff());
   ~Checkpointer();  // waits for a background save
 
   // Saves the state after `step` optimizer steps. Every rank of the
@@ -73,10 +88,13 @@ class Checkpointer {
   // ReportShard (retried while UNAVAILABLE); the answer goes to *summary.
   absl::Status Report(const v1::Fence& fence, const std::string& checkpoint_id,
                       v1::ReportShardRequest request, v1::CheckpointSummary* summary);
+  // Runs `call` until it answers something other than UNAVAILABLE or
+  // kRetryWindow has passed; a failure's message starts with `rpc`.
+  absl::Status WithRetry(const char* rpc, absl::FunctionRef<absl::Status()> call) const;
 
-  std::shared_ptr<grpc::Channel> channel_;
-  client::ConnectionOptions connection_;
-  std::unique_ptr<v1::CheckpointService::Stub> stub_;
+  const std::shared_ptr<client::CheckpointClient> checkpoints_;
+  const Clock* const clock_;
+  const BackoffOptions backoff_;
   std::thread background_;
   // Written by the background save's thread; read only after joining it.
   absl::Status background_status_;

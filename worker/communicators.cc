@@ -11,9 +11,9 @@ namespace shardline::worker {
 namespace v1 = ::shardline::v1;
 
 absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
-    const v1::Assignment& assignment, std::shared_ptr<grpc::Channel> channel,
-    const client::ConnectionOptions& connection, const v1::Fence& fence, GlooOptions options,
-    std::shared_ptr<CancelToken> cancel) {
+    const v1::Assignment& assignment, std::shared_ptr<client::RendezvousClient> rendezvous,
+    const Clock* clock, const v1::Fence& fence, GlooOptions options,
+    std::shared_ptr<client::CancelToken> cancel) {
   if (assignment.spare()) {
     return absl::InvalidArgumentError("a spare has no communicators");
   }
@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
     g.kind = pg.kind();
     g.ranks.assign(pg.ranks().begin(), pg.ranks().end());
     g.group_rank = static_cast<int>(it - pg.ranks().begin());
-    auto store = std::make_shared<CoordinatorStore>(channel, connection, f, pg.name(), cancel);
+    auto store = std::make_shared<CoordinatorStore>(rendezvous, clock, f, pg.name(), cancel);
     absl::StatusOr<std::unique_ptr<Backend>> backend =
         CreateGlooBackend(store, g.group_rank, static_cast<int>(g.ranks.size()), options);
     if (!backend.ok()) {

@@ -2,7 +2,7 @@
 // backends that bootstrap through the coordinator's rendezvous store.
 //
 //   absl::StatusOr<std::unique_ptr<Communicators>> comms =
-//       Communicators::Build(assignment, agent.channel(), agent.connection(),
+//       Communicators::Build(assignment, agent.rendezvous(), agent.clock(),
 //                            agent.fence(), GlooOptions{});
 //   absl::Status ok = (*comms)->Check();     // barrier + all_reduce on dp
 //   (*comms)->Abort();                       // generation over
@@ -20,8 +20,6 @@
 #ifndef SHARDLINE_WORKER_COMMUNICATORS_H_
 #define SHARDLINE_WORKER_COMMUNICATORS_H_
 
-#include <grpcpp/grpcpp.h>
-
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,9 +27,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/coordinator_client.h"
+#include "client/cancel_token.h"
+#include "client/rendezvous_client.h"
+#include "common/clock.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
-#include "worker/cancel_token.h"
 #include "worker/comm/backend.h"
 
 namespace shardline::worker {
@@ -51,11 +50,13 @@ class Communicators {
   // pass WorkerAgent::GenerationToken(assignment.generation()) so that the
   // agent learning of the end interrupts a rendezvous wait at once);
   // DeadlineExceeded / Unavailable from CreateGlooBackend (the message names
-  // the group).
+  // the group). The stores call `rendezvous` and measure their timeouts on
+  // `clock` (not owned; must outlive the communicators).
   static absl::StatusOr<std::unique_ptr<Communicators>> Build(
-      const shardline::v1::Assignment& assignment, std::shared_ptr<grpc::Channel> channel,
-      const client::ConnectionOptions& connection, const shardline::v1::Fence& fence,
-      GlooOptions options, std::shared_ptr<CancelToken> cancel = nullptr);
+      const shardline::v1::Assignment& assignment,
+      std::shared_ptr<client::RendezvousClient> rendezvous, const Clock* clock,
+      const shardline::v1::Fence& fence, GlooOptions options,
+      std::shared_ptr<client::CancelToken> cancel = nullptr);
 
   // A barrier on every group, then an fp32 all_reduce (sum) on this rank's dp
   // group of (global rank + 1), checked against the closed form. Errors: the

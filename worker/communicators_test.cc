@@ -13,10 +13,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/cancel_token.h"
+#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/agent.h"
-#include "worker/cancel_token.h"
 #include "worker/comm/backend.h"
 #include "worker/coordinator_store.h"
 #include "testing/worker_harness.h"
@@ -39,7 +40,7 @@ class CommunicatorsTest : public ::testing::Test {
       o.job_id = "job";
       o.worker_id = absl::StrCat("w", i);
       o.host = "localhost";
-      agents_.push_back(std::make_unique<WorkerAgent>(h_.Channel(), o));
+      agents_.push_back(std::make_unique<WorkerAgent>(o, h_.Clients(), &clock_));
       ASSERT_TRUE(agents_.back()->Connect().ok());
     }
     assignments_.resize(2);
@@ -59,7 +60,7 @@ class CommunicatorsTest : public ::testing::Test {
   // does), ends the generation with `end` after 500 ms, and returns how long
   // Build took to return after that.
   absl::Duration BuildThenEnd(const std::function<void()>& end, absl::Status* status,
-                              std::shared_ptr<CancelToken> cancel = nullptr) {
+                              std::shared_ptr<client::CancelToken> cancel = nullptr) {
     if (cancel == nullptr) cancel = agents_[0]->GenerationToken(assignments_[0].generation());
     GlooOptions gloo;
     gloo.interface_address = "127.0.0.1";
@@ -68,7 +69,7 @@ class CommunicatorsTest : public ::testing::Test {
     absl::Time returned;
     std::thread builder([&] {
       absl::StatusOr<std::unique_ptr<Communicators>> c = Communicators::Build(
-          assignments_[0], agents_[0]->channel(), agents_[0]->connection(), agents_[0]->fence(),
+          assignments_[0], agents_[0]->rendezvous(), &clock_, agents_[0]->fence(),
           gloo, cancel);
       returned = absl::Now();
       *status = c.status();
@@ -80,6 +81,7 @@ class CommunicatorsTest : public ::testing::Test {
     return returned - ended;
   }
 
+  RealClock clock_;
   CoordinatorHarness h_;
   std::vector<std::unique_ptr<WorkerAgent>> agents_;
   std::vector<v1::Assignment> assignments_;
@@ -156,7 +158,7 @@ TEST_F(CommunicatorsTest, BuildReturnsAbortedWhenThePeerVanishedAfterPublishing)
   ASSERT_FALSE(scope.empty());
   v1::Fence f = agents_[1]->fence();
   auto store = std::make_shared<PublishThenAbortStore>(std::make_shared<CoordinatorStore>(
-      agents_[1]->channel(), agents_[1]->connection(), f, scope));
+      agents_[1]->rendezvous(), &clock_, f, scope));
   GlooOptions gloo;
   gloo.interface_address = "127.0.0.1";
   gloo.connect_timeout = absl::Seconds(30);
@@ -180,7 +182,7 @@ TEST_F(CommunicatorsTest, BuildReturnsAbortedWhenThePeerVanishedAfterPublishing)
 // not come (here: the coordinator's generation is still live): the token
 // alone ends the wait, long before connect_timeout (30 s).
 TEST_F(CommunicatorsTest, CancelledTokenEndsABuildBlockedOnALiveGeneration) {
-  auto token = std::make_shared<CancelToken>();
+  auto token = std::make_shared<client::CancelToken>();
   absl::Status status;
   const absl::Duration took =
       BuildThenEnd([&] { token->Cancel("told to restart at generation 2"); }, &status, token);
@@ -193,14 +195,14 @@ TEST_F(CommunicatorsTest, CancelledTokenEndsABuildBlockedOnALiveGeneration) {
 // generation ended, and hands out cancelled tokens for generations that are
 // not its live one.
 TEST_F(CommunicatorsTest, AgentCancelsItsGenerationTokenWhenTheGenerationEnds) {
-  std::shared_ptr<CancelToken> token = agents_[0]->GenerationToken(1);
+  std::shared_ptr<client::CancelToken> token = agents_[0]->GenerationToken(1);
   EXPECT_FALSE(token->cancelled());
   EXPECT_TRUE(agents_[0]->GenerationToken(7)->cancelled());
   ASSERT_TRUE(agents_[1]
                   ->ReportError(absl::StatusCode::kUnavailable, "cannot bind",
                                 "build communicators", std::nullopt)
                   .ok());
-  EXPECT_TRUE(token->WaitForCancel(absl::Seconds(5)));
+  EXPECT_TRUE(token->WaitForCancel(clock_, absl::Seconds(5)));
   EXPECT_TRUE(agents_[0]->GenerationToken(1)->cancelled());
   // A build for the ended generation returns at once.
   const absl::Time start = absl::Now();
@@ -208,7 +210,7 @@ TEST_F(CommunicatorsTest, AgentCancelsItsGenerationTokenWhenTheGenerationEnds) {
   gloo.interface_address = "127.0.0.1";
   gloo.connect_timeout = absl::Seconds(30);
   absl::StatusOr<std::unique_ptr<Communicators>> c = Communicators::Build(
-      assignments_[0], agents_[0]->channel(), agents_[0]->connection(), agents_[0]->fence(), gloo,
+      assignments_[0], agents_[0]->rendezvous(), &clock_, agents_[0]->fence(), gloo,
       agents_[0]->GenerationToken(1));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kAborted) << c.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));

@@ -5,19 +5,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 
 namespace shardline::worker {
 namespace {
 
 namespace v1 = ::shardline::v1;
 
-constexpr absl::Duration kMinBackoff = absl::Milliseconds(100);
-constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
 // rendezvous.proto kMaxWaitTimeout: the longest wait of one call.
 constexpr absl::Duration kMaxWaitTimeout = absl::Seconds(3600);
-// Extra gRPC deadline beyond a blocking call's own timeout.
-constexpr absl::Duration kDeadlineSlack = absl::Seconds(5);
 
 void ToProto(absl::Duration d, google::protobuf::Duration* out) {
   const int64_t ns = absl::ToInt64Nanoseconds(std::max(d, absl::ZeroDuration()));
@@ -25,50 +20,43 @@ void ToProto(absl::Duration d, google::protobuf::Duration* out) {
   out->set_nanos(static_cast<int32_t>(ns % 1000000000));
 }
 
-// Runs `attempt(slice)` until it returns something other than UNAVAILABLE or
-// `deadline` passes; `slice` is the time left (capped at kMaxWaitTimeout).
-// A DEADLINE_EXCEEDED answer before `deadline` (a capped slice) is retried.
-// Stops early (CANCELLED) once `cancel` (may be null) is cancelled.
-template <typename Attempt>
-grpc::Status RetryUntil(absl::Time deadline, const CancelToken* cancel, Attempt attempt) {
-  const grpc::Status cancelled(grpc::StatusCode::CANCELLED, "the generation is over");
-  absl::Duration backoff = kMinBackoff;
-  while (true) {
-    if (cancel != nullptr && cancel->cancelled()) return cancelled;
-    const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
-    const absl::Duration slice = std::min(left, kMaxWaitTimeout);
-    grpc::Status s = attempt(slice);
-    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && slice < left) continue;
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return s;
-    if (absl::Now() + backoff >= deadline) return s;
-    if (cancel != nullptr) {
-      if (cancel->WaitForCancel(backoff)) return cancelled;
-    } else {
-      absl::SleepFor(backoff);
-    }
-    backoff = std::min(backoff * 2, kMaxBackoff);
-  }
-}
-
 }  // namespace
 
-CoordinatorStore::CoordinatorStore(std::shared_ptr<grpc::Channel> channel,
-                                   client::ConnectionOptions connection, v1::Fence fence,
-                                   std::string scope, std::shared_ptr<CancelToken> cancel)
-    : connection_(std::move(connection)),
+CoordinatorStore::CoordinatorStore(std::shared_ptr<client::RendezvousClient> rendezvous,
+                                   const Clock* clock, v1::Fence fence, std::string scope,
+                                   std::shared_ptr<client::CancelToken> cancel,
+                                   BackoffOptions backoff)
+    : rendezvous_(std::move(rendezvous)),
+      clock_(clock),
       fence_(std::move(fence)),
       scope_(std::move(scope)),
-      stub_(v1::RendezvousService::NewStub(channel)),
-      cancel_(std::move(cancel)) {}
+      cancel_(std::move(cancel)),
+      backoff_(backoff) {}
 
-template <typename Call>
-grpc::Status CoordinatorStore::Guarded(grpc::ClientContext* ctx, Call call) const {
-  if (cancel_ != nullptr && !cancel_->Register(ctx)) {
-    return grpc::Status(grpc::StatusCode::CANCELLED, "the generation is over");
-  }
-  grpc::Status s = call();
-  if (cancel_ != nullptr) cancel_->Unregister(ctx);
-  return s;
+absl::Status CoordinatorStore::RetryUntil(
+    absl::Time deadline, absl::FunctionRef<absl::Status(absl::Duration slice)> attempt) const {
+  const absl::Status cancelled = absl::CancelledError("the generation is over");
+  Backoff backoff(backoff_);
+  return Retry(
+      *clock_, backoff, deadline, [](const absl::Status& s) { return absl::IsUnavailable(s); },
+      [&]() -> absl::Status {
+        while (true) {
+          if (cancel_ != nullptr && cancel_->cancelled()) return cancelled;
+          const absl::Duration left = std::max(deadline - clock_->Now(), absl::ZeroDuration());
+          const absl::Duration slice = std::min(left, kMaxWaitTimeout);
+          absl::Status s = attempt(slice);
+          // The end of a capped slice, not of the caller's timeout: ask again.
+          if (absl::IsDeadlineExceeded(s) && slice < left) continue;
+          return s;
+        }
+      },
+      [&](absl::Duration delay) {
+        if (cancel_ == nullptr) {
+          clock_->SleepFor(delay);
+          return absl::OkStatus();
+        }
+        return cancel_->WaitForCancel(*clock_, delay) ? cancelled : absl::OkStatus();
+      });
 }
 
 absl::Status CoordinatorStore::CancelledStatus() const {
@@ -77,20 +65,10 @@ absl::Status CoordinatorStore::CancelledStatus() const {
                                          "; abort the group and re-join"));
 }
 
-void CoordinatorStore::Prepare(grpc::ClientContext* ctx, absl::Duration deadline) const {
-  if (!connection_.token.empty()) {
-    ctx->AddMetadata("authorization", absl::StrCat("Bearer ", connection_.token));
-  }
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-}
-
-absl::Status CoordinatorStore::ToStatus(const grpc::Status& s, absl::string_view rpc) const {
-  if (s.ok()) return absl::OkStatus();
+absl::Status CoordinatorStore::ToStatus(const absl::Status& s) const {
+  if (s.ok()) return s;
   if (cancel_ != nullptr && cancel_->cancelled()) return CancelledStatus();
-  if (s.error_code() == grpc::StatusCode::ABORTED) {
-    return absl::AbortedError(s.error_message());
-  }
-  return client::FromGrpcStatus(s, connection_, rpc);
+  return s;
 }
 
 absl::Status CoordinatorStore::Set(const std::string& key, const std::string& value) {
@@ -99,13 +77,9 @@ absl::Status CoordinatorStore::Set(const std::string& key, const std::string& va
   req.set_scope(scope_);
   req.set_key(key);
   req.set_value(value);
-  grpc::Status s = RetryUntil(absl::Now() + kRetryWindow, cancel_.get(), [&](absl::Duration) {
-    v1::KvSetResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(&ctx, connection_.timeout);
-    return Guarded(&ctx, [&] { return stub_->KvSet(&ctx, req, &resp); });
-  });
-  return ToStatus(s, "KvSet");
+  return ToStatus(RetryUntil(clock_->Now() + kRetryWindow, [&](absl::Duration) {
+    return rendezvous_->KvSet(req, cancel_.get()).status();
+  }));
 }
 
 absl::StatusOr<std::string> CoordinatorStore::Get(const std::string& key, absl::Duration timeout) {
@@ -114,22 +88,21 @@ absl::StatusOr<std::string> CoordinatorStore::Get(const std::string& key, absl::
   req.set_scope(scope_);
   req.set_key(key);
   req.set_wait(true);
-  v1::KvGetResponse resp;
-  const absl::Time deadline = absl::Now() + timeout;
-  grpc::Status s = RetryUntil(deadline, cancel_.get(), [&](absl::Duration slice) {
+  std::string value;
+  const absl::Status s = RetryUntil(clock_->Now() + timeout, [&](absl::Duration slice) {
     ToProto(slice, req.mutable_timeout());
-    grpc::ClientContext ctx;
-    Prepare(&ctx, slice + kDeadlineSlack);
-    return Guarded(&ctx, [&] { return stub_->KvGet(&ctx, req, &resp); });
+    absl::StatusOr<v1::KvGetResponse> got = rendezvous_->KvGet(req, cancel_.get());
+    if (got.ok()) value = got->value();
+    return got.status();
   });
   if (!s.ok() && cancel_ != nullptr && cancel_->cancelled()) return CancelledStatus();
-  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  if (absl::IsDeadlineExceeded(s)) {
     return absl::DeadlineExceededError(
         absl::StrCat("key '", key, "' of scope '", scope_, "' (generation ", fence_.generation(),
                      ") was not set within ", absl::FormatDuration(timeout)));
   }
-  if (!s.ok()) return ToStatus(s, "KvGet");
-  return std::string(resp.value());
+  if (!s.ok()) return ToStatus(s);
+  return value;
 }
 
 absl::StatusOr<int64_t> CoordinatorStore::Add(const std::string& key, int64_t delta) {
@@ -138,15 +111,12 @@ absl::StatusOr<int64_t> CoordinatorStore::Add(const std::string& key, int64_t de
   req.set_scope(scope_);
   req.set_key(key);
   req.set_delta(delta);
-  v1::KvAddResponse resp;
-  grpc::ClientContext ctx;
-  Prepare(&ctx, connection_.timeout);
-  grpc::Status s = Guarded(&ctx, [&] { return stub_->KvAdd(&ctx, req, &resp); });
-  if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-    return absl::InvalidArgumentError(s.error_message());
+  absl::StatusOr<v1::KvAddResponse> added = rendezvous_->KvAdd(req, cancel_.get());
+  if (absl::IsFailedPrecondition(added.status())) {
+    return absl::InvalidArgumentError(added.status().message());
   }
-  if (!s.ok()) return ToStatus(s, "KvAdd");
-  return resp.value();
+  if (!added.ok()) return ToStatus(added.status());
+  return added->value();
 }
 
 absl::Status CoordinatorStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
@@ -155,21 +125,17 @@ absl::Status CoordinatorStore::Wait(const std::vector<std::string>& keys, absl::
   *req.mutable_fence() = fence_;
   req.set_scope(scope_);
   for (const std::string& k : keys) req.add_keys(k);
-  const absl::Time deadline = absl::Now() + timeout;
-  grpc::Status s = RetryUntil(deadline, cancel_.get(), [&](absl::Duration slice) {
+  const absl::Status s = RetryUntil(clock_->Now() + timeout, [&](absl::Duration slice) {
     ToProto(slice, req.mutable_timeout());
-    v1::KvWaitResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(&ctx, slice + kDeadlineSlack);
-    return Guarded(&ctx, [&] { return stub_->KvWait(&ctx, req, &resp); });
+    return rendezvous_->KvWait(req, cancel_.get()).status();
   });
   if (!s.ok() && cancel_ != nullptr && cancel_->cancelled()) return CancelledStatus();
-  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  if (absl::IsDeadlineExceeded(s)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "scope '", scope_, "' (generation ", fence_.generation(),
-        "): ", s.error_message().empty() ? "keys not set in time" : s.error_message()));
+        "): ", s.message().empty() ? "keys not set in time" : s.message()));
   }
-  return ToStatus(s, "KvWait");
+  return ToStatus(s);
 }
 
 absl::StatusOr<bool> CoordinatorStore::Check(const std::string& key) {
@@ -178,14 +144,14 @@ absl::StatusOr<bool> CoordinatorStore::Check(const std::string& key) {
   req.set_scope(scope_);
   req.set_key(key);
   req.set_wait(false);
-  v1::KvGetResponse resp;
-  grpc::Status s = RetryUntil(absl::Now() + kRetryWindow, cancel_.get(), [&](absl::Duration) {
-    grpc::ClientContext ctx;
-    Prepare(&ctx, connection_.timeout);
-    return Guarded(&ctx, [&] { return stub_->KvGet(&ctx, req, &resp); });
+  bool found = false;
+  const absl::Status s = RetryUntil(clock_->Now() + kRetryWindow, [&](absl::Duration) {
+    absl::StatusOr<v1::KvGetResponse> got = rendezvous_->KvGet(req, cancel_.get());
+    if (got.ok()) found = got->found();
+    return got.status();
   });
-  if (!s.ok()) return ToStatus(s, "KvGet");
-  return resp.found();
+  if (!s.ok()) return ToStatus(s);
+  return found;
 }
 
 }  // namespace shardline::worker

@@ -2,7 +2,7 @@
 // RendezvousService, so communicator groups bootstrap through the control
 // plane of their generation.
 //
-//   auto store = std::make_shared<CoordinatorStore>(agent.channel(), agent.connection(),
+//   auto store = std::make_shared<CoordinatorStore>(agent.rendezvous(), agent.clock(),
 //                                                   agent.fence(), "dp/0");
 //   auto backend = CreateGlooBackend(store, group_rank, group_size, {});
 //
@@ -16,28 +16,31 @@
 // every call, blocked or not, fails with Aborted as soon as the token is
 // cancelled, without waiting for the coordinator's answer.
 //
-// Retries: UNAVAILABLE is retried with backoff (100 ms doubling to 2 s)
-// within the call's timeout (Get, Wait) or kRetryWindow (Set, Check); Add is
-// not idempotent on the coordinator and is never retried (Unavailable is
-// returned, see store.h).
+// Retries: UNAVAILABLE is retried with jittered backoff (`backoff`, default
+// 100 ms doubling to 2 s, common/backoff.h) within the call's timeout (Get,
+// Wait) or kRetryWindow (Set, Check), measured on `clock`; Add is not
+// idempotent on the coordinator and is never retried (Unavailable is
+// returned, see store.h). A wait longer than the coordinator's longest
+// (rendezvous.proto kMaxWaitTimeout, 1 h) is asked for in slices.
 //
-// Thread-safety: thread-safe (gRPC stubs are; the object is immutable).
+// Thread-safety: thread-safe (the clients are; the object is immutable).
 #ifndef SHARDLINE_WORKER_COORDINATOR_STORE_H_
 #define SHARDLINE_WORKER_COORDINATOR_STORE_H_
-
-#include <grpcpp/grpcpp.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/coordinator_client.h"
+#include "client/cancel_token.h"
+#include "client/rendezvous_client.h"
+#include "common/backoff.h"
+#include "common/clock.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
-#include "worker/cancel_token.h"
 #include "worker/comm/store.h"
 
 namespace shardline::worker {
@@ -47,11 +50,13 @@ class CoordinatorStore : public Store {
   // How long Set/Check keep retrying UNAVAILABLE.
   static constexpr absl::Duration kRetryWindow = absl::Seconds(30);
 
-  // `connection` gives the token and the deadline of each short call.
-  // `cancel` (may be null): see the file comment.
-  CoordinatorStore(std::shared_ptr<grpc::Channel> channel, client::ConnectionOptions connection,
+  // `rendezvous` makes the calls (token and deadlines are its business);
+  // `clock` (not owned, must outlive the store) measures timeouts and
+  // backoff; `cancel` (may be null): see the file comment.
+  CoordinatorStore(std::shared_ptr<client::RendezvousClient> rendezvous, const Clock* clock,
                    shardline::v1::Fence fence, std::string scope,
-                   std::shared_ptr<CancelToken> cancel = nullptr);
+                   std::shared_ptr<client::CancelToken> cancel = nullptr,
+                   BackoffOptions backoff = BackoffOptions());
 
   // Store. Errors map from the coordinator: ABORTED -> Aborted (generation
   // ended; also when the token is cancelled); DEADLINE_EXCEEDED ->
@@ -70,18 +75,21 @@ class CoordinatorStore : public Store {
   uint64_t generation() const { return fence_.generation(); }
 
  private:
-  void Prepare(grpc::ClientContext* ctx, absl::Duration deadline) const;
-  absl::Status ToStatus(const grpc::Status& s, absl::string_view rpc) const;
-  // Runs `call` (one RPC on `ctx`) registered with cancel_.
-  template <typename Call>
-  grpc::Status Guarded(grpc::ClientContext* ctx, Call call) const;
+  // Runs `attempt(slice)` until it answers something other than
+  // UNAVAILABLE or `deadline` passes (see the file comment); `slice` is the
+  // time left, capped at kMaxWaitTimeout.
+  absl::Status RetryUntil(absl::Time deadline,
+                          absl::FunctionRef<absl::Status(absl::Duration slice)> attempt) const;
+  // A client's error as the store's: Aborted once the token is cancelled.
+  absl::Status ToStatus(const absl::Status& s) const;
   absl::Status CancelledStatus() const;
 
-  const client::ConnectionOptions connection_;
+  const std::shared_ptr<client::RendezvousClient> rendezvous_;
+  const Clock* const clock_;
   const shardline::v1::Fence fence_;
   const std::string scope_;
-  const std::unique_ptr<shardline::v1::RendezvousService::Stub> stub_;
-  const std::shared_ptr<CancelToken> cancel_;
+  const std::shared_ptr<client::CancelToken> cancel_;
+  const BackoffOptions backoff_;
 };
 
 }  // namespace shardline::worker

@@ -41,6 +41,7 @@
 #include "common/log.h"
 #include "client/coordinator_client.h"
 #include "worker/agent.h"
+#include "worker/checkpointer.h"
 #include "worker/communicators.h"
 #include "metrics/metrics.h"
 #include "worker/gpu/gpu_compute_device.h"
@@ -288,7 +289,12 @@ int Run(int argc, char** argv) {
   options.device = device;
   options.backend = v1::BACKEND_GLOO;  // see --backend above
   options.connect_timeout = connect_timeout_d;
-  absl::StatusOr<std::unique_ptr<WorkerAgent>> created = WorkerAgent::Create(options);
+  // Production wiring: the coordinator's gRPC clients over one channel, real time.
+  static const RealClock clock;
+  absl::StatusOr<client::CoordinatorClients> clients =
+      client::ConnectCoordinator(options.connection, Checkpointer::kMinCallTimeout);
+  absl::StatusOr<std::unique_ptr<WorkerAgent>> created =
+      clients.ok() ? WorkerAgent::Create(options, *std::move(clients), &clock) : clients.status();
   if (!created.ok()) {
     std::cerr << "shardline-worker: " << created.status().message() << "\n";
     return 2;
@@ -370,7 +376,7 @@ int Run(int argc, char** argv) {
         gloo.connect_timeout = gloo.timeout;
       }
       absl::StatusOr<std::unique_ptr<Communicators>> built =
-          Communicators::Build(*a, agent->channel(), agent->connection(), agent->fence(), gloo,
+          Communicators::Build(*a, agent->rendezvous(), agent->clock(), agent->fence(), gloo,
                                agent->GenerationToken(gen));
       absl::Status status = built.status();
       std::shared_ptr<Communicators> comms;

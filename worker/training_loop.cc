@@ -123,7 +123,7 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
     return s;
   };
 
-  Checkpointer checkpointer(agent_->channel(), agent_->connection());
+  Checkpointer checkpointer(agent_->checkpoints(), agent_->clock());
   std::optional<absl::Time> restored_at;
   if (a.has_restore() && !a.restore().checkpoint_id().empty()) {
     agent_->SetProgress(a.start_step(), v1::WORKER_STATE_RESTORING);

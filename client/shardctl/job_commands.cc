@@ -1,6 +1,5 @@
 #include "client/shardctl/job_commands.h"
 
-#include <memory>
 #include <optional>
 
 #include "absl/strings/ascii.h"
@@ -11,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "client/shardctl/checkpoint_tools.h"
+#include "client/shardctl/command.h"
 #include "client/coordinator_client.h"
 #include "client/shardctl/job_format.h"
 #include "spec/spec_file.h"
@@ -23,76 +23,6 @@ namespace {
 // number of pages guards against a coordinator that keeps answering a token.
 constexpr uint32_t kPageSize = 1000;
 constexpr int kMaxPages = 1000;
-
-constexpr char kConnectionHelp[] =
-    "Connection: --coordinator HOST:PORT (else $SHARDLINE_COORDINATOR, else 127.0.0.1:7070),\n"
-    "  --token T (else $SHARDLINE_TOKEN), --tls-ca FILE, --tls-cert FILE --tls-key FILE,\n"
-    "  --timeout D (default 10s). --json prints the response as JSON.\n";
-
-// What every coordinator command parses.
-struct Command {
-  explicit Command(std::string name) : parser(std::move(name)) {
-    connection.Register(parser);
-    parser.AddBool("json", &json, "print the response as JSON (proto field names)");
-    parser.AddBool("help", &help, "show this help");
-  }
-
-  // Parses `args`; on --help writes `usage` and the flags to `out` and
-  // returns nullopt.
-  absl::StatusOr<std::optional<std::vector<std::string>>> Parse(
-      const std::vector<std::string>& args, const char* usage, std::ostream& out) {
-    absl::StatusOr<std::vector<std::string>> positional = parser.Parse(args);
-    if (!positional.ok()) return positional.status();
-    if (help) {
-      out << usage << "\n" << parser.Usage() << "\n" << kConnectionHelp;
-      return std::optional<std::vector<std::string>>();
-    }
-    for (const std::string& p : *positional) {
-      if (p.size() > 1 && p[0] == '-' && p != "-") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "unknown option '", p, "'; flags take two dashes, e.g. --json\n", usage));
-      }
-    }
-    return std::optional<std::vector<std::string>>(std::move(*positional));
-  }
-
-  absl::StatusOr<std::unique_ptr<client::CoordinatorClient>> Connect() {
-    absl::StatusOr<client::ConnectionOptions> options = connection.Resolve(parser);
-    if (!options.ok()) return options.status();
-    return client::CoordinatorClient::Connect(*options);
-  }
-
-  ArgParser parser;
-  client::ConnectionFlags connection;
-  bool json = false;
-  bool help = false;
-};
-
-absl::Status Usage(const std::string& what, const char* usage) {
-  return absl::InvalidArgumentError(absl::StrCat(what, "\n", usage));
-}
-
-// NotFound from a call naming a job can only mean the job.
-absl::Status WithJobHint(const absl::Status& s) {
-  if (s.code() != absl::StatusCode::kNotFound) return s;
-  return absl::Status(s.code(), absl::StrCat(s.message(), "; 'shardctl job list' lists the jobs"));
-}
-
-// Job.job_id: 1..63 bytes of [a-z0-9-], starting with a letter.
-absl::Status CheckJobId(const std::string& id, const std::string& what) {
-  bool ok = !id.empty() && id.size() <= 63 && absl::ascii_islower(id[0]);
-  for (char c : id) ok = ok && (absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-');
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      what, "'", id, "' is not a job id: 1 to 63 characters of a-z, 0-9 and '-', starting "
-      "with a letter, e.g. shakespeare-2"));
-}
-
-void Print(std::ostream& out, const std::string& text) {
-  out << text;
-  if (!text.empty() && text.back() != '\n') out << "\n";
-  out.flush();
-}
 
 // ---------------------------------------------------------------- job ----
 
@@ -140,12 +70,12 @@ absl::Status JobCreate(const std::vector<std::string>& args, std::ostream& out) 
   if (!id.empty()) {
     v1::GetJobRequest get;
     get.set_job_id(id);
-    already_existed = (*client)->GetJob(get).ok();
+    already_existed = client->jobs->GetJob(get).ok();
   }
   v1::CreateJobRequest request;
   request.set_job_id(id);
   *request.mutable_spec() = *spec;
-  absl::StatusOr<v1::CreateJobResponse> response = (*client)->CreateJob(request);
+  absl::StatusOr<v1::CreateJobResponse> response = client->jobs->CreateJob(request);
   if (!response.ok()) {
     const absl::Status& s = response.status();
     // The coordinator names spec fields "spec.model...": say which file.
@@ -179,7 +109,7 @@ absl::Status JobGet(const std::vector<std::string>& args, std::ostream& out) {
   if (!client.ok()) return client.status();
   v1::GetJobRequest request;
   request.set_job_id((**positional)[0]);
-  absl::StatusOr<v1::Job> job = (*client)->GetJob(request);
+  absl::StatusOr<v1::Job> job = client->jobs->GetJob(request);
   if (!job.ok()) return WithJobHint(job.status());
   if (c.json) {
     Print(out, ProtoToJson(*job));
@@ -191,7 +121,7 @@ absl::Status JobGet(const std::vector<std::string>& args, std::ostream& out) {
   if (job->world_size() == 0 && job->phase() == v1::JOB_PHASE_PENDING) {
     v1::ListMembersRequest list;
     list.set_job_id(job->job_id());
-    absl::StatusOr<v1::ListMembersResponse> listed = (*client)->ListMembers(list);
+    absl::StatusOr<v1::ListMembersResponse> listed = client->jobs->ListMembers(list);
     if (listed.ok()) members = *std::move(listed);
   }
   Print(out, FormatJob(*job, members.has_value() ? &*members : nullptr));
@@ -248,7 +178,7 @@ absl::Status JobList(const std::vector<std::string>& args, std::ostream& out) {
   if (!client.ok()) return client.status();
   v1::ListJobsResponse all;
   for (int page = 0; page < kMaxPages; ++page) {
-    absl::StatusOr<v1::ListJobsResponse> response = (*client)->ListJobs(request);
+    absl::StatusOr<v1::ListJobsResponse> response = client->jobs->ListJobs(request);
     if (!response.ok()) return response.status();
     for (v1::Job& job : *response->mutable_jobs()) *all.add_jobs() = std::move(job);
     if (response->next_page_token().empty()) break;
@@ -285,12 +215,12 @@ absl::Status JobCancel(const std::vector<std::string>& args, std::ostream& out) 
   // the same way whatever the phase.
   v1::GetJobRequest get;
   get.set_job_id((**positional)[0]);
-  absl::StatusOr<v1::Job> before = (*client)->GetJob(get);
+  absl::StatusOr<v1::Job> before = client->jobs->GetJob(get);
   if (!before.ok()) return WithJobHint(before.status());
   v1::CancelJobRequest request;
   request.set_job_id((**positional)[0]);
   request.set_reason(reason);
-  absl::StatusOr<v1::Job> job = (*client)->CancelJob(request);
+  absl::StatusOr<v1::Job> job = client->jobs->CancelJob(request);
   if (!job.ok()) return WithJobHint(job.status());
   if (before->phase() == v1::JOB_PHASE_CANCELLED) {
     Print(out, c.json ? ProtoToJson(*before)
@@ -366,7 +296,7 @@ absl::Status Drain(const std::vector<std::string>& args, std::ostream& out) {
   request.set_worker_id((**positional)[1]);
   request.set_reason(reason);
   request.set_force(force);
-  absl::StatusOr<v1::Member> member = (*client)->DrainWorker(request);
+  absl::StatusOr<v1::Member> member = client->jobs->DrainWorker(request);
   if (!member.ok()) return WithJobHint(member.status());
   if (c.json) {
     Print(out, ProtoToJson(*member));
@@ -399,7 +329,7 @@ absl::Status Members(const std::vector<std::string>& args, std::ostream& out) {
   if (!client.ok()) return client.status();
   v1::ListMembersRequest request;
   request.set_job_id(*job);
-  absl::StatusOr<v1::ListMembersResponse> response = (*client)->ListMembers(request);
+  absl::StatusOr<v1::ListMembersResponse> response = client->jobs->ListMembers(request);
   if (!response.ok()) return WithJobHint(response.status());
   Print(out, c.json ? ProtoToJson(*response) : FormatMembers(*job, *response));
   return absl::OkStatus();
@@ -419,7 +349,7 @@ absl::Status Topology(const std::vector<std::string>& args, std::ostream& out) {
   if (!client.ok()) return client.status();
   v1::GetPlanRequest request;
   request.set_job_id(*job);
-  absl::StatusOr<v1::Plan> plan = (*client)->GetPlan(request);
+  absl::StatusOr<v1::Plan> plan = client->jobs->GetPlan(request);
   if (!plan.ok()) {
     if (plan.status().code() == absl::StatusCode::kFailedPrecondition) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -462,7 +392,7 @@ absl::Status Owner(const std::vector<std::string>& args, std::ostream& out) {
   }
   auto client = c.Connect();
   if (!client.ok()) return client.status();
-  absl::StatusOr<v1::GetShardOwnerResponse> response = (*client)->GetShardOwner(request);
+  absl::StatusOr<v1::GetShardOwnerResponse> response = client->jobs->GetShardOwner(request);
   if (!response.ok()) return response.status();
   Print(out, c.json ? ProtoToJson(*response) : FormatShardOwner(*response));
   return absl::OkStatus();
@@ -508,7 +438,8 @@ absl::Status CheckpointList(const std::vector<std::string>& args, std::ostream& 
   request.set_page_size(kPageSize);
   v1::ListCheckpointsResponse every;
   for (int page = 0; page < kMaxPages; ++page) {
-    absl::StatusOr<v1::ListCheckpointsResponse> response = (*client)->ListCheckpoints(request);
+    absl::StatusOr<v1::ListCheckpointsResponse> response =
+        client->checkpoints->ListCheckpoints(request);
     if (!response.ok()) return WithJobHint(response.status());
     for (auto& summary : *response->mutable_checkpoints()) {
       *every.add_checkpoints() = std::move(summary);
@@ -552,7 +483,7 @@ absl::Status CheckpointShow(const std::vector<std::string>& args, std::ostream& 
   v1::GetManifestRequest request;
   request.set_job_id(pos[0]);
   if (pos.size() == 2) request.set_checkpoint_id(pos[1]);
-  absl::StatusOr<v1::Manifest> manifest = (*client)->GetManifest(request);
+  absl::StatusOr<v1::Manifest> manifest = client->checkpoints->GetManifest(request);
   if (!manifest.ok()) {
     const absl::Status& s = manifest.status();
     if (s.code() == absl::StatusCode::kNotFound) {
@@ -601,7 +532,7 @@ absl::StatusOr<LocatedCheckpoint> LocateCheckpoint(Command& c, const std::vector
   v1::GetManifestRequest request;
   request.set_job_id(pos[0]);
   if (pos.size() == 2) request.set_checkpoint_id(pos[1]);
-  absl::StatusOr<v1::Manifest> manifest = (*client)->GetManifest(request);
+  absl::StatusOr<v1::Manifest> manifest = client->checkpoints->GetManifest(request);
   if (!manifest.ok()) {
     const absl::Status& s = manifest.status();
     if (s.code() == absl::StatusCode::kNotFound) {
@@ -739,13 +670,13 @@ absl::Status Watch(const std::vector<std::string>& args, std::ostream& out) {
     ++seen;
     return !(count > 0 && seen >= count);
   };
-  absl::Status s = (*client)->WatchJob(request, print);
+  absl::Status s = client->jobs->WatchJob(request, print);
   if (s.ok() && seen == 0 && !c.parser.WasSet("after")) {
     // The stream ended before any new event: the job had already ended. Show
     // how it got there instead of nothing.
     v1::GetJobRequest get;
     get.set_job_id(*job);
-    absl::StatusOr<v1::Job> state = (*client)->GetJob(get);
+    absl::StatusOr<v1::Job> state = client->jobs->GetJob(get);
     if (!state.ok()) return WithJobHint(state.status());
     const v1::JobPhase phase = state->phase();
     if (phase != v1::JOB_PHASE_COMPLETED && phase != v1::JOB_PHASE_FAILED &&
@@ -753,7 +684,7 @@ absl::Status Watch(const std::vector<std::string>& args, std::ostream& out) {
       return absl::OkStatus();
     }
     request.set_after_sequence(0);
-    s = (*client)->WatchJob(request, print);
+    s = client->jobs->WatchJob(request, print);
     // OUT_OF_RANGE: the oldest events are no longer retained; the line
     // below still says how the job ended.
     if (!s.ok() && s.code() != absl::StatusCode::kOutOfRange) return WithJobHint(s);
@@ -824,7 +755,7 @@ absl::Status KvGet(const std::vector<std::string>& args, std::ostream& out) {
   request.set_scope(scope);
   request.set_key(key);
   request.set_wait(false);
-  absl::StatusOr<v1::KvGetResponse> response = (*client)->KvGet(request);
+  absl::StatusOr<v1::KvGetResponse> response = client->rendezvous->KvGet(request, nullptr);
   if (!response.ok()) return WithJobHint(response.status());
   if (c.json) {
     Print(out, ProtoToJson(*response));

@@ -1,0 +1,288 @@
+#include "client/connection.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+
+namespace shardline::client {
+namespace {
+
+std::string FormatTimeout(absl::Duration d) { return absl::FormatDuration(d); }
+
+// "HOST:PORT" with a port in 1..65535, "[v6]:PORT", or a gRPC URI target.
+absl::Status CheckAddress(const std::string& address, const std::string& source) {
+  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "dns:") ||
+      absl::StartsWith(address, "ipv4:") || absl::StartsWith(address, "ipv6:")) {
+    return absl::OkStatus();
+  }
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  const bool ok = colon != std::string::npos && colon > 0 &&
+                  absl::SimpleAtoi(address.substr(colon + 1), &port) && port > 0 &&
+                  port <= 65535 && address.find_first_of(" \t/") == std::string::npos &&
+                  (address.find(':') == colon || (address[0] == '[' && address[colon - 1] == ']'));
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, "='", address, "' is not HOST:PORT; give e.g. 127.0.0.1:7070, coord.example:7070 "
+      "or [::1]:7070"));
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read ", flag, " file '", path, "': ", std::strerror(errno)));
+  }
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (!file.good() && !file.eof()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read ", flag, " file '", path, "'"));
+  }
+  if (text.str().find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " file '", path, "' is not PEM (no -----BEGIN line); give a PEM file"));
+  }
+  return text.str();
+}
+
+// The transport's reason in a few words, from gRPC's UNAVAILABLE message,
+// e.g. "failed to connect to all addresses; last error: UNKNOWN:
+// ipv4:127.0.0.1:7070: Failed to connect to remote host: Connection refused".
+// Empty when the message is the coordinator's own (starting, stopping).
+std::string TransportReason(const std::string& message, const ConnectionOptions& o) {
+  const std::string m = absl::AsciiStrToLower(message);
+  if (absl::StrContains(m, "connection refused")) return "connection refused";
+  if (absl::StrContains(m, "dns resolution failed") || absl::StrContains(m, "name not found") ||
+      absl::StrContains(m, "domain name not found") ||
+      absl::StrContains(m, "name or service not known")) {
+    return "the host name does not resolve";
+  }
+  // gRPC reports a refused plaintext connect as "tcp handshaker shutdown"
+  // too: only call it TLS when TLS is configured or named.
+  const bool names_tls = absl::StrContains(m, "ssl") || absl::StrContains(m, "tls") ||
+                         absl::StrContains(m, "certificate");
+  if (absl::StrContains(m, "handshake") && !names_tls && !o.tls()) {
+    return "could not connect (nothing listening there, or a firewall)";
+  }
+  if (absl::StrContains(m, "handshake") || names_tls) {
+    return absl::StrCat("TLS handshake failed (", message,
+                        "); check --tls-ca, --tls-cert and --tls-key against the coordinator's "
+                        "certificates");
+  }
+  if (absl::StrContains(m, "failed parsing http/2")) {
+    return "the server there does not speak gRPC (is this the coordinator's port?)";
+  }
+  if (absl::StrContains(m, "no route to host")) return "no route to host";
+  if (absl::StrContains(m, "network is unreachable")) return "network is unreachable";
+  if (absl::StrContains(m, "connection reset") || absl::StrContains(m, "socket closed") ||
+      absl::StrContains(m, "connection closed") || absl::StrContains(m, "broken pipe")) {
+    return o.tls() ? "the connection was closed"
+                   : "the connection was closed (if the coordinator serves TLS, pass --tls-ca)";
+  }
+  if (absl::StrContains(m, "timed out") || absl::StrContains(m, "timeout")) {
+    return "connection timed out";
+  }
+  if (absl::StrContains(m, "failed to connect") ||
+      absl::StrContains(m, "connections to all backends failing") ||
+      absl::StrContains(m, "no such file or directory")) {
+    return message;
+  }
+  return "";
+}
+
+}  // namespace
+
+void ConnectionFlags::Register(ArgParser& parser) {
+  parser.AddString("coordinator", &coordinator_,
+                   "coordinator address HOST:PORT (default $SHARDLINE_COORDINATOR, else "
+                   "127.0.0.1:7070)");
+  parser.AddString("token", &token_,
+                   "bearer token (default $SHARDLINE_TOKEN; prefer the variable: flags show "
+                   "in ps)");
+  parser.AddString("tls-ca", &tls_ca_, "PEM file of the CA that signed the coordinator (TLS)");
+  parser.AddString("tls-cert", &tls_cert_, "PEM client certificate for mutual TLS (with --tls-key)");
+  parser.AddString("tls-key", &tls_key_, "PEM client private key for mutual TLS (with --tls-cert)");
+  parser.AddString("timeout", &timeout_, "deadline of each call, e.g. 10s, 500ms (default 10s)");
+}
+
+absl::StatusOr<ConnectionOptions> ConnectionFlags::Resolve(
+    const ArgParser& parser, const std::function<const char*(const char*)>& getenv) const {
+  auto env = [&](const char* name) -> std::string {
+    const char* v = getenv ? getenv(name) : std::getenv(name);
+    return v == nullptr ? "" : v;
+  };
+  ConnectionOptions o;
+  if (parser.WasSet("coordinator")) {
+    o.address = coordinator_;
+    o.address_source = "--coordinator";
+  } else if (std::string a = env(kCoordinatorEnv); !a.empty()) {
+    o.address = a;
+    o.address_source = kCoordinatorEnv;
+  }
+  if (absl::Status s = CheckAddress(o.address, o.address_source); !s.ok()) return s;
+
+  const char* token_source = "--token";
+  if (parser.WasSet("token")) {
+    o.token = token_;
+  } else {
+    o.token = env(kTokenEnv);
+    token_source = kTokenEnv;
+  }
+  o.token = std::string(absl::StripAsciiWhitespace(o.token));
+  for (unsigned char c : o.token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          token_source, " holds a space or control character; a token is printable ASCII "
+          "without spaces (check for a pasted line break)"));
+    }
+  }
+
+  o.tls_ca_file = tls_ca_;
+  o.tls_cert_file = tls_cert_;
+  o.tls_key_file = tls_key_;
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"tls-ca", &tls_ca_},
+                                    {"tls-cert", &tls_cert_},
+                                    {"tls-key", &tls_key_}}) {
+    if (parser.WasSet(flag) && value->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs a file path"));
+    }
+  }
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "mutual TLS needs both --tls-cert and --tls-key (the client certificate and its key)");
+  }
+
+  if (parser.WasSet("timeout")) {
+    absl::Duration d;
+    if (!absl::ParseDuration(timeout_, &d) || d <= absl::ZeroDuration() ||
+        d == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--timeout='", timeout_, "' is not a positive duration; give e.g. --timeout=30s"));
+    }
+    o.timeout = d;
+  }
+  return o;
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions& o,
+                            absl::string_view rpc) {
+  const absl::Status plain = ::shardline::FromGrpcStatus(status);  // common/grpc_status.h
+  if (plain.ok()) return plain;
+  const absl::StatusCode code = plain.code();
+  const std::string message(plain.message());
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE: {
+      const std::string reason = TransportReason(message, o);
+      if (!reason.empty()) {
+        return absl::Status(
+            code, absl::StrCat("cannot reach the coordinator at ", o.address, ": ", reason,
+                               "; start shardline-coordinator or set --coordinator / ",
+                               kCoordinatorEnv));
+      }
+      return absl::Status(code, absl::StrCat("the coordinator at ", o.address,
+                                             " is unavailable: ", message, "; retry shortly"));
+    }
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      if (message.empty() || message == "Deadline Exceeded") {
+        return absl::Status(
+            code, absl::StrCat("no answer from the coordinator at ", o.address, " to ", rpc,
+                               " within ", FormatTimeout(o.timeout),
+                               " (--timeout); check that it is running and reachable, or give a "
+                               "longer --timeout"));
+      }
+      return absl::Status(code, message);
+    case grpc::StatusCode::UNAUTHENTICATED:
+      if (o.token.empty()) {
+        return absl::Status(code, absl::StrCat("the coordinator at ", o.address,
+                                               " requires a token (", message,
+                                               "); pass --token or set ", kTokenEnv));
+      }
+      return absl::Status(code, absl::StrCat(message, "; check the token given by --token or ",
+                                             kTokenEnv));
+    case grpc::StatusCode::PERMISSION_DENIED:
+      if (absl::StrContains(message, "admin token")) {
+        return absl::Status(code, absl::StrCat(message, " (--token or ", kTokenEnv, ")"));
+      }
+      return absl::Status(
+          code, absl::StrCat(message, "; ", rpc,
+                             " needs the coordinator's admin token (a job's worker token only "
+                             "reads its own job)"));
+    case grpc::StatusCode::UNIMPLEMENTED:
+      if (absl::StartsWith(message, "Received http2 header with status")) {
+        return absl::Status(code, absl::StrCat("the server at ", o.address,
+                                               " is not a Shardline coordinator (", message,
+                                               "); check --coordinator / ", kCoordinatorEnv));
+      }
+      return absl::Status(code, absl::StrCat("the coordinator at ", o.address,
+                                             " does not implement ", rpc, " (", message,
+                                             "); is it an older version than shardctl?"));
+    case grpc::StatusCode::CANCELLED:
+      return absl::Status(code, absl::StrCat(rpc, " was cancelled",
+                                             message.empty() ? "" : ": " + message));
+    default:
+      if (message.empty()) {
+        return absl::Status(code, absl::StrCat(rpc, " failed with ",
+                                               absl::StatusCodeToString(code),
+                                               " and no message from the coordinator"));
+      }
+      return plain;
+  }
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
+    const ConnectionOptions& options) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (options.tls()) {
+    grpc::SslCredentialsOptions ssl;
+    if (!options.tls_ca_file.empty()) {
+      absl::StatusOr<std::string> pem = ReadPem(options.tls_ca_file, "--tls-ca");
+      if (!pem.ok()) return pem.status();
+      ssl.pem_root_certs = *pem;
+    }
+    if (!options.tls_cert_file.empty()) {
+      absl::StatusOr<std::string> cert = ReadPem(options.tls_cert_file, "--tls-cert");
+      if (!cert.ok()) return cert.status();
+      absl::StatusOr<std::string> key = ReadPem(options.tls_key_file, "--tls-key");
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  // A coordinator restarting on its state file is back within seconds;
+  // gRPC's default reconnect backoff (1 s growing to 120 s) would keep
+  // workers away long after it is up and get them declared lost. Reconnect
+  // every 100 ms at first, never waiting more than 1 s between tries.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(options.address, credentials, args);
+}
+
+void Prepare(grpc::ClientContext* context, const ConnectionOptions& options,
+             absl::Duration timeout) {
+  if (!options.token.empty()) {
+    context->AddMetadata("authorization", absl::StrCat("Bearer ", options.token));
+  }
+  // gRPC deadlines are real time, whatever clock the caller waits on.
+  if (timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+}
+
+}  // namespace shardline::client

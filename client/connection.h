@@ -1,0 +1,122 @@
+// Where the coordinator is and how to talk to it, for every program that
+// does (shardctl, shardline-worker): connection options and their flags, the
+// channel, the one preparation of a call (token + deadline) and the one
+// conversion of a call's status into an operator's message.
+//
+//   ConnectionFlags flags;
+//   ArgParser parser("shardctl job get");
+//   flags.Register(parser);
+//   ... parser.Parse(args) ...
+//   absl::StatusOr<ConnectionOptions> options = flags.Resolve(parser);
+//   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeCoordinatorChannel(*options);
+//
+// Where:  --coordinator HOST:PORT, else $SHARDLINE_COORDINATOR, else
+//         127.0.0.1:7070.
+// Auth:   --token, else $SHARDLINE_TOKEN, sent as "authorization: Bearer
+//         <token>" (coordinator.proto); no token sends no metadata.
+// TLS:    off unless --tls-ca FILE (PEM roots that sign the coordinator's
+//         certificate) or --tls-cert FILE --tls-key FILE (client certificate
+//         for mutual TLS; without --tls-ca the system roots are used).
+// Deadline: --timeout (default 10s) on every short unary call (see each
+//         service client for the calls that wait longer).
+//
+// Thread-safety: the functions are; a ConnectionFlags is used by one thread.
+#ifndef SHARDLINE_CLIENT_CONNECTION_H_
+#define SHARDLINE_CLIENT_CONNECTION_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/flags.h"
+#include "grpcpp/grpcpp.h"
+
+namespace shardline::client {
+
+inline constexpr char kDefaultCoordinator[] = "127.0.0.1:7070";
+inline constexpr char kCoordinatorEnv[] = "SHARDLINE_COORDINATOR";
+inline constexpr char kTokenEnv[] = "SHARDLINE_TOKEN";
+inline constexpr absl::Duration kDefaultTimeout = absl::Seconds(10);
+// coordinator.proto's kMaxMessageBytes: the largest request or response.
+inline constexpr int kMaxMessageBytes = 64 << 20;
+
+// Where and how to reach the coordinator.
+struct ConnectionOptions {
+  // "HOST:PORT" (IPv6 as "[::1]:7070"), or a gRPC target such as
+  // "unix:/run/shardline.sock".
+  std::string address = kDefaultCoordinator;
+  // Where `address` came from, for messages: "--coordinator",
+  // "SHARDLINE_COORDINATOR" or "the default".
+  std::string address_source = "the default";
+  // Bearer token; empty sends no authorization metadata.
+  std::string token;
+  // TLS: on when any of these is set. Paths of PEM files.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Deadline of each unary call.
+  absl::Duration timeout = kDefaultTimeout;
+
+  bool tls() const {
+    return !tls_ca_file.empty() || !tls_cert_file.empty() || !tls_key_file.empty();
+  }
+};
+
+// The connection flags every coordinator command takes. Register before
+// ArgParser::Parse, Resolve after.
+class ConnectionFlags {
+ public:
+  void Register(ArgParser& parser);
+
+  // Applies flags, then the environment (`getenv`, injectable for tests),
+  // then defaults. Errors (InvalidArgument, naming the flag or variable):
+  // an address that is not HOST:PORT; --tls-cert without --tls-key or the
+  // reverse; a --timeout that is not a positive duration; a token with
+  // whitespace or control characters inside.
+  absl::StatusOr<ConnectionOptions> Resolve(
+      const ArgParser& parser,
+      const std::function<const char*(const char*)>& getenv = nullptr) const;
+
+ private:
+  std::string coordinator_, token_, tls_ca_, tls_cert_, tls_key_, timeout_;
+};
+
+// grpc::Status → absl::Status (same code) with a message for operators:
+//   UNAVAILABLE from the transport → "cannot reach the coordinator at
+//     127.0.0.1:7070: connection refused; start shardline-coordinator or set
+//     --coordinator / SHARDLINE_COORDINATOR" (also DNS and TLS failures);
+//   DEADLINE_EXCEEDED of our own deadline → "no answer from the coordinator
+//     at ... within 10s (--timeout) ...";
+//   UNAUTHENTICATED / PERMISSION_DENIED → the server's message plus what
+//     token to pass;
+//   anything else → the server's message (it names the field and the fix).
+// `rpc` names the call, e.g. "GetJob".
+absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions& options,
+                            absl::string_view rpc);
+
+// A channel to the coordinator with the options' TLS settings and a 64 MiB
+// message limit; gRPC's transparent retries are off, so a refused connection
+// is reported at once rather than retried for the whole deadline.
+// InvalidArgument: a TLS file cannot be read (the message names the flag).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
+    const ConnectionOptions& options);
+
+// The one preparation of every call to the coordinator: the bearer token
+// (none when options.token is empty) and a deadline `timeout` from now
+// (none for absl::InfiniteDuration(), e.g. a stream open for the life of
+// the process).
+void Prepare(grpc::ClientContext* context, const ConnectionOptions& options,
+             absl::Duration timeout);
+
+// Extra gRPC deadline of a call that waits on the coordinator (a
+// GetAssignment, KvGet, KvWait or Barrier with a wait timeout) beyond the
+// wait the request asks for.
+inline constexpr absl::Duration kWaitDeadlineSlack = absl::Seconds(5);
+
+}  // namespace shardline::client
+
+#endif  // SHARDLINE_CLIENT_CONNECTION_H_

@@ -1,0 +1,139 @@
+// WorkerClient: the calls a worker makes about its membership in a job
+// (WorkerService in proto/shardline/v1/coordinator.proto), as an interface
+// (fakes in testing/fake_worker_client.h) and its gRPC implementation.
+//
+//   GrpcWorkerClient workers(channel, options);
+//   absl::StatusOr<v1::JoinJobResponse> joined = workers.JoinJob(request);
+//   std::unique_ptr<SessionStream> session = workers.Session(session_request);
+//   while (session->Read(&message)) { ... }
+//   absl::Status ended = session->Finish();
+//
+// Errors: every method returns the coordinator's status code; the gRPC
+// implementation's messages are client::FromGrpcStatus's (connection.h).
+// The codes below are those particular to each call; any call may also
+// return UNAVAILABLE (not reachable, starting, stopping: retry with
+// backoff), DEADLINE_EXCEEDED (no answer within the call's deadline),
+// UNAUTHENTICATED / PERMISSION_DENIED (token), INVALID_ARGUMENT (a field
+// missing or malformed: names it) and NOT_FOUND (no such job). Fenced calls
+// (every one but JoinJob) may also return ABORTED (stale fence: the
+// generation is over, re-join) and FAILED_PRECONDITION (the job is
+// COMPLETED, FAILED or CANCELLED: stop).
+//
+// Retries: JoinJob, Heartbeat, GetAssignment and LeaveJob are safe to
+// repeat; ReportError is not (a repeat after the generation changed is
+// ABORTED, which asks for the same action). No method retries by itself:
+// callers decide (common/backoff.h).
+//
+// Thread-safety: implementations are thread-safe; a SessionStream is read
+// by one thread, and Cancel may be called from any thread.
+#ifndef SHARDLINE_CLIENT_WORKER_CLIENT_H_
+#define SHARDLINE_CLIENT_WORKER_CLIENT_H_
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/connection.h"
+#include "grpcpp/grpcpp.h"
+#include "shardline/v1/coordinator.grpc.pb.h"
+
+namespace shardline::client {
+
+namespace v1 = ::shardline::v1;
+
+// One Session stream (WorkerService.Session).
+class SessionStream {
+ public:
+  virtual ~SessionStream() = default;
+
+  // The next message, blocking until one arrives: SessionOpened first, then
+  // every Assignment and urgent Directive. False once the stream has ended
+  // (then call Finish). Nothing is sent before the first Read.
+  virtual bool Read(v1::SessionMessage* message) = 0;
+  // How the stream ended, after Read returned false: OK after a STOP
+  // directive or LeaveJob; NOT_FOUND (this incarnation never joined);
+  // ABORTED (this incarnation is LOST, LEFT or replaced, or another stream
+  // of it opened: JoinJob first); ALREADY_EXISTS (the previous stream is
+  // still closing on the coordinator); FAILED_PRECONDITION (the job is
+  // finished); CANCELLED after Cancel; UNAVAILABLE (connection lost).
+  virtual absl::Status Finish() = 0;
+  // Ends the stream from any thread, also before the first Read or while a
+  // Read blocks: Read returns false and Finish CANCELLED. The coordinator
+  // sees the stream break (this worker LOST) unless it left first.
+  virtual void Cancel() = 0;
+};
+
+class WorkerClient {
+ public:
+  virtual ~WorkerClient() = default;
+
+  // Sends JoinJob (worker id and incarnation, host, device, backend);
+  // returns the generation to put in fences, the job's spec and phase.
+  // Deadline: --timeout. Errors: INVALID_ARGUMENT (worker_id, incarnation
+  // 0, device or backend refused); FAILED_PRECONDITION (the job is
+  // finished, or the backend differs from the job's other workers);
+  // RESOURCE_EXHAUSTED (too many workers); UNAVAILABLE (the join could not
+  // be recorded durably: retry).
+  virtual absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& request) = 0;
+
+  // Opens the Session stream of request.worker (no deadline; nothing is
+  // sent before the stream's first Read). See SessionStream for how it ends.
+  virtual std::unique_ptr<SessionStream> Session(const v1::SessionRequest& request) = 0;
+
+  // Sends Heartbeat (fence, step, state, metrics); returns what to do next
+  // (CONTINUE, CHECKPOINT, RESTART_AT_GENERATION or STOP). Deadline:
+  // `timeout`. Errors: ABORTED also from a FENCED incarnation (a survivor
+  // that has not re-joined yet); INVALID_ARGUMENT (state UNSPECIFIED, a
+  // step beyond train_steps).
+  virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
+                                                          absl::Duration timeout) = 0;
+
+  // Sends GetAssignment (fence; with `wait`, how long the coordinator may
+  // wait for the generation to form). Deadline: request.timeout +
+  // kWaitDeadlineSlack when waiting, else --timeout. Errors:
+  // DEADLINE_EXCEEDED (it did not form within request.timeout);
+  // FAILED_PRECONDITION also when not formed and not waiting;
+  // INVALID_ARGUMENT (timeout negative or over 1 h).
+  virtual absl::StatusOr<v1::Assignment> GetAssignment(
+      const v1::GetAssignmentRequest& request) = 0;
+
+  // Sends ReportError (fence of the generation the failure happened in,
+  // code, message, operation, optional peer_rank); returns the directive
+  // (RESTART_AT_GENERATION, or STOP). Deadline: --timeout. Errors:
+  // INVALID_ARGUMENT (code OK or not canonical, peer_rank >= world_size);
+  // FAILED_PRECONDITION also when the caller is a spare or not assigned;
+  // ABORTED when that generation has already ended.
+  virtual absl::StatusOr<v1::ReportErrorResponse> ReportError(
+      const v1::ReportErrorRequest& request) = 0;
+
+  // Sends LeaveJob (fence, reason): this incarnation leaves for good; the
+  // coordinator then ends its stream with OK. Deadline: --timeout. Leaving
+  // twice is harmless; a finished job answers OK; ABORTED only for a
+  // replaced incarnation.
+  virtual absl::StatusOr<v1::LeaveJobResponse> LeaveJob(const v1::LeaveJobRequest& request) = 0;
+};
+
+// WorkerClient over gRPC: every call carries options.token and its deadline
+// (client::Prepare); errors are client::FromGrpcStatus's.
+class GrpcWorkerClient final : public WorkerClient {
+ public:
+  GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel, ConnectionOptions options);
+
+  absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& request) override;
+  std::unique_ptr<SessionStream> Session(const v1::SessionRequest& request) override;
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
+                                                  absl::Duration timeout) override;
+  absl::StatusOr<v1::Assignment> GetAssignment(const v1::GetAssignmentRequest& request) override;
+  absl::StatusOr<v1::ReportErrorResponse> ReportError(
+      const v1::ReportErrorRequest& request) override;
+  absl::StatusOr<v1::LeaveJobResponse> LeaveJob(const v1::LeaveJobRequest& request) override;
+
+ private:
+  const ConnectionOptions options_;
+  const std::unique_ptr<v1::WorkerService::Stub> stub_;
+};
+
+}  // namespace shardline::client
+
+#endif  // SHARDLINE_CLIENT_WORKER_CLIENT_H_
