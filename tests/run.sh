@@ -27,8 +27,13 @@ TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(//...)
 
 # Count only this run's results: stale logs of removed targets must not count.
-logs=$(readlink -f bazel-testlogs 2>/dev/null || true)
-[ -n "$logs" ] && [ -d "$logs" ] && rm -rf "$logs"
+# Every configuration's logs go (bazel-testlogs may point at another one's,
+# e.g. after a --config=asan run; see .bazelrc): Bazel re-creates or
+# re-fetches from the disk cache those it needs.
+out=$(readlink -f bazel-out 2>/dev/null || true)
+if [ -n "$out" ] && [ -d "$out" ]; then
+  for logs in "$out"/*/testlogs; do [ -d "$logs" ] && rm -rf "$logs"; done
+fi
 
 bazel --batch test "${CONFIG[@]}" -- "${TARGETS[@]}"
 rc=$?
