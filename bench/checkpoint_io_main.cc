@@ -1,5 +1,5 @@
 // shardline-bench-checkpoint-io: save and restore GB/s of the checkpoint file
-// path (worker/checkpoint/shard_io.h) for bench/checkpoint.py.
+// path (checkpoint/shard_io.h) for bench/checkpoint.py.
 //
 //   shardline-bench-checkpoint-io --dir /var/tmp/ckpt --bytes 536870912 --repeats 3
 //

@@ -15,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/files.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace shardline::checkpoint {
@@ -22,12 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace v1 = ::shardline::v1;
-
-std::string ErrnoText(int err) { return absl::StrCat(std::strerror(err), " (errno ", err, ")"); }
-
-absl::Status FileError(absl::string_view what, absl::string_view path, int err) {
-  return absl::UnavailableError(absl::StrCat(what, " '", path, "': ", ErrnoText(err)));
-}
 
 // One path component: not empty, ".", ".." and without '/'.
 bool IsOneComponent(absl::string_view name) {
@@ -52,77 +47,10 @@ bool HasDotDot(absl::string_view path) {
 // The real path of an existing `path`, or an error naming it.
 absl::StatusOr<std::string> RealPath(const std::string& path) {
   char* real = ::realpath(path.c_str(), nullptr);
-  if (real == nullptr) return FileError("cannot resolve", path, errno);
+  if (real == nullptr) return FileError(errno, "cannot resolve", path);
   std::string out(real);
   ::free(real);
   return out;
-}
-
-absl::Status FsyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return FileError("cannot open directory", dir, errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return FileError("cannot fsync directory", dir, err);
-  return absl::OkStatus();
-}
-
-// Replaces <dir>/<name> by `contents`: temp file in `dir`, fsync, rename,
-// fsync of `dir`. Creates `dir` (and its parents) if missing.
-absl::Status WriteFileAtomically(const std::string& dir, absl::string_view name,
-                                 absl::string_view contents) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create directory '", dir, "': ", ec.message()));
-  }
-  static std::atomic<uint64_t> counter{0};
-  const std::string target = absl::StrCat(dir, "/", name);
-  const std::string temp =
-      absl::StrCat(dir, "/.", name, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return FileError("cannot create", temp, errno);
-  auto fail = [&](absl::string_view what, int err) {
-    ::close(fd);
-    ::unlink(temp.c_str());
-    return FileError(what, temp, err);
-  };
-  size_t done = 0;
-  while (done < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return fail("cannot write", errno);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) return fail("cannot fsync", errno);
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return FileError("cannot close", temp, err);
-  }
-  if (::rename(temp.c_str(), target.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return FileError(absl::StrCat("cannot rename to '", target, "'"), temp, err);
-  }
-  return FsyncDirectory(dir);
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int err = errno;
-    if (err == ENOENT) return absl::NotFoundError(absl::StrCat("no file '", path, "'"));
-    return FileError("cannot open", path, err);
-  }
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return absl::UnavailableError(absl::StrCat("cannot read '", path, "'"));
-  return s.str();
 }
 
 }  // namespace
@@ -146,8 +74,9 @@ absl::Status VerifyShardFiles(const v1::Manifest& manifest) {
               "rank %d reported file \"%s\" (%d bytes), but %s does not exist", rank.rank(),
               f.path(), f.size_bytes(), path));
         }
-        return absl::DataLossError(absl::StrFormat("rank %d reported file \"%s\", but %s: %s",
-                                                   rank.rank(), f.path(), path, ErrnoText(err)));
+        return absl::DataLossError(
+            absl::StrFormat("rank %d reported file \"%s\", but %s", rank.rank(), f.path(),
+                            FileError(err, "cannot stat", path).message()));
       }
       if (!S_ISREG(st.st_mode)) {
         return absl::DataLossError(absl::StrFormat(
@@ -228,10 +157,15 @@ absl::Status WriteManifestFile(absl::string_view root, const v1::Manifest& manif
 
 absl::StatusOr<v1::Manifest> ReadManifestFile(absl::string_view directory) {
   const std::string path = absl::StrCat(Normal(directory), "/", kManifestFileName);
-  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  absl::StatusOr<std::string> text = ReadFileToString(path);
   if (!text.ok()) return text.status();
   v1::Manifest manifest;
-  const auto parsed = google::protobuf::util::JsonStringToMessage(*text, &manifest);
+  // Fields this version does not know are skipped: a manifest written by a
+  // newer coordinator still reads (forward compatibility); what is read is
+  // checked by its users (VerifyCheckpoint, the restore planner).
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(*text, &manifest, options);
   if (!parsed.ok()) {
     return absl::DataLossError(
         absl::StrCat("'", path, "' does not parse as a manifest: ", parsed.message().as_string()));
@@ -253,7 +187,7 @@ absl::Status WriteLatestFile(absl::string_view root, absl::string_view checkpoin
 
 absl::StatusOr<std::string> ReadLatestFile(absl::string_view root) {
   absl::StatusOr<std::string> text =
-      ReadWholeFile(absl::StrCat(Normal(root), "/", kLatestFileName));
+      ReadFileToString(absl::StrCat(Normal(root), "/", kLatestFileName));
   if (!text.ok()) return text.status();
   return std::string(absl::StripAsciiWhitespace(*text));
 }

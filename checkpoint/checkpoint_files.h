@@ -1,8 +1,9 @@
-// The coordinator's file work for checkpoints (DESIGN.md "Checkpoints"):
+// The coordinator's file work for checkpoints (docs/ARCHITECTURE.md "Checkpoints"):
 // checking that the files ranks reported are on disk, writing the committed
 // manifest next to the shards, moving LATEST, and deleting the directories
 // of expired and aborted checkpoints. No gRPC, no registry state: the
-// adapter (grpc_service.cc) calls these around CheckpointRegistry.
+// coordinator's checkpoint flow (server/checkpoint_flow.cc) calls these
+// around CheckpointRegistry.
 //
 //   CheckpointRegistryOptions options;
 //   options.verify_files = VerifyShardFiles;         // at commit
@@ -67,8 +68,11 @@ absl::StatusOr<std::string> CheckpointDirectoryUnder(absl::string_view root,
 // Unavailable when a file operation fails (names it and errno).
 absl::Status WriteManifestFile(absl::string_view root, const shardline::v1::Manifest& manifest);
 
-// Reads <directory>/manifest.json back. Errors: NotFound: no file;
-// DataLoss: it does not parse; Unavailable: it cannot be read.
+// Reads <directory>/manifest.json back (protobuf JSON of a v1.Manifest;
+// unknown fields are skipped, so a newer writer's manifest reads). The one
+// reader of manifest.json: the coordinator's repair and shardctl --dir use
+// it. Errors: NotFound "no file '<path>'"; DataLoss: it does not parse;
+// FileError (common/files.h) when it cannot be read.
 absl::StatusOr<shardline::v1::Manifest> ReadManifestFile(absl::string_view directory);
 
 // Writes <root>/LATEST = checkpoint_id + "\n" atomically (creating the root

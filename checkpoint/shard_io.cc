@@ -19,6 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/geometry.h"
+#include "common/files.h"
 
 namespace shardline::checkpoint {
 namespace {
@@ -160,19 +162,6 @@ absl::StatusOr<std::vector<int64_t>> ShapeOf(const v1::SavedTensor& t) {
   return shape;
 }
 
-uint64_t ElementBytes(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32:
-    case v1::DTYPE_INT32:
-      return 4;
-    case v1::DTYPE_FLOAT16:
-    case v1::DTYPE_BFLOAT16:
-      return 2;
-    default:
-      return 0;
-  }
-}
-
 // Checks one piece against its tensor and returns its slice geometry.
 absl::StatusOr<SliceGeom> GeomOfPiece(const v1::SavedTensor& t, const std::vector<int64_t>& shape,
                                       const v1::SavedPiece& p, int index, uint64_t element_bytes) {
@@ -215,22 +204,6 @@ absl::StatusOr<SliceGeom> GeomOfPiece(const v1::SavedTensor& t, const std::vecto
 
 // --- POSIX helpers -----------------------------------------------------------
 
-absl::Status ErrnoStatus(int error, const std::string& what) {
-  return absl::ErrnoToStatus(error, what);
-}
-
-absl::Status FsyncDirectory(const std::string& directory) {
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open directory '", directory, "'"));
-  const int synced = ::fsync(fd);
-  const int sync_errno = errno;
-  ::close(fd);
-  if (synced != 0) {
-    return ErrnoStatus(sync_errno, absl::StrCat("cannot fsync directory '", directory, "'"));
-  }
-  return absl::OkStatus();
-}
-
 // mkdir -p; the parent of every directory it creates is fsync'ed so that the
 // new entries survive a crash.
 absl::Status MakeDirs(const std::string& directory) {
@@ -244,12 +217,12 @@ absl::Status MakeDirs(const std::string& directory) {
     if (::mkdir(path.c_str(), 0755) == 0) {
       if (absl::Status s = FsyncDirectory(parent); !s.ok()) return s;
     } else if (errno != EEXIST) {
-      return ErrnoStatus(errno, absl::StrCat("cannot create checkpoint directory '", path, "'"));
+      return FileError(errno, "cannot create checkpoint directory", path);
     }
   }
   struct stat st;
   if (::stat(directory.c_str(), &st) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("cannot stat checkpoint directory '", directory, "'"));
+    return FileError(errno, "cannot stat checkpoint directory", directory);
   }
   if (!S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(
@@ -263,7 +236,7 @@ absl::Status WriteAll(int fd, const char* p, uint64_t bytes, const std::string& 
     const ssize_t n = ::write(fd, p, std::min<uint64_t>(bytes, kIoChunk));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus(errno, absl::StrCat("cannot write '", path, "'"));
+      return FileError(errno, "cannot write", path);
     }
     p += n;
     bytes -= static_cast<uint64_t>(n);
@@ -278,7 +251,7 @@ absl::Status PreadAll(int fd, char* p, uint64_t bytes, uint64_t offset, const st
         ::pread(fd, p, std::min<uint64_t>(bytes, kIoChunk), static_cast<off_t>(offset));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus(errno, absl::StrCat("cannot read '", path, "'"));
+      return FileError(errno, "cannot read", path);
     }
     if (n == 0) {
       return absl::DataLossError(absl::StrCat("checkpoint file '", path, "' ends at byte ",
@@ -336,18 +309,17 @@ class FileCache {
     if (f.fd < 0) {
       const int e = errno;
       if (e == ENOENT || e == ENOTDIR) {
-        // ErrnoToStatus for the (thread-safe) errno text, as DataLoss.
         return absl::DataLossError(
-            ErrnoStatus(e, absl::StrCat("checkpoint file '", f.path, "' of ", user, " is missing"))
+            FileError(e, absl::StrCat("checkpoint file of ", user, " is missing:"), f.path)
                 .message());
       }
-      return ErrnoStatus(e, absl::StrCat("cannot open checkpoint file '", f.path, "' of ", user));
+      return FileError(e, absl::StrCat("cannot open checkpoint file of ", user, ":"), f.path);
     }
     struct stat st;
     if (::fstat(f.fd, &st) != 0) {
       const int e = errno;
       ::close(f.fd);
-      return ErrnoStatus(e, absl::StrCat("cannot stat '", f.path, "'"));
+      return FileError(e, "cannot stat", f.path);
     }
     f.size = static_cast<uint64_t>(st.st_size);
     auto rec = recorded_size_.find(rel);
@@ -642,7 +614,7 @@ absl::StatusOr<v1::ReportShardRequest> WriteShard(const std::string& directory, 
   const std::string path = absl::StrCat(directory, "/", name);
   const std::string temp = absl::StrCat(path, ".tmp-", ::getpid(), "-", temp_counter++);
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot create '", temp, "'"));
+  if (fd < 0) return FileError(errno, "cannot create", temp);
   auto fail = [&](absl::Status s, bool close_fd) {
     if (close_fd) ::close(fd);
     ::unlink(temp.c_str());
@@ -684,13 +656,13 @@ absl::StatusOr<v1::ReportShardRequest> WriteShard(const std::string& directory, 
     offset += bytes;
   }
   if (::fsync(fd) != 0) {
-    return fail(ErrnoStatus(errno, absl::StrCat("cannot fsync '", temp, "'")), true);
+    return fail(FileError(errno, "cannot fsync", temp), true);
   }
   if (::close(fd) != 0) {
-    return fail(ErrnoStatus(errno, absl::StrCat("cannot close '", temp, "'")), false);
+    return fail(FileError(errno, "cannot close", temp), false);
   }
   if (::rename(temp.c_str(), path.c_str()) != 0) {
-    return fail(ErrnoStatus(errno, absl::StrCat("cannot rename '", temp, "' to '", path, "'")),
+    return fail(FileError(errno, absl::StrCat("cannot rename to '", path, "':"), temp),
                 false);
   }
   if (absl::Status s = FsyncDirectory(directory); !s.ok()) return s;
@@ -841,7 +813,7 @@ VerifyReport VerifyCheckpoint(const v1::Manifest& manifest, const std::string& d
       problem(shape.status());
       continue;
     }
-    const uint64_t element_bytes = ElementBytes(t.dtype());
+    const uint64_t element_bytes = DTypeBytes(t.dtype());
     if (element_bytes == 0) {
       problem(absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has dtype ",
                                                       v1::DType_Name(t.dtype()),

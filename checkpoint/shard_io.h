@@ -1,4 +1,4 @@
-// Checkpoint shard I/O (DESIGN.md "Checkpoints"; checkpoint.proto): what one
+// Checkpoint shard I/O (docs/ARCHITECTURE.md "Checkpoints"; checkpoint.proto): what one
 // rank writes, how any later layout reads it back, and how a committed
 // checkpoint is verified.
 //
@@ -75,7 +75,7 @@ std::string ShardFileName(int rank);
 // Durable and atomic: written to a temporary name in `directory`, fsync'ed,
 // renamed, then the directory is fsync'ed; `directory` is created with its
 // parents when missing. A rank whose runs are all empty writes no file and
-// reports nothing (a rank whose shard is all padding, CASES.md C4).
+// reports nothing (a rank whose shard is all padding: field case C4).
 //
 // Errors: InvalidArgument for a negative rank or a malformed run (see
 // ValidateRun), or runs of one tensor with different global shapes; for I/O

@@ -1,4 +1,4 @@
-// Shard files on disk: CASES.md C1 and C4 through real files, tp-split
+// Shard files on disk: field cases C1 and C4 through real files, tp-split
 // round trips across layouts, corruption, and the asynchronous writer.
 #include "checkpoint/shard_io.h"
 

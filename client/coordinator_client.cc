@@ -1,5 +1,7 @@
 #include "client/coordinator_client.h"
 
+#include "common/grpc_status.h"
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -173,9 +175,10 @@ absl::StatusOr<ConnectionOptions> ConnectionFlags::Resolve(
 
 absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions& o,
                             absl::string_view rpc) {
-  if (status.ok()) return absl::OkStatus();
-  const auto code = static_cast<absl::StatusCode>(status.error_code());
-  const std::string& message = status.error_message();
+  const absl::Status plain = ::shardline::FromGrpcStatus(status);  // common/grpc_status.h
+  if (plain.ok()) return plain;
+  const absl::StatusCode code = plain.code();
+  const std::string message(plain.message());
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE: {
       const std::string reason = TransportReason(message, o);
@@ -231,7 +234,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions&
                                                absl::StatusCodeToString(code),
                                                " and no message from the coordinator"));
       }
-      return absl::Status(code, message);
+      return plain;
   }
 }
 

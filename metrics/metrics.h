@@ -1,5 +1,5 @@
 // The coordinator's Prometheus metrics and a tiny HTTP/1.1 server that
-// serves them (text exposition format 0.0.4) on GET /metrics.
+// serves them (the worker serves its own series through the same server) (text exposition format 0.0.4) on GET /metrics.
 //
 //   Metrics metrics([&] { return SnapshotJobs(coordinator); });
 //   metrics.CountJoin();
@@ -19,9 +19,10 @@
 // Streams (Session, WatchJob) observe their whole lifetime.
 //
 // The HTTP server is for a scraper on a trusted network: no TLS, no auth.
-// One thread serves one connection at a time: a request is at most
-// kMaxRequestBytes and must arrive within kRequestTimeout, every answer is
-// "Connection: close".
+// One thread accepts; each connection gets a thread of its own, at most
+// kMaxConnections at once (more are answered 503 at once); a request is at
+// most kMaxRequestBytes and must arrive within kRequestTimeout; every answer
+// is "Connection: close".
 //
 // Thread-safety: Metrics is thread-safe; the job snapshot callback is called
 // from the HTTP thread without any Metrics lock held.
@@ -96,8 +97,9 @@ class Metrics {
 // Escapes a label value for the exposition format (\\, \", \n).
 std::string EscapeLabelValue(absl::string_view value);
 
-// GET /metrics over HTTP/1.1 on one thread. Lifecycle: Start → serving →
-// Stop (or destruction). Thread-safe.
+// GET /metrics over HTTP/1.1: an accepting thread and a thread per
+// connection (see the file comment). Lifecycle: Start → serving → Stop (or
+// destruction). Thread-safe.
 class MetricsHttpServer {
  public:
   static constexpr size_t kMaxRequestBytes = 8192;

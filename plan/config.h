@@ -65,7 +65,7 @@ absl::string_view PrecisionName(Precision precision);
 absl::StatusOr<Precision> ParsePrecision(absl::string_view name);
 
 // How one job is spread over ranks. world_size = tp * pp * dp; ranks are laid
-// out tp fastest, then dp, then pp (DESIGN.md, "Rank layout").
+// out tp fastest, then dp, then pp (docs/ARCHITECTURE.md, "Rank layout").
 struct ParallelConfig {
   int tp = 1;          // tensor-parallel degree
   int pp = 1;          // pipeline-parallel degree (stages)

@@ -155,7 +155,7 @@ void ExpectTimelineConsistent(const PipelineSchedule& s) {
 // Exhaustive properties for small pp, vpp, m: every (micro-batch, chunk) has
 // exactly one F and one B on its owning rank, F before B, warmup is the F
 // count before the first B, the timeline is consistent, and the bubble
-// formulas of DESIGN.md hold exactly.
+// formulas of docs/ARCHITECTURE.md hold exactly.
 TEST(ScheduleTest, ExhaustivePropertiesAndBubbleFormulas) {
   int built = 0, rejected = 0;
   for (ScheduleKind kind :

@@ -1,4 +1,4 @@
-// Rank layout and process groups for tp x dp x pp (DESIGN.md "Rank layout").
+// Rank layout and process groups for tp x dp x pp (docs/ARCHITECTURE.md "Rank layout").
 //
 //   absl::StatusOr<Topology> t = Topology::Create(/*tp=*/2, /*pp=*/2, /*dp=*/4);
 //   t->RankOf({.tp_rank = 1, .dp_rank = 2, .pp_rank = 1});   // 13

@@ -35,7 +35,7 @@ struct ShardRange {
   bool operator==(const ShardRange& o) const { return begin == o.begin && end == o.end; }
 };
 
-// padded = ceil(numel / (dp * alignment)) * dp * alignment (DESIGN.md "ZeRO
+// padded = ceil(numel / (dp * alignment)) * dp * alignment (docs/ARCHITECTURE.md "ZeRO
 // shard rule"). Preconditions: numel >= 0, dp >= 1, alignment >= 1.
 int64_t PaddedNumel(int64_t numel, int dp, int64_t alignment);
 

@@ -20,7 +20,7 @@
 #include "server/checkpoint_registry.h"
 #include "common/clock.h"
 #include "server/coordinator.h"
-#include "server/grpc_service.h"
+#include "server/rpc/coordinator_server.h"
 #include "testing/grpc_test_util.h"
 #include "server/rendezvous.h"
 #include "server/state_store.h"

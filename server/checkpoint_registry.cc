@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "checkpoint/geometry.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace shardline::server {
@@ -19,47 +20,6 @@ namespace v1 = ::shardline::v1;
 
 constexpr char kRestartReason[] = "coordinator restarted while the checkpoint was pending";
 constexpr char kDataLossPrefix[] = "DATA_LOSS: ";
-// General exact-cover path: most contiguous runs examined per tensor.
-constexpr size_t kMaxRunsPerTensor = size_t{1} << 25;
-
-uint64_t DTypeSize(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32:
-    case v1::DTYPE_INT32:
-      return 4;
-    case v1::DTYPE_FLOAT16:
-    case v1::DTYPE_BFLOAT16:
-      return 2;
-    case v1::DTYPE_INT64:
-      return 8;
-    case v1::DTYPE_UINT8:
-      return 1;
-    default:
-      return 0;
-  }
-}
-
-// a * b, or nullopt on uint64 overflow.
-std::optional<uint64_t> Mul(uint64_t a, uint64_t b) {
-  if (a != 0 && b > UINT64_MAX / a) return std::nullopt;
-  return a * b;
-}
-
-std::optional<uint64_t> Numel(const google::protobuf::RepeatedField<uint64_t>& shape) {
-  uint64_t n = 1;
-  for (uint64_t d : shape) {
-    std::optional<uint64_t> m = Mul(n, d);
-    if (!m) return std::nullopt;
-    n = *m;
-  }
-  return n;
-}
-
-uint64_t SliceVolume(const v1::TensorSlice& slice) {
-  uint64_t n = 1;
-  for (const v1::DimSlice& d : slice.dims()) n *= d.length();  // validated: <= numel
-  return n;
-}
 
 google::protobuf::Timestamp ToProto(absl::Time t) {
   google::protobuf::Timestamp ts;
@@ -78,26 +38,6 @@ std::string JoinDir(absl::string_view dir, absl::string_view id) {
   return absl::StrCat(dir, "/", id);
 }
 
-std::string SliceString(const v1::TensorSlice& slice) {
-  std::vector<std::string> parts;
-  for (const v1::DimSlice& d : slice.dims()) {
-    parts.push_back(absl::StrCat(d.offset(), ":", d.offset() + d.length()));
-  }
-  return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
-}
-
-std::string ShapeString(const google::protobuf::RepeatedField<uint64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
-}
-
-bool PathOk(absl::string_view path) {
-  if (path.empty() || path.front() == '/') return false;
-  for (absl::string_view part : absl::StrSplit(path, '/')) {
-    if (part == "..") return false;
-  }
-  return true;
-}
-
 // The content of a report that must be identical on a repeat: no fence, no
 // checkpoint_id, piece ranks set to the reporting rank.
 v1::ReportShardRequest Normalized(const v1::ReportShardRequest& r, uint32_t rank) {
@@ -110,225 +50,7 @@ v1::ReportShardRequest Normalized(const v1::ReportShardRequest& r, uint32_t rank
   return n;
 }
 
-// Checks one report in itself (INVALID_ARGUMENT naming the field).
-absl::Status ValidateReport(const v1::ReportShardRequest& r) {
-  if (r.rng_state().size() > kMaxRngStateBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat("rng_state is %d bytes; at most %d allowed",
-                                                      r.rng_state().size(), kMaxRngStateBytes));
-  }
-  std::map<std::string, uint64_t> file_size;
-  for (int i = 0; i < r.files_size(); ++i) {
-    const v1::ShardFile& f = r.files(i);
-    if (!PathOk(f.path())) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("files[%d].path \"%s\" must be a non-empty path "
-                          "relative to the checkpoint "
-                          "directory, not absolute and without \"..\"",
-                          i, f.path()));
-    }
-    if (!file_size.emplace(f.path(), f.size_bytes()).second) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("files[%d].path \"%s\" is listed twice", i, f.path()));
-    }
-  }
-  std::set<std::string> names;
-  for (int ti = 0; ti < r.tensors_size(); ++ti) {
-    const v1::SavedTensor& t = r.tensors(ti);
-    if (t.name().empty()) {
-      return absl::InvalidArgumentError(absl::StrFormat("tensors[%d].name is empty", ti));
-    }
-    const std::string where = absl::StrFormat("tensor \"%s\"", t.name());
-    if (!names.insert(t.name()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(where, " is reported twice"));
-    }
-    const uint64_t esize = DTypeSize(t.dtype());
-    if (esize == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: dtype %d is unspecified or unknown", where, t.dtype()));
-    }
-    const std::optional<uint64_t> numel = Numel(t.global_shape());
-    if (!numel) {
-      return absl::InvalidArgumentError(absl::StrFormat("%s: global_shape %s overflows 64 bits",
-                                                        where, ShapeString(t.global_shape())));
-    }
-    for (int pi = 0; pi < t.pieces_size(); ++pi) {
-      const v1::SavedPiece& p = t.pieces(pi);
-      const std::string pw = absl::StrFormat("%s: pieces[%d]", where, pi);
-      if (p.slice().dims_size() != t.global_shape_size()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s.slice has %d dims; global_shape %s has %d", pw, p.slice().dims_size(),
-            ShapeString(t.global_shape()), t.global_shape_size()));
-      }
-      for (int d = 0; d < p.slice().dims_size(); ++d) {
-        const v1::DimSlice& ds = p.slice().dims(d);
-        const uint64_t extent = t.global_shape(d);
-        if (ds.offset() > extent || ds.length() > extent - ds.offset()) {
-          return absl::InvalidArgumentError(
-              absl::StrFormat("%s.slice.dims[%d] = offset %d + length %d is "
-                              "outside global_shape[%d] = %d",
-                              pw, d, ds.offset(), ds.length(), d, extent));
-        }
-      }
-      const uint64_t volume = SliceVolume(p.slice());
-      if (p.range().begin() >= p.range().end() || p.range().end() > volume) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s.range [%d, %d) must be non-empty and inside "
-            "its slice %s of %d elements",
-            pw, p.range().begin(), p.range().end(), SliceString(p.slice()), volume));
-      }
-      auto f = file_size.find(p.file());
-      if (f == file_size.end()) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s.file \"%s\" is not in files", pw, p.file()));
-      }
-      const uint64_t want = (p.range().end() - p.range().begin()) * esize;  // <= numel*8
-      if (p.byte_length() != want) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s.byte_length = %d; expected %d elements * %d bytes = %d", pw,
-                            p.byte_length(), p.range().end() - p.range().begin(), esize, want));
-      }
-      if (p.byte_offset() > f->second || p.byte_length() > f->second - p.byte_offset()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: bytes [%d, %d) are beyond the %d bytes of file \"%s\"", pw, p.byte_offset(),
-            p.byte_offset() + p.byte_length(), f->second, p.file()));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
-struct Run {
-  uint64_t begin;
-  uint64_t end;
-  uint32_t rank;
-  bool operator<(const Run& o) const { return std::tie(begin, end) < std::tie(o.begin, o.end); }
-};
-
-// Appends the global row-major runs of a validated piece; false if over `cap`.
-bool AppendRuns(const v1::SavedTensor& t, const v1::SavedPiece& p, size_t cap,
-                std::vector<Run>* runs) {
-  const int n = t.global_shape_size();
-  if (n == 0) {  // scalar: the one element
-    runs->push_back({0, 1, p.rank()});
-    return runs->size() <= cap;
-  }
-  std::vector<uint64_t> stride(n);
-  stride[n - 1] = 1;
-  for (int i = n - 2; i >= 0; --i) stride[i] = stride[i + 1] * t.global_shape(i + 1);
-  // Blocks of `block` slice elements are contiguous globally: dims after j
-  // are full, dim j is partial (or j == 0).
-  int j = n - 1;
-  uint64_t block = p.slice().dims(j).length();
-  while (j > 0 && p.slice().dims(j).length() == t.global_shape(j)) {
-    --j;
-    block *= p.slice().dims(j).length();
-  }
-  const uint64_t b = p.range().begin(), e = p.range().end();
-  for (uint64_t q = b / block; q * block < e; ++q) {
-    // Global flat index of block q's first element.
-    uint64_t rest = q, base = p.slice().dims(j).offset() * stride[j];
-    for (int i = j - 1; i >= 0; --i) {
-      const uint64_t len = p.slice().dims(i).length();
-      base += (p.slice().dims(i).offset() + rest % len) * stride[i];
-      rest /= len;
-    }
-    const uint64_t lo = std::max(b, q * block) - q * block;
-    const uint64_t hi = std::min(e, (q + 1) * block) - q * block;
-    runs->push_back({base + lo, base + hi, p.rank()});
-    if (runs->size() > cap) return false;
-  }
-  return true;
-}
-
 }  // namespace
-
-absl::Status CheckExactCover(const v1::SavedTensor& t) {
-  const uint64_t numel = *Numel(t.global_shape());
-  const std::string where =
-      absl::StrFormat("tensor \"%s\" (global_shape %s)", t.name(), ShapeString(t.global_shape()));
-  // Fast path: pieces grouped by slice; each slice's ranges tile it, and the
-  // distinct slices are disjoint and add up to the tensor.
-  struct Box {
-    const v1::TensorSlice* slice;
-    std::vector<Run> ranges;  // slice-local
-  };
-  std::map<std::string, Box> boxes;
-  for (const v1::SavedPiece& p : t.pieces()) {
-    Box& box = boxes[p.slice().SerializeAsString()];
-    box.slice = &p.slice();
-    box.ranges.push_back({p.range().begin(), p.range().end(), p.rank()});
-  }
-  bool fast = true;
-  uint64_t total = 0;
-  for (auto& [key, box] : boxes) {
-    std::sort(box.ranges.begin(), box.ranges.end());
-    uint64_t cursor = 0;
-    uint32_t last_rank = 0;
-    for (const Run& r : box.ranges) {
-      if (r.begin < cursor) {
-        return absl::DataLossError(absl::StrFormat(
-            "%s: elements [%d, %d) of slice %s are saved twice "
-            "(ranks %d and %d)",
-            where, r.begin, std::min(cursor, r.end), SliceString(*box.slice), last_rank, r.rank));
-      }
-      if (r.begin > cursor) fast = false;
-      cursor = r.end;
-      last_rank = r.rank;
-    }
-    const uint64_t volume = SliceVolume(*box.slice);
-    if (cursor != volume) fast = false;
-    total += volume;
-  }
-  if (fast && total == numel) {
-    std::vector<const v1::TensorSlice*> list;
-    for (const auto& [key, box] : boxes) list.push_back(box.slice);
-    for (size_t a = 0; a < list.size() && fast; ++a) {
-      for (size_t b = a + 1; b < list.size() && fast; ++b) {
-        bool intersect = true;
-        for (int d = 0; d < list[a]->dims_size(); ++d) {
-          const v1::DimSlice &x = list[a]->dims(d), &y = list[b]->dims(d);
-          if (x.offset() + x.length() <= y.offset() || y.offset() + y.length() <= x.offset()) {
-            intersect = false;
-            break;
-          }
-        }
-        if (intersect) fast = false;
-      }
-    }
-    if (fast) return absl::OkStatus();
-  }
-  // General path: global row-major runs.
-  std::vector<Run> runs;
-  for (const v1::SavedPiece& p : t.pieces()) {
-    if (!AppendRuns(t, p, kMaxRunsPerTensor, &runs)) {
-      return absl::DataLossError(
-          absl::StrFormat("%s: pieces are too fragmented to verify (over %d contiguous runs)",
-                          where, kMaxRunsPerTensor));
-    }
-  }
-  std::sort(runs.begin(), runs.end());
-  uint64_t cursor = 0;
-  uint32_t last_rank = 0;
-  for (const Run& r : runs) {
-    if (r.begin > cursor) {
-      return absl::DataLossError(absl::StrFormat(
-          "%s: elements [%d, %d) (global row-major) are in no piece", where, cursor, r.begin));
-    }
-    if (r.begin < cursor) {
-      return absl::DataLossError(
-          absl::StrFormat("%s: elements [%d, %d) (global row-major) are saved twice (ranks %d "
-                          "and %d)",
-                          where, r.begin, std::min(cursor, r.end), last_rank, r.rank));
-    }
-    cursor = r.end;
-    last_rank = r.rank;
-  }
-  if (cursor != numel) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s: elements [%d, %d) (global row-major) are in no piece", where, cursor, numel));
-  }
-  return absl::OkStatus();
-}
 
 std::string CheckpointRegistry::CheckpointId(uint64_t generation, uint64_t step) {
   return absl::StrFormat("ckpt-step%012d-gen%d", step, generation);
@@ -341,6 +63,8 @@ absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Create(
   if (!records.ok()) return records.status();
   absl::StatusOr<std::vector<Record>> latest = store->Scan(kCheckpointLatestKind);
   if (!latest.ok()) return latest.status();
+  absl::StatusOr<std::vector<Record>> marks = store->Scan(kCheckpointUnusableKind);
+  if (!marks.ok()) return marks.status();
 
   std::vector<Mutation> rewrites;
   {
@@ -384,6 +108,14 @@ absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Create(
       e.reports.resize(m->world_size());
       e.manifest = std::move(m);
     }
+    for (const Record& rec : *marks) {
+      const size_t slash = rec.key.find('/');
+      if (slash == std::string::npos || slash == 0 || slash + 1 == rec.key.size()) {
+        return absl::DataLossError(absl::StrFormat(
+            "checkpoint_unusable record \"%s\" is not \"<job_id>/<checkpoint_id>\"", rec.key));
+      }
+      reg->jobs_[rec.key.substr(0, slash)].unusable[rec.key.substr(slash + 1)] = rec.value;
+    }
     for (const Record& rec : *latest) {
       v1::CheckpointRef ref;
       if (!ref.ParseFromString(rec.value)) {
@@ -406,6 +138,14 @@ absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Create(
     // registry, but harmless): the newest committed step.
     for (auto& [job_id, job] : reg->jobs_) {
       if (job.latest_id.empty()) job.latest_id = job.NewestUsableCommitted();
+    }
+    // A pointer that names a marked checkpoint (the state of a previous
+    // version whose pointer write failed after its mark): moved and
+    // rewritten.
+    for (auto& [job_id, job] : reg->jobs_) {
+      if (job.latest_id.empty() || job.unusable.count(job.latest_id) == 0) continue;
+      job.latest_id = job.NewestUsableCommitted();
+      rewrites.push_back(reg->LatestPointerLocked(job_id, job));
     }
   }
   if (!rewrites.empty()) {
@@ -631,7 +371,7 @@ absl::StatusOr<ReportShardResult> CheckpointRegistry::ReportShard(absl::string_v
                                                                   uint64_t generation,
                                                                   const ShardReport& report) {
   const std::string& id = report.request.checkpoint_id();
-  if (absl::Status s = ValidateReport(report.request); !s.ok()) return s;
+  if (absl::Status s = checkpoint::ValidateShardReport(report.request); !s.ok()) return s;
   ShardReport normalized = report;
   normalized.request = Normalized(report.request, report.rank);
 
@@ -703,7 +443,7 @@ absl::StatusOr<ReportShardResult> CheckpointRegistry::ReportShard(absl::string_v
           absl::StrFormat("tensor \"%s\": dtype %s global_shape %s disagrees with rank %d's "
                           "dtype %s "
                           "global_shape [%s]",
-                          t.name(), v1::DType_Name(t.dtype()), ShapeString(t.global_shape()),
+                          t.name(), v1::DType_Name(t.dtype()), checkpoint::ShapeString(t.global_shape()),
                           meta->second.first_rank, v1::DType_Name(meta->second.dtype),
                           absl::StrJoin(meta->second.global_shape, ",")));
     }
@@ -774,7 +514,7 @@ absl::Status CheckpointRegistry::CommitLocked(const std::string& job_id, const s
   }
   for (const v1::SavedTensor& t : manifest->tensors()) {
     if (!status.ok()) break;
-    status = CheckExactCover(t);
+    status = checkpoint::CheckExactCover(t);
   }
   if (status.ok() && options_.verify_files) status = options_.verify_files(*manifest);
   if (status.ok()) {
@@ -951,7 +691,12 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointRegistry::List(
   });
   v1::ListCheckpointsResponse response;
   for (size_t i = 0; i < list.size() && i < page_size; ++i) {
-    *response.add_checkpoints() = SummaryLocked(*list[i]);
+    v1::CheckpointSummary* c = response.add_checkpoints();
+    *c = SummaryLocked(*list[i]);
+    if (auto mark = job->second.unusable.find(c->checkpoint_id());
+        mark != job->second.unusable.end()) {
+      c->set_unusable_reason(mark->second);
+    }
   }
   if (list.size() > page_size) {
     const v1::Manifest& last = *list[page_size - 1]->manifest;
@@ -981,6 +726,10 @@ absl::StatusOr<v1::Manifest> CheckpointRegistry::GetManifest(
       return absl::NotFoundError(absl::StrFormat("no checkpoint \"%s\" in job \"%s\"", id, job_id));
     }
     m = BuildManifestLocked(*e);
+    const JobCheckpoints& job = jobs_.find(job_id)->second;
+    if (auto mark = job.unusable.find(id); mark != job.unusable.end()) {
+      m.set_unusable_reason(mark->second);
+    }
   }
   if (tensors.empty()) return m;
   std::set<std::string> wanted(tensors.begin(), tensors.end());
@@ -1005,32 +754,65 @@ std::string CheckpointRegistry::JobCheckpoints::NewestUsableCommitted() const {
   return newest;
 }
 
+Mutation CheckpointRegistry::LatestPointerLocked(const std::string& job_id,
+                                                 const JobCheckpoints& job) const {
+  if (job.latest_id.empty()) {
+    return Mutation::Delete(std::string(kCheckpointLatestKind), job_id);
+  }
+  v1::CheckpointRef ref;
+  ref.set_checkpoint_id(job.latest_id);
+  ref.set_step(job.entries.at(job.latest_id).manifest->step());
+  return Mutation::Put(std::string(kCheckpointLatestKind), job_id, ref.SerializeAsString());
+}
+
 absl::Status CheckpointRegistry::MarkUnusable(absl::string_view job_id,
-                                              absl::string_view checkpoint_id) {
+                                              absl::string_view checkpoint_id,
+                                              absl::string_view reason) {
+  if (job_id.empty() || checkpoint_id.empty() || reason.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "an unusable mark needs a job_id, a checkpoint_id and a reason (got \"%s\", \"%s\", "
+        "\"%s\")",
+        job_id, checkpoint_id, reason));
+  }
   std::vector<Mutation> writes;
   {
     absl::MutexLock lock(&mu_);
     JobCheckpoints& job = jobs_[std::string(job_id)];
-    job.unusable.insert(std::string(checkpoint_id));
-    if (job.latest_id != checkpoint_id) return absl::OkStatus();
-    job.latest_id = job.NewestUsableCommitted();
-    if (job.latest_id.empty()) {
-      writes.push_back(Mutation::Delete(std::string(kCheckpointLatestKind), std::string(job_id)));
-    } else {
-      v1::CheckpointRef ref;
-      ref.set_checkpoint_id(job.latest_id);
-      ref.set_step(job.entries.at(job.latest_id).manifest->step());
-      writes.push_back(Mutation::Put(std::string(kCheckpointLatestKind), std::string(job_id),
-                                     ref.SerializeAsString()));
+    if (!job.unusable.emplace(std::string(checkpoint_id), std::string(reason)).second) {
+      return absl::OkStatus();  // already marked: the first reason stands
+    }
+    writes.push_back(Mutation::Put(std::string(kCheckpointUnusableKind),
+                                   StoreKey(job_id, checkpoint_id), std::string(reason)));
+    if (job.latest_id == checkpoint_id) {
+      job.latest_id = job.NewestUsableCommitted();
+      writes.push_back(LatestPointerLocked(std::string(job_id), job));
     }
   }
   if (absl::Status s = store_->Write(writes); !s.ok()) {
     return absl::UnavailableError(absl::StrFormat(
-        "checkpoint %s is marked unusable, but the new latest pointer of job \"%s\" was not "
-        "saved (%s)",
+        "checkpoint %s of job \"%s\" is marked unusable in memory, but the mark was not saved "
+        "(%s)",
         checkpoint_id, job_id, s.ToString()));
   }
   return absl::OkStatus();
+}
+
+std::optional<std::string> CheckpointRegistry::UnusableReason(
+    absl::string_view job_id, absl::string_view checkpoint_id) const {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return std::nullopt;
+  auto mark = job->second.unusable.find(std::string(checkpoint_id));
+  if (mark == job->second.unusable.end()) return std::nullopt;
+  return mark->second;
+}
+
+std::map<std::string, std::string> CheckpointRegistry::UnusableCheckpoints(
+    absl::string_view job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return {};
+  return job->second.unusable;
 }
 
 std::optional<v1::CheckpointRef> CheckpointRegistry::Latest(absl::string_view job_id) const {

@@ -42,7 +42,11 @@
 //       Written PENDING (no ranks, no tensors) when opened; COMMITTED (the
 //       full manifest) at commit; ABORTED (header and reason only) on abort.
 //   kind "checkpoint_latest", key "<job_id>": a v1.CheckpointRef of the
-//       newest COMMITTED checkpoint.
+//       newest COMMITTED checkpoint not marked unusable.
+//   kind "checkpoint_unusable", key "<job_id>/<checkpoint_id>": the reason
+//       a restore found that checkpoint corrupt (MarkUnusable). The
+//       previous version's Coordinator wrote these records in the same
+//       format, so its state files load unchanged.
 // The commit is one atomic batch: the COMMITTED manifest, the moved
 // "checkpoint_latest" pointer, and the deletion of the records of the
 // committed checkpoints it pushes beyond keep_last. A crash at any point
@@ -83,7 +87,12 @@
 //     the commit batch, and returned in ReportShardResult::expired so the
 //     coordinator deletes their directories. The newest is always kept.
 //     Directories of ABORTED checkpoints are deleted by the coordinator when
-//     they abort and again at its start (grpc_service.h, checkpoint_files.h).
+//     they abort and again at its start (server/checkpoint_flow.h,
+//     checkpoint/checkpoint_files.h).
+//   * Unusable marks (server/unusable_marks.h): the registry is their single
+//     owner. A mark and the latest pointer it moves are one atomic batch;
+//     marks are never deleted (also not when retention expires the
+//     checkpoint: its id is never reused).
 //   * AbortPending / Abort / Commit on a checkpoint whose commit is in flight
 //     wait (for the duration of one store write) for its outcome; a commit
 //     whose batch is durable stands: every rank reported it.
@@ -110,8 +119,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "checkpoint/geometry.h"
 #include "common/clock.h"
 #include "server/state_store.h"
+#include "server/unusable_marks.h"
 #include "shardline/v1/checkpoint.pb.h"
 #include "shardline/v1/common.pb.h"
 
@@ -120,9 +131,7 @@ namespace shardline::server {
 // StateStore kinds the registry owns.
 inline constexpr absl::string_view kCheckpointKind = "checkpoint";
 inline constexpr absl::string_view kCheckpointLatestKind = "checkpoint_latest";
-
-// Largest rng_state a rank may report (bytes).
-inline constexpr size_t kMaxRngStateBytes = 1 << 20;
+inline constexpr absl::string_view kCheckpointUnusableKind = "checkpoint_unusable";
 
 // What the coordinator knows when a rank calls BeginCheckpoint (after it
 // checked the fence, that the caller holds a rank, that the job is RUNNING
@@ -189,10 +198,13 @@ struct CheckpointRegistryOptions {
 // Coordinator-side state of every job's checkpoints. Lives as long as the
 // coordinator process; created from the store on start (Create).
 // Thread-safe (see the file comment).
-class CheckpointRegistry {
+class CheckpointRegistry final : public UnusableCheckpointMarks {
  public:
-  // Loads every job's checkpoints from `store` (see "Restart" above).
-  // `store` and `clock` are not owned and must outlive the registry.
+  // Loads every job's checkpoints and unusable marks from `store` (see
+  // "Restart" above); a latest pointer that names a marked checkpoint (a
+  // pointer write that failed after its mark) is moved to the newest usable
+  // one and rewritten. `store` and `clock` are not owned and must outlive
+  // the registry.
   // Errors:
   //   Unavailable: the store could not be read, or the rewrite of pending
   //     records as ABORTED failed (retry the start).
@@ -266,7 +278,8 @@ class CheckpointRegistry {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // ListCheckpoints: newest step first, then newest generation. page_size 0
-  // means 50, above 1000 means 1000. An unknown job lists nothing.
+  // means 50, above 1000 means 1000. An unknown job lists nothing. A
+  // checkpoint marked unusable carries the mark's reason (unusable_reason).
   // Errors: InvalidArgument: page_token malformed or from a call with
   // another include_aborted.
   absl::StatusOr<shardline::v1::ListCheckpointsResponse> List(absl::string_view job_id,
@@ -278,26 +291,35 @@ class CheckpointRegistry {
   // GetManifest: checkpoint_id empty means the newest COMMITTED. A PENDING
   // (or ABORTED) checkpoint's manifest holds the ranks that reported and
   // their tensors. `tensors` non-empty keeps only those (in manifest order).
+  // unusable_reason is the mark's reason, or empty.
   // Errors: NotFound: no such checkpoint; empty id and nothing committed; a
   // name in `tensors` not in the checkpoint (names it).
   absl::StatusOr<shardline::v1::Manifest> GetManifest(
       absl::string_view job_id, absl::string_view checkpoint_id,
       const std::vector<std::string>& tensors = {}) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Marks a checkpoint unusable: a restore found it corrupt (DATA_LOSS) and
-  // the coordinator fell back from it (Coordinator::UnusableCheckpoints,
-  // which holds the marks durably). It stays COMMITTED, so its files can be
-  // inspected, but it is no longer the job's latest: if it was, Latest()
-  // (and GetManifest with an empty id) move to the newest committed
-  // checkpoint not marked, or to none, and that pointer is written to the
-  // store; Begin then accepts any step above the new latest (the job
-  // re-trains the lost steps and must be able to save them). Retention
-  // expires marked checkpoints before usable ones. Marks live in memory:
-  // the caller re-applies every mark after a restart, before anything else.
-  // Idempotent; an unknown id is remembered. Errors: Unavailable: the moved
-  // pointer could not be written (memory has it; a restart recomputes it
-  // from the re-applied marks).
-  absl::Status MarkUnusable(absl::string_view job_id, absl::string_view checkpoint_id)
+  // UnusableCheckpointMarks (server/unusable_marks.h): a restore found the
+  // checkpoint corrupt (DATA_LOSS) and the coordinator fell back from it. It
+  // stays COMMITTED, so its files can be inspected, but it is no longer the
+  // job's latest: if it was, Latest() (and GetManifest with an empty id)
+  // move to the newest committed checkpoint not marked, or to none; the mark
+  // and that pointer are written in one batch. Begin then accepts any step
+  // above the new latest (the job re-trains the lost steps and must be able
+  // to save them). Retention expires marked checkpoints before usable ones.
+  // Idempotent (the first reason stands); an unknown id is remembered.
+  // Errors: InvalidArgument: job_id, checkpoint_id or reason empty;
+  // Unavailable: the batch could not be written (memory has the mark and
+  // the pointer; a restart without them restores neither).
+  absl::Status MarkUnusable(absl::string_view job_id, absl::string_view checkpoint_id,
+                            absl::string_view reason) override ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The reason of the mark on `checkpoint_id`, or nullopt.
+  std::optional<std::string> UnusableReason(absl::string_view job_id,
+                                            absl::string_view checkpoint_id) const override
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Every mark of the job: checkpoint id -> reason. Empty for an unknown job.
+  std::map<std::string, std::string> UnusableCheckpoints(absl::string_view job_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The newest COMMITTED checkpoint not marked unusable (Assignment.restore),
@@ -342,7 +364,7 @@ class CheckpointRegistry {
     std::map<std::string, Entry> entries;  // by checkpoint_id
     std::string active_id;                 // OPENING/PENDING/COMMITTING one, or ""
     std::string latest_id;                 // newest COMMITTED not unusable, or ""
-    std::set<std::string> unusable;        // MarkUnusable
+    std::map<std::string, std::string> unusable;  // MarkUnusable: id -> reason
     // The id of the newest (by step) COMMITTED entry not in `unusable`, or "".
     std::string NewestUsableCommitted() const;
   };
@@ -373,6 +395,9 @@ class CheckpointRegistry {
   absl::Status CommitLocked(const std::string& job_id, const std::string& id,
                             ReportShardResult* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriteBestEffort(const std::vector<Mutation>& mutations) ABSL_LOCKS_EXCLUDED(mu_);
+  // The store record of `job`'s latest pointer (a delete when it has none).
+  Mutation LatestPointerLocked(const std::string& job_id, const JobCheckpoints& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   StateStore* const store_;   // Not owned.
   const Clock* const clock_;  // Not owned.
@@ -383,14 +408,6 @@ class CheckpointRegistry {
   absl::CondVar settled_;
   std::map<std::string, JobCheckpoints, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
 };
-
-// Exact-cover check of one tensor's pieces (exposed for tests and for the
-// restore planner): OK when the pieces cover every element of
-// `global_shape` exactly once. Assumes each piece was validated (slice
-// inside the shape, range non-empty inside the slice). Errors: DataLoss
-// naming the tensor and the first gap or overlap (global element ranges,
-// or slice and ranges).
-absl::Status CheckExactCover(const shardline::v1::SavedTensor& tensor);
 
 }  // namespace shardline::server
 

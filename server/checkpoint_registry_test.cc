@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -353,47 +354,6 @@ TEST_F(CheckpointRegistryTest, MissingExpectedTensorAbortsWithDataLoss) {
   EXPECT_THAT(last.checkpoint.abort_reason(), HasSubstr("\"lm_head\" was saved by no rank"));
 }
 
-TEST(CheckExactCoverTest, GeneralPathAcrossDifferentSlices) {
-  // [4,6]: rows 0-1 saved as part of the whole-tensor slice, rows 2-3 as
-  // their own slice: an exact cover the per-slice fast path cannot prove.
-  v1::SavedTensor t;
-  t.set_name("x");
-  t.add_global_shape(4);
-  t.add_global_shape(6);
-  auto add = [&](uint64_t o0, uint64_t l0, uint64_t o1, uint64_t l1, uint64_t b, uint64_t e,
-                 uint32_t rank) {
-    v1::SavedPiece* p = t.add_pieces();
-    auto* d0 = p->mutable_slice()->add_dims();
-    d0->set_offset(o0);
-    d0->set_length(l0);
-    auto* d1 = p->mutable_slice()->add_dims();
-    d1->set_offset(o1);
-    d1->set_length(l1);
-    p->mutable_range()->set_begin(b);
-    p->mutable_range()->set_end(e);
-    p->set_rank(rank);
-  };
-  add(0, 4, 0, 6, 0, 12, 0);
-  add(2, 2, 0, 6, 0, 12, 1);
-  EXPECT_TRUE(CheckExactCover(t).ok()) << CheckExactCover(t);
-  // Rows 1-2 instead: rows 1 overlaps, row 3 missing.
-  t.mutable_pieces(1)->mutable_slice()->mutable_dims(0)->set_offset(1);
-  absl::Status s = CheckExactCover(t);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("elements [6, 12) (global row-major) are saved twice"));
-  // Column split with a partial range on one side: runs across rows.
-  t.clear_pieces();
-  add(0, 4, 0, 3, 0, 6, 0);
-  add(0, 4, 3, 3, 0, 12, 1);
-  s = CheckExactCover(t);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("[12, 15) (global row-major) are in no piece"));
-  add(0, 4, 3, 3, 0, 12, 2);  // duplicate of rank 1's half
-  s = CheckExactCover(t);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("saved twice (ranks 1 and 2)"));
-}
-
 // C10 (i): rank 2 dies before writing; the generation ends.
 TEST_F(CheckpointRegistryTest, C10RankDiesBeforeWritingLatestStaysAtPreviousStep) {
   const std::string step5 = SaveW4(1, 5);
@@ -609,7 +569,7 @@ TEST_F(CheckpointRegistryTest, ReportValidationNamesTheField) {
   rep.request.mutable_tensors(0)->set_dtype(v1::DTYPE_UNSPECIFIED);
   expect_invalid(rep, "dtype 0 is unspecified");
   rep = W4Report(0, id);
-  rep.request.set_rng_state(std::string(kMaxRngStateBytes + 1, 'x'));
+  rep.request.set_rng_state(std::string(checkpoint::kMaxRngStateBytes + 1, 'x'));
   expect_invalid(rep, "rng_state is 1048577 bytes");
   // C4 overhang: rank 6 saving its padding is refused at report time.
   rep = ReportBuilder(0, id).Piece("w", {8, 6}, {{0, 8}, {0, 3}}, 12, 28).Build();
@@ -750,17 +710,20 @@ TEST_F(CheckpointRegistryTest, MarkUnusableMovesLatestBackAndAllowsResaving) {
   EXPECT_EQ(registry_->Begin(Params(2, 4, 10)).status().code(),
             absl::StatusCode::kFailedPrecondition);
 
-  ASSERT_TRUE(registry_->MarkUnusable(kJob, s10).ok());
-  ASSERT_TRUE(registry_->MarkUnusable(kJob, s10).ok());  // idempotent
+  ASSERT_TRUE(registry_->MarkUnusable(kJob, s10, "crc32c mismatch").ok());
+  ASSERT_TRUE(registry_->MarkUnusable(kJob, s10, "again").ok());  // idempotent
   EXPECT_EQ(registry_->Latest(kJob)->checkpoint_id(), s5);
   EXPECT_EQ(registry_->GetManifest(kJob, "")->checkpoint_id(), s5);
-  // ...it stays COMMITTED and readable by id...
+  // ...it stays COMMITTED and readable by id, with the first reason...
   EXPECT_EQ(registry_->GetManifest(kJob, s10)->state(), v1::CHECKPOINT_STATE_COMMITTED);
-  // ...and the pointer survives a restart (the marks are re-applied by the
-  // caller; the durable pointer already names s5).
+  EXPECT_EQ(registry_->GetManifest(kJob, s10)->unusable_reason(), "crc32c mismatch");
+  EXPECT_EQ(registry_->GetManifest(kJob, s5)->unusable_reason(), "");
+  // ...and the mark and the pointer survive a restart (both durable).
   registry_ = Open();
   EXPECT_EQ(registry_->Latest(kJob)->checkpoint_id(), s5);
-  ASSERT_TRUE(registry_->MarkUnusable(kJob, s10).ok());
+  EXPECT_EQ(registry_->UnusableReason(kJob, s10), "crc32c mismatch");
+  EXPECT_FALSE(registry_->UnusableReason(kJob, s5).has_value());
+  ASSERT_TRUE(registry_->MarkUnusable(kJob, s10, "crc32c mismatch").ok());
 
   // The re-trained step 10 is saved again in generation 2; retention
   // (keep_last 2) drops the corrupt one, not s5.
@@ -772,14 +735,60 @@ TEST_F(CheckpointRegistryTest, MarkUnusableMovesLatestBackAndAllowsResaving) {
   EXPECT_EQ(registry_->Latest(kJob)->checkpoint_id(), again);
 
   // Marking every committed checkpoint leaves no latest, durably.
-  ASSERT_TRUE(registry_->MarkUnusable(kJob, again).ok());
-  ASSERT_TRUE(registry_->MarkUnusable(kJob, s5).ok());
+  ASSERT_TRUE(registry_->MarkUnusable(kJob, again, "short file").ok());
+  ASSERT_TRUE(registry_->MarkUnusable(kJob, s5, "crc32c mismatch").ok());
   EXPECT_FALSE(registry_->Latest(kJob).has_value());
   EXPECT_EQ(registry_->GetManifest(kJob, "").status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(store_.Scan(kCheckpointLatestKind)->empty());
   // An id the registry never saw is remembered and harmless.
-  EXPECT_TRUE(registry_->MarkUnusable("other-job", "ckpt-x").ok());
+  EXPECT_TRUE(registry_->MarkUnusable("other-job", "ckpt-x", "gone").ok());
   EXPECT_FALSE(registry_->Latest("other-job").has_value());
+  EXPECT_EQ(registry_->UnusableReason("other-job", "ckpt-x"), "gone");
+  // A mark needs a reason.
+  EXPECT_EQ(registry_->MarkUnusable(kJob, s5, "").code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The marks are the registry's own durable records: ListCheckpoints shows
+// their reasons, and the records the previous version's Coordinator wrote
+// (kind "checkpoint_unusable", key "<job>/<id>", the reason) load as marks;
+// a latest pointer still naming a marked checkpoint (its pointer write had
+// failed) is moved at Create and rewritten.
+TEST_F(CheckpointRegistryTest, UnusableMarksAreListedAndLoadFromTheStore) {
+  const std::string s5 = SaveW4(1, 5);
+  const std::string s10 = SaveW4(1, 10);
+  ASSERT_TRUE(store_.Write({Mutation::Put(std::string(kCheckpointUnusableKind),
+                                          absl::StrCat(kJob, "/", s10),
+                                          "rank 0 (w0) reported DATA_LOSS: crc")})
+                  .ok());
+  registry_ = Open();
+  EXPECT_EQ(registry_->Latest(kJob)->checkpoint_id(), s5);
+  absl::StatusOr<v1::ListCheckpointsResponse> list = registry_->List(kJob, false, 0, "");
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->checkpoints_size(), 2);
+  EXPECT_EQ(list->checkpoints(0).checkpoint_id(), s10);
+  EXPECT_EQ(list->checkpoints(0).unusable_reason(), "rank 0 (w0) reported DATA_LOSS: crc");
+  EXPECT_EQ(list->checkpoints(1).unusable_reason(), "");
+  EXPECT_EQ(registry_->UnusableCheckpoints(kJob).size(), 1u);
+  // The moved pointer was written: a second restart finds it in the store.
+  absl::StatusOr<std::vector<Record>> latest = store_.Scan(kCheckpointLatestKind);
+  ASSERT_TRUE(latest.ok());
+  ASSERT_EQ(latest->size(), 1u);
+  v1::CheckpointRef ref;
+  ASSERT_TRUE(ref.ParseFromString((*latest)[0].value));
+  EXPECT_EQ(ref.checkpoint_id(), s5);
+  // A mark is written with its pointer in one batch: a failed write fails
+  // the mark (memory keeps it).
+  store_.fail_writes = true;
+  EXPECT_EQ(registry_->MarkUnusable(kJob, s5, "crc").code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(registry_->Latest(kJob).has_value());
+  store_.fail_writes = false;
+  registry_ = Open();
+  EXPECT_EQ(registry_->Latest(kJob)->checkpoint_id(), s5);
+  // A malformed key is DATA_LOSS.
+  ASSERT_TRUE(
+      store_.Write({Mutation::Put(std::string(kCheckpointUnusableKind), "no-slash", "x")}).ok());
+  EXPECT_EQ(CheckpointRegistry::Create(&store_, &clock_).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST_F(CheckpointRegistryTest, KeepLastRetention) {

@@ -1,5 +1,5 @@
 // The coordinator's state machine: jobs, membership, generations and
-// fencing, failure detection, assignments. No gRPC in it (grpc_service.h
+// fencing, failure detection, assignments. No gRPC in it (server/rpc/
 // adapts it); requests and answers are v1 API messages. Rendezvous and
 // checkpoint state live in their own components; this class validates the
 // fence, then the adapter calls them.
@@ -12,7 +12,7 @@
 //   ... min_workers joined and (max_workers joined or last_call passed) ...
 //   coordinator.Tick();                        // RUNNING(1), assignments out
 //
-// Job phases (DESIGN.md "Lifecycle"):
+// Job phases (docs/ARCHITECTURE.md "Coordinator state machine"):
 //
 //   PENDING --min workers--> RUNNING(g) --lost/left/error/grow--> RECOVERING(g+1)
 //      |                        |    ^                                 |
@@ -43,8 +43,21 @@
 // (Recover), workers reconnect their sessions and carry on in the same
 // generation when nothing else changed.
 //
-// Thread-safety: thread-safe. One mutex guards all state; store writes happen
-// under it (ordering), nothing else is called while holding it.
+// Thread-safety: thread-safe. One mutex (mu_) guards all state. While it is
+// held the coordinator writes to the StateStore (so that the store sees the
+// changes in the order they are made), reads the Clock, logs to stderr and
+// runs session wakers (see OpenSession); it never calls the rendezvous or
+// checkpoint components or gRPC: the adapter does that after the call
+// returns (GenerationEnded). The blocking calls (WaitEvents, GetAssignment,
+// NextSessionMessage) release it while they wait; Recover reads the store
+// before taking it.
+//
+// Layout: the class is defined across coordinator.cc (core, JobService,
+// checkpoint notes), coordinator_formation.cc, coordinator_membership.cc,
+// coordinator_failure.cc, coordinator_worker.cc and
+// coordinator_persistence.cc; its records (coordinator_records.h) hold an
+// EventLog (event_log.h) per job and a SessionOutbox (session_outbox.h) per
+// member, and formation.h decides who gets which rank.
 #ifndef SHARDLINE_SERVER_COORDINATOR_H_
 #define SHARDLINE_SERVER_COORDINATOR_H_
 
@@ -64,6 +77,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/state_store.h"
+#include "server/unusable_marks.h"
 #include "shardline/v1/events.pb.h"
 #include "shardline/v1/job.pb.h"
 #include "shardline/v1/plan.pb.h"
@@ -222,30 +236,30 @@ class Coordinator {
   // communicators are broken); the named peer is declared LOST if it is also
   // late or disconnected. Answers RESTART_AT_GENERATION (or STOP).
   //
-  // Restore fallback (DESIGN.md "Checkpoints": a checksum mismatch is
-  // DataLoss and restore falls back to the previous committed checkpoint):
+  // Restore fallback (a checksum mismatch is DataLoss, and restore falls
+  // back to the previous committed checkpoint):
   // when the report ends the current generation, its code is DATA_LOSS and
   // its message or operation names the generation's restore point (the
   // job's last_checkpoint id, as Checkpointer::Restore's errors do), that
-  // checkpoint is marked unusable (durably, with the report as the reason;
-  // it stays COMMITTED and listed in the registry, see
-  // UnusableCheckpoints) and the next generation restores the newest entry
-  // of `committed` that is older (by step) and not unusable, or starts from
+  // checkpoint is marked unusable in `marks` (their owner, the
+  // CheckpointRegistry: durably, before the job record with the new restore
+  // point is written, with the report as the reason; it stays COMMITTED and
+  // listed) and the next generation restores the newest entry of
+  // `committed` that is older (by step) and not marked, or starts from
   // scratch when there is none; the job's phase_reason and a
   // CheckpointAborted event say which. Such a report does not count towards
   // kMaxConsecutiveErrorGenerations (the checkpoint is at fault, not the
   // worker); every further DataLoss moves one checkpoint further back, so
   // it cannot loop. `committed`: the job's COMMITTED checkpoints (any
-  // order; the adapter passes CheckpointRegistry::List's when the code is
-  // DATA_LOSS).
+  // order; server/checkpoint_flow.h passes CheckpointRegistry::List's when
+  // the code is DATA_LOSS). `marks` null: nothing is marked and every entry
+  // of `committed` counts as usable. `marks` is called with this
+  // coordinator's lock held (server/unusable_marks.h).
   // Errors: CheckFence's.
   absl::StatusOr<v1::ReportErrorResponse> ReportError(
       const v1::ReportErrorRequest& request, std::vector<GenerationEnded>* ended,
-      const std::vector<v1::CheckpointRef>& committed = {});
-
-  // Checkpoints of the job that a restore found corrupt (see ReportError),
-  // by id, with why; never restored again. Empty for an unknown job.
-  std::map<std::string, std::string> UnusableCheckpoints(const std::string& job_id) const;
+      const std::vector<v1::CheckpointRef>& committed = {},
+      UnusableCheckpointMarks* marks = nullptr);
 
   // Drains `worker_id` (coordinator.proto DrainWorker): a rank of a RUNNING
   // job with a checkpoint directory is marked draining and every rank is
@@ -276,7 +290,7 @@ class Coordinator {
   // Records a committed checkpoint as the job's latest (the restore point of
   // the next generation) and its step as the job's progress. NotFound.
   //
-  // Growing (DESIGN.md "Lifecycle": RUNNING --grow--> RECOVERING): a worker
+  // Growing (docs/ARCHITECTURE.md "Coordinator state machine": RUNNING --grow--> RECOVERING): a worker
   // that joins a RUNNING job waits as a SPARE; the job grows only here, at a
   // checkpoint boundary, so that nothing trained since the restore point is
   // thrown away. When the job is RUNNING, `ref` is not older (by step) than
@@ -293,30 +307,62 @@ class Coordinator {
   // spare would use. Workers a larger world cannot use (max_workers, or dp
   // not dividing global_batch / micro_batch) stay spares. A job with no
   // checkpoints never grows. Ended generations go to `ended`; when it is
-  // null, the next Tick() returns them.
+  // null, the next Tick() returns them. A checkpoint `marks` holds unusable
+  // (see ReportError) never becomes the restore point; `marks` null: none is.
   absl::Status NoteCheckpointCommitted(const std::string& job_id, const v1::CheckpointRef& ref,
                                        uint64_t total_bytes,
-                                       std::vector<GenerationEnded>* ended = nullptr);
+                                       std::vector<GenerationEnded>* ended = nullptr,
+                                       const UnusableCheckpointMarks* marks = nullptr);
   void NoteCheckpointAborted(const std::string& job_id, const std::string& checkpoint_id,
                              uint64_t step, const std::string& reason);
 
  private:
-  struct Session;
+  // coordinator_records.h.
   struct MemberRecord;
   struct JobRecord;
 
+  // coordinator.cc: the core.
   JobRecord* FindJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const JobRecord* FindJobLocked(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<MemberRecord*> CheckFenceLocked(const v1::Fence& fence, JobRecord** job)
+  void SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // STOP to every live member.
+  void StopAllLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends to the job's EventLog at clock_->Now() in its current generation.
+  void EmitLocked(JobRecord& job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The restore point of `job`'s current generation failed its checksums
+  // (`what`: the report): marks it unusable in `marks` (if any) and ends the
+  // generation with the previous usable committed checkpoint as the
+  // restore point.
+  void FallBackFromRestorePointLocked(JobRecord& job, const std::string& what,
+                                      const std::vector<v1::CheckpointRef>& committed,
+                                      UnusableCheckpointMarks* marks,
+                                      std::vector<GenerationEnded>* ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // coordinator_formation.cc: generations.
+  // Forms the next generation of a PENDING or RECOVERING job once enough
+  // members joined (max_workers, every survivor back, or the last call), or
+  // FAILS it past join_timeout without enough.
   void MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FormGenerationLocked(JobRecord& job, int dp, std::vector<MemberRecord*> candidates)
+  // Forms a generation of `candidates` (its JOINING members, by worker_id)
+  // as FormWorld (formation.h) says.
+  void FormGenerationLocked(JobRecord& job, std::vector<MemberRecord*> candidates)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndGenerationLocked(JobRecord& job, v1::FormationReason reason, const std::string& why,
                            std::vector<GenerationEnded>* ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NoteCheckpointCommitted's grow rule, after `ref` became the restore
+  // point: ends the generation when the spares make a larger world fit.
+  void MaybeGrowLocked(JobRecord& job, const v1::CheckpointRef& ref,
+                       std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::Assignment> GetAssignmentLocked(const JobRecord& job,
+                                                     const MemberRecord& member) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // coordinator_failure.cc: failure policy.
   void LoseMemberLocked(JobRecord& job, MemberRecord& member, v1::LossReason reason,
                         const std::string& detail, std::vector<GenerationEnded>* ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -325,39 +371,23 @@ class Coordinator {
   // when the others cannot form one.
   void ExcludeMemberLocked(JobRecord& job, MemberRecord& member,
                            std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The restore point of `job`'s current generation failed its checksums
-  // (`what`: the report): marks it unusable and ends the generation with
-  // the previous usable committed checkpoint as the restore point.
-  void FallBackFromRestorePointLocked(JobRecord& job, const std::string& what,
-                                      const std::vector<v1::CheckpointRef>& committed,
-                                      std::vector<GenerationEnded>* ended)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // NoteCheckpointCommitted's grow rule, after `ref` became the restore
-  // point: ends the generation when the spares make a larger world fit.
-  void MaybeGrowLocked(JobRecord& job, const v1::CheckpointRef& ref,
-                       std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // coordinator_membership.cc: drain and leave.
   // Takes a drained member out: LEFT, STOP pushed, WorkerLeft emitted; the
   // generation ends when it held a rank of a RUNNING job.
   void RemoveDrainedLocked(JobRecord& job, MemberRecord& member,
                            std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::string& reason)
+
+  // coordinator_worker.cc: fences.
+  absl::StatusOr<MemberRecord*> CheckFenceLocked(const v1::Fence& fence, JobRecord** job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StopAllLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Wakes whoever streams `member`'s session (its CondVar and its waker).
-  void WakeSessionLocked(MemberRecord& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends `member`'s session, if any, and wakes its stream.
-  void EndSessionLocked(MemberRecord& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PushLocked(MemberRecord& member, v1::SessionMessage message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EmitLocked(JobRecord& job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // coordinator_persistence.cc.
   // Writes the job record and the given members; logs and keeps serving on
   // failure (the state in memory stays authoritative until the next write).
   absl::Status PersistLocked(const JobRecord& job, const std::vector<const MemberRecord*>& members)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistAllMembersLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::Assignment> GetAssignmentLocked(const JobRecord& job,
-                                                     const MemberRecord& member) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   StateStore* const store_;

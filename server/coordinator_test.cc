@@ -2,6 +2,7 @@
 // last call, spares, constant global batch), failure detection three ways,
 // fencing, case C9, durability across a restart.
 #include "server/coordinator.h"
+#include "testing/job_specs.h"
 
 #include <cmath>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/time_util.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint_registry.h"
 
 namespace shardline::server {
 namespace {
@@ -25,34 +27,26 @@ class CoordinatorTest : public ::testing::Test {
  protected:
   CoordinatorTest() : store_(NewMemoryStore()) { Restart(); }
 
+  // A new coordinator and checkpoint registry (the owner of the unusable
+  // marks) on the same store, like a restarted process.
   void Restart() {
     coordinator_ = std::make_unique<Coordinator>(&clock_, store_.get());
     ASSERT_TRUE(coordinator_->Recover().ok());
+    absl::StatusOr<std::unique_ptr<CheckpointRegistry>> registry =
+        CheckpointRegistry::Create(store_.get(), &clock_);
+    ASSERT_TRUE(registry.ok()) << registry.status();
+    registry_ = *std::move(registry);
   }
 
-  // L=2, h=8, 2 heads, V=256, s=4; global batch 12 samples of micro-batch 1.
+  // fixtures::SmallSpec (testing/job_specs.h) with `pp` stages, heartbeats
+  // every 1 s, a 10 s heartbeat timeout and a 5 s last call.
   static v1::JobSpec Spec(int min_workers, int max_workers, int pp = 1, int global_batch = 12) {
-    v1::JobSpec spec;
-    spec.set_name("test");
-    v1::ModelConfig* m = spec.mutable_model();
-    m->set_num_layers(2);
-    m->set_hidden_size(8);
-    m->set_num_heads(2);
-    m->set_vocab_size(256);
-    m->set_seq_length(4);
-    spec.mutable_parallel()->set_tp(1);
+    v1::JobSpec spec =
+        fixtures::SmallSpec(min_workers, max_workers, global_batch, absl::Seconds(10));
     spec.mutable_parallel()->set_pp(pp);
-    spec.mutable_training()->set_global_batch(global_batch);
-    spec.mutable_training()->set_micro_batch(1);
-    spec.mutable_training()->set_train_steps(100);
-    spec.mutable_data()->set_dataset_path("/data/tinyshakespeare.txt");
     v1::ElasticPolicy* e = spec.mutable_elastic();
-    e->set_min_workers(min_workers);
-    e->set_max_workers(max_workers);
     *e->mutable_heartbeat_interval() = TimeUtil::SecondsToDuration(1);
-    *e->mutable_heartbeat_timeout() = TimeUtil::SecondsToDuration(10);
     *e->mutable_last_call() = TimeUtil::SecondsToDuration(5);
-    *e->mutable_join_timeout() = TimeUtil::SecondsToDuration(60);
     return spec;
   }
 
@@ -121,6 +115,7 @@ class CoordinatorTest : public ::testing::Test {
   FakeClock clock_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<CheckpointRegistry> registry_;
 };
 
 TEST_F(CoordinatorTest, FormsAtOnceWhenMaxWorkersJoin) {
@@ -1017,11 +1012,12 @@ TEST_F(CoordinatorGrowTest, NoGrowAtTheLastStepFromAnOlderCheckpointOrForDeadSpa
   EXPECT_TRUE(coordinator_->Tick().empty());
 }
 
-// DESIGN.md "Checkpoints": a checksum mismatch is DataLoss and restore
-// falls back to the previous committed checkpoint. Each DataLoss that names
-// the restore point marks it unusable (durably) and moves one checkpoint
-// further back, down to training from scratch; it never loops and does not
-// count as the reporting worker's error streak.
+// docs/ARCHITECTURE.md "Checkpoints": a checksum mismatch is DataLoss and
+// restore falls back to the previous committed checkpoint. Each DataLoss that
+// names the restore point marks it unusable (durably, in the
+// CheckpointRegistry, the marks' owner) and moves one checkpoint further
+// back, down to training from scratch; it never loops and does not count as
+// the reporting worker's error streak.
 TEST_F(CoordinatorTest, RestoreDataLossFallsBackToThePreviousCommittedCheckpoint) {
   Create(Spec(2, 2));
   for (const char* w : {"a", "b"}) ASSERT_TRUE(Join(w).ok());
@@ -1045,7 +1041,7 @@ TEST_F(CoordinatorTest, RestoreDataLossFallsBackToThePreviousCommittedCheckpoint
     r.set_message(message);
     r.set_operation("train");
     std::vector<GenerationEnded> ended;
-    return coordinator_->ReportError(r, &ended, committed);
+    return coordinator_->ReportError(r, &ended, committed, registry_.get());
   };
   auto rejoin = [&](uint64_t generation) {
     for (const char* w : {"a", "b"}) ASSERT_TRUE(Join(w).ok()) << w;
@@ -1060,7 +1056,7 @@ TEST_F(CoordinatorTest, RestoreDataLossFallsBackToThePreviousCommittedCheckpoint
   // A DataLoss that does not name the restore point is an ordinary error.
   ASSERT_TRUE(report("a", 2, absl::StatusCode::kDataLoss, "restoring ckpt-step99-gen1: x").ok());
   EXPECT_EQ(Job().last_checkpoint().checkpoint_id(), "ckpt-step15-gen1");
-  EXPECT_TRUE(coordinator_->UnusableCheckpoints("job").empty());
+  EXPECT_TRUE(registry_->UnusableCheckpoints("job").empty());
   rejoin(3);
 
   // Step 15 is corrupt: generation 4 restores step 10.
@@ -1075,7 +1071,7 @@ TEST_F(CoordinatorTest, RestoreDataLossFallsBackToThePreviousCommittedCheckpoint
   EXPECT_THAT(Job().phase_reason(),
               HasSubstr("falling back to the previous committed checkpoint ckpt-step10-gen1"));
   EXPECT_EQ(Job().last_checkpoint().checkpoint_id(), "ckpt-step10-gen1");
-  EXPECT_THAT(coordinator_->UnusableCheckpoints("job")["ckpt-step15-gen1"],
+  EXPECT_THAT(registry_->UnusableCheckpoints("job")["ckpt-step15-gen1"],
               HasSubstr("crc32c 0x1234"));
   // b's report of the same failure is stale: nothing moves further back.
   EXPECT_EQ(report("b", 3, absl::StatusCode::kDataLoss, "restoring ckpt-step15-gen1: crc")
@@ -1107,7 +1103,7 @@ TEST_F(CoordinatorTest, RestoreDataLossFallsBackToThePreviousCommittedCheckpoint
 
   // The marks and the restore point survive a coordinator restart.
   Restart();
-  EXPECT_EQ(coordinator_->UnusableCheckpoints("job").size(), 2u);
+  EXPECT_EQ(registry_->UnusableCheckpoints("job").size(), 2u);
   EXPECT_EQ(Job().last_checkpoint().checkpoint_id(), "ckpt-step5-gen1");
 
   // Step 5 is corrupt: nothing earlier is left, so training starts over.
@@ -1121,7 +1117,8 @@ TEST_F(CoordinatorTest, RestoreDataLossFallsBackToThePreviousCommittedCheckpoint
   EXPECT_EQ(a.start_step(), 0u);
   // An unusable checkpoint never becomes the restore point again, and the
   // four DataLoss reports from `a` did not exclude it.
-  ASSERT_TRUE(coordinator_->NoteCheckpointCommitted("job", ref(15), 100).ok());
+  ASSERT_TRUE(
+      coordinator_->NoteCheckpointCommitted("job", ref(15), 100, nullptr, registry_.get()).ok());
   EXPECT_FALSE(Job().has_last_checkpoint());
   EXPECT_EQ(Members()["a"].state(), v1::MEMBER_STATE_ACTIVE);
 }

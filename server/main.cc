@@ -26,11 +26,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/flags.h"
+#include "common/log.h"
 #include "checkpoint/checkpoint_files.h"
 #include "server/checkpoint_registry.h"
 #include "common/clock.h"
 #include "server/coordinator.h"
-#include "server/grpc_service.h"
+#include "server/rpc/coordinator_server.h"
 #include "metrics/metrics.h"
 #include "server/rendezvous.h"
 #include "server/state_store.h"
@@ -207,5 +208,6 @@ int main(int argc, char** argv) {
   // coordinator's CPU. The tests keep it (they link the same library and do
   // not come through here).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  shardline::SetLogProgram("shardline-coordinator");
   return shardline::server::Main(argc, argv);
 }

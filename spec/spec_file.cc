@@ -38,7 +38,7 @@ using Json = nlohmann::ordered_json;
 
 // A spec file is a few hundred bytes; anything this large is the wrong file.
 constexpr size_t kMaxSpecBytes = 4 << 20;
-// google.protobuf.Duration's range (seconds), see duration.proto.
+// google.protobuf.Duration's range (seconds), see google/protobuf/duration.proto.
 constexpr int64_t kMaxDurationSeconds = 315576000000;
 
 // The parsed document and where each field path was written ("line:column",

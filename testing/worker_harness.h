@@ -1,6 +1,6 @@
 // A real in-process coordinator for worker tests: the coordinator's
 // components (memory store) behind a gRPC server on 127.0.0.1:0, like
-// server/grpc_service_test.cc's Harness, plus job creation.
+// server/rpc/coordinator_server_test.cc's Harness, plus job creation.
 //
 //   CoordinatorHarness h(/*admin_token=*/"secret");
 //   std::string token = h.CreateJob("job", spec);   // the job's worker token
@@ -21,7 +21,7 @@
 #include "server/checkpoint_registry.h"
 #include "common/clock.h"
 #include "server/coordinator.h"
-#include "server/grpc_service.h"
+#include "server/rpc/coordinator_server.h"
 #include "testing/grpc_test_util.h"
 #include "metrics/metrics.h"
 #include "server/rendezvous.h"

@@ -13,7 +13,7 @@ set -uo pipefail
 DEMO="$1"
 SHARDCTL="$2"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
-BIN="$(cd "$(dirname "$SHARDCTL")/.." && pwd)"
+BIN="$(cd "$(dirname "$SHARDCTL")/../.." && pwd)"  # the runfiles root: BIN/client/shardctl/shardctl
 unset SHARDLINE_COORDINATOR SHARDLINE_TOKEN SHARDLINE_ADMIN_TOKEN SHARDLINE_DEMO_STEPS
 
 start=$(date +%s)

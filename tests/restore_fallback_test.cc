@@ -1,4 +1,4 @@
-// Restore fallback end to end (issue 6; DESIGN.md "Checkpoints": a checksum
+// Restore fallback end to end (issue 6; docs/ARCHITECTURE.md "Checkpoints": a checksum
 // mismatch is DataLoss and restore falls back to the previous committed
 // checkpoint). A real shardline-coordinator and three shardline-worker
 // processes (world 2 and a spare) train with a checkpoint every 5 steps.

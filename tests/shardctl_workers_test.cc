@@ -1,7 +1,7 @@
 // End-to-end: what `shardctl job get`, `members` and `drain` say while
 // workers join, wait for the last call, run and are drained, against the
 // real shardline-coordinator binary with simulated workers
-// (server/grpc_test_util.h). The job: min_workers 2, max_workers 3, a global
+// (testing/grpc_test_util.h). The job: min_workers 2, max_workers 3, a global
 // batch of 4 (dp 2 divides it, dp 3 does not: three workers form a world of
 // 2 and a spare), last call 30 s, a checkpoint directory (so draining a rank
 // waits for a checkpoint).

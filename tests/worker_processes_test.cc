@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
+#include "testing/job_specs.h"
 #include "testing/process_harness.h"
 
 namespace shardline::worker {
@@ -37,33 +38,18 @@ namespace {
 
 namespace v1 = ::shardline::v1;
 
+// fixtures::SmallSpec's model on the real corpus: global_batch 6 is dp 3
+// with three workers, dp 2 with two.
 v1::JobSpec Spec() {
-  v1::JobSpec spec;
+  v1::JobSpec spec = fixtures::SmallSpec(/*min_workers=*/2, /*max_workers=*/3,
+                                         /*global_batch=*/6, absl::Seconds(10));
   spec.set_name("worker-processes");
-  v1::ModelConfig* m = spec.mutable_model();
-  m->set_num_layers(2);
-  m->set_hidden_size(8);
-  m->set_num_heads(2);
-  m->set_vocab_size(256);
-  m->set_seq_length(4);
   spec.mutable_data()->set_dataset_path(Runfile("data/tinyshakespeare.txt"));
   spec.mutable_data()->set_validation_fraction(0.1);
-  spec.mutable_parallel()->set_tp(1);
-  spec.mutable_parallel()->set_pp(1);
-  // global_batch 6: dp 3 with three workers, dp 2 with two.
-  spec.mutable_training()->set_global_batch(6);
-  spec.mutable_training()->set_micro_batch(1);
   // Long enough that the job still trains when a worker is killed.
   spec.mutable_training()->set_train_steps(1000000);
   spec.mutable_training()->set_learning_rate(1e-3);
-  v1::ElasticPolicy* e = spec.mutable_elastic();
-  e->set_min_workers(2);
-  e->set_max_workers(3);
-  e->mutable_heartbeat_interval()->set_nanos(200 * 1000 * 1000);
-  e->mutable_heartbeat_timeout()->set_seconds(10);
-  e->mutable_last_call()->set_seconds(1);
-  e->mutable_join_timeout()->set_seconds(60);
-  e->mutable_collective_timeout()->set_seconds(20);
+  spec.mutable_elastic()->mutable_collective_timeout()->set_seconds(20);
   return spec;
 }
 

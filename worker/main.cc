@@ -38,6 +38,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/flags.h"
+#include "common/log.h"
 #include "client/coordinator_client.h"
 #include "worker/agent.h"
 #include "worker/communicators.h"
@@ -72,8 +73,7 @@ void Log(const std::string& line) {
     absl::MutexLock lock(&g_log_mu);
     place = g_log_place;
   }
-  std::cerr << absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::UTCTimeZone())
-            << "shardline-worker " << place << ": " << line << std::endl;
+  LogLine(place, line);  // common/log.h: one format for every program
 }
 
 absl::Duration FromProto(const google::protobuf::Duration& d) {
@@ -486,4 +486,7 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace shardline::worker
 
-int main(int argc, char** argv) { return shardline::worker::Run(argc, argv); }
+int main(int argc, char** argv) {
+  shardline::SetLogProgram("shardline-worker");
+  return shardline::worker::Run(argc, argv);
+}

@@ -1,5 +1,5 @@
 // The worker's Prometheus series, served on --metrics-port by the same tiny
-// HTTP server as the coordinator's (server/metrics.h).
+// HTTP server as the coordinator's (metrics/metrics.h).
 //
 //   WorkerMetrics m("shakespeare", "node0:cpu");
 //   m.SetPlace(/*generation=*/2, /*rank=*/1);

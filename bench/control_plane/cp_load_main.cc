@@ -136,7 +136,7 @@ google::protobuf::Duration ProtoDuration(absl::Duration d) {
 
 // --- Shardline: a job and a fleet of simulated workers ----------------------
 
-// The coordinator's defaults (server/job_spec.h): workers not under test
+// The coordinator's defaults (spec/job_spec.h): workers not under test
 // heartbeat at this pace.
 constexpr absl::Duration kDefaultInterval = absl::Seconds(5);
 constexpr absl::Duration kDefaultTimeout = absl::Seconds(30);

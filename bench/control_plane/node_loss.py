@@ -82,7 +82,7 @@ def wait_until(fn, timeout, poll=0.02):
 
 
 def utc_clock_to_epoch(hms, near):
-    """'HH:MM:SS.mmm' (UTC, as shardline-worker logs) -> epoch seconds closest to `near`."""
+    """'HH:MM:SS.mmm' (UTC, the clock part of common/log.h's time) -> epoch seconds closest to `near`."""
     h, m, s = hms.split(":")
     day = calendar.timegm(time.gmtime(near)[:3] + (0, 0, 0))
     t = day + int(h) * 3600 + int(m) * 60 + float(s)
@@ -139,7 +139,7 @@ def shardline_once(rep, data):
             for i, p in enumerate(logs):
                 if i == victim:
                     continue
-                for m in re.finditer(r"^(\d\d:\d\d:\d\d\.\d+) .*recovery \(.*first resumed step (\d+)",
+                for m in re.finditer(r"^\d{4}-\d\d-\d\dT(\d\d:\d\d:\d\d\.\d+)Z .*recovery \(.*first resumed step (\d+)",
                                      read(p), re.M):
                     ts.append((utc_clock_to_epoch(m.group(1), t_kill), int(m.group(2))))
             return min(ts) if ts else None

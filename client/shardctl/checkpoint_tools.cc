@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "checkpoint/checkpoint_files.h"
+#include "common/files.h"
 #include "checkpoint/shard_io.h"
 
 namespace shardline::shardctl {
@@ -25,34 +27,15 @@ bool IsOptimizerState(const std::string& name) {
          absl::EndsWith(name, "/master");
 }
 
-absl::Status ErrnoStatus(const std::string& what, const std::string& path) {
-  const int e = errno;
-  const std::string text = absl::StrCat(what, " ", path, ": ", std::strerror(e));
-  if (e == EACCES || e == EPERM) return absl::PermissionDeniedError(text);
-  if (e == ENOENT) return absl::NotFoundError(text);
-  return absl::UnavailableError(text);
-}
-
 }  // namespace
 
 absl::StatusOr<v1::Manifest> ReadManifestJson(const std::string& directory) {
-  const std::string path = absl::StrCat(directory, "/manifest.json");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        "cannot read ", path, ": ", std::strerror(errno),
-        "; --dir is one checkpoint's directory, e.g. "
-        "<checkpoint root>/ckpt-step000000000010-gen1"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  v1::Manifest manifest;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = true;
-  const auto parsed = google::protobuf::util::JsonStringToMessage(text.str(), &manifest, options);
-  if (!parsed.ok()) {
-    return absl::DataLossError(
-        absl::StrCat(path, " is not a checkpoint manifest: ", std::string(parsed.message())));
+  absl::StatusOr<v1::Manifest> manifest = checkpoint::ReadManifestFile(directory);
+  if (manifest.status().code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(
+        absl::StrCat(manifest.status().message(),
+                     "; --dir is one checkpoint's directory, e.g. "
+                     "<checkpoint root>/ckpt-step000000000010-gen1"));
   }
   return manifest;
 }
@@ -131,7 +114,7 @@ absl::StatusOr<ConsolidateResult> ConsolidateCheckpoint(const v1::Manifest& mani
 
   const std::string tmp = absl::StrCat(out_path, ".tmp");
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) return ErrnoStatus("cannot create", tmp);
+  if (f == nullptr) return FileError(errno, "cannot create", tmp);
   auto fail = [&](absl::Status s) {
     std::fclose(f);
     std::remove(tmp.c_str());
@@ -140,7 +123,7 @@ absl::StatusOr<ConsolidateResult> ConsolidateCheckpoint(const v1::Manifest& mani
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
   if (std::fwrite(len, 1, 8, f) != 8 || std::fwrite(text.data(), 1, n, f) != n) {
-    return fail(ErrnoStatus("cannot write", tmp));
+    return fail(FileError(errno, "cannot write", tmp));
   }
   ConsolidateResult result;
   std::vector<float> buffer;
@@ -165,18 +148,18 @@ absl::StatusOr<ConsolidateResult> ConsolidateCheckpoint(const v1::Manifest& mani
     static_assert(sizeof(float) == 4);
     if (!buffer.empty() &&
         std::fwrite(buffer.data(), sizeof(float), buffer.size(), f) != buffer.size()) {
-      return fail(ErrnoStatus("cannot write", tmp));
+      return fail(FileError(errno, "cannot write", tmp));
     }
     ++result.tensors;
     result.data_bytes += buffer.size() * sizeof(float);
   }
-  if (std::fflush(f) != 0) return fail(ErrnoStatus("cannot write", tmp));
+  if (std::fflush(f) != 0) return fail(FileError(errno, "cannot write", tmp));
   if (std::fclose(f) != 0) {
     std::remove(tmp.c_str());
-    return ErrnoStatus("cannot write", tmp);
+    return FileError(errno, "cannot write", tmp);
   }
   if (std::rename(tmp.c_str(), out_path.c_str()) != 0) {
-    absl::Status s = ErrnoStatus("cannot rename to", out_path);
+    absl::Status s = FileError(errno, "cannot rename to", out_path);
     std::remove(tmp.c_str());
     return s;
   }

@@ -1,4 +1,4 @@
-// shardctl's file work on a committed checkpoint (DESIGN.md "Checkpoints"):
+// shardctl's file work on a committed checkpoint (docs/ARCHITECTURE.md "Checkpoints"):
 // verify every shard file and piece against the manifest's checksums, and
 // consolidate the sharded state into ONE unsharded safetensors file. Both
 // run where the checkpoint directory is visible; the manifest comes from the

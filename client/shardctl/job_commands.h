@@ -19,7 +19,7 @@
 //   shardctl checkpoint consolidate JOB [ID] --out FILE [--optimizer]
 //   shardctl checkpoint consolidate --dir DIR --out FILE [--optimizer]
 //                                                one unsharded safetensors file
-//                                                (client/checkpoint_tools.h)
+//                                                (client/shardctl/checkpoint_tools.h)
 //   shardctl watch JOB [--after SEQ] [--count N] WatchJob, one line per event (a job
 //                                                that has ended: its retained history
 //                                                and a line with its final phase)

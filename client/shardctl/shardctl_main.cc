@@ -3,7 +3,7 @@
 //                shards, owners, memory.
 //   job, members, topology, owner, checkpoint (checkpoints), watch, kv
 //                a running coordinator's jobs, over the v1 API
-//                (client/job_commands.h).
+//                (client/shardctl/job_commands.h).
 // Exit codes: 0 success; 2 bad input (usage, a flag, a value, an unknown
 // name); 1 any other failure (e.g. the coordinator cannot be reached).
 // Messages go to stderr.

@@ -222,11 +222,11 @@ setsid bash -c '
   for i in 0 1 2 3 4; do
     tail -n +1 -F "$1/worker$i.log" 2>/dev/null |
       grep -a --line-buffered -E "step [0-9]+/|: spare|communicators ready|restored|recovery \(|is over|finished|LOST|error" |
-      sed -u "s/^\([0-9:.]*\) shardline-worker[^:]*: /  \1 node$i | /" &
+      sed -u "s/^[0-9-]*T\([0-9:.]*\)Z shardline-worker[^:]*: /  \1 node$i | /" &
   done
   tail -n +1 -F "$1/coordinator.log" 2>/dev/null |
     grep -a --line-buffered -E "session broken|generation ended|checkpoint committed|checkpoint aborted" |
-    sed -u "s/^[0-9-]*T\([0-9:.]*\)Z /  \1 coordinator | /" &
+    sed -u "s/^[0-9-]*T\([0-9:.]*\)Z shardline-coordinator: /  \1 coordinator | /" &
   wait' _ "$OUT" &
 WATCH_PID=$!
 
@@ -312,9 +312,9 @@ EFFECTIVE=$(awk -v t="$TOKENS" -v w="$WALL" 'BEGIN{printf "%.0f", t/w}')
 # resumed step).
 iso_time() { sed -n "$1" "$OUT/coordinator.log" | head -1 | sed 's/^[0-9-]*T\([0-9:.]*\)Z.*/\1/'; }
 DETECTED=$(iso_time '/generation ended job=shakespeare generation=1/p')
-REFORMED=$(grep -a -h "generation 2 rank .* communicators ready" "$OUT"/worker*.log | cut -c1-12 | sort | tail -1)
-RESTORED=$(grep -a -h "generation 2 rank .*: restored" "$OUT"/worker*.log | cut -c1-12 | sort | tail -1)
-RESUMED=$(grep -a -h "recovery (" "$OUT"/worker*.log | cut -c1-12 | sort | tail -1)
+REFORMED=$(grep -a -h "generation 2 rank .* communicators ready" "$OUT"/worker*.log | cut -c12-23 | sort | tail -1)
+RESTORED=$(grep -a -h "generation 2 rank .*: restored" "$OUT"/worker*.log | cut -c12-23 | sort | tail -1)
+RESUMED=$(grep -a -h "recovery (" "$OUT"/worker*.log | cut -c12-23 | sort | tail -1)
 RESTORE_LINE=$(grep -a -h "generation 2 rank 0: restored" "$OUT"/worker*.log | head -1 | sed 's/.*: generation 2 rank 0: //')
 RESUMED_STEP=$(grep -a -h "recovery (" "$OUT"/worker*.log | head -1 | sed 's/.*first resumed step \([0-9]*\).*/\1/')
 [ -n "$DETECTED" ] && [ -n "$REFORMED" ] && [ -n "$RESTORED" ] && [ -n "$RESUMED" ] ||
@@ -326,5 +326,5 @@ echo "          wall time ${WALL} s from the workers' start to COMPLETED; tokens
 echo "recovery: node$VICTIM (rank 1) killed after step $KILL_AT; $RESTORE_LINE"
 echo "          kill -> coordinator noticed $(elapsed "$KILLED_AT" "$DETECTED") s -> re-formed $(elapsed "$KILLED_AT" "$REFORMED") s -> restored $(elapsed "$KILLED_AT" "$RESTORED") s -> first resumed step ($RESUMED_STEP) $(elapsed "$KILLED_AT" "$RESUMED") s"
 echo "          per worker (from the moment each learned generation 1 was over):"
-grep -a -h "recovery (" "$OUT"/worker*.log | sed 's/^[0-9:.]* shardline-worker[^:]*: /            /'
+grep -a -h "recovery (" "$OUT"/worker*.log | sed 's/^[0-9TZ:.-]* shardline-worker[^:]*: /            /'
 echo "demo:     $(awk -v a="$SCRIPT_START" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b-a}') s in all (build included); logs, state, checkpoints, plan.json and schedule.svg in $OUT"

@@ -16,7 +16,7 @@
 // Barrier, then --iters timed iterations (issued back to back, then waited
 // on). time = the slowest rank's elapsed time / iters (steady clock).
 //
-// Definitions (nccl-tests doc/PERFORMANCE.md):
+// Definitions (the bus-bandwidth convention of nccl-tests, so figures compare with its own):
 //   size   bytes of the per-rank buffer as nccl-tests counts it: the data for
 //          all_reduce and broadcast; the total, count*n, for all_gather (the
 //          output), reduce_scatter (the input) and all_to_all (either side).
@@ -93,7 +93,7 @@ const char* OpName(Op op) {
   return "?";
 }
 
-// busbw / algbw for `op` on `n` ranks (nccl-tests doc/PERFORMANCE.md).
+// busbw / algbw for `op` on `n` ranks (the bus-bandwidth convention of nccl-tests, so figures compare with its own).
 double BusFactor(Op op, int n) {
   switch (op) {
     case Op::kAllReduce:

@@ -51,7 +51,7 @@ constexpr int kSteps = 3;
 // fp32 tolerance: cuBLAS (or the emulator's double-accumulating reference
 // gemm) against OpenBLAS, and the kernels' reductions, differ in summation
 // order only. The emulator (no CUDA math library, no GPU scheduling) stays
-// within ~1e-7; a GPU gets the contract's 1e-4 (DESIGN.md).
+// within ~1e-7; a GPU gets the contract's 1e-4 (docs/ARCHITECTURE.md).
 #ifdef SHARDLINE_GPU_TRAINER_EMU
 constexpr double kLossRelTol = 1e-5;
 constexpr double kGradNormRelTol = 1e-5;

@@ -2,7 +2,7 @@
 // (libshardline_gpu.so). Everything that links CUDA or NCCL lives in the
 // plugin; the worker dlopen()s it at run time, so one worker binary runs on
 // machines with and without CUDA and falls back to Gloo when the plugin or a
-// GPU is missing (DESIGN.md, docs/BUILDING.md).
+// GPU is missing (docs/ARCHITECTURE.md, docs/BUILDING.md).
 //
 // Plain C types only, so the two sides may come from different compilers.
 // Bump SHARDLINE_GPU_ABI_VERSION on any change to these structs or symbols.

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "common/files.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 
@@ -63,8 +64,7 @@ absl::StatusOr<Corpus> Corpus::Load(const std::string& path, double validation_f
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
     const int err = errno;
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("cannot open corpus ", path, ": ", std::strerror(err)));
+    return FileError(err, "cannot open corpus", path);
   }
   std::string bytes;
   char buffer[1 << 16];
@@ -74,8 +74,7 @@ absl::StatusOr<Corpus> Corpus::Load(const std::string& path, double validation_f
   const int err = errno;
   std::fclose(f);
   if (failed) {
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("cannot read corpus ", path, ": ", std::strerror(err)));
+    return FileError(err, "cannot read corpus", path);
   }
   absl::StatusOr<Corpus> corpus = FromBytes(std::move(bytes), validation_fraction);
   if (!corpus.ok()) {

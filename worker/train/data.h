@@ -1,4 +1,4 @@
-// Byte-level language-modelling data over one text file (DESIGN.md "Data").
+// Byte-level language-modelling data over one text file (docs/ARCHITECTURE.md "Data").
 //
 //   absl::StatusOr<Corpus> c = Corpus::Load("data/tinyshakespeare.txt", 0.1);
 //   std::vector<int32_t> x(64), y(64);

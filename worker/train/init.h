@@ -1,7 +1,7 @@
 // Deterministic initial weights: every element's value is a pure function of
 // (seed, parameter name, element index in the global unsplit tensor), so every
 // parallel layout (tp, pp, dp, zero_stage) starts from the same model
-// (DESIGN.md "Numbers that are contracts").
+// (docs/ARCHITECTURE.md "Numbers that are contracts").
 //
 //   std::vector<float> w(spec.local_numel(tp));
 //   InitializeLocalSlice(/*seed=*/1234, spec, /*num_layers=*/4, tp, tp_rank, w.data());

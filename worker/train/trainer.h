@@ -19,7 +19,7 @@
 //     first and the last stage (the embedding group), as Megatron-LM does.
 //  3. Data parallelism: zero_stage 0 and 1 all-reduce (average) each unit's
 //     gradients over dp; 2 and 3 reduce-scatter them, keeping only this dp
-//     rank's shard (DESIGN.md "ZeRO shard rule").
+//     rank's shard (docs/ARCHITECTURE.md "ZeRO shard rule").
 //  4. Gradient clipping by the global norm: each element counted once (a
 //     tp-replicated parameter on tp rank 0 only, the tied copy never, each
 //     dp shard by its owner), summed over tp, dp and pp.
@@ -31,7 +31,7 @@
 // global batch is micro_batch_size * micro_batches * dp samples, sample k of
 // step s being global sample s * global_batch + k (Corpus::TrainSample), dp
 // rank d taking samples [d * m * mbs, (d + 1) * m * mbs). So any layout with
-// the same global batch follows the same loss curve (DESIGN.md "Numbers
+// the same global batch follows the same loss curve (docs/ARCHITECTURE.md "Numbers
 // that are contracts").
 //
 // Compute device (TrainingOptions::device, device.h): the layers' forward and
@@ -186,7 +186,7 @@ class Trainer {
   };
 
   // What this rank writes in a checkpoint: for each unit, the real elements
-  // its dp shard owns (DESIGN.md "ZeRO shard rule") of every parameter and
+  // its dp shard owns (docs/ARCHITECTURE.md "ZeRO shard rule") of every parameter and
   // both moments, whatever the zero_stage (replicated states are written
   // once, spread over the dp ranks); a tp-replicated tensor only from tp
   // rank 0; never the last stage's tied copy of the word embedding; never

@@ -1,4 +1,4 @@
-// The contract (DESIGN.md "Numbers that are contracts"): in fp32 every
+// The contract (docs/ARCHITECTURE.md "Numbers that are contracts"): in fp32 every
 // parallel layout reproduces the single-rank loss curve within 1e-4
 // relative over 20 steps. Each layout runs every rank as a thread with real
 // Gloo backends over loopback.

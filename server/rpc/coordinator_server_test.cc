@@ -1,7 +1,7 @@
 // Integration tests of the gRPC layer: a real in-process server on
 // 127.0.0.1 (port 0) over the real Coordinator, Rendezvous and
 // CheckpointRegistry, with simulated workers on threads.
-#include "server/grpc_service.h"
+#include "server/rpc/coordinator_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -808,24 +808,6 @@ TEST(GrpcServiceTest, RestartOnSameStateFileKeepsGeneration) {
   EXPECT_EQ(job.phase(), v1::JOB_PHASE_RUNNING);
 }
 
-// A status message over kMaxStatusMessageBytes keeps its start (which names
-// the field) and is cut on a UTF-8 boundary.
-TEST(GrpcServiceTest, LongStatusMessagesAreCappedKeepingTheStart) {
-  std::string message = "spec.x='";
-  for (int i = 0; i < 5000; ++i) message += "\xc3\xa9";  // e-acute, 2 bytes
-  message += "' is invalid";
-  const grpc::Status g = ToGrpcStatus(absl::InvalidArgumentError(message));
-  EXPECT_EQ(g.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_LE(g.error_message().size(), kMaxStatusMessageBytes);
-  EXPECT_GT(g.error_message().size(), kMaxStatusMessageBytes - 4);
-  EXPECT_EQ(g.error_message().rfind("spec.x='\xc3\xa9", 0), 0u);
-  EXPECT_THAT(g.error_message(), ::testing::EndsWith("... (message truncated, 10020 bytes)"));
-  EXPECT_TRUE(IsDisplayText(g.error_message()));
-  // At the limit: unchanged.
-  const std::string exact(kMaxStatusMessageBytes, 'm');
-  EXPECT_EQ(ToGrpcStatus(absl::NotFoundError(exact)).error_message(), exact);
-}
-
 // Values far over any limit, sent over a real channel: the client gets
 // INVALID_ARGUMENT naming the field, not "received initial metadata size
 // exceeds limit". An invalid spec creates no checkpoint directory.
@@ -866,16 +848,6 @@ TEST(GrpcServiceTest, HugeValuesGetAShortMessageNamingTheField) {
   EXPECT_THAT(s.error_message(), HasSubstr("(100000 bytes)' is invalid; use 1..128"));
   EXPECT_LT(s.error_message().size(), 300u);
 }
-
-TEST(GrpcServiceTest, StatusMappingIsOneToOne) {
-  for (int code = 0; code <= 16; ++code) {
-    absl::Status s(static_cast<absl::StatusCode>(code), code == 0 ? "" : "msg");
-    grpc::Status g = ToGrpcStatus(s);
-    EXPECT_EQ(static_cast<int>(g.error_code()), code);
-    EXPECT_EQ(FromGrpcStatus(g), s);
-  }
-}
-
 
 // Two-phase checkpoint over gRPC: both ranks of a generation begin the same
 // checkpoint, each reports its half of a tensor (C4-style: rank 1's half is

@@ -1,0 +1,226 @@
+// Coordinator: forming generations (formation.h chooses the world), ending
+// them, the assignments of a formed generation, and growing at a committed
+// checkpoint.
+#include "server/coordinator.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/time_util.h"
+#include "server/coordinator_records.h"
+#include "server/formation.h"
+#include "spec/job_spec.h"
+#include "spec/plan_proto.h"
+
+namespace shardline::server {
+
+using google::protobuf::util::TimeUtil;
+
+void Coordinator::EndGenerationLocked(JobRecord& job, v1::FormationReason reason,
+                                      const std::string& why,
+                                      std::vector<GenerationEnded>* ended) {
+  const uint64_t old_generation = job.job.generation();
+  if (ended != nullptr) ended->push_back({job.job.job_id(), old_generation, why});
+  job.last_end_reason = why;
+  job.job.set_generation(old_generation + 1);
+  job.SetPlan(std::nullopt);
+  job.last_call_deadline.reset();
+  job.waiting_since = clock_->Now();
+  job.pending_reason = reason;
+  job.job.set_world_size(0);
+  job.job.set_dp(0);
+  job.job.set_num_spares(0);
+  for (auto& [id, m] : job.members) {
+    const v1::MemberState s = m.member.state();
+    if (s != v1::MEMBER_STATE_ACTIVE && s != v1::MEMBER_STATE_SPARE &&
+        s != v1::MEMBER_STATE_JOINING) {
+      continue;
+    }
+    if (m.member.has_rank()) m.previous_rank = static_cast<int>(m.member.rank());
+    m.member.clear_rank();
+    m.member.set_state(v1::MEMBER_STATE_FENCED);
+    v1::SessionMessage msg;
+    *msg.mutable_directive() = Restart(job.job.generation(), why);
+    m.outbox.Push(std::move(msg));
+  }
+  SetPhaseLocked(job, v1::JOB_PHASE_RECOVERING, why);
+  PersistAllMembersLocked(job).IgnoreError();  // logged inside
+}
+
+void Coordinator::MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* ended) {
+  const v1::JobPhase phase = job.job.phase();
+  if (phase != v1::JOB_PHASE_PENDING && phase != v1::JOB_PHASE_RECOVERING) return;
+  const v1::ElasticPolicy& elastic = job.job.spec().elastic();
+  const absl::Time now = clock_->Now();
+  std::vector<MemberRecord*> candidates;
+  bool anyone_fenced = false;
+  for (auto& [id, m] : job.members) {
+    if (m.member.state() == v1::MEMBER_STATE_JOINING &&
+        m.member.generation() == job.job.generation()) {
+      candidates.push_back(&m);
+    }
+    anyone_fenced |= m.member.state() == v1::MEMBER_STATE_FENCED;
+  }
+  const int count = static_cast<int>(candidates.size());
+  const std::optional<int> dp = spec::ChooseDp(job.job.spec(), count);
+  if (dp.has_value()) {
+    if (!job.last_call_deadline.has_value()) {
+      job.last_call_deadline = now + FromProto(elastic.last_call());
+    }
+    // Initial formation waits for max_workers or the last call; a recovery
+    // also forms as soon as every survivor has re-joined.
+    const bool ready = count >= static_cast<int>(elastic.max_workers()) ||
+                       (phase == v1::JOB_PHASE_RECOVERING && !anyone_fenced) ||
+                       now >= *job.last_call_deadline;
+    if (ready) FormGenerationLocked(job, std::move(candidates));
+    return;
+  }
+  job.last_call_deadline.reset();
+  if (now - job.waiting_since > FromProto(elastic.join_timeout())) {
+    const uint32_t model_parallel = job.job.spec().parallel().tp() * job.job.spec().parallel().pp();
+    SetPhaseLocked(
+        job, v1::JOB_PHASE_FAILED,
+        absl::StrCat("only ", count, " workers joined within join_timeout ",
+                     TimeUtil::ToString(elastic.join_timeout()), "; the job needs min_workers=",
+                     elastic.min_workers(), " (tp*pp=", model_parallel,
+                     ", and a dp dividing the global batch)",
+                     // What emptied it: e.g. a worker that left because its
+                     // host could not hold its rank.
+                     phase == v1::JOB_PHASE_RECOVERING && !job.last_end_reason.empty()
+                         ? absl::StrCat("; generation ", job.job.generation() - 1,
+                                        " had ended: ", job.last_end_reason)
+                         : ""));
+    StopAllLocked(job);
+    PersistAllMembersLocked(job).IgnoreError();
+    (void)ended;
+  }
+}
+
+void Coordinator::FormGenerationLocked(JobRecord& job, std::vector<MemberRecord*> candidates) {
+  std::vector<FormationCandidate> in;
+  in.reserve(candidates.size());
+  for (const MemberRecord* m : candidates) {
+    in.push_back({m->member.worker_id(), m->previous_rank, FromProto(m->member.join_time())});
+  }
+  absl::StatusOr<std::optional<Formation>> formation = FormWorld(job.job.spec(), in);
+  if (!formation.ok() || !formation->has_value()) {
+    // MaybeFormLocked checked that a dp fits; an error here is a broken invariant.
+    SetPhaseLocked(job, v1::JOB_PHASE_FAILED,
+                   absl::StrCat("internal: ", formation.ok()
+                                                  ? absl::StrCat("no dp fits ", candidates.size(),
+                                                                 " workers")
+                                                  : std::string(formation.status().message())));
+    StopAllLocked(job);
+    PersistAllMembersLocked(job).IgnoreError();
+    return;
+  }
+  Formation& f = **formation;
+  // Ranks 0..world-1 in order, then the spares (formation.h).
+  std::vector<MemberRecord*> ordered;
+  ordered.reserve(candidates.size());
+  for (size_t i : f.ranks) ordered.push_back(candidates[i]);
+  for (size_t i : f.spares) ordered.push_back(candidates[i]);
+  candidates = std::move(ordered);
+  const int dp = f.dp;
+  const int world = f.world_size;
+  job.SetPlan(std::move(f.plan));
+  job.job.set_world_size(world);
+  job.job.set_dp(dp);
+  job.job.set_num_spares(static_cast<uint32_t>(candidates.size()) - world);
+  job.last_call_deadline.reset();
+
+  v1::JobEvent e;
+  v1::GenerationFormed* formed = e.mutable_generation_formed();
+  formed->set_generation(job.job.generation());
+  formed->set_reason(job.pending_reason);
+  formed->set_world_size(world);
+  formed->set_dp(dp);
+  if (job.job.has_last_checkpoint()) *formed->mutable_restore() = job.job.last_checkpoint();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    v1::Member& m = candidates[i]->member;
+    if (static_cast<int>(i) < world) {
+      m.set_state(v1::MEMBER_STATE_ACTIVE);
+      m.set_rank(static_cast<uint32_t>(i));
+      candidates[i]->generation_start_step =
+          job.job.has_last_checkpoint() ? job.job.last_checkpoint().step() : 0;
+      candidates[i]->previous_rank = static_cast<int>(i);
+      formed->add_worker_ids(m.worker_id());
+    } else {
+      m.set_state(v1::MEMBER_STATE_SPARE);
+      m.clear_rank();
+      formed->add_spares(m.worker_id());
+    }
+  }
+  SetPhaseLocked(job, v1::JOB_PHASE_RUNNING,
+                 absl::StrCat("generation ", job.job.generation(), " formed: world ", world,
+                              ", dp ", dp, ", ", job.job.num_spares(), " spares"));
+  EmitLocked(job, std::move(e));
+  for (MemberRecord* m : candidates) {
+    v1::SessionMessage msg;
+    absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(job, *m);
+    if (a.ok()) *msg.mutable_assignment() = *std::move(a);
+    m->outbox.Push(std::move(msg));
+  }
+  PersistAllMembersLocked(job).IgnoreError();
+  // Forming counts as a sign of life for every member of the generation:
+  // its heartbeats may have waited on this lock while a large generation
+  // was planned, assigned and written, and the coordinator's own delay must
+  // not get them declared lost.
+  const absl::Time now = clock_->Now();
+  for (MemberRecord* m : candidates) m->last_heartbeat = std::max(m->last_heartbeat, now);
+}
+
+absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord& job,
+                                                                const MemberRecord& m) const {
+  if (!job.plan.has_value() || m.member.generation() != job.job.generation() ||
+      (m.member.state() != v1::MEMBER_STATE_ACTIVE && m.member.state() != v1::MEMBER_STATE_SPARE)) {
+    return absl::FailedPreconditionError("no assignment yet");
+  }
+  v1::Assignment a;
+  const v1::JobSpec& spec = job.job.spec();
+  if (m.member.state() == v1::MEMBER_STATE_ACTIVE) {
+    a = spec::AssignmentFor(*job.plan, job.plan_groups, static_cast<int>(m.member.rank()));
+    if (job.job.has_last_checkpoint()) *a.mutable_restore() = job.job.last_checkpoint();
+    const uint64_t start = job.job.has_last_checkpoint() ? job.job.last_checkpoint().step() : 0;
+    a.set_start_step(start);
+    a.set_data_cursor(start * spec.training().global_batch());
+  } else {
+    a.set_spare(true);
+    a.set_world_size(job.plan->parallel.world_size());
+    a.set_dp(job.plan->parallel.dp);
+    *a.mutable_parallel() = spec::ParallelToProto(job.plan->parallel);
+  }
+  a.set_generation(job.job.generation());
+  return a;
+}
+
+void Coordinator::MaybeGrowLocked(JobRecord& job, const v1::CheckpointRef& ref,
+                                  std::vector<GenerationEnded>* ended) {
+  if (job.job.phase() != v1::JOB_PHASE_RUNNING) return;
+  // The last step: the ranks are about to finish; a restart would only redo it.
+  if (ref.step() >= job.job.spec().training().train_steps()) return;
+  int ranks = 0;
+  int spares = 0;  // healthy: of this generation, with a live session stream
+  for (const auto& [id, m] : job.members) {
+    if (m.member.generation() != job.job.generation()) continue;
+    if (m.member.state() == v1::MEMBER_STATE_ACTIVE) ++ranks;
+    if (m.member.state() == v1::MEMBER_STATE_SPARE && m.outbox.is_open()) ++spares;
+  }
+  if (spares == 0) return;
+  const std::optional<int> dp = spec::ChooseDp(job.job.spec(), ranks + spares);
+  if (!dp.has_value() || *dp <= static_cast<int>(job.job.dp())) return;
+  const uint64_t model_parallel =
+      uint64_t{job.job.spec().parallel().tp()} * job.job.spec().parallel().pp();
+  EndGenerationLocked(job, v1::FORMATION_REASON_GROW,
+                      absl::StrCat("grow: ", spares, " spares joined; world ",
+                                   job.job.world_size(), " -> ", *dp * model_parallel,
+                                   " at checkpoint step ", ref.step()),
+                      ended);
+}
+
+}  // namespace shardline::server

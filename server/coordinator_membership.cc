@@ -1,0 +1,300 @@
+// Coordinator: joining, leaving and draining (member-state transitions a
+// worker or an operator asks for).
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+#include "server/coordinator.h"
+
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/text.h"
+#include "server/coordinator_records.h"
+#include "server/coordinator_validation.h"
+#include "spec/job_spec.h"
+
+namespace shardline::server {
+
+absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobRequest& request) {
+  if (absl::Status s = ValidIdentity(request.worker(), "worker"); !s.ok()) return s;
+  const std::string device = request.device().empty() ? "cpu" : request.device();
+  absl::StatusOr<v1::Backend> backend = ResolveBackend(device, request.backend());
+  if (!backend.ok()) return backend.status();
+  const v1::WorkerIdentity& w = request.worker();
+
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(w.job_id());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", w.job_id(), "'"));
+  if (IsTerminal(job->job.phase())) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", w.job_id(), "' is ",
+                                                      PhaseName(job->job.phase()), ": ",
+                                                      job->job.phase_reason()));
+  }
+  for (const auto& [id, other] : job->members) {
+    if (id != w.worker_id() && IsLive(other.member.state()) && other.member.backend() != *backend) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "backend ", v1::Backend_Name(*backend), " differs from worker '", id, "' (",
+          v1::Backend_Name(other.member.backend()), "); every worker of a job uses one backend"));
+    }
+  }
+  const absl::Time now = clock_->Now();
+  std::vector<GenerationEnded> ended;
+  if (job->members.size() >= kMaxMembersPerJob && !job->members.count(w.worker_id())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", w.job_id(), "' already has ", kMaxMembersPerJob, " worker_ids"));
+  }
+  auto [it, inserted] = job->members.try_emplace(w.worker_id());
+  MemberRecord& m = it->second;
+  bool rejoined = !inserted;
+  if (!inserted && m.member.incarnation() == w.incarnation() &&
+      m.member.state() == v1::MEMBER_STATE_LOST &&
+      m.member.loss_reason() == v1::LOSS_REASON_REPEATED_ERRORS) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", w.worker_id(), "' (incarnation ", w.incarnation(),
+        ") is excluded from job '", w.job_id(), "': ", m.member.detail(),
+        ". Fix the cause and start a new process; it may join again"));
+  }
+  if (!inserted && m.member.incarnation() == w.incarnation() &&
+      m.member.state() == v1::MEMBER_STATE_LEFT &&
+      absl::StartsWith(m.member.detail(), "drained: ")) {
+    // A drained process that missed its STOP must not come back in.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", w.worker_id(), "' (incarnation ", w.incarnation(), ") was ",
+        m.member.detail(), "; start a new process to join job '", w.job_id(), "' again"));
+  }
+  if (!inserted && m.member.incarnation() == w.incarnation()) {
+    const v1::MemberState s = m.member.state();
+    if ((s == v1::MEMBER_STATE_JOINING || s == v1::MEMBER_STATE_ACTIVE ||
+         s == v1::MEMBER_STATE_SPARE) &&
+        m.member.generation() == job->job.generation()) {
+      // A repeated join of the current generation: nothing changes.
+      v1::JoinJobResponse response;
+      response.set_generation(job->job.generation());
+      response.set_state(s);
+      *response.mutable_spec() = job->job.spec();
+      response.set_phase(job->job.phase());
+      return response;
+    }
+  } else if (!inserted && m.retired_incarnations.count(w.incarnation()) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "incarnation ", w.incarnation(), " of worker '", w.worker_id(),
+        "' was replaced by a newer process (incarnation ", m.member.incarnation(),
+        "); this process must exit. Two processes with one --worker-id? Give each its own"));
+  } else if (!inserted) {
+    // A new process for this slot replaces the old one, which is fenced off.
+    m.retired_incarnations.insert(m.member.incarnation());
+    if (IsLive(m.member.state())) {
+      LoseMemberLocked(*job, m, v1::LOSS_REASON_STREAM_BROKEN,
+                       absl::StrCat("replaced by a new process (incarnation ", w.incarnation(), ")"),
+                       &ended);
+    }
+    m.outbox.End();
+    m.previous_rank = -1;
+    m.error_streak = 0;
+    m.last_error.clear();
+    // A drain applied to the process it was asked of: a new process of the
+    // slot (a supervisor's restart) joins normally.
+    m.member.clear_drain_reason();
+    m.member.clear_drain_after_step();
+    m.member.clear_loss_reason();
+    rejoined = false;
+  }
+  if (inserted || m.member.incarnation() != w.incarnation()) {
+    *m.member.mutable_join_time() = ToProto(now);
+  }
+  m.member.set_worker_id(w.worker_id());
+  m.member.set_incarnation(w.incarnation());
+  m.member.set_host(request.host());
+  m.member.set_device(device);
+  m.member.set_backend(*backend);
+  m.member.clear_rank();
+  m.member.set_detail("");
+  m.member.set_generation(job->job.generation());
+  m.last_heartbeat = now;  // a fresh heartbeat clock
+  if (job->job.phase() == v1::JOB_PHASE_RUNNING) {
+    // The world is formed: a newcomer waits as a spare; the job grows at
+    // the next committed checkpoint (NoteCheckpointCommitted).
+    m.member.set_state(v1::MEMBER_STATE_SPARE);
+    job->job.set_num_spares(job->job.num_spares() + 1);
+  } else {
+    m.member.set_state(v1::MEMBER_STATE_JOINING);
+  }
+  if (absl::Status s = PersistLocked(*job, {&m}); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("join not recorded, state store: ", s.message()));
+  }
+  v1::JobEvent e;
+  v1::WorkerJoined* joined = e.mutable_worker_joined();
+  joined->set_worker_id(w.worker_id());
+  joined->set_incarnation(w.incarnation());
+  joined->set_host(request.host());
+  joined->set_device(device);
+  joined->set_rejoined(rejoined);
+  EmitLocked(*job, std::move(e));
+  if (m.member.state() == v1::MEMBER_STATE_SPARE) {
+    v1::SessionMessage msg;
+    absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(*job, m);
+    if (a.ok()) *msg.mutable_assignment() = *std::move(a);
+    m.outbox.Push(std::move(msg));
+  }
+  MaybeFormLocked(*job, &ended);
+  pending_ended_.insert(pending_ended_.end(), ended.begin(), ended.end());
+  v1::JoinJobResponse response;
+  response.set_generation(job->job.generation());
+  response.set_state(m.member.state());
+  *response.mutable_spec() = job->job.spec();
+  response.set_phase(job->job.phase());
+  return response;
+}
+
+absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
+                                                    const std::string& worker_id,
+                                                    const std::string& reason, bool force,
+                                                    std::vector<GenerationEnded>* ended) {
+  // The reason goes into the member's detail and events that shardctl prints.
+  if (absl::Status s = CheckText("reason", reason, spec::kMaxReasonBytes); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (IsTerminal(job->job.phase())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_id, "' is ", PhaseName(job->job.phase()), "; nothing to drain"));
+  }
+  auto it = job->members.find(worker_id);
+  if (it == job->members.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no worker '", worker_id, "' in job '", job_id, "' (see shardctl members)"));
+  }
+  MemberRecord& m = it->second;
+  if (!IsLive(m.member.state())) {
+    return absl::FailedPreconditionError(absl::StrCat("worker '", worker_id, "' is ",
+                                                      MemberStateName(m.member.state()),
+                                                      "; only live workers can be drained"));
+  }
+  if (!force) {
+    // Live workers that stay: neither this one nor one already draining.
+    uint32_t staying = 0;
+    for (const auto& [id, other] : job->members) {
+      staying += id != worker_id && IsLive(other.member.state()) && !other.draining();
+    }
+    const uint32_t min_workers = job->job.spec().elastic().min_workers();
+    if (staying < min_workers) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "draining '", worker_id, "' would leave ", staying, " live worker",
+          staying == 1 ? "" : "s", ", fewer than min_workers=", min_workers,
+          ": the job would stop until others join (and fail after join_timeout ",
+          absl::FormatDuration(FromProto(job->job.spec().elastic().join_timeout())),
+          "); start another worker first, or force it: shardctl drain ", job_id, " ", worker_id,
+          " --force"));
+    }
+  }
+  m.member.set_drain_reason(reason.empty() ? std::string("operator request") : reason);
+  const bool graceful = m.member.state() == v1::MEMBER_STATE_ACTIVE &&
+                        job->job.phase() == v1::JOB_PHASE_RUNNING &&
+                        !job->job.spec().checkpoint().directory().empty();
+  if (!graceful) {
+    RemoveDrainedLocked(*job, m, ended);
+    MaybeFormLocked(*job, ended);
+    return m.member;
+  }
+  // Save first: every rank is asked for a checkpoint after its next step
+  // (the ranks agree on which step through their own all-reduce); the
+  // commit takes the member out (NoteCheckpointCommitted).
+  m.member.set_drain_after_step(job->job.step());
+  m.member.set_detail(absl::StrCat("draining (", m.member.drain_reason(),
+                                   "): leaves after the next checkpoint commits"));
+  if (absl::Status s = PersistLocked(*job, {&m}); !s.ok()) {
+    // Kept in memory: the drain still happens unless this coordinator
+    // restarts before the checkpoint commits.
+    LogLine(absl::StrFormat("job %s: drain of %s not saved: %s", job_id,
+                 worker_id, s.message()));
+  }
+  for (auto& [id, other] : job->members) {
+    if (other.member.state() != v1::MEMBER_STATE_ACTIVE) continue;
+    v1::SessionMessage msg;
+    msg.mutable_directive()->mutable_checkpoint()->set_step(job->job.step() + 1);
+    other.outbox.Push(std::move(msg));
+  }
+  return m.member;
+}
+
+void Coordinator::RemoveDrainedLocked(JobRecord& job, MemberRecord& m,
+                                      std::vector<GenerationEnded>* ended) {
+  const v1::MemberState was = m.member.state();
+  std::optional<uint32_t> rank;
+  if (m.member.has_rank()) rank = m.member.rank();
+  const std::string why = absl::StrCat("drained: ", m.member.drain_reason());
+  // STOP goes out on its session before the member stops being live.
+  v1::SessionMessage msg;
+  *msg.mutable_directive() = Stop(job.job.phase(), why);
+  m.outbox.Push(std::move(msg));
+  m.member.clear_drain_reason();
+  m.member.clear_drain_after_step();
+  m.member.set_state(v1::MEMBER_STATE_LEFT);
+  m.member.set_detail(why);
+  m.member.clear_rank();
+  v1::JobEvent e;
+  v1::WorkerLeft* left = e.mutable_worker_left();
+  left->set_worker_id(m.member.worker_id());
+  left->set_incarnation(m.member.incarnation());
+  if (rank.has_value()) left->set_rank(*rank);
+  left->set_reason(why);
+  EmitLocked(job, std::move(e));
+  job.UncountSpare(was);
+  if (was == v1::MEMBER_STATE_ACTIVE && job.job.phase() == v1::JOB_PHASE_RUNNING) {
+    EndGenerationLocked(job, v1::FORMATION_REASON_WORKER_LEFT,
+                        absl::StrCat("rank ", rank.value_or(0), " (", m.member.worker_id(), ") ",
+                                     why),
+                        ended);
+  } else {
+    PersistLocked(job, {&m}).IgnoreError();
+  }
+}
+
+absl::Status Coordinator::LeaveJob(const v1::LeaveJobRequest& request,
+                                   std::vector<GenerationEnded>* ended) {
+  const v1::WorkerIdentity& w = request.fence().worker();
+  if (absl::Status s = ValidIdentity(w, "fence.worker"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(w.job_id());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", w.job_id(), "'"));
+  auto it = job->members.find(w.worker_id());
+  if (it == job->members.end()) {
+    return absl::NotFoundError(absl::StrCat("worker '", w.worker_id(), "' never joined"));
+  }
+  MemberRecord& m = it->second;
+  if (m.member.incarnation() != w.incarnation()) {
+    return absl::AbortedError("this incarnation was replaced; nothing to leave");
+  }
+  const v1::MemberState was = m.member.state();
+  if (was == v1::MEMBER_STATE_LEFT || was == v1::MEMBER_STATE_LOST) return absl::OkStatus();
+  std::optional<uint32_t> rank;
+  if (m.member.has_rank()) rank = m.member.rank();
+  m.member.set_state(v1::MEMBER_STATE_LEFT);
+  m.member.set_detail(request.reason());
+  m.member.clear_rank();
+  m.outbox.End();
+  v1::JobEvent e;
+  v1::WorkerLeft* left = e.mutable_worker_left();
+  left->set_worker_id(w.worker_id());
+  left->set_incarnation(w.incarnation());
+  if (rank.has_value()) left->set_rank(*rank);
+  left->set_reason(request.reason());
+  EmitLocked(*job, std::move(e));
+  job->UncountSpare(was);
+  if (was == v1::MEMBER_STATE_ACTIVE && job->job.phase() == v1::JOB_PHASE_RUNNING) {
+    EndGenerationLocked(*job, v1::FORMATION_REASON_WORKER_LEFT,
+                        absl::StrCat("rank ", rank.value_or(0), " (", w.worker_id(), ") left: ",
+                                     request.reason()),
+                        ended);
+  } else {
+    PersistLocked(*job, {&m}).IgnoreError();
+  }
+  MaybeFormLocked(*job, ended);
+  return absl::OkStatus();
+}
+
+}  // namespace shardline::server

@@ -1,0 +1,140 @@
+// Internal to the Coordinator: its records of jobs and members, and small
+// helpers its .cc files share. Included only by the coordinator's own .cc
+// files (coordinator*.cc; a srcs header of //server:coordinator, so no other
+// target can include it).
+//
+// Thread-safety: every record is reached through Coordinator::jobs_ and is
+// guarded by Coordinator::mu_, as are the EventLog and SessionOutbox they
+// hold.
+#ifndef SHARDLINE_SERVER_COORDINATOR_RECORDS_H_
+#define SHARDLINE_SERVER_COORDINATOR_RECORDS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "google/protobuf/util/time_util.h"
+#include "plan/plan.h"
+#include "server/coordinator.h"
+#include "server/event_log.h"
+#include "server/session_outbox.h"
+#include "server/state_store.h"
+#include "shardline/v1/events.pb.h"
+#include "shardline/v1/job.pb.h"
+#include "shardline/v1/session.pb.h"
+#include "spec/plan_proto.h"
+
+namespace shardline::server {
+
+inline constexpr size_t kMaxMembersPerJob = 65536;  // coordinator.proto
+
+inline google::protobuf::Timestamp ToProto(absl::Time t) {
+  return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+inline absl::Time FromProto(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixNanos(google::protobuf::util::TimeUtil::TimestampToNanoseconds(t));
+}
+inline absl::Duration FromProto(const google::protobuf::Duration& d) {
+  return absl::Nanoseconds(google::protobuf::util::TimeUtil::DurationToNanoseconds(d));
+}
+
+inline bool IsTerminal(v1::JobPhase phase) {
+  return phase == v1::JOB_PHASE_COMPLETED || phase == v1::JOB_PHASE_FAILED ||
+         phase == v1::JOB_PHASE_CANCELLED;
+}
+
+// Members that count as alive: they hold (or wait for) a place in the job.
+inline bool IsLive(v1::MemberState s) {
+  return s == v1::MEMBER_STATE_JOINING || s == v1::MEMBER_STATE_ACTIVE ||
+         s == v1::MEMBER_STATE_SPARE || s == v1::MEMBER_STATE_FENCED;
+}
+
+// "RUNNING", "FAILED", ... for messages people read.
+inline std::string PhaseName(v1::JobPhase phase) {
+  std::string name = v1::JobPhase_Name(phase);
+  return name.substr(std::string("JOB_PHASE_").size());
+}
+
+// "LOST", "LEFT", ... for messages people read.
+inline std::string MemberStateName(v1::MemberState state) {
+  std::string name = v1::MemberState_Name(state);
+  return name.substr(std::string("MEMBER_STATE_").size());
+}
+
+inline v1::Directive Restart(uint64_t generation, const std::string& reason) {
+  v1::Directive d;
+  d.mutable_restart_at_generation()->set_generation(generation);
+  d.mutable_restart_at_generation()->set_reason(reason);
+  return d;
+}
+
+inline v1::Directive Stop(v1::JobPhase phase, const std::string& reason) {
+  v1::Directive d;
+  d.mutable_stop()->set_phase(phase);
+  d.mutable_stop()->set_reason(reason);
+  return d;
+}
+
+struct Coordinator::MemberRecord {
+  v1::Member member;  // persisted
+  absl::Time last_heartbeat;
+  // Its Session stream: at most one open session and its queued messages.
+  SessionOutbox outbox;
+  int previous_rank = -1;  // rank in the last generation it was ACTIVE in
+  // Incarnations this slot has had before the current one: a process that
+  // was replaced must not come back and replace its successor (two
+  // processes with one worker_id would otherwise take turns forever).
+  std::set<uint64_t> retired_incarnations;
+  // Consecutive generations of this incarnation that its own ReportError
+  // ended, with no success (a heartbeat reporting a step done in the
+  // generation) in between; and the
+  // last such report. In memory only: a coordinator restart forgives.
+  int error_streak = 0;
+  std::string last_error;
+  // The step its generation started from (the restore point's, or 0): a
+  // heartbeat reporting a later step means it trained in this generation.
+  uint64_t generation_start_step = 0;
+  // An operator asked to drain it: member.drain_reason() is set (durable).
+  bool draining() const { return !member.drain_reason().empty(); }
+};
+
+struct Coordinator::JobRecord {
+  // `store` (not owned) keeps the event log; `max_events`: its retention.
+  JobRecord(StateStore* store, int max_events) : events(store, max_events) {}
+
+  v1::Job job;  // persisted
+  std::string worker_token;  // persisted
+  std::map<std::string, MemberRecord> members;  // by worker_id; never erased
+  std::optional<plan::Plan> plan;               // the current generation, once formed
+  spec::PlanGroups plan_groups;                       // spec::GroupsOfPlan(*plan) while plan is set
+  // Sets (or, with nullopt, clears) the plan and the groups derived from it.
+  void SetPlan(std::optional<plan::Plan> p) {
+    plan = std::move(p);
+    plan_groups = plan.has_value() ? spec::GroupsOfPlan(*plan) : spec::PlanGroups{};
+  }
+  // A member that was a SPARE no longer is one.
+  void UncountSpare(v1::MemberState was) {
+    if (was == v1::MEMBER_STATE_SPARE && job.num_spares() > 0) {
+      job.set_num_spares(job.num_spares() - 1);
+    }
+  }
+  absl::Time waiting_since;                     // entered PENDING / RECOVERING
+  std::string last_end_reason;                  // why the last generation ended (not persisted)
+  std::optional<absl::Time> last_call_deadline;
+  v1::FormationReason pending_reason = v1::FORMATION_REASON_INITIAL;
+  // The job's events (durable, see EventLog). Its changed() CondVar is
+  // signalled at every event (EmitLocked): every change that GetAssignment
+  // and WaitEvents wait for (formation, a generation's end, a phase, a
+  // member joining, leaving or lost) emits one.
+  EventLog events;
+  uint64_t progress_step = 0;  // last StepProgress emitted
+};
+
+}  // namespace shardline::server
+
+#endif  // SHARDLINE_SERVER_COORDINATOR_RECORDS_H_

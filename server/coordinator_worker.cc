@@ -1,0 +1,249 @@
+// Coordinator: the calls of a joined worker: its Session stream, fences,
+// assignments and heartbeats.
+#include "server/coordinator.h"
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/coordinator_records.h"
+#include "server/coordinator_validation.h"
+
+namespace shardline::server {
+
+absl::StatusOr<Coordinator::MemberRecord*> Coordinator::CheckFenceLocked(const v1::Fence& fence,
+                                                                         JobRecord** job_out) {
+  if (!fence.has_worker()) {
+    return absl::InvalidArgumentError("fence is missing; every worker call carries one");
+  }
+  if (absl::Status s = ValidIdentity(fence.worker(), "fence.worker"); !s.ok()) return s;
+  if (fence.generation() == 0) {
+    return absl::InvalidArgumentError(
+        "fence.generation must be the generation JoinJob returned (>= 1)");
+  }
+  JobRecord* job = FindJobLocked(fence.worker().job_id());
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no job '", fence.worker().job_id(), "'"));
+  }
+  *job_out = job;
+  if (IsTerminal(job->job.phase())) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", job->job.job_id(), "' is ",
+                                                      PhaseName(job->job.phase()), ": stop (",
+                                                      job->job.phase_reason(), ")"));
+  }
+  auto it = job->members.find(fence.worker().worker_id());
+  if (it == job->members.end()) {
+    return absl::NotFoundError(absl::StrCat("worker '", fence.worker().worker_id(),
+                                            "' never joined job '", job->job.job_id(),
+                                            "'; call JoinJob first"));
+  }
+  MemberRecord& m = it->second;
+  if (m.member.incarnation() != fence.worker().incarnation()) {
+    return absl::AbortedError(absl::StrCat(
+        "incarnation ", fence.worker().incarnation(), " of worker '", m.member.worker_id(),
+        "' was replaced by incarnation ", m.member.incarnation(), "; this process is fenced off"));
+  }
+  const v1::MemberState state = m.member.state();
+  if (state == v1::MEMBER_STATE_LOST || state == v1::MEMBER_STATE_LEFT) {
+    return absl::AbortedError(absl::StrCat(
+        "worker '", m.member.worker_id(), "' was declared ",
+        state == v1::MEMBER_STATE_LOST ? "lost (" + m.member.detail() + ")" : "gone (it left)",
+        "; re-join with JoinJob"));
+  }
+  // Any fenced call proves the process is alive, even a stale one.
+  m.last_heartbeat = clock_->Now();
+  if (state == v1::MEMBER_STATE_FENCED || fence.generation() != job->job.generation()) {
+    return absl::AbortedError(absl::StrCat(
+        "generation ", fence.generation(), " is over (current ", job->job.generation(), "): ",
+        job->job.phase_reason(), "; abort communicators and re-join with JoinJob"));
+  }
+  return &m;
+}
+
+absl::StatusOr<uint64_t> Coordinator::OpenSession(const v1::WorkerIdentity& w,
+                                                  SessionWaker waker) {
+  if (absl::Status s = ValidIdentity(w, "worker"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(w.job_id());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", w.job_id(), "'"));
+  auto it = job->members.find(w.worker_id());
+  if (it == job->members.end()) {
+    return absl::NotFoundError(absl::StrCat("worker '", w.worker_id(), "' never joined job '",
+                                            w.job_id(), "'; call JoinJob first"));
+  }
+  MemberRecord& m = it->second;
+  if (m.member.incarnation() != w.incarnation()) {
+    return absl::AbortedError(absl::StrCat("incarnation ", w.incarnation(), " of worker '",
+                                           w.worker_id(), "' was replaced; re-join"));
+  }
+  if (!IsLive(m.member.state())) {
+    return absl::AbortedError(absl::StrCat("worker '", w.worker_id(), "' is ",
+                                           MemberStateName(m.member.state()),
+                                           "; re-join with JoinJob"));
+  }
+  const uint64_t session_id = next_session_id_++;
+  m.outbox.Open(session_id, std::move(waker));  // an older stream of this incarnation ends
+  m.last_heartbeat = clock_->Now();
+  v1::SessionMessage opened;
+  opened.mutable_opened()->set_generation(job->job.generation());
+  opened.mutable_opened()->set_state(m.member.state());
+  m.outbox.Push(std::move(opened));
+  if (absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(*job, m); a.ok()) {
+    v1::SessionMessage msg;
+    *msg.mutable_assignment() = *std::move(a);
+    m.outbox.Push(std::move(msg));
+  } else if (m.member.state() == v1::MEMBER_STATE_FENCED) {
+    v1::SessionMessage msg;
+    *msg.mutable_directive() = Restart(job->job.generation(), job->job.phase_reason());
+    m.outbox.Push(std::move(msg));
+  }
+  return session_id;
+}
+
+absl::StatusOr<std::optional<v1::SessionMessage>> Coordinator::NextSessionMessage(
+    const v1::WorkerIdentity& w, uint64_t session_id, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(w.job_id());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", w.job_id(), "'"));
+  auto it = job->members.find(w.worker_id());
+  if (it == job->members.end()) return absl::NotFoundError("unknown worker");
+  MemberRecord* m = &it->second;
+  m->outbox.Wait(&mu_, session_id, deadline);
+  if (!m->outbox.IsCurrent(session_id) || m->member.incarnation() != w.incarnation()) {
+    return absl::AbortedError("this session was replaced or closed");
+  }
+  return m->outbox.Pop();
+}
+
+absl::StatusOr<FencedWorker> Coordinator::CheckFence(const v1::Fence& fence) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = nullptr;
+  absl::StatusOr<MemberRecord*> m = CheckFenceLocked(fence, &job);
+  if (!m.ok()) return m.status();
+  FencedWorker out;
+  out.job_id = job->job.job_id();
+  out.worker_id = (*m)->member.worker_id();
+  out.incarnation = (*m)->member.incarnation();
+  out.generation = job->job.generation();
+  out.active = (*m)->member.state() == v1::MEMBER_STATE_ACTIVE;
+  out.rank = out.active ? static_cast<int>((*m)->member.rank()) : -1;
+  out.world_size = static_cast<int>(job->job.world_size());
+  return out;
+}
+
+absl::StatusOr<v1::Assignment> Coordinator::GetAssignment(const v1::Fence& fence, bool wait,
+                                                          absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = nullptr;
+  absl::StatusOr<MemberRecord*> m = CheckFenceLocked(fence, &job);
+  if (!m.ok()) return m.status();
+  const uint64_t generation = fence.generation();
+  MemberRecord* member = *m;
+  const uint64_t incarnation = member->member.incarnation();
+  auto settled = [job, member, generation, incarnation]() {
+    const v1::MemberState s = member->member.state();
+    return job->job.generation() != generation || IsTerminal(job->job.phase()) ||
+           member->member.incarnation() != incarnation ||
+           (job->plan.has_value() &&
+            (s == v1::MEMBER_STATE_ACTIVE || s == v1::MEMBER_STATE_SPARE)) ||
+           !IsLive(s);
+  };
+  const std::shared_ptr<absl::CondVar> changed = job->events.changed();
+  while (wait && !settled() && !changed->WaitWithDeadline(&mu_, deadline)) {
+  }
+  absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(*job, *member);
+  if (a.ok() && member->member.incarnation() == incarnation) return a;
+  // Re-check the fence: the generation may have ended while waiting.
+  m = CheckFenceLocked(fence, &job);
+  if (!m.ok()) return m.status();
+  if (!wait) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "generation ", generation, " has not formed yet (", job->job.phase_reason(),
+        "); call again with wait=true"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("generation ", generation,
+                                                  " did not form before the deadline (",
+                                                  job->job.phase_reason(), ")"));
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  v1::HeartbeatResponse response;
+  if (JobRecord* job = FindJobLocked(request.fence().worker().job_id());
+      job != nullptr && IsTerminal(job->job.phase())) {
+    auto it = job->members.find(request.fence().worker().worker_id());
+    if (it != job->members.end() &&
+        it->second.member.incarnation() == request.fence().worker().incarnation()) {
+      *response.mutable_directive() = Stop(job->job.phase(), job->job.phase_reason());
+      return response;
+    }
+  }
+  JobRecord* job = nullptr;
+  absl::StatusOr<MemberRecord*> m = CheckFenceLocked(request.fence(), &job);
+  if (!m.ok()) return m.status();
+  if (request.state() == v1::WORKER_STATE_UNSPECIFIED) {
+    return absl::InvalidArgumentError("state is UNSPECIFIED; say what the worker is doing");
+  }
+  const uint64_t steps = job->job.spec().training().train_steps();
+  if (request.step() > steps || request.metrics().step() > steps) {
+    return absl::InvalidArgumentError(absl::StrCat("step=", request.step(), " (metrics.step=",
+                                                   request.metrics().step(),
+                                                   ") is beyond train_steps=", steps));
+  }
+  v1::Member& member = (*m)->member;
+  member.set_step(std::max(member.step(), request.step()));
+  member.set_worker_state(request.state());
+  *member.mutable_last_heartbeat_time() = ToProto(clock_->Now());
+  // Success is a step done in this generation: states such as READY come
+  // before the parts that can fail every time (opening the data, restoring),
+  // and a heartbeat racing the worker's error report must not reset it.
+  if (member.state() == v1::MEMBER_STATE_ACTIVE && request.step() > (*m)->generation_start_step) {
+    (*m)->error_streak = 0;
+  }
+  if (member.state() == v1::MEMBER_STATE_ACTIVE) {
+    job->job.set_step(std::max(job->job.step(), request.step()));
+    if (request.has_metrics() && request.metrics().step() > job->progress_step &&
+        request.metrics().has_loss()) {
+      job->progress_step = request.metrics().step();
+      v1::JobEvent e;
+      v1::StepProgress* p = e.mutable_step_progress();
+      p->set_step(request.metrics().step());
+      p->set_loss(request.metrics().loss());
+      if (request.metrics().has_tokens_per_second()) {
+        p->set_tokens_per_second(request.metrics().tokens_per_second());
+      }
+      EmitLocked(*job, std::move(e));
+    }
+  }
+  // The job completes when every rank has finished its steps. Only a rank
+  // that says DONE can complete it: the O(members) check stays off the
+  // ordinary heartbeat's path.
+  bool all_done = job->job.phase() == v1::JOB_PHASE_RUNNING &&
+                  member.state() == v1::MEMBER_STATE_ACTIVE &&
+                  member.worker_state() == v1::WORKER_STATE_DONE;
+  if (all_done) {
+    for (const auto& [id, other] : job->members) {
+      if (other.member.state() == v1::MEMBER_STATE_ACTIVE &&
+          other.member.worker_state() != v1::WORKER_STATE_DONE) {
+        all_done = false;
+        break;
+      }
+    }
+  }
+  if (all_done) {
+    SetPhaseLocked(*job, v1::JOB_PHASE_COMPLETED,
+                   absl::StrCat("all ", job->job.world_size(), " ranks finished ",
+                                job->job.spec().training().train_steps(), " steps"));
+    StopAllLocked(*job);
+    PersistAllMembersLocked(*job).IgnoreError();
+    *response.mutable_directive() = Stop(job->job.phase(), job->job.phase_reason());
+    return response;
+  }
+  response.mutable_directive()->mutable_continue_training();
+  return response;
+}
+
+}  // namespace shardline::server

@@ -1,0 +1,221 @@
+// What every RPC adapter of server/rpc/ shares: the call runner (shutdown
+// mapping, metrics, the absl -> gRPC status mapping of common/grpc_status.h),
+// the handler pool of the callback-API methods, authentication helpers,
+// sliced blocking waits and the request's timeout and deadline.
+//
+//   grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
+//                                       v1::Job* resp) {
+//     return calls_->Run("JobService/GetJob", [&]() -> absl::Status {
+//       if (absl::Status st = calls_->AuthorizeWorker(*ctx, req->job_id(), "job_id"); !st.ok()) {
+//         return st;
+//       }
+//       ... call the component, fill *resp ...
+//     });
+//   }
+//
+// Two kinds of handlers (the adapters' headers say which method is which):
+//   * Sync API (grpc::Service methods): the body runs on a thread of gRPC's
+//     sync server, one per in-flight call (bounded by
+//     ServerOptions::max_threads), blocking waits included: Run().
+//   * Callback API (WithCallbackMethod_*): gRPC calls the handler on one of
+//     its own threads, which also move the bytes of every connection; the
+//     body is posted to the HandlerPool (4 threads) and the handler returns
+//     at once: RunPooled(). Only for bodies that never wait long. The
+//     Session stream (session_stream.h) and a KvGet that waits
+//     (rendezvous_service.h) are the two exceptions that manage their own
+//     threads.
+//
+// Every handler answers UNAVAILABLE ("the coordinator is shutting down;
+// retry with backoff") once BeginShutdown() was called, and also when its
+// body failed while the server was shutting down (its waits were ended):
+// such a call should be retried, not acted upon. INTERNAL answers are
+// logged. Every call is counted in metrics::Metrics::ObserveRpc (when
+// metrics are configured) under "<Service>/<Method>".
+//
+// Thread-safety: CallRunner and HandlerPool are thread-safe.
+#ifndef SHARDLINE_SERVER_RPC_CALL_H_
+#define SHARDLINE_SERVER_RPC_CALL_H_
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/duration.pb.h"
+#include "metrics/metrics.h"
+#include "server/auth.h"
+#include "server/coordinator.h"
+#include "shardline/v1/common.pb.h"
+#include "shardline/v1/job.pb.h"
+
+namespace shardline::server {
+
+// coordinator.proto kMaxMessageBytes: largest request or response (bytes).
+inline constexpr int kMaxMessageBytes = 64 * 1024 * 1024;
+// GetAssignmentRequest.timeout: default and maximum.
+inline constexpr absl::Duration kDefaultAssignmentTimeout = absl::Minutes(5);
+inline constexpr absl::Duration kMaxAssignmentTimeout = absl::Hours(1);
+// Longest single wait inside a sliced blocking call (CallRunner::SlicedWait).
+inline constexpr absl::Duration kWaitSlice = absl::Milliseconds(500);
+
+namespace rpc {
+
+// A few threads that run the callback-API handlers' work, so that gRPC's own
+// threads (which also move the bytes of every connection) never wait on the
+// coordinator's lock: a reaction that blocks stalls I/O for other calls,
+// and at 4096 workers that meant unanswered keepalive pings. Open Session
+// streams hold no thread at all (a sync server held one per worker:
+// thousands of threads waking every poll_interval on 2 cores). Post() may be
+// called with the coordinator's lock held (session wakers): it only queues.
+// Thread-safe. Runs each posted item once, FIFO; items posted after Stop()
+// are dropped; Stop() runs the items already queued, then joins.
+class HandlerPool {
+ public:
+  using Item = std::function<void()>;
+  explicit HandlerPool(int threads);
+  ~HandlerPool();
+  HandlerPool(const HandlerPool&) = delete;
+  HandlerPool& operator=(const HandlerPool&) = delete;
+
+  void Post(Item item) ABSL_LOCKS_EXCLUDED(mu_);
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Loop();
+
+  absl::Mutex mu_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+// Threads of the HandlerPool.
+inline constexpr int kHandlerPoolThreads = 4;
+
+// Runs the handlers of every adapter (see the file comment) and checks who
+// calls. Owned by CoordinatorServer; outlives every adapter.
+class CallRunner {
+ public:
+  // `coordinator` (required) answers worker tokens, job lists and fences;
+  // `admin_token` empty turns authentication off; `metrics` may be null.
+  CallRunner(Coordinator* coordinator, const std::string& admin_token,
+             metrics::Metrics* metrics);
+  CallRunner(const CallRunner&) = delete;
+  CallRunner& operator=(const CallRunner&) = delete;
+
+  // Runs one sync-API handler body: UNAVAILABLE while shutting down (the
+  // body does not run), metrics, the INTERNAL log, the status mapping.
+  grpc::Status Run(absl::string_view method, absl::FunctionRef<absl::Status()> body);
+
+  // Run() for a handler on the callback API: `body` runs on the pool, not
+  // on the gRPC thread that received the call. `body` must capture by value
+  // (the handler has returned when it runs); the request, response and
+  // context stay valid until the reactor's Finish. Only for bodies that
+  // never wait long: a few such bodies fill the pool. `method` must be a
+  // string literal.
+  grpc::ServerUnaryReactor* RunPooled(grpc::CallbackServerContext* ctx, const char* method,
+                                      std::function<absl::Status()> body);
+
+  // Authentication (server/auth.h) of the call's "authorization" metadata.
+  // Errors: UNAUTHENTICATED, PERMISSION_DENIED (coordinator.proto Errors).
+  absl::StatusOr<Principal> Authorize(const grpc::ServerContextBase& ctx, Access access,
+                                      absl::string_view job_id) const;
+  // A worker-level call on `job_id` (named `field` in errors): the caller
+  // holds the job's worker token or the admin token, and the id is present.
+  // Errors: Authorize's; INVALID_ARGUMENT "<field> must be non-empty".
+  absl::Status AuthorizeWorker(const grpc::ServerContextBase& ctx, const std::string& job_id,
+                               const char* field) const;
+  // AuthorizeWorker on fence.worker.job_id, then Coordinator::CheckFence.
+  // Errors: AuthorizeWorker's; CheckFence's (INVALID_ARGUMENT, NOT_FOUND,
+  // FAILED_PRECONDITION, ABORTED).
+  absl::StatusOr<FencedWorker> AuthorizeFence(const grpc::ServerContextBase& ctx,
+                                              const v1::Fence& fence) const;
+  bool auth_enabled() const { return auth_.enabled(); }
+
+  // A blocking wait cut into slices of at most kWaitSlice so that cancelled
+  // callers and shutdown are noticed. `call(remaining, slice_end)` waits
+  // until slice_end at most. Returns its first answer that is not
+  // DeadlineExceeded; DeadlineExceeded (with the time waited) once
+  // `deadline` passed; CANCELLED when the caller cancelled; UNAVAILABLE when
+  // the server began shutting down.
+  template <typename T>
+  absl::StatusOr<T> SlicedWait(
+      grpc::ServerContextBase* ctx, absl::Time deadline,
+      const std::function<absl::StatusOr<T>(absl::Duration remaining, absl::Time slice_end)>&
+          call) const {
+    const absl::Time start = absl::Now();
+    while (true) {
+      const absl::Time now = absl::Now();
+      const absl::Duration remaining = std::max(deadline - now, absl::ZeroDuration());
+      absl::StatusOr<T> r = call(remaining, std::min(deadline, now + kWaitSlice));
+      if (r.ok() || r.status().code() != absl::StatusCode::kDeadlineExceeded) return r;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            r.status().message(), " (waited ", absl::FormatDuration(absl::Now() - start),
+            " in all)"));
+      }
+      if (ctx->IsCancelled()) return absl::CancelledError("the caller cancelled");
+      if (shutting_down()) return absl::UnavailableError("the coordinator is shutting down");
+    }
+  }
+
+  // From now on every handler answers UNAVAILABLE. Idempotent.
+  void BeginShutdown() { shutting_down_.store(true); }
+  bool shutting_down() const { return shutting_down_.load(); }
+
+  // Shared with the session wakers the coordinator holds.
+  const std::shared_ptr<HandlerPool>& pool() const { return pool_; }
+  metrics::Metrics* metrics() const { return metrics_; }
+
+ private:
+  Coordinator* const coordinator_;
+  metrics::Metrics* const metrics_;
+  const Authenticator auth_;
+  std::atomic<bool> shutting_down_{false};
+  const std::shared_ptr<HandlerPool> pool_;
+};
+
+// INVALID_ARGUMENT "<field> must be non-empty" for an empty job id.
+absl::Status RequireJobId(absl::string_view job_id, absl::string_view field);
+
+// The request's timeout: nullopt when unset. INVALID_ARGUMENT (naming
+// `field`) when malformed, negative or over `max`.
+absl::StatusOr<std::optional<absl::Duration>> ParseTimeout(bool has,
+                                                           const google::protobuf::Duration& d,
+                                                           absl::Duration max,
+                                                           absl::string_view field);
+
+// The call's gRPC deadline (InfiniteFuture when it has none).
+absl::Time RpcDeadline(const grpc::ServerContextBase& ctx);
+
+// The earlier of now + the request's timeout (or `default_timeout`) and the
+// gRPC deadline.
+absl::Time WaitDeadline(const grpc::ServerContextBase& ctx, std::optional<absl::Duration> timeout,
+                        absl::Duration default_timeout);
+
+// "job=<id> worker=<id> incarnation=<n>" for log lines.
+std::string Who(const v1::WorkerIdentity& w);
+
+// COMPLETED, FAILED or CANCELLED.
+bool IsTerminal(v1::JobPhase phase);
+
+}  // namespace rpc
+}  // namespace shardline::server
+
+#endif  // SHARDLINE_SERVER_RPC_CALL_H_

@@ -1,0 +1,201 @@
+#include "server/rpc/coordinator_server.h"
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include <grpcpp/resource_quota.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/log.h"
+#include "server/all_jobs.h"
+#include "server/rpc/checkpoint_service.h"
+#include "server/rpc/job_service.h"
+#include "server/rpc/rendezvous_service.h"
+#include "server/rpc/session_stream.h"
+#include "server/rpc/worker_service.h"
+
+namespace shardline::server {
+namespace {
+
+void Log(absl::string_view line) { LogLine(line); }
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const std::string& cert_file, const std::string& key_file,
+    const std::string& client_ca_file) {
+  if (cert_file.empty() || key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+  }
+  auto read = [](const std::string& path) -> absl::StatusOr<std::string> {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+    std::ostringstream s;
+    s << in.rdbuf();
+    if (in.bad()) return absl::UnavailableError(absl::StrCat("error reading '", path, "'"));
+    return s.str();
+  };
+  absl::StatusOr<std::string> cert = read(cert_file);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = read(key_file);
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions options(
+      client_ca_file.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                             : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  if (!client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = read(client_ca_file);
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *std::move(ca);
+  }
+  options.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  return grpc::SslServerCredentials(options);
+}
+
+std::vector<metrics::JobSnapshot> SnapshotJobs(const Coordinator& coordinator) {
+  std::vector<metrics::JobSnapshot> out;
+  for (const v1::Job& job : AllJobs(coordinator)) {
+    metrics::JobSnapshot s;
+    s.job_id = job.job_id();
+    s.generation = job.generation();
+    absl::StatusOr<v1::ListMembersResponse> members = coordinator.ListMembers(job.job_id());
+    if (members.ok()) {
+      for (const v1::Member& m : members->members()) {
+        std::string state = v1::MemberState_Name(m.state());
+        absl::string_view prefix = "MEMBER_STATE_";
+        if (absl::StartsWith(state, prefix)) state = state.substr(prefix.size());
+        ++s.members_by_state[absl::AsciiStrToLower(state)];
+      }
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+CoordinatorServer::CoordinatorServer(ServiceDeps deps) : deps_(deps) {}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    ServiceDeps deps, ServerOptions options) {
+  if (deps.coordinator == nullptr || deps.rendezvous == nullptr || deps.checkpoints == nullptr) {
+    return absl::InvalidArgumentError(
+        "CoordinatorServer needs a coordinator, a rendezvous and a checkpoint registry");
+  }
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer(deps));
+  CoordinatorServer* raw = server.get();
+  const CheckpointFlow::PassOnFn pass_on = [raw](const std::vector<GenerationEnded>& ended) {
+    raw->PassOn(ended);
+  };
+  server->calls_ =
+      std::make_unique<rpc::CallRunner>(deps.coordinator, options.admin_token, deps.metrics);
+  server->flow_ = std::make_unique<CheckpointFlow>(deps.coordinator, deps.checkpoints, pass_on);
+  server->sessions_ =
+      std::make_unique<rpc::SessionStreams>(server->calls_.get(), deps.coordinator, pass_on);
+  server->job_service_ = std::make_unique<rpc::JobServiceImpl>(
+      server->calls_.get(), deps.coordinator, deps.rendezvous, server->flow_.get(), pass_on,
+      options.poll_interval);
+  server->worker_service_ = std::make_unique<rpc::WorkerServiceImpl>(
+      server->calls_.get(), deps.coordinator, server->flow_.get(), server->sessions_.get(),
+      pass_on);
+  server->rendezvous_service_ = std::make_unique<rpc::RendezvousServiceImpl>(
+      server->calls_.get(), deps.coordinator, deps.rendezvous, options.max_waiting_gets);
+  server->checkpoint_service_ = std::make_unique<rpc::CheckpointServiceImpl>(
+      server->calls_.get(), deps.coordinator, server->flow_.get());
+  server->flow_->RecoverCheckpointFiles();
+
+  grpc::ServerBuilder builder;
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      options.credentials != nullptr ? options.credentials : grpc::InsecureServerCredentials();
+  int port = 0;
+  builder.AddListeningPort(options.listen_address, credentials, &port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_time)));
+  builder.AddChannelArgument(
+      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Workers may send their own keepalive pings once a second.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  // Two coordinators on one port would split the clients between them.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // The sync server starts a thread per concurrent call (blocking waits
+  // included): bounded, so a flood of calls gets RESOURCE_EXHAUSTED instead
+  // of exhausting the process's threads (which left calls unanswered and
+  // shutdown hanging). Sized for 4096 workers each waiting in
+  // GetAssignment, plus room for everything else.
+  grpc::ResourceQuota quota("shardline-coordinator");
+  quota.SetMaxThreads(options.max_threads);
+  builder.SetResourceQuota(quota);
+  builder.RegisterService(server->job_service_.get());
+  builder.RegisterService(server->worker_service_.get());
+  builder.RegisterService(server->rendezvous_service_.get());
+  builder.RegisterService(server->checkpoint_service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on '", options.listen_address,
+                     "' (address in use, not a local address, or bad TLS files?)"));
+  }
+  server->port_ = port;
+  const size_t colon = options.listen_address.rfind(':');
+  const std::string host =
+      colon == std::string::npos ? options.listen_address : options.listen_address.substr(0, colon);
+  server->address_ = absl::StrCat(host, ":", port);
+  if (options.tick_interval > absl::ZeroDuration()) {
+    const absl::Duration interval = options.tick_interval;
+    server->tick_thread_ = std::thread([raw, interval] { raw->TickLoop(interval); });
+  }
+  Log(absl::StrCat("serving address=", server->address_,
+                   " tls=", options.credentials != nullptr ? "on" : "off",
+                   " auth=", options.admin_token.empty() ? "off" : "on"));
+  return server;
+}
+
+void CoordinatorServer::TickLoop(absl::Duration interval) {
+  while (!stop_tick_.WaitForNotificationWithTimeout(interval)) {
+    PassOn(deps_.coordinator->Tick());
+  }
+}
+
+void CoordinatorServer::PassOn(const std::vector<GenerationEnded>& ended) {
+  for (const GenerationEnded& e : ended) {
+    Log(absl::StrCat("generation ended job=", e.job_id, " generation=", e.generation,
+                     " reason=\"", e.reason, "\""));
+    deps_.rendezvous->EndGeneration(e.job_id, e.generation);
+    flow_->AbortPendingCheckpoint(e.job_id, e.reason);
+    absl::StatusOr<v1::Job> job = deps_.coordinator->GetJob(e.job_id);
+    if (job.ok() && rpc::IsTerminal(job->phase())) deps_.rendezvous->DropJob(e.job_id);
+  }
+}
+
+void CoordinatorServer::Shutdown() {
+  std::call_once(shutdown_once_, [this] {
+    Log(absl::StrCat("shutting down address=", address_));
+    // New calls get UNAVAILABLE; open Session streams end with UNAVAILABLE
+    // right away (workers reconnect to the next coordinator; none is
+    // declared lost).
+    calls_->BeginShutdown();
+    sessions_->EndAll();
+    if (!stop_tick_.HasBeenNotified()) stop_tick_.Notify();
+    if (tick_thread_.joinable()) tick_thread_.join();
+    // Ends every blocked rendezvous call.
+    for (const v1::Job& job : AllJobs(*deps_.coordinator)) {
+      deps_.rendezvous->DropJob(job.job_id());
+    }
+    if (server_ != nullptr) {  // null when Start failed to listen
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      server_->Wait();
+    }
+    Log("shut down");
+  });
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+}  // namespace shardline::server

@@ -1,0 +1,103 @@
+// JobService of proto/shardline/v1/coordinator.proto over the Coordinator:
+// each method authenticates, checks the request's ids, calls the component
+// and packs its answer. Every method is on gRPC's sync API: its body runs
+// on a sync-server thread (server/rpc/call.h); WatchJob holds that thread
+// for as long as it streams.
+//
+// Errors per method. Every method may also answer with the codes of
+// coordinator.proto "Errors" that any RPC may return: UNAUTHENTICATED /
+// PERMISSION_DENIED (authentication, first), UNAVAILABLE (shutting down or
+// the state store), RESOURCE_EXHAUSTED (message over kMaxMessageBytes,
+// gRPC's own check). "Admin" methods need the admin token; "worker" ones
+// the job's worker token or the admin token.
+//   CreateJob (admin): INVALID_ARGUMENT: the spec (spec::ResolveJobSpec's
+//     message names the field), a spec.checkpoint.directory the coordinator
+//     cannot create (CheckpointFlow::CreateJob), or a malformed job_id;
+//     ALREADY_EXISTS: job_id exists with another spec; RESOURCE_EXHAUSTED:
+//     max_jobs unfinished jobs (Coordinator::CreateJob). Without an admin
+//     token configured the answer's worker_token is empty.
+//   GetJob (worker): INVALID_ARGUMENT: job_id empty; NOT_FOUND: no job.
+//   ListJobs (admin): INVALID_ARGUMENT: bad page_token or page_size.
+//   CancelJob (admin): INVALID_ARGUMENT: job_id empty, or reason over 1024
+//     bytes or with control characters; NOT_FOUND; FAILED_PRECONDITION: the
+//     job is COMPLETED or FAILED. The job's rendezvous state is dropped and
+//     its pending checkpoint aborted (CheckpointFlow::AbortPendingCheckpoint).
+//   ListMembers (worker): INVALID_ARGUMENT: job_id empty; NOT_FOUND.
+//   DrainWorker (admin): INVALID_ARGUMENT: job_id or worker_id empty,
+//     reason over 1024 bytes or with control characters; NOT_FOUND: no job
+//     or worker; FAILED_PRECONDITION: see Coordinator::DrainWorker. A
+//     generation the drain ended is passed on (CoordinatorServer::PassOn).
+//   GetPlan (worker): INVALID_ARGUMENT: job_id empty; NOT_FOUND;
+//     FAILED_PRECONDITION: no generation formed yet.
+//   GetShardOwner (worker): INVALID_ARGUMENT: job_id empty, parameter empty
+//     or element outside the tensor; NOT_FOUND: no job or parameter;
+//     FAILED_PRECONDITION: no generation formed yet.
+//   WatchJob (worker): replay, then Coordinator::WaitEvents in rounds of
+//     ServerOptions::poll_interval; ends OK after the PhaseChanged to a
+//     terminal phase (at once for a job already terminal, after its
+//     replay). INVALID_ARGUMENT: job_id empty; NOT_FOUND; OUT_OF_RANGE: an
+//     after_sequence outside [oldest retained - 1, newest];
+//     RESOURCE_EXHAUSTED: events the watcher had not received were dropped
+//     from the coordinator's retention (reconnect with after_sequence = the
+//     last received); CANCELLED: the watcher went away; UNAVAILABLE: the
+//     server is shutting down.
+//
+// Thread-safety: thread-safe (gRPC calls the methods concurrently).
+#ifndef SHARDLINE_SERVER_RPC_JOB_SERVICE_H_
+#define SHARDLINE_SERVER_RPC_JOB_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "server/checkpoint_flow.h"
+#include "server/coordinator.h"
+#include "server/rendezvous.h"
+#include "server/rpc/call.h"
+#include "shardline/v1/coordinator.grpc.pb.h"
+
+namespace shardline::server::rpc {
+
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  // Not owned; all must outlive the service. `pass_on`: see
+  // CheckpointFlow::PassOnFn.
+  JobServiceImpl(CallRunner* calls, Coordinator* coordinator, Rendezvous* rendezvous,
+                 CheckpointFlow* checkpoints, CheckpointFlow::PassOnFn pass_on,
+                 absl::Duration poll_interval);
+
+  grpc::Status CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* req,
+                         v1::CreateJobResponse* resp) override;
+  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
+                      v1::Job* resp) override;
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
+                        v1::ListJobsResponse* resp) override;
+  grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
+                         v1::Job* resp) override;
+  grpc::Status ListMembers(grpc::ServerContext* ctx, const v1::ListMembersRequest* req,
+                           v1::ListMembersResponse* resp) override;
+  grpc::Status DrainWorker(grpc::ServerContext* ctx, const v1::DrainWorkerRequest* req,
+                           v1::Member* resp) override;
+  grpc::Status GetPlan(grpc::ServerContext* ctx, const v1::GetPlanRequest* req,
+                       v1::Plan* resp) override;
+  grpc::Status GetShardOwner(grpc::ServerContext* ctx, const v1::GetShardOwnerRequest* req,
+                             v1::GetShardOwnerResponse* resp) override;
+  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+
+ private:
+  // The replay and live loop of WatchJob, after authentication.
+  absl::Status Watch(grpc::ServerContext* ctx, const v1::WatchJobRequest& req,
+                     grpc::ServerWriter<v1::JobEvent>* writer);
+
+  CallRunner* const calls_;
+  Coordinator* const coordinator_;
+  Rendezvous* const rendezvous_;
+  CheckpointFlow* const checkpoints_;
+  const CheckpointFlow::PassOnFn pass_on_;
+  const absl::Duration poll_interval_;
+};
+
+}  // namespace shardline::server::rpc
+
+#endif  // SHARDLINE_SERVER_RPC_JOB_SERVICE_H_

@@ -1,0 +1,118 @@
+// RendezvousService of proto/shardline/v1/coordinator.proto over the
+// Rendezvous (server/rendezvous.h). Every call is fenced: the fence is
+// checked by the Coordinator (CallRunner::AuthorizeFence), then the
+// Rendezvous gets the fence's job_id and generation.
+//
+// Where each method runs (server/rpc/call.h):
+//   KvSet, KvAdd, KvCompareAndSet, KvDelete, and KvGet without wait:
+//     callback API, the body on the HandlerPool (they never wait).
+//   KvGet with wait: callback API, the body on a thread of its own (as the
+//     sync server would have given it), at most
+//     ServerOptions::max_waiting_gets at once; waits in slices of
+//     kWaitSlice.
+//   KvWait: sync API, on a sync-server thread, waits in slices of
+//     kWaitSlice.
+//   Barrier: sync API; not sliced (an arrival that times out is withdrawn):
+//     bounded by the request's timeout and the gRPC deadline, ended by
+//     Rendezvous::DropJob at shutdown.
+//
+// Errors per method, besides the codes of coordinator.proto "Errors" that
+// any RPC may return (UNAUTHENTICATED / PERMISSION_DENIED first,
+// UNAVAILABLE while shutting down, RESOURCE_EXHAUSTED for an oversized
+// message). Every fenced call answers INVALID_ARGUMENT
+// "fence.worker.job_id must be non-empty", then Coordinator::CheckFence's
+// errors (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ABORTED), then
+// the Rendezvous's (its "Errors common to every method": INVALID_ARGUMENT
+// scope too long; ABORTED the generation ended, also while waiting).
+//   KvSet: INVALID_ARGUMENT key or value; RESOURCE_EXHAUSTED scope or
+//     generation full (Rendezvous::Set).
+//   KvGet with a fence: INVALID_ARGUMENT key, or timeout malformed,
+//     negative or over kMaxWaitTimeout; DEADLINE_EXCEEDED wait and the key
+//     was not set by the earlier of the timeout (default
+//     kDefaultWaitTimeout) and the gRPC deadline; CANCELLED the caller
+//     cancelled; RESOURCE_EXHAUSTED (wait) max_waiting_gets calls already
+//     wait, or no thread could be started.
+//   KvGet without a fence (an operator's read, admin token): INVALID_ARGUMENT
+//     job_id empty, wait set, or a generation that does not exist yet;
+//     NOT_FOUND no job; FAILED_PRECONDITION the generation is over (its keys
+//     were dropped); then Rendezvous::Get's.
+//   KvAdd: Rendezvous::Add's (INVALID_ARGUMENT key; FAILED_PRECONDITION not
+//     an int64 counter; OUT_OF_RANGE overflow; RESOURCE_EXHAUSTED).
+//   KvCompareAndSet: Rendezvous::CompareAndSet's (INVALID_ARGUMENT;
+//     RESOURCE_EXHAUSTED).
+//   KvWait: INVALID_ARGUMENT timeout as for KvGet, or keys (Rendezvous::Wait);
+//     DEADLINE_EXCEEDED some keys still missing; CANCELLED.
+//   KvDelete: INVALID_ARGUMENT key (Rendezvous::Delete).
+//   Barrier: INVALID_ARGUMENT timeout as for KvGet, name or participants;
+//     FAILED_PRECONDITION participants differs from earlier arrivals;
+//     DEADLINE_EXCEEDED too few arrived in time (Rendezvous::Barrier).
+//
+// Thread-safety: thread-safe.
+#ifndef SHARDLINE_SERVER_RPC_RENDEZVOUS_SERVICE_H_
+#define SHARDLINE_SERVER_RPC_RENDEZVOUS_SERVICE_H_
+
+#include <atomic>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/coordinator.h"
+#include "server/rendezvous.h"
+#include "server/rpc/call.h"
+#include "shardline/v1/coordinator.grpc.pb.h"
+
+namespace shardline::server::rpc {
+
+class RendezvousServiceImpl final
+    : public v1::RendezvousService::WithCallbackMethod_KvSet<
+          v1::RendezvousService::WithCallbackMethod_KvGet<
+              v1::RendezvousService::WithCallbackMethod_KvAdd<
+                  v1::RendezvousService::WithCallbackMethod_KvCompareAndSet<
+                      v1::RendezvousService::WithCallbackMethod_KvDelete<
+                          v1::RendezvousService::Service>>>>> {
+ public:
+  // Not owned; all must outlive the service. At most `max_waiting_gets`
+  // KvGet calls wait at once (each holds a thread).
+  RendezvousServiceImpl(CallRunner* calls, Coordinator* coordinator, Rendezvous* rendezvous,
+                        int max_waiting_gets);
+
+  grpc::ServerUnaryReactor* KvSet(grpc::CallbackServerContext* ctx, const v1::KvSetRequest* req,
+                                  v1::KvSetResponse* resp) override;
+  grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* req,
+                                  v1::KvGetResponse* resp) override;
+  grpc::ServerUnaryReactor* KvAdd(grpc::CallbackServerContext* ctx, const v1::KvAddRequest* req,
+                                  v1::KvAddResponse* resp) override;
+  grpc::ServerUnaryReactor* KvCompareAndSet(grpc::CallbackServerContext* ctx,
+                                            const v1::KvCompareAndSetRequest* req,
+                                            v1::KvCompareAndSetResponse* resp) override;
+  grpc::Status KvWait(grpc::ServerContext* ctx, const v1::KvWaitRequest* req,
+                      v1::KvWaitResponse* resp) override;
+  grpc::ServerUnaryReactor* KvDelete(grpc::CallbackServerContext* ctx,
+                                     const v1::KvDeleteRequest* req,
+                                     v1::KvDeleteResponse* resp) override;
+  grpc::Status Barrier(grpc::ServerContext* ctx, const v1::BarrierRequest* req,
+                       v1::BarrierResponse* resp) override;
+
+ private:
+  // KvGet's body; waits only when req->wait().
+  absl::Status Get(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* req,
+                   v1::KvGetResponse* resp);
+  // KvGet without a fence: an operator's read-only look (admin token), which
+  // proves nobody's liveness and never waits.
+  absl::Status OperatorRead(const grpc::ServerContextBase& ctx, const v1::KvGetRequest& req,
+                            v1::KvGetResponse* resp);
+
+  CallRunner* const calls_;
+  Coordinator* const coordinator_;
+  Rendezvous* const rendezvous_;
+  // KvGet calls waiting for a key, each on a thread of its own: at most
+  // max_waiting_gets_ (beyond: RESOURCE_EXHAUSTED), so a flood of waits
+  // cannot exhaust the process's threads.
+  const int max_waiting_gets_;
+  std::atomic<int> waiting_gets_{0};
+};
+
+}  // namespace shardline::server::rpc
+
+#endif  // SHARDLINE_SERVER_RPC_RENDEZVOUS_SERVICE_H_

@@ -1,0 +1,91 @@
+// WorkerService of proto/shardline/v1/coordinator.proto over the
+// Coordinator, the CheckpointFlow (ReportError's restore fallback) and the
+// Session streams.
+//
+// Where each method runs (server/rpc/call.h):
+//   JoinJob, GetAssignment, ReportError, LeaveJob: sync API, on a
+//     sync-server thread; GetAssignment with wait holds it while it waits
+//     (in slices of kWaitSlice, so a cancelled caller or a shutdown frees it
+//     promptly).
+//   Heartbeat: callback API; the body runs on the HandlerPool (it never
+//     waits).
+//   Session: callback API; the stream holds no thread
+//     (server/rpc/session_stream.h).
+//
+// Errors per method, besides the codes of coordinator.proto "Errors" that
+// any RPC may return (UNAUTHENTICATED / PERMISSION_DENIED first,
+// UNAVAILABLE while shutting down or without the state store,
+// RESOURCE_EXHAUSTED for an oversized message). Every method needs the
+// job's worker token or the admin token and answers INVALID_ARGUMENT
+// "<field> must be non-empty" for an empty job id (worker.job_id or
+// fence.worker.job_id); fenced methods then answer Coordinator::CheckFence's
+// errors (INVALID_ARGUMENT incomplete fence, NOT_FOUND, FAILED_PRECONDITION
+// job finished, ABORTED stale generation or replaced incarnation).
+//   JoinJob: Coordinator::JoinJob's (INVALID_ARGUMENT bad worker_id,
+//     incarnation, device or backend; NOT_FOUND; FAILED_PRECONDITION job
+//     finished or another backend; RESOURCE_EXHAUSTED too many workers;
+//     UNAVAILABLE not recorded). Counted in metrics (CountJoin).
+//   Session: see server/rpc/session_stream.h.
+//   GetAssignment: INVALID_ARGUMENT: timeout malformed, negative or over
+//     kMaxAssignmentTimeout; FAILED_PRECONDITION: not formed and wait false;
+//     DEADLINE_EXCEEDED: not formed by the earlier of the timeout (default
+//     kDefaultAssignmentTimeout) and the gRPC deadline; ABORTED: the
+//     generation ended while waiting; CANCELLED: the caller cancelled.
+//   Heartbeat: Coordinator::Heartbeat's (INVALID_ARGUMENT state or step).
+//     Counted in metrics (CountHeartbeat).
+//   ReportError: Coordinator::ReportError's (INVALID_ARGUMENT code not a
+//     failure or peer_rank not a rank; FAILED_PRECONDITION the caller holds
+//     no rank). A DATA_LOSS naming the restore point falls back to an older
+//     checkpoint (CheckpointFlow::ReportError). Ended generations are passed
+//     on.
+//   LeaveJob: Coordinator::LeaveJob's (NOT_FOUND; ABORTED a replaced
+//     incarnation). Ended generations are passed on.
+//
+// Thread-safety: thread-safe.
+#ifndef SHARDLINE_SERVER_RPC_WORKER_SERVICE_H_
+#define SHARDLINE_SERVER_RPC_WORKER_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "server/checkpoint_flow.h"
+#include "server/coordinator.h"
+#include "server/rpc/call.h"
+#include "server/rpc/session_stream.h"
+#include "shardline/v1/coordinator.grpc.pb.h"
+
+namespace shardline::server::rpc {
+
+class WorkerServiceImpl final
+    : public v1::WorkerService::WithCallbackMethod_Session<
+          v1::WorkerService::WithCallbackMethod_Heartbeat<v1::WorkerService::Service>> {
+ public:
+  // Not owned; all must outlive the service. `pass_on`: see
+  // CheckpointFlow::PassOnFn.
+  WorkerServiceImpl(CallRunner* calls, Coordinator* coordinator, CheckpointFlow* checkpoints,
+                    SessionStreams* sessions, CheckpointFlow::PassOnFn pass_on);
+
+  grpc::Status JoinJob(grpc::ServerContext* ctx, const v1::JoinJobRequest* req,
+                       v1::JoinJobResponse* resp) override;
+  grpc::ServerWriteReactor<v1::SessionMessage>* Session(grpc::CallbackServerContext* ctx,
+                                                        const v1::SessionRequest* req) override;
+  grpc::Status GetAssignment(grpc::ServerContext* ctx, const v1::GetAssignmentRequest* req,
+                             v1::Assignment* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::Status ReportError(grpc::ServerContext* ctx, const v1::ReportErrorRequest* req,
+                           v1::ReportErrorResponse* resp) override;
+  grpc::Status LeaveJob(grpc::ServerContext* ctx, const v1::LeaveJobRequest* req,
+                        v1::LeaveJobResponse* resp) override;
+
+ private:
+  CallRunner* const calls_;
+  Coordinator* const coordinator_;
+  CheckpointFlow* const checkpoints_;
+  SessionStreams* const sessions_;
+  const CheckpointFlow::PassOnFn pass_on_;
+};
+
+}  // namespace shardline::server::rpc
+
+#endif  // SHARDLINE_SERVER_RPC_WORKER_SERVICE_H_
