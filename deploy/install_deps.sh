@@ -5,6 +5,7 @@
 #
 #   deploy/install_deps.sh           # build and test
 #   deploy/install_deps.sh --bench   # also the peers of bench/run.sh (torch, etcd, ...)
+#   deploy/install_deps.sh --check   # also clang (tests/run.sh's thread-safety build)
 set -euo pipefail
 
 PACKAGES=(
@@ -33,10 +34,18 @@ BENCH_PACKAGES=(
   python3-matplotlib       # docs/plots/*.png
   etcd-server              # etcd 3.4, the coordinator's key-value peer
 )
+# Only for checking the code (tests/run.sh, CI): clang 14 for the
+# thread-safety build (bazel build --config=clang, .bazelrc) and
+# clang-format (.clang-format).
+CHECK_PACKAGES=(
+  clang
+  clang-format
+)
 case "${1:-}" in
   --bench) PACKAGES+=("${BENCH_PACKAGES[@]}") ;;
+  --check) PACKAGES+=("${CHECK_PACKAGES[@]}") ;;
   "") ;;
-  *) echo "install_deps: unknown argument '$1'; give nothing or --bench" >&2; exit 2 ;;
+  *) echo "install_deps: unknown argument '$1'; give nothing, --bench or --check" >&2; exit 2 ;;
 esac
 
 missing=()

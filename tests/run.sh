@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # The test command (README): on a fresh Debian 12 machine it installs what it
 # needs, builds and runs every test with Bazel in batch mode (no Bazel server
-# is left behind), and ends with the line "N passed, N failed, N skipped"
-# (one gtest case each; a test binary that dies counts as one failure).
+# is left behind), then builds the same targets with clang and its
+# thread-safety analysis as an error (--config=clang, .bazelrc), and ends
+# with the line "N passed, N failed, N skipped" (one gtest case each; a test
+# binary that dies counts as one failure, and so does a failed clang build).
 #
 #   tests/run.sh                 # everything
 #   tests/run.sh //plan/...      # a subset (Bazel target patterns)
+#   SHARDLINE_CLANG_CHECK=0 tests/run.sh   # local use: skip the clang build
+#
+# The clang build has its own output directory (bazel-out/k8-opt-clang), so
+# when nothing changed it only costs Bazel's start and analysis; a fresh
+# clone gets its actions from the disk cache (.bazelrc). CI runs it.
 #
 # Without a CUDA toolkit at /usr/local/cuda the GPU parts are compiled out
 # (--config=nocuda); GPU tests skip themselves on machines without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-bash deploy/install_deps.sh || { echo "tests/run.sh: installing dependencies failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
+bash deploy/install_deps.sh --check || { echo "tests/run.sh: installing dependencies failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 
 CONFIG=(--config=ci)
 [ -x /usr/local/cuda/bin/nvcc ] || CONFIG+=(--config=nocuda)
@@ -20,8 +27,13 @@ TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(//...)
 
 # Count only this run's results: stale logs of removed targets must not count.
-logs=$(readlink -f bazel-testlogs 2>/dev/null || true)
-[ -n "$logs" ] && [ -d "$logs" ] && rm -rf "$logs"
+# Every configuration's logs go (bazel-testlogs may point at another one's,
+# e.g. after a --config=asan run; see .bazelrc): Bazel re-creates or
+# re-fetches from the disk cache those it needs.
+out=$(readlink -f bazel-out 2>/dev/null || true)
+if [ -n "$out" ] && [ -d "$out" ]; then
+  for logs in "$out"/*/testlogs; do [ -d "$logs" ] && rm -rf "$logs"; done
+fi
 
 bazel --batch test "${CONFIG[@]}" -- "${TARGETS[@]}"
 rc=$?
@@ -44,6 +56,19 @@ fi
 if [ $rc -ne 0 ] && [ $failed -eq 0 ]; then
   echo "tests/run.sh: bazel exited $rc before any test failed (build error?)"
   failed=1
+fi
+
+# The thread-safety build, after the tests' results are counted. No
+# convenience symlinks (--symlink_prefix=/): bazel-bin and bazel-testlogs
+# keep pointing at the default build's outputs.
+if [ "${SHARDLINE_CLANG_CHECK:-1}" != 0 ]; then
+  bazel --batch build "${CONFIG[@]}" --config=clang --symlink_prefix=/ -- "${TARGETS[@]}"
+  clang_rc=$?
+  if [ $clang_rc -ne 0 ]; then
+    echo "tests/run.sh: the clang thread-safety build (--config=clang) failed (exit $clang_rc)"
+    failed=$((failed + 1))
+    [ $rc -eq 0 ] && rc=$clang_rc
+  fi
 fi
 echo "${passed} passed, ${failed} failed, ${skipped} skipped"
 exit $rc
