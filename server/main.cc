@@ -156,7 +156,7 @@ int Main(int argc, char** argv) {
   if (absl::Status s = coordinator.Recover(); !s.ok()) return Fail(s);
   // The coordinator sees the checkpoint directories (it writes manifest.json
   // next to the shards), so it checks at commit that every reported file is
-  // there with its size (server/checkpoint_files.h).
+  // there with its size (checkpoint/checkpoint_files.h).
   CheckpointRegistryOptions checkpoint_options;
   checkpoint_options.verify_files = checkpoint::VerifyShardFiles;
   absl::StatusOr<std::unique_ptr<CheckpointRegistry>> checkpoints =

@@ -1,4 +1,4 @@
-// The worker's side of two-phase checkpoints (DESIGN.md "Checkpoints";
+// The worker's side of two-phase checkpoints (docs/ARCHITECTURE.md "Checkpoints";
 // proto/shardline/v1/checkpoint.proto): save this rank's slices of the
 // trainer state as one shard file and report it; restore a committed
 // checkpoint onto this rank's (possibly different) layout.

@@ -2,7 +2,7 @@
 // its SaveSlices with WriteShard, the reports are merged into a manifest the
 // way the coordinator commits one, and every rank of layout B fills its
 // RestoreSlices with ReadRuns and continues. The loss curve must continue
-// the uninterrupted single-rank run within 1e-4 relative (DESIGN.md
+// the uninterrupted single-rank run within 1e-4 relative (docs/ARCHITECTURE.md
 // "Numbers that are contracts"; worker/train/trainer_restore_test.cc does
 // the same round trip in memory).
 #include <cstdlib>

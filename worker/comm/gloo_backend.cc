@@ -1,8 +1,9 @@
 // Gloo (CPU, TCP) implementation of Backend.
 //
-// Layout: StoreAdapter (our Store -> gloo::rendezvous::Store), 16-bit float
-// conversion, error mapping (Gloo exceptions -> absl::Status), then the
-// backend: one op thread per backend runs queued operations in order.
+// Layout: error mapping (Gloo exceptions -> absl::Status), then the
+// backend: one op thread per backend runs queued operations in order. The
+// store adapter, peer naming and fp32/16-bit helpers are in
+// worker/comm/gloo_internal.h.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -42,6 +43,7 @@
 #include "gloo/transport/unbound_buffer.h"
 #include "worker/comm/backend.h"
 #include "worker/comm/float16.h"
+#include "worker/comm/gloo_internal.h"
 
 namespace shardline::worker {
 
@@ -73,138 +75,18 @@ const char* ReduceOpName(ReduceOp op) {
 
 namespace {
 
-std::chrono::milliseconds ToMs(absl::Duration d) {
-  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
-}
-
-// Thrown by StoreAdapter so that a store failure unwinds out of Gloo's
-// connectFullMesh; caught in CreateGlooBackend and turned back into a status.
-struct StoreError : public std::exception {
-  explicit StoreError(absl::Status s) : status(std::move(s)) {}
-  const char* what() const noexcept override { return "store error"; }
-  absl::Status status;
-};
-
-// Our Store as seen by Gloo's rendezvous. Every blocking call is bounded by
-// the connect timeout.
-class StoreAdapter : public gloo::rendezvous::Store {
- public:
-  StoreAdapter(std::shared_ptr<worker::Store> store, absl::Duration timeout)
-      : store_(std::move(store)), timeout_(timeout) {}
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    absl::Status s = store_->Set(key, std::string(data.begin(), data.end()));
-    if (!s.ok()) throw StoreError(s);
-  }
-  std::vector<char> get(const std::string& key) override {
-    absl::StatusOr<std::string> v = store_->Get(key, timeout_);
-    if (!v.ok()) throw StoreError(v.status());
-    seen_[key] = *v;
-    return std::vector<char>(v->begin(), v->end());
-  }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, ToMs(timeout_)); }
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
-    absl::Duration t = std::min(timeout_, absl::Milliseconds(timeout.count()));
-    absl::Status s = store_->Wait(keys, t);
-    if (!s.ok()) throw StoreError(s);
-  }
-
- public:
-  // Values read during rendezvous, by key (only read on the bootstrapping
-  // thread). Used to learn which TCP port belongs to which peer rank.
-  const absl::flat_hash_map<std::string, std::string>& seen() const { return seen_; }
-
- private:
-  std::shared_ptr<worker::Store> store_;
-  absl::Duration timeout_;
-  absl::flat_hash_map<std::string, std::string> seen_;
-};
-
-// Names Gloo gives the remote end of each pair in its IoException messages
-// ("Read error [127.0.0.1]:41234: ..."), per peer rank. Formatted by Gloo's
-// own tcp::Address::str() so they match its messages exactly (this Gloo
-// prints ports byte-swapped; we never parse them ourselves).
-//
-// Where this rank connected to the peer, Gloo names the peer's pair listener,
-// published in the store under key "<peer rank>" as one tcp::Address::Impl
-// (starting with a sockaddr_storage) per pair. Where this rank accepted the
-// connection, Gloo names the peer's ephemeral port, which only the kernel's
-// socket table (/proc/self/net/tcp{,6}) relates to our listener's port.
-std::string GlooName(const sockaddr_storage& ss) { return gloo::transport::tcp::Address(ss).str(); }
-
-std::vector<std::string> NamesInAddressBlob(const std::string& blob, int size) {
-  std::vector<std::string> out;
-  if (size < 2 || blob.empty() || blob.size() % (size - 1) != 0) return out;
-  const size_t entry = blob.size() / (size - 1);
-  if (entry < sizeof(sockaddr_storage)) return out;
-  for (size_t off = 0; off + entry <= blob.size(); off += entry) {
-    sockaddr_storage ss;
-    std::memcpy(&ss, blob.data() + off, sizeof(ss));
-    if (ss.ss_family == AF_INET || ss.ss_family == AF_INET6) out.push_back(GlooName(ss));
-  }
-  return out;
-}
-
-// One ESTABLISHED socket from /proc/self/net/tcp{,6}.
-struct KernelSocket {
-  uint16_t local_port;  // host order
-  sockaddr_storage remote;
-};
-
-std::vector<KernelSocket> EstablishedSockets() {
-  std::vector<KernelSocket> out;
-  for (int family : {AF_INET, AF_INET6}) {
-    std::FILE* f =
-        std::fopen(family == AF_INET ? "/proc/self/net/tcp" : "/proc/self/net/tcp6", "r");
-    if (f == nullptr) continue;
-    char line[512];
-    while (std::fgets(line, sizeof(line), f) != nullptr) {
-      // "  sl  local_address rem_address   st ..." with addresses "HEX:PORT";
-      // the address is the raw in-memory words printed as %08X each.
-      char local[128], remote[128];
-      unsigned state = 0;
-      if (std::sscanf(line, " %*s %127s %127s %x", local, remote, &state) != 3) continue;
-      if (state != 1) continue;  // TCP_ESTABLISHED
-      const char* lp = std::strrchr(local, ':');
-      const char* rp = std::strrchr(remote, ':');
-      if (lp == nullptr || rp == nullptr) continue;
-      KernelSocket ks{};
-      ks.local_port = static_cast<uint16_t>(std::strtoul(lp + 1, nullptr, 16));
-      const uint16_t remote_port = static_cast<uint16_t>(std::strtoul(rp + 1, nullptr, 16));
-      const std::string hex(remote, rp - remote);
-      if (family == AF_INET && hex.size() == 8) {
-        auto* sin = reinterpret_cast<sockaddr_in*>(&ks.remote);
-        sin->sin_family = AF_INET;
-        sin->sin_port = htons(remote_port);
-        sin->sin_addr.s_addr = static_cast<uint32_t>(std::strtoul(hex.c_str(), nullptr, 16));
-      } else if (family == AF_INET6 && hex.size() == 32) {
-        auto* sin6 = reinterpret_cast<sockaddr_in6*>(&ks.remote);
-        sin6->sin6_family = AF_INET6;
-        sin6->sin6_port = htons(remote_port);
-        for (int w = 0; w < 4; ++w) {
-          const uint32_t word =
-              static_cast<uint32_t>(std::strtoul(hex.substr(8 * w, 8).c_str(), nullptr, 16));
-          std::memcpy(reinterpret_cast<char*>(&sin6->sin6_addr) + 4 * w, &word, 4);
-        }
-      } else {
-        continue;
-      }
-      out.push_back(ks);
-    }
-    std::fclose(f);
-  }
-  return out;
-}
-
-// True if `msg` contains `needle` ("[ip]:port") not followed by another digit.
-bool Mentions(const std::string& msg, const std::string& needle) {
-  for (size_t pos = msg.find(needle); pos != std::string::npos; pos = msg.find(needle, pos + 1)) {
-    const size_t end = pos + needle.size();
-    if (end >= msg.size() || !std::isdigit(static_cast<unsigned char>(msg[end]))) return true;
-  }
-  return false;
-}
+using gloo_internal::EstablishedSockets;
+using gloo_internal::FromFloat32;
+using gloo_internal::Fp32Reducer;
+using gloo_internal::GlooName;
+using gloo_internal::KernelSocket;
+using gloo_internal::Mentions;
+using gloo_internal::NamesInAddressBlob;
+using gloo_internal::ReduceFn;
+using gloo_internal::StoreAdapter;
+using gloo_internal::StoreError;
+using gloo_internal::ToFloat32;
+using gloo_internal::ToMs;
 
 // Completed-once handle. The first Complete() wins (Abort may complete the
 // running op before its thread notices).
@@ -239,64 +121,6 @@ std::shared_ptr<Work> Done(absl::Status s) {
   auto w = std::make_shared<WorkImpl>();
   w->Complete(std::move(s));
   return w;
-}
-
-// --- Reduction helpers (fp32) ---
-
-using ReduceFn = std::function<void(void*, const void*, const void*, size_t)>;
-
-ReduceFn Fp32Reducer(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kMax:
-      return [](void* c, const void* a, const void* b, size_t n) {
-        auto* o = static_cast<float*>(c);
-        auto* x = static_cast<const float*>(a);
-        auto* y = static_cast<const float*>(b);
-        for (size_t i = 0; i < n; ++i) o[i] = std::max(x[i], y[i]);
-      };
-    case ReduceOp::kMin:
-      return [](void* c, const void* a, const void* b, size_t n) {
-        auto* o = static_cast<float*>(c);
-        auto* x = static_cast<const float*>(a);
-        auto* y = static_cast<const float*>(b);
-        for (size_t i = 0; i < n; ++i) o[i] = std::min(x[i], y[i]);
-      };
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-    default:
-      return [](void* c, const void* a, const void* b, size_t n) {
-        auto* o = static_cast<float*>(c);
-        auto* x = static_cast<const float*>(a);
-        auto* y = static_cast<const float*>(b);
-        for (size_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
-      };
-  }
-}
-
-void ToFloat32(const void* in, DType dtype, size_t n, float* out) {
-  if (dtype == DType::kFloat32) {
-    std::memcpy(out, in, n * 4);
-    return;
-  }
-  const auto* h = static_cast<const uint16_t*>(in);
-  if (dtype == DType::kFloat16) {
-    for (size_t i = 0; i < n; ++i) out[i] = HalfToFloat(h[i]);
-  } else {
-    for (size_t i = 0; i < n; ++i) out[i] = BFloat16ToFloat(h[i]);
-  }
-}
-
-void FromFloat32(const float* in, size_t n, DType dtype, void* out) {
-  if (dtype == DType::kFloat32) {
-    std::memmove(out, in, n * 4);
-    return;
-  }
-  auto* h = static_cast<uint16_t*>(out);
-  if (dtype == DType::kFloat16) {
-    for (size_t i = 0; i < n; ++i) h[i] = FloatToHalf(in[i]);
-  } else {
-    for (size_t i = 0; i < n; ++i) h[i] = FloatToBFloat16(in[i]);
-  }
 }
 
 // Slot prefix for point-to-point operations; Gloo's collectives use small

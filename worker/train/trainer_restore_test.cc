@@ -1,7 +1,7 @@
 // Checkpoint state without files: ranks of layout A save their slices into
 // whole global tensors (each element must be written exactly once), ranks of
 // layout B restore from them and continue; the loss curve must continue the
-// uninterrupted single-rank run (DESIGN.md: restore at any layout).
+// uninterrupted single-rank run (docs/ARCHITECTURE.md "Checkpoints": restore at any layout).
 #include <cmath>
 #include <map>
 #include <string>
