@@ -153,7 +153,8 @@ absl::StatusOr<v1::KvGetResponse> FakeRendezvousClient::KvGet(const v1::KvGetReq
       [&](const bool& cancelled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (request.wait()) {
           absl::Status waited = WaitLocked(
-              generation, cancelled, timeout, [&] { return values_.count(key) > 0; },
+              generation, cancelled, timeout,
+              [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return values_.count(key) > 0; },
               absl::StrCat("key '", request.key(), "' of scope '", request.scope(),
                            "' was not set within ", absl::FormatDuration(timeout)));
           if (!waited.ok()) return waited;
@@ -231,7 +232,7 @@ absl::StatusOr<v1::KvWaitResponse> FakeRendezvousClient::KvWait(const v1::KvWait
         };
         absl::Status waited =
             WaitLocked(request.fence().generation(), cancelled, timeout,
-                       [&] { return missing().empty(); }, "");
+                       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return missing().empty(); }, "");
         if (absl::IsDeadlineExceeded(waited)) {
           return absl::DeadlineExceededError(
               absl::StrCat("keys not set within ", absl::FormatDuration(timeout), ": ",
