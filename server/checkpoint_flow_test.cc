@@ -20,6 +20,7 @@
 #include "server/checkpoint_registry.h"
 #include "server/coordinator.h"
 #include "server/state_store.h"
+#include "testing/job_specs.h"
 
 namespace shardline::server {
 namespace {
@@ -72,27 +73,11 @@ class CheckpointFlowTest : public ::testing::Test {
   // One worker, tp = pp = 1, keep_last as given; the checkpoint directory
   // is dir_ unless `directory` is false.
   v1::JobSpec Spec(uint32_t keep_last, bool directory = true) const {
-    v1::JobSpec spec;
-    spec.set_name("test");
-    v1::ModelConfig* m = spec.mutable_model();
-    m->set_num_layers(2);
-    m->set_hidden_size(8);
-    m->set_num_heads(2);
-    m->set_vocab_size(256);
-    m->set_seq_length(4);
-    spec.mutable_parallel()->set_tp(1);
-    spec.mutable_parallel()->set_pp(1);
-    spec.mutable_training()->set_global_batch(12);
-    spec.mutable_training()->set_micro_batch(1);
-    spec.mutable_training()->set_train_steps(100);
-    spec.mutable_data()->set_dataset_path("/data/tinyshakespeare.txt");
+    v1::JobSpec spec = fixtures::SmallSpec(/*min_workers=*/1, /*max_workers=*/1,
+                                           /*global_batch=*/12, absl::Seconds(10));
     v1::ElasticPolicy* e = spec.mutable_elastic();
-    e->set_min_workers(1);
-    e->set_max_workers(1);
     *e->mutable_heartbeat_interval() = TimeUtil::SecondsToDuration(1);
-    *e->mutable_heartbeat_timeout() = TimeUtil::SecondsToDuration(10);
     *e->mutable_last_call() = TimeUtil::SecondsToDuration(5);
-    *e->mutable_join_timeout() = TimeUtil::SecondsToDuration(60);
     if (directory) spec.mutable_checkpoint()->set_directory(dir_);
     spec.mutable_checkpoint()->set_keep_last(keep_last);
     return spec;
