@@ -20,8 +20,6 @@
 namespace shardline::server {
 namespace {
 
-void Log(absl::string_view line) { LogLine(line); }
-
 v1::Coordinates CoordinatesOf(uint32_t rank, uint32_t tp, uint32_t dp) {
   tp = std::max<uint32_t>(tp, 1);
   dp = std::max<uint32_t>(dp, 1);
@@ -34,7 +32,7 @@ v1::Coordinates CoordinatesOf(uint32_t rank, uint32_t tp, uint32_t dp) {
 
 void LogAborted(const std::string& job_id, const v1::CheckpointSummary& summary,
                 const std::string& reason) {
-  Log(absl::StrCat("checkpoint aborted job=", job_id, " generation=", summary.generation(),
+  LogLine(absl::StrCat("checkpoint aborted job=", job_id, " generation=", summary.generation(),
                    " checkpoint=", summary.checkpoint_id(), " reason=\"", reason, "\""));
 }
 
@@ -262,7 +260,7 @@ absl::StatusOr<v1::ReportErrorResponse> CheckpointFlow::ReportError(
   absl::StatusOr<v1::ReportErrorResponse> r =
       coordinator_->ReportError(request, &ended, committed, registry_);
   if (r.ok()) {
-    Log(absl::StrCat("error reported job=", job_id, " worker=", fence.worker().worker_id(),
+    LogLine(absl::StrCat("error reported job=", job_id, " worker=", fence.worker().worker_id(),
                      " incarnation=", fence.worker().incarnation(),
                      " generation=", fence.generation(), " code=", request.code(),
                      " operation=\"", request.operation(), "\" message=\"", request.message(),
@@ -309,7 +307,7 @@ void CheckpointFlow::NoteCommitted(const std::string& job_id,
   v1::CheckpointRef ref;
   ref.set_checkpoint_id(summary.checkpoint_id());
   ref.set_step(summary.step());
-  Log(absl::StrCat("checkpoint committed job=", job_id, " generation=", summary.generation(),
+  LogLine(absl::StrCat("checkpoint committed job=", job_id, " generation=", summary.generation(),
                    " checkpoint=", summary.checkpoint_id(), " step=", summary.step(),
                    " bytes=", summary.total_bytes()));
   // A commit may grow the job or finish a drain
@@ -319,7 +317,7 @@ void CheckpointFlow::NoteCommitted(const std::string& job_id,
   absl::Status s =
       coordinator_->NoteCheckpointCommitted(job_id, ref, summary.total_bytes(), &ended, registry_);
   if (!s.ok()) {
-    Log(absl::StrCat("note checkpoint committed failed job=", job_id, " status=\"",
+    LogLine(absl::StrCat("note checkpoint committed failed job=", job_id, " status=\"",
                      s.ToString(), "\""));
   }
   pass_on_(ended);
@@ -339,7 +337,7 @@ void CheckpointFlow::RepairLatestFiles(const std::string& job_id) {
     std::error_code ec;
     std::filesystem::remove(std::filesystem::path(root) / std::string(checkpoint::kLatestFileName),
                             ec);
-    Log(absl::StrCat("checkpoint LATEST removed job=", job_id, " (it named ", *on_disk,
+    LogLine(absl::StrCat("checkpoint LATEST removed job=", job_id, " (it named ", *on_disk,
                      "; no committed checkpoint is usable)",
                      ec ? absl::StrCat(" status=\"", ec.message(), "\"") : std::string()));
     return;
@@ -348,7 +346,7 @@ void CheckpointFlow::RepairLatestFiles(const std::string& job_id) {
   if (!manifest.ok()) return;
   const bool latest_right = on_disk.ok() && *on_disk == latest->checkpoint_id();
   if (latest_right && checkpoint::ReadManifestFile(manifest->directory()).ok()) return;
-  Log(latest_right
+  LogLine(latest_right
           ? absl::StrCat("checkpoint files repaired job=", job_id, " checkpoint=",
                          latest->checkpoint_id(), " (manifest.json was missing)")
           : absl::StrCat("checkpoint LATEST moved job=", job_id, " checkpoint=",
@@ -365,23 +363,23 @@ void CheckpointFlow::WriteCommittedFiles(const std::string& job_id, const v1::Ma
   absl::MutexLock lock(&files_mu_);
   absl::Status s = checkpoint::WriteManifestFile(root, manifest);
   if (!s.ok()) {
-    Log(absl::StrCat("checkpoint manifest.json not written job=", job_id, " checkpoint=", id,
+    LogLine(absl::StrCat("checkpoint manifest.json not written job=", job_id, " checkpoint=", id,
                      " status=\"", s.ToString(),
                      "\" (the checkpoint is committed; LATEST not moved)"));
     return;
   }
   std::optional<v1::CheckpointRef> latest = registry_->Latest(job_id);
   if (!latest || latest->checkpoint_id() != id) {
-    Log(absl::StrCat("checkpoint LATEST not moved job=", job_id, " checkpoint=", id,
+    LogLine(absl::StrCat("checkpoint LATEST not moved job=", job_id, " checkpoint=", id,
                      " (no longer the newest committed)"));
   } else if (s = checkpoint::WriteLatestFile(root, id); !s.ok()) {
-    Log(absl::StrCat("checkpoint LATEST not moved job=", job_id, " checkpoint=", id,
+    LogLine(absl::StrCat("checkpoint LATEST not moved job=", job_id, " checkpoint=", id,
                      " status=\"", s.ToString(), "\" (the checkpoint is committed)"));
     return;
   }
   for (const ExpiredCheckpoint& x : expired) {
     absl::Status removed = checkpoint::RemoveCheckpointDirectory(root, x.directory);
-    Log(absl::StrCat("checkpoint expired job=", job_id, " checkpoint=", x.ref.checkpoint_id(),
+    LogLine(absl::StrCat("checkpoint expired job=", job_id, " checkpoint=", x.ref.checkpoint_id(),
                      " directory=", x.directory,
                      removed.ok() ? std::string(" (deleted)")
                                   : absl::StrCat(" status=\"", removed.ToString(),
@@ -399,7 +397,7 @@ void CheckpointFlow::RemoveAbortedDirectory(const std::string& job_id, const std
   absl::MutexLock lock(&files_mu_);
   if (::access(directory.c_str(), F_OK) != 0) return;  // nothing written, or already gone
   absl::Status removed = checkpoint::RemoveCheckpointDirectory(root, directory);
-  Log(absl::StrCat("checkpoint directory of aborted checkpoint job=", job_id,
+  LogLine(absl::StrCat("checkpoint directory of aborted checkpoint job=", job_id,
                    " checkpoint=", checkpoint_id, " directory=", directory,
                    removed.ok() ? std::string(" (deleted)")
                                 : absl::StrCat(" status=\"", removed.ToString(),

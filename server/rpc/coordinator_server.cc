@@ -22,8 +22,6 @@
 namespace shardline::server {
 namespace {
 
-void Log(absl::string_view line) { LogLine(line); }
-
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
@@ -151,7 +149,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const absl::Duration interval = options.tick_interval;
     server->tick_thread_ = std::thread([raw, interval] { raw->TickLoop(interval); });
   }
-  Log(absl::StrCat("serving address=", server->address_,
+  LogLine(absl::StrCat("serving address=", server->address_,
                    " tls=", options.credentials != nullptr ? "on" : "off",
                    " auth=", options.admin_token.empty() ? "off" : "on"));
   return server;
@@ -165,7 +163,7 @@ void CoordinatorServer::TickLoop(absl::Duration interval) {
 
 void CoordinatorServer::PassOn(const std::vector<GenerationEnded>& ended) {
   for (const GenerationEnded& e : ended) {
-    Log(absl::StrCat("generation ended job=", e.job_id, " generation=", e.generation,
+    LogLine(absl::StrCat("generation ended job=", e.job_id, " generation=", e.generation,
                      " reason=\"", e.reason, "\""));
     deps_.rendezvous->EndGeneration(e.job_id, e.generation);
     flow_->AbortPendingCheckpoint(e.job_id, e.reason);
@@ -176,7 +174,7 @@ void CoordinatorServer::PassOn(const std::vector<GenerationEnded>& ended) {
 
 void CoordinatorServer::Shutdown() {
   std::call_once(shutdown_once_, [this] {
-    Log(absl::StrCat("shutting down address=", address_));
+    LogLine(absl::StrCat("shutting down address=", address_));
     // New calls get UNAVAILABLE; open Session streams end with UNAVAILABLE
     // right away (workers reconnect to the next coordinator; none is
     // declared lost).
@@ -192,7 +190,7 @@ void CoordinatorServer::Shutdown() {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
       server_->Wait();
     }
-    Log("shut down");
+    LogLine("shut down");
   });
 }
 

@@ -13,8 +13,6 @@
 namespace shardline::server::rpc {
 namespace {
 
-void Log(absl::string_view line) { LogLine(line); }
-
 // A read of one job's state with the worker token or the admin token.
 template <typename Response, typename Fn>
 grpc::Status Read(CallRunner* calls, const char* method, const grpc::ServerContext& ctx,
@@ -50,7 +48,7 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* ctx, const v1::Creat
     if (!r.ok()) return r.status();
     *resp = *std::move(r);
     if (!calls_->auth_enabled()) resp->clear_worker_token();
-    Log(absl::StrCat("job created job=", resp->job().job_id(),
+    LogLine(absl::StrCat("job created job=", resp->job().job_id(),
                      " generation=", resp->job().generation(),
                      " phase=", v1::JobPhase_Name(resp->job().phase())));
     return absl::OkStatus();
@@ -86,7 +84,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::Cance
     *resp = *std::move(r);
     const std::string reason =
         req->reason().empty() ? std::string("job cancelled") : req->reason();
-    Log(absl::StrCat("job cancelled job=", req->job_id(), " generation=", resp->generation(),
+    LogLine(absl::StrCat("job cancelled job=", req->job_id(), " generation=", resp->generation(),
                      " reason=\"", reason, "\""));
     rendezvous_->DropJob(req->job_id());
     checkpoints_->AbortPendingCheckpoint(req->job_id(), reason);
@@ -116,7 +114,7 @@ grpc::Status JobServiceImpl::DrainWorker(grpc::ServerContext* ctx,
         req->job_id(), req->worker_id(), req->reason(), req->force(), &ended);
     pass_on_(ended);
     if (!r.ok()) return r.status();
-    Log(absl::StrCat("worker drain job=", req->job_id(), " worker=", req->worker_id(),
+    LogLine(absl::StrCat("worker drain job=", req->job_id(), " worker=", req->worker_id(),
                      " state=", v1::MemberState_Name(r->state()), " reason=\"", req->reason(),
                      "\""));
     *resp = *std::move(r);

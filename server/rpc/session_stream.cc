@@ -12,8 +12,6 @@
 namespace shardline::server::rpc {
 namespace {
 
-void Log(absl::string_view line) { LogLine(line); }
-
 }  // namespace
 
 // One Session stream (see the header): the coordinator's waker posts it to
@@ -82,11 +80,11 @@ class SessionStream : public std::enable_shared_from_this<SessionStream> {
     if (!msg.ok()) {
       // Replaced by a newer stream, closed, or the member is gone.
       if (owner_->HasLeft(w_)) {
-        Log(absl::StrCat("session ended ", Who(w_), " session=", session_id_, " (left)"));
+        LogLine(absl::StrCat("session ended ", Who(w_), " session=", session_id_, " (left)"));
         FinishLocked(absl::OkStatus());
         return;
       }
-      Log(absl::StrCat("session ended ", Who(w_), " session=", session_id_, " status=\"",
+      LogLine(absl::StrCat("session ended ", Who(w_), " session=", session_id_, " status=\"",
                        msg.status().ToString(), "\""));
       FinishLocked(msg.status());
       return;
@@ -114,7 +112,7 @@ class SessionStream : public std::enable_shared_from_this<SessionStream> {
         return;
       }
       if (current_.has_directive() && current_.directive().has_stop()) {
-        Log(absl::StrCat("session ended ", Who(w_), " session=", session_id_, " (stop)"));
+        LogLine(absl::StrCat("session ended ", Who(w_), " session=", session_id_, " (stop)"));
         FinishLocked(absl::OkStatus());
         return;
       }
@@ -152,7 +150,7 @@ class SessionStream : public std::enable_shared_from_this<SessionStream> {
   void BrokenLocked(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (session_id_ != 0) {
       std::vector<GenerationEnded> ended = owner_->coordinator_->CloseSession(w_, session_id_);
-      Log(absl::StrCat("session broken ", Who(w_), " session=", session_id_, " why=\"", why,
+      LogLine(absl::StrCat("session broken ", Who(w_), " session=", session_id_, " why=\"", why,
                        "\""));
       owner_->pass_on_(ended);
     }
@@ -167,7 +165,7 @@ class SessionStream : public std::enable_shared_from_this<SessionStream> {
     }
     final_code_ = status.code();
     if (status.code() == absl::StatusCode::kInternal) {
-      Log(absl::StrCat("internal error method=WorkerService/Session status=\"",
+      LogLine(absl::StrCat("internal error method=WorkerService/Session status=\"",
                        status.ToString(), "\""));
     }
     reactor_->Finish(ToGrpcStatus(status));
@@ -238,7 +236,7 @@ grpc::ServerWriteReactor<v1::SessionMessage>* SessionStreams::Start(
     stream.FinishEarly(session.status());
     return reactor;
   }
-  Log(absl::StrCat("session opened ", Who(w), " session=", *session));
+  LogLine(absl::StrCat("session opened ", Who(w), " session=", *session));
   stream.Opened(*session);
   return reactor;
 }
