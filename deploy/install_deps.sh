@@ -35,10 +35,12 @@ BENCH_PACKAGES=(
   etcd-server              # etcd 3.4, the coordinator's key-value peer
 )
 # Only for checking the code (tests/run.sh, CI): clang 14 for the
-# thread-safety build (bazel build --config=clang, .bazelrc) and
-# clang-format (.clang-format).
+# thread-safety build (bazel build --config=clang, .bazelrc), its libFuzzer
+# and sanitizer runtimes for the fuzz targets (--config=fuzz, fuzz/BUILD)
+# and clang-format (.clang-format).
 CHECK_PACKAGES=(
   clang
+  libclang-rt-14-dev
   clang-format
 )
 case "${1:-}" in

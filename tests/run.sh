@@ -3,12 +3,16 @@
 # needs, builds and runs every test with Bazel in batch mode (no Bazel server
 # is left behind), then builds the same targets with clang and its
 # thread-safety analysis as an error (--config=clang, .bazelrc), and ends
-# with the line "N passed, N failed, N skipped" (one gtest case each; a test
-# binary that dies counts as one failure, and so does a failed clang build).
+# thread-safety analysis as an error (--config=clang, .bazelrc), runs each
+# libFuzzer target of fuzz/ for a bounded time from its corpus (whole runs
+# only), and ends with the line "N passed, N failed, N skipped" (one gtest
+# case each, one per fuzzer run; a test binary that dies counts as one
+# failure, and so does a failed clang or fuzz build).
 #
 #   tests/run.sh                 # everything
-#   tests/run.sh //plan/...      # a subset (Bazel target patterns)
+#   tests/run.sh //plan/...      # a subset (Bazel target patterns; no fuzzing)
 #   SHARDLINE_CLANG_CHECK=0 tests/run.sh   # local use: skip the clang build
+#   SHARDLINE_FUZZ_SECONDS=0 tests/run.sh  # skip the fuzz runs (default 30 s each)
 #
 # The clang build has its own output directory (bazel-out/k8-opt-clang), so
 # when nothing changed it only costs Bazel's start and analysis; a fresh
@@ -68,6 +72,37 @@ if [ "${SHARDLINE_CLANG_CHECK:-1}" != 0 ]; then
     echo "tests/run.sh: the clang thread-safety build (--config=clang) failed (exit $clang_rc)"
     failed=$((failed + 1))
     [ $rc -eq 0 ] && rc=$clang_rc
+  fi
+fi
+
+# Bounded fuzzing (fuzz/BUILD): each fuzzer starts from its committed corpus
+# and regressions in a scratch copy, so the tree is never written. A crash,
+# a sanitizer report or a hang (-timeout) leaves its input under the scratch
+# folder and fails the run; `bazel-bin/fuzz/<fuzzer> INPUT` replays it.
+FUZZ_SECONDS="${SHARDLINE_FUZZ_SECONDS:-30}"
+if [ "$FUZZ_SECONDS" != 0 ] && [ "$*" = "" ]; then
+  if bazel --batch build "${CONFIG[@]}" --config=fuzz --symlink_prefix=/ -- //fuzz:spec_fuzzer //fuzz:rpc_fuzzer; then
+    fuzz_bin="$(bazel --batch info "${CONFIG[@]}" --config=fuzz bazel-bin 2>/dev/null)/fuzz"
+    scratch=$(mktemp -d /tmp/shardline-fuzz.XXXXXX)
+    for target in spec rpc; do
+      mkdir -p "$scratch/$target/corpus" "$scratch/$target/artifacts"
+      cp fuzz/corpus/$target/* fuzz/regressions/$target/* "$scratch/$target/corpus/" 2>/dev/null
+      if "$fuzz_bin/${target}_fuzzer" -max_total_time="$FUZZ_SECONDS" -timeout=30 \
+           -close_fd_mask=3 -print_final_stats=1 -artifact_prefix="$scratch/$target/artifacts/" \
+           "$scratch/$target/corpus" >"$scratch/$target/log" 2>&1; then
+        passed=$((passed + 1))
+        echo "tests/run.sh: ${target}_fuzzer: $(grep -m1 -o 'Done [0-9]* runs in [0-9]* second(s)' "$scratch/$target/log")"
+      else
+        failed=$((failed + 1)); [ $rc -eq 0 ] && rc=1
+        echo "tests/run.sh: ${target}_fuzzer found a failing input (kept in $scratch/$target/artifacts):"
+        grep -v -E '^#[0-9]+|^INFO:' "$scratch/$target/log" | tail -40
+        keep_scratch=1
+      fi
+    done
+    [ -z "${keep_scratch:-}" ] && rm -rf "$scratch"
+  else
+    echo "tests/run.sh: the fuzz build (--config=fuzz) failed"
+    failed=$((failed + 1)); [ $rc -eq 0 ] && rc=1
   fi
 fi
 echo "${passed} passed, ${failed} failed, ${skipped} skipped"
