@@ -2,7 +2,7 @@
 // socket, an eventfd that Stop writes, and every open connection. Each
 // connection moves kReading → kWriting → kDraining → closed:
 //   kReading   collects the request head (up to kMaxRequestBytes) until
-//              accepted + kRequestTimeout;
+//              accepted + kRequestTimeout (then the answer is a 408);
 //   kWriting   sends the whole answer until kResponseTimeout after it was
 //              made;
 //   kDraining  after shutdown(SHUT_WR), reads and drops what the client still
@@ -211,15 +211,22 @@ class MetricsHttpServer::Loop {
     server_->open_.store(static_cast<int>(connections_.size()));
   }
 
-  // Closes connections past their deadline (a request not in time is told
-  // 408, best effort).
+  // Connections past their deadline: one whose request did not arrive in
+  // time is answered 408 (and closes like any answered one, but within
+  // kDrainTimeout); one not taking its answer in time is closed.
   void Expire() {
     const absl::Time now = absl::Now();
     for (auto it = connections_.begin(); it != connections_.end();) {
       auto next = std::next(it);
-      if (it->second.deadline <= now) {
-        if (it->second.state == State::kReading) {
-          TellAndClose(it, Response("408 Request Timeout", kText, "request timeout\n", false));
+      Connection& c = it->second;
+      if (c.deadline <= now) {
+        if (c.state == State::kReading) {
+          c.in.clear();
+          c.out = Response("408 Request Timeout", kText, "request timeout\n", false);
+          pending_bytes_ += c.out.size();
+          c.state = State::kWriting;
+          c.deadline = now + kDrainTimeout;
+          Progress(it->first);  // may close it; `next` stays valid
         } else {
           Close(it);
         }

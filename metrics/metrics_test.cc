@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -404,6 +405,30 @@ TEST(MetricsHttpServerTest, RefusesOversizeAndNonGetRequests) {
     EXPECT_THAT(response, HasSubstr("\r\nAllow: GET, HEAD\r\n")) << method;
   }
   EXPECT_THAT(Exchange(port, "POST /healthz HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 405"));
+}
+
+// kRequestTimeout bounds the whole request, not each read: a client that
+// dribbles a byte of a never-ending head every 50 ms is cut off with a 408
+// long before it reaches kMaxRequestBytes (a per-read timeout would let it
+// hold its connection until then).
+TEST(MetricsHttpServerTest, DribblingClientIsCutOffAtTheRequestDeadline) {
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("up 1\n"); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  int fd = Connect((*server)->port());
+  const std::string head = "GET /metrics HTTP/1.1\r\nX-Slow: ";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(head.size()));
+  size_t sent = head.size();
+  while (sent < MetricsHttpServer::kMaxRequestBytes) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) != 0) break;  // the server answered (or closed)
+    if (::send(fd, "a", 1, MSG_NOSIGNAL) != 1) break;
+    ++sent;
+  }
+  EXPECT_LT(sent, MetricsHttpServer::kMaxRequestBytes / 2);
+  EXPECT_THAT(ReadToEnd(fd), StartsWith("HTTP/1.1 408 Request Timeout\r\n"));
+  ::close(fd);
 }
 
 // Stop closes the connections still open at once, whatever their clients do.
