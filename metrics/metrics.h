@@ -1,5 +1,6 @@
-// The coordinator's Prometheus metrics and a tiny HTTP/1.1 server that
-// serves them (the worker serves its own series through the same server) (text exposition format 0.0.4) on GET /metrics.
+// The coordinator's Prometheus metrics (text exposition format 0.0.4) and a
+// small HTTP/1.1 server that serves them on GET /metrics (the worker serves
+// its own series through the same server).
 //
 //   Metrics metrics([&] { return SnapshotJobs(coordinator); });
 //   metrics.CountJoin();
@@ -32,11 +33,12 @@
 // not sent its whole request yet is closed with a 503 instead (the oldest
 // of any when every one is being answered). A request head (request line
 // and headers, through the blank line) is at most kMaxRequestBytes (else
-// 431); methods other than GET and HEAD get 405; every answer is "Connection: close". Civetweb (Debian's
-// libcivetweb-dev 1.15) was measured and not used: it gives every connection
-// a worker thread until its request_timeout_ms, so num_threads idle
-// connections make each scrape wait a whole timeout (8 threads, 64 idle
-// "GET /metr" connections, 2 s: a scrape took 15.8 s).
+// 431); methods other than GET and HEAD get 405; every answer is
+// "Connection: close". A request not in time is answered 408. Civetweb
+// (Debian's libcivetweb-dev 1.15) was measured and not used: it gives every
+// connection a worker thread until its request_timeout_ms, so num_threads
+// idle connections make each scrape wait a whole timeout (8 threads, 64
+// idle "GET /metr" connections, 2 s: a scrape took 15.8 s).
 //
 // Thread-safety: Metrics is thread-safe; the job snapshot callback is called
 // from the HTTP server's thread without any Metrics lock held.

@@ -46,8 +46,7 @@ constexpr int kAcceptsPerRound = 64;
 constexpr absl::string_view kText = "text/plain; charset=utf-8";
 
 std::string Response(absl::string_view status, absl::string_view content_type,
-                     absl::string_view body, bool head_only,
-                     absl::string_view extra_headers = "") {
+                     absl::string_view body, bool head_only, absl::string_view extra_headers = "") {
   return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", content_type,
                       "\r\nContent-Length: ", body.size(), "\r\n", extra_headers,
                       "Connection: close\r\n\r\n", head_only ? "" : body);
@@ -94,9 +93,9 @@ class MetricsHttpServer::Loop {
       const int64_t wait_ms =
           std::max<int64_t>(0, absl::ToInt64Milliseconds(next_deadline - absl::Now()) + 1);
       // After EMFILE, retry accepting in 100 ms rather than spin on it.
-      const int rc = ::poll(fds.data(), fds.size(),
-                            static_cast<int>(accept_paused ? std::min<int64_t>(wait_ms, 100)
-                                                           : wait_ms));
+      const int rc =
+          ::poll(fds.data(), fds.size(),
+                 static_cast<int>(accept_paused ? std::min<int64_t>(wait_ms, 100) : wait_ms));
       if (rc < 0 && errno != EINTR) break;
       accept_paused = false;
       if (rc > 0) {
@@ -265,8 +264,7 @@ class MetricsHttpServer::Loop {
     }
     if (c.state == State::kWriting) {
       while (c.sent < c.out.size()) {
-        const ssize_t n =
-            ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+        const ssize_t n = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
         if (n <= 0) {  // peer gone
@@ -347,8 +345,9 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   return Start(host, port, [metrics] { return metrics->Render(); });
 }
 
-absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& host, int port, RenderFn render) {
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(const std::string& host,
+                                                                            int port,
+                                                                            RenderFn render) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("metrics port ", port, " is not in 0..65535"));
   }

@@ -417,8 +417,7 @@ TEST(MetricsHttpServerTest, DribblingClientIsCutOffAtTheRequestDeadline) {
   ASSERT_TRUE(server.ok()) << server.status();
   int fd = Connect((*server)->port());
   const std::string head = "GET /metrics HTTP/1.1\r\nX-Slow: ";
-  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(head.size()));
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
   size_t sent = head.size();
   while (sent < MetricsHttpServer::kMaxRequestBytes) {
     pollfd p{fd, POLLIN, 0};
