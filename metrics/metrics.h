@@ -1,5 +1,6 @@
-// The coordinator's Prometheus metrics and a tiny HTTP/1.1 server that
-// serves them (the worker serves its own series through the same server) (text exposition format 0.0.4) on GET /metrics.
+// The coordinator's Prometheus metrics (text exposition format 0.0.4) and a
+// small HTTP/1.1 server that serves them on GET /metrics (the worker serves
+// its own series through the same server).
 //
 //   Metrics metrics([&] { return SnapshotJobs(coordinator); });
 //   metrics.CountJoin();
@@ -19,13 +20,28 @@
 // Streams (Session, WatchJob) observe their whole lifetime.
 //
 // The HTTP server is for a scraper on a trusted network: no TLS, no auth.
-// One thread accepts; each connection gets a thread of its own, at most
-// kMaxConnections at once (more are answered 503 at once); a request is at
-// most kMaxRequestBytes and must arrive within kRequestTimeout; every answer
-// is "Connection: close".
+// It serves GET /metrics (the exposition text) and GET /healthz (200 "ok"
+// while the process serves; for probes, which need no series), HEAD of both.
+// One thread runs an event loop over non-blocking sockets, so an idle or slow
+// client costs a file descriptor and a few bytes, never a thread a scraper
+// waits for: each connection must send its request within kRequestTimeout
+// of being accepted (a total, not per read: a client dribbling a byte a
+// second is cut off like an idle one) and take its answer within
+// kResponseTimeout. At most kMaxConnections are open, at most
+// kMaxConnectionsPerPeer from one IP address; a connection beyond either cap
+// is still served: the oldest connection of that peer (or of all) that has
+// not sent its whole request yet is closed with a 503 instead (the oldest
+// of any when every one is being answered). A request head (request line
+// and headers, through the blank line) is at most kMaxRequestBytes (else
+// 431); methods other than GET and HEAD get 405; every answer is
+// "Connection: close". A request not in time is answered 408. Civetweb
+// (Debian's libcivetweb-dev 1.15) was measured and not used: it gives every
+// connection a worker thread until its request_timeout_ms, so num_threads
+// idle connections make each scrape wait a whole timeout (8 threads, 64
+// idle "GET /metr" connections, 2 s: a scrape took 15.8 s).
 //
 // Thread-safety: Metrics is thread-safe; the job snapshot callback is called
-// from the HTTP thread without any Metrics lock held.
+// from the HTTP server's thread without any Metrics lock held.
 #ifndef SHARDLINE_METRICS_METRICS_H_
 #define SHARDLINE_METRICS_METRICS_H_
 
@@ -97,23 +113,33 @@ class Metrics {
 // Escapes a label value for the exposition format (\\, \", \n).
 std::string EscapeLabelValue(absl::string_view value);
 
-// GET /metrics over HTTP/1.1: an accepting thread and a thread per
-// connection (see the file comment). Lifecycle: Start → serving → Stop (or
-// destruction). Thread-safe.
+// GET /metrics and /healthz over HTTP/1.1 from one event-loop thread (see
+// the file comment). Lifecycle: Start → serving → Stop (or destruction).
+// Thread-safe.
 class MetricsHttpServer {
  public:
   static constexpr size_t kMaxRequestBytes = 8192;
   static constexpr absl::Duration kRequestTimeout = absl::Seconds(2);
+  static constexpr absl::Duration kResponseTimeout = absl::Seconds(10);
+  // Far above what scrapers and probes need (one connection each at a time),
+  // and small next to the process's file descriptor limit (1024 by default).
+  static constexpr int kMaxConnections = 256;
+  static constexpr int kMaxConnectionsPerPeer = 32;
+  // Answers not yet taken by their clients, all connections together; a
+  // scrape beyond it is answered 503 without rendering.
+  static constexpr size_t kMaxPendingResponseBytes = size_t{64} << 20;
 
   // Binds host:port (port 0 picks a free one) and starts serving `metrics`
   // (not owned; must outlive the server). `host` is an IPv4 or IPv6 literal
-  // or a name. Errors: InvalidArgument for a bad host or port; Unavailable
-  // when it cannot bind or listen (the message gives errno's text).
+  // (brackets allowed: "[::1]") or a name; the server listens on that one
+  // address ("0.0.0.0" or "::" for every interface). Errors:
+  // InvalidArgument for a bad host or port; Unavailable when it cannot bind
+  // or listen (the message gives errno's text).
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host,
                                                                    int port,
                                                                    const Metrics* metrics);
   // The same for any exposition text: `render` is called (from the server's
-  // threads, so it must be thread-safe) for every GET /metrics. The worker
+  // thread, so it must be thread-safe) for every GET /metrics. The worker
   // serves its own series this way.
   using RenderFn = std::function<std::string()>;
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host,
@@ -123,21 +149,26 @@ class MetricsHttpServer {
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
 
   int port() const { return port_; }
-  // Stops accepting and joins the thread (at most ~kRequestTimeout).
-  // Idempotent.
+  // The address the socket is bound to, as getsockname reports it:
+  // "127.0.0.1:9464", "[::1]:9464", "0.0.0.0:9464".
+  const std::string& address() const { return address_; }
+  // Connections open now (accepted and not yet closed).
+  int open_connections() const { return open_.load(); }
+  // Stops serving, closes every connection and joins the thread (at once:
+  // it does not wait for clients). Idempotent.
   void Stop();
 
  private:
-  MetricsHttpServer(int fd, int port, RenderFn render);
-  void Serve();
-  void HandleConnection(int fd);
+  class Loop;  // metrics_http_server.cc
+  MetricsHttpServer(int listen_fd, int wake_fd, int port, std::string address, RenderFn render);
 
   const int listen_fd_;
+  const int wake_fd_;  // eventfd: Stop wakes the loop's poll
   const int port_;
-  const RenderFn render_;
+  const std::string address_;
   std::atomic<bool> stop_{false};
-  std::atomic<int> active_{0};  // connection threads running
-  static constexpr int kMaxConnections = 16;
+  std::atomic<int> open_{0};
+  std::unique_ptr<Loop> loop_;
   std::thread thread_;
 };
 

@@ -1,7 +1,8 @@
 // shardline-coordinator: serves the v1 coordinator API (one per cluster).
 //
 //   shardline-coordinator --listen 127.0.0.1:7070 --state ./shardline-state.db
-//       --admin-token "$TOKEN" --metrics-port 9090   (one command line)
+//       --admin-token "$TOKEN" --metrics-port 9090   (one command line; metrics and
+//       the probes' /healthz on the --listen host unless --metrics-host says otherwise)
 //
 // Prints "listening on HOST:PORT" on stdout once it serves (tests start it
 // with --listen 127.0.0.1:0 and read the port from there), logs one line per
@@ -61,7 +62,11 @@ int Main(int argc, char** argv) {
   args.AddString("tls-key", &tls_key, "PEM private key of --tls-cert");
   args.AddString("tls-client-ca", &tls_client_ca,
                  "PEM CA bundle; when set, clients must present a certificate it signed (mTLS)");
-  args.AddInt("metrics-port", &metrics_port, "Prometheus /metrics port on the listen host (0: off)");
+  args.AddInt("metrics-port", &metrics_port,
+              "port of Prometheus /metrics and the probes' /healthz on --metrics-host (0: off)");
+  std::string metrics_host;
+  args.AddString("metrics-host", &metrics_host,
+                 "address the metrics port listens on (default: the --listen host)");
   args.AddBool("help", &help, "print this help");
   absl::StatusOr<std::vector<std::string>> positional =
       args.Parse(std::vector<std::string>(argv + 1, argv + argc));
@@ -181,12 +186,13 @@ int Main(int argc, char** argv) {
   std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
   if (metrics_port > 0) {
     const std::string& address = (*server)->address();
-    const std::string host = address.substr(0, address.rfind(':'));
+    const std::string host =
+        args.WasSet("metrics-host") ? metrics_host : address.substr(0, address.rfind(':'));
     absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> started =
         metrics::MetricsHttpServer::Start(host, static_cast<int>(metrics_port), &metrics);
     if (!started.ok()) return Fail(started.status());
     metrics_server = *std::move(started);
-    std::fprintf(stdout, "metrics on %s:%d\n", host.c_str(), metrics_server->port());
+    std::fprintf(stdout, "metrics on %s\n", metrics_server->address().c_str());
   }
   std::fprintf(stdout, "listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);

@@ -9,7 +9,7 @@
 //       [--device cpu|cuda:N] [--backend auto|gloo|nccl] [--token T]
 //       [--host NAME] [--interface IPV4] [--tls-ca F] [--tls-cert F --tls-key F]
 //       [--timeout D] [--connect-timeout D] [--log-interval N]
-//       [--sample-length N] [--blas-threads N] [--metrics-port N]
+//       [--sample-length N] [--blas-threads N] [--metrics-port N [--metrics-host ADDR]]
 //
 // Exit status: 0 after STOP (job COMPLETED or CANCELLED, or this worker
 // drained) or SIGINT/SIGTERM (after LeaveJob); 1 when the job FAILED, when
@@ -124,8 +124,12 @@ int Run(int argc, char** argv) {
   bool help = false;
   int64_t log_interval = 10, sample_length = 0, blas_threads = 1, metrics_port = -1;
   parser.AddInt("metrics-port", &metrics_port,
-                "serve Prometheus /metrics on this port of every interface (0 picks one; "
-                "default off)");
+                "serve Prometheus /metrics and /healthz on this port of --metrics-host (0 picks "
+                "one; default off)");
+  std::string metrics_host;
+  parser.AddString("metrics-host", &metrics_host,
+                   "address the metrics port listens on (default: the --interface address; "
+                   "0.0.0.0 or :: for every interface)");
   parser.AddInt("log-interval", &log_interval, "log a training line every N steps (default 10)");
   parser.AddInt("sample-length", &sample_length,
                 "bytes of text to sample from the model after the last step (default 0)");
@@ -312,14 +316,17 @@ int Run(int argc, char** argv) {
   std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
   if (metrics_port >= 0) {
     absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> started =
-        metrics::MetricsHttpServer::Start("0.0.0.0", static_cast<int>(metrics_port),
-                                         [&metrics] { return metrics.Render(); });
+        metrics::MetricsHttpServer::Start(parser.WasSet("metrics-host") ? metrics_host : interface,
+                                          static_cast<int>(metrics_port),
+                                          [&metrics] { return metrics.Render(); });
     if (!started.ok()) {
-      std::cerr << "shardline-worker: --metrics-port: " << started.status().message() << "\n";
+      std::cerr << "shardline-worker: --metrics-host/--metrics-port: "
+                << started.status().message() << "\n";
       return 2;
     }
     metrics_server = *std::move(started);
-    Log(absl::StrCat("metrics on port ", metrics_server->port(), " (GET /metrics)"));
+    Log(absl::StrCat("metrics on port ", metrics_server->port(), " of ", metrics_server->address(),
+                     " (GET /metrics, /healthz)"));
   }
 
   TrainingLoopOptions loop_options;
