@@ -294,7 +294,7 @@ for kind, name, tpl in pod_specs():
         sel = by_kind[kind][name]["spec"]["selector"]["matchLabels"]
         if any(tpl["metadata"]["labels"].get(k) != v for k, v in sel.items()):
             errors.append(f"{kind} {name}: selector does not match the pod labels")
-# The coordinator: one replica, Recreate, state on a PVC, probes on /metrics.
+# The coordinator: one replica, Recreate, state on a PVC, probes on /healthz.
 dep = by_kind.get("Deployment", {}).get("shardline-coordinator")
 if not dep:
     errors.append("no Deployment shardline-coordinator")
