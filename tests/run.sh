@@ -87,7 +87,7 @@ if [ "$FUZZ_SECONDS" != 0 ] && [ "$*" = "" ]; then
     for target in spec rpc; do
       mkdir -p "$scratch/$target/corpus" "$scratch/$target/artifacts"
       cp fuzz/corpus/$target/* fuzz/regressions/$target/* "$scratch/$target/corpus/" 2>/dev/null
-      if "$fuzz_bin/${target}_fuzzer" -max_total_time="$FUZZ_SECONDS" -timeout=30 \
+      if LSAN_OPTIONS=suppressions="$PWD/fuzz/lsan.supp" "$fuzz_bin/${target}_fuzzer" -max_total_time="$FUZZ_SECONDS" -timeout=30 \
            -close_fd_mask=3 -print_final_stats=1 -artifact_prefix="$scratch/$target/artifacts/" \
            "$scratch/$target/corpus" >"$scratch/$target/log" 2>&1; then
         passed=$((passed + 1))
