@@ -16,7 +16,10 @@
 #     by a real coordinator's metrics endpoint; the ConfigMap's job spec is
 #     accepted by the real coordinator (shardctl job create),
 #   * Slurm: shellcheck; the worker task script, run with stand-ins and
-#     Slurm's variables, gives NODE:LOCALID and cuda:LOCALID.
+#     Slurm's variables, gives NODE:LOCALID and cuda:LOCALID,
+#   * secrets (docs/SECURITY.md): no deploy file ships a usable token, no
+#     token is put on a command line, and every coordinator that listens
+#     beyond loopback is started with TLS.
 #
 #   deploy_files_test.sh COORDINATOR WORKER SHARDCTL   (cwd: the runfiles root)
 # Patterns are meant literally (SC2016); word lists are flag names (SC2013).
@@ -226,7 +229,7 @@ entrypoint_args() {  # NAME PROGRAM [ARGS...]: runs entrypoint.sh with stand-ins
 entrypoint_checks() {
   local rc=0
   ENTRY_ENV=()
-  entrypoint_args coordinator coordinator --admin-token x || return 1
+  entrypoint_args coordinator coordinator --tls-cert c.pem --tls-key k.pem || return 1
   grep -A1 -x -- --listen "$TMP/entry-coordinator.args" | grep -qx "0.0.0.0:7070" || { echo "coordinator --listen"; rc=1; }
   grep -A1 -x -- --metrics-port "$TMP/entry-coordinator.args" | grep -qx 9464 || { echo "coordinator --metrics-port"; rc=1; }
   ENTRY_ENV=(SHARDLINE_JOB=j JOB_COMPLETION_INDEX=4 POD_IP=10.1.2.3 SHARDLINE_DEVICE=cuda SHARDLINE_LOCAL_RANK=2)
@@ -396,6 +399,55 @@ sbatch_directives() {
 check "shardline.sbatch: coordinator on the first node, one task per GPU" sbatch_directives
 sed -n 's/.*"\$BIN\/shardline-coordinator" \(.*\)/\1/p' deploy/slurm/shardline.sbatch | tr ' ' '\n' >"$TMP/sbatch-coord.args"
 check "shardline.sbatch passes only flags shardline-coordinator has" flags_known "$COORDINATOR" "$TMP/sbatch-coord.args"
+
+echo "== secrets"
+no_default_secrets() {
+  local rc=0 f
+  # A token variable set to a value, or a placeholder someone might keep.
+  if grep -n -E '^[[:space:]]*(export[[:space:]]+)?SHARDLINE_(ADMIN_)?TOKEN=[^$"]' deploy/systemd/*.env; then
+    echo "an env file sets a token"; rc=1
+  fi
+  if grep -rn -i -E 'change-?me|--from-literal=token=[a-z0-9]' deploy/ | grep -v 'TOKEN}' ; then
+    echo "a placeholder or literal token"; rc=1
+  fi
+  # Tokens on a command line (ps shows them to every local user).
+  for f in deploy/systemd/*.service deploy/slurm/* deploy/k8s/*.yaml deploy/container/entrypoint.sh; do
+    grep -n -E -- '--(admin-)?token([[:space:]]|=|",)' "$f" && { echo "$f passes a token on a command line"; rc=1; }
+  done
+  grep -q -- '--admin-token-file' deploy/systemd/shardline-coordinator.service ||
+    { echo "the coordinator unit reads no --admin-token-file"; rc=1; }
+  grep -q -- '--token-file' deploy/systemd/shardline-worker@.service ||
+    { echo "the worker unit reads no --token-file"; rc=1; }
+  return $rc
+}
+check "no deploy file ships a usable secret or puts a token on a command line" no_default_secrets
+tls_beyond_loopback() {
+  local rc=0
+  grep -q '^SHARDLINE_LISTEN=0.0.0.0' deploy/systemd/coordinator.env &&
+    ! grep -q -- '--tls-cert' deploy/systemd/shardline-coordinator.service &&
+    { echo "systemd: listens on 0.0.0.0 without TLS"; rc=1; }
+  grep -q '"0.0.0.0:$PORT"' deploy/slurm/shardline.sbatch &&
+    ! grep -q -- '--tls-cert' deploy/slurm/shardline.sbatch && { echo "slurm: no TLS"; rc=1; }
+  "$PY" - deploy/k8s/coordinator.yaml deploy/k8s/workers.yaml <<'PYEOF' || rc=1
+import sys, yaml
+bad = 0
+for path in sys.argv[1:]:
+    for d in yaml.safe_load_all(open(path)):
+        if not d or d.get("kind") not in ("Deployment", "Job"):
+            continue
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            args = c.get("args", [])
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            if args[:1] == ["coordinator"] and env.get("SHARDLINE_LISTEN", "0.0.0.0").startswith("0.0.0.0") \
+                    and "--tls-cert" not in args:
+                print(f"{path}: the coordinator listens beyond loopback without --tls-cert"); bad = 1
+            if args[:1] == ["worker"] and "--tls-ca" not in args:
+                print(f"{path}: the workers do not check the coordinator's certificate (--tls-ca)"); bad = 1
+sys.exit(bad)
+PYEOF
+  return $rc
+}
+check "coordinators that listen beyond loopback serve TLS; clients check it" tls_beyond_loopback
 
 echo
 if [ $fails -ne 0 ]; then echo "deploy_files_test: $fails check(s) failed"; exit 1; fi

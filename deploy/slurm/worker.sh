@@ -1,7 +1,8 @@
 #!/bin/bash
 # One Shardline worker, as a Slurm task (deploy/slurm/shardline.sbatch runs
 # it with srun, one task per GPU). Reads SHARDLINE_COORDINATOR, SHARDLINE_JOB,
-# SHARDLINE_TOKEN and SHARDLINE_BIN from the environment; the GPU is the
+# SHARDLINE_TOKEN, SHARDLINE_BIN and SHARDLINE_TLS_CA (the coordinator's CA;
+# unset: no TLS) from the environment; the GPU is the
 # task's local id (SLURM_LOCALID), the worker id NODE:LOCALID. Gloo binds
 # this node's address on the training network: $SHARDLINE_INTERFACE, else the
 # node's address whose prefix is $SHARDLINE_NETWORK_PREFIX (e.g. "10.1."),
@@ -35,6 +36,7 @@ if [ -n "${SLURM_GPUS_ON_NODE:-}" ] && [ "${SLURM_GPUS_ON_NODE}" != 0 ]; then
 fi
 
 read -r -a extra <<<"${SHARDLINE_WORKER_ARGS:-}"
+[ -n "${SHARDLINE_TLS_CA:-}" ] && extra=(--tls-ca "$SHARDLINE_TLS_CA" "${extra[@]}")
 exec "$BIN/shardline-worker" --job "$SHARDLINE_JOB" --worker-id "$node:$local_id" \
   --host "$node" --device "$device" --interface "$address" --connect-timeout 120s \
   "${extra[@]}"
