@@ -50,10 +50,14 @@ int Main(int argc, char** argv) {
   std::string admin_token;
   std::string tls_cert, tls_key, tls_client_ca;
   int64_t metrics_port = 0;
+  bool init_state = false;
   bool help = false;
   ArgParser args("shardline-coordinator");
   args.AddString("listen", &listen, "HOST:PORT to serve gRPC on (port 0: any free port)");
   args.AddString("state", &state, "SQLite state file, or 'memory' (nothing survives a restart)");
+  args.AddBool("init-state", &init_state,
+               "accept an existing empty (0-byte) --state file as new, empty state (without it "
+               "such a file is refused: it was truncated or is not a state file)");
   args.AddString("admin-token", &admin_token,
                  "admin bearer token (default: $SHARDLINE_ADMIN_TOKEN; none: no auth, local "
                  "tests only)");
@@ -127,7 +131,6 @@ int Main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   std::unique_ptr<StateStore> store;
-  int state_lock = -1;  // held (flock) for the life of the process
   if (state == "memory") {
     store = NewMemoryStore();
   } else {
@@ -135,19 +138,11 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "shardline-coordinator: --state needs a file path or \"memory\"\n");
       return 2;
     }
-    // One coordinator per state file: a second one would diverge from it.
-    const std::string lock_path = state + ".lock";
-    state_lock = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (state_lock < 0) {
-      return Fail(absl::UnavailableError(absl::StrCat("cannot create the lock file '", lock_path,
-                                                      "': ", std::strerror(errno))));
-    }
-    if (flock(state_lock, LOCK_EX | LOCK_NB) != 0) {
-      return Fail(absl::FailedPreconditionError(absl::StrCat(
-          "another shardline-coordinator is using --state '", state, "' (", lock_path,
-          " is locked); stop it first, or give this one another state file")));
-    }
-    absl::StatusOr<std::unique_ptr<StateStore>> opened = OpenSqliteStore(state);
+    // One coordinator per state file: the store holds a lock on the file
+    // itself (any path to it) while it is open; a second one would diverge.
+    SqliteStoreOptions store_options;
+    store_options.initialize_empty = init_state;
+    absl::StatusOr<std::unique_ptr<StateStore>> opened = OpenSqliteStore(state, store_options);
     if (!opened.ok()) return Fail(opened.status());
     store = *std::move(opened);
   }
