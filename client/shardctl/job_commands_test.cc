@@ -735,6 +735,9 @@ TEST_F(JobCommandsTest, DeadlineNamesTheTimeoutFlag) {
 }
 
 TEST_F(JobCommandsTest, UsageErrors) {
+  // A TLS file that is not PEM is named with the reason (common/tls_files.h).
+  const std::string not_pem = ::testing::TempDir() + "/not-pem-ca.crt";
+  std::ofstream(not_pem) << "not a certificate\n";
   struct Case {
     std::string command;
     Args args;
@@ -754,7 +757,9 @@ TEST_F(JobCommandsTest, UsageErrors) {
       {"job", {"get", "a", "--timeout", "soon"}, "--timeout='soon' is not a positive duration"},
       {"job", {"get", "a", "--tls-cert", "c.pem"}, "mutual TLS needs both --tls-cert and --tls-key"},
       {"job", {"get", "a", "--tls-ca", "/nonexistent/ca.pem"},
-       "cannot read --tls-ca file '/nonexistent/ca.pem'"},
+       "cannot read --tls-ca file '/nonexistent/ca.pem': it does not exist"},
+      {"job", {"get", "a", "--tls-ca", not_pem},
+       "--tls-ca file '" + not_pem + "' is not PEM (no -----BEGIN line)"},
       {"job", {"create", "/nonexistent/spec.yaml"},
        "cannot read spec file '/nonexistent/spec.yaml': No such file or directory"},
   };

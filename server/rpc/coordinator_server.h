@@ -139,10 +139,15 @@ struct ServerOptions {
   int max_waiting_gets = 4096;
 };
 
-// TLS for the server from PEM files. `client_ca_file` non-empty: mutual TLS,
-// every client must present a certificate signed by that CA. Errors:
-// InvalidArgument: cert_file or key_file empty; NotFound / Unavailable when a
-// file cannot be read (names it).
+// TLS for the server from PEM files (the coordinator's --tls-cert,
+// --tls-key, --tls-client-ca). `client_ca_file` non-empty: mutual TLS,
+// every client must present a certificate signed by that CA. Each file is
+// checked as common/tls_files.h says, and the key against the certificate,
+// so that a bad file is named with its reason at start. Errors (each
+// naming the flag and the file): InvalidArgument: cert_file or key_file
+// empty, a file that is empty, not PEM, PEM of the wrong kind, unparsable,
+// or a key that is not the certificate's; NotFound: a missing file;
+// PermissionDenied / Unavailable: a file that cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const std::string& cert_file, const std::string& key_file,
     const std::string& client_ca_file);
