@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/log.h"
@@ -51,6 +52,8 @@ int Main(int argc, char** argv) {
   std::string tls_cert, tls_key, tls_client_ca;
   int64_t metrics_port = 0;
   bool init_state = false;
+  std::string finished_job_retention = "168h";
+  int64_t max_finished_jobs = 1000;
   bool help = false;
   ArgParser args("shardline-coordinator");
   args.AddString("listen", &listen, "HOST:PORT to serve gRPC on (port 0: any free port)");
@@ -66,6 +69,11 @@ int Main(int argc, char** argv) {
   args.AddString("tls-client-ca", &tls_client_ca,
                  "PEM CA bundle; when set, clients must present a certificate it signed (mTLS)");
   args.AddInt("metrics-port", &metrics_port, "Prometheus /metrics port on the listen host (0: off)");
+  args.AddString("finished-job-retention", &finished_job_retention,
+                 "forget a COMPLETED/FAILED/CANCELLED job (its records, not its checkpoint "
+                 "files) this long after it finished, e.g. 168h; 0: never for its age");
+  args.AddInt("max-finished-jobs", &max_finished_jobs,
+              "keep at most this many finished jobs, forgetting the oldest first; 0: no cap");
   args.AddBool("help", &help, "print this help");
   absl::StatusOr<std::vector<std::string>> positional =
       args.Parse(std::vector<std::string>(argv + 1, argv + argc));
@@ -102,6 +110,22 @@ int Main(int argc, char** argv) {
                  static_cast<long long>(metrics_port));
     return 2;
   }
+  CoordinatorOptions coordinator_options;
+  if (!absl::ParseDuration(finished_job_retention, &coordinator_options.finished_job_retention) ||
+      coordinator_options.finished_job_retention < absl::ZeroDuration() ||
+      coordinator_options.finished_job_retention == absl::InfiniteDuration()) {
+    std::fprintf(stderr,
+                 "shardline-coordinator: --finished-job-retention='%s' is not a duration >= 0 "
+                 "(e.g. 168h, 30m; 0 keeps finished jobs regardless of age)\n",
+                 finished_job_retention.c_str());
+    return 2;
+  }
+  if (max_finished_jobs < 0 || max_finished_jobs > 1000000) {
+    std::fprintf(stderr, "shardline-coordinator: --max-finished-jobs=%lld is not in 0..1000000\n",
+                 static_cast<long long>(max_finished_jobs));
+    return 2;
+  }
+  coordinator_options.max_finished_jobs = static_cast<int>(max_finished_jobs);
   if (!args.WasSet("admin-token")) {
     if (const char* env = std::getenv("SHARDLINE_ADMIN_TOKEN"); env != nullptr) admin_token = env;
   }
@@ -147,7 +171,7 @@ int Main(int argc, char** argv) {
     store = *std::move(opened);
   }
   RealClock clock;
-  Coordinator coordinator(&clock, store.get());
+  Coordinator coordinator(&clock, store.get(), coordinator_options);
   if (absl::Status s = coordinator.Recover(); !s.ok()) return Fail(s);
   // The coordinator sees the checkpoint directories (it writes manifest.json
   // next to the shards), so it checks at commit that every reported file is

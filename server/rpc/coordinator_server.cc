@@ -160,7 +160,30 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 void CoordinatorServer::TickLoop(absl::Duration interval) {
   while (!stop_tick_.WaitForNotificationWithTimeout(interval)) {
     PassOn(deps_.coordinator->Tick());
+    PruneFinishedJobs();
   }
+}
+
+int CoordinatorServer::PruneFinishedJobs() {
+  int pruned = 0;
+  for (const std::string& job_id : deps_.coordinator->FinishedJobsToPrune()) {
+    // Checkpoint records first: a crash after this leaves a finished job
+    // that is pruned again, never checkpoint rows of a forgotten job.
+    if (absl::Status s = deps_.checkpoints->ForgetJob(job_id); !s.ok()) {
+      if (!absl::IsFailedPrecondition(s)) {
+        LogLine(absl::StrCat("job ", job_id, ": checkpoint records not pruned: ", s.message()));
+      }
+      continue;
+    }
+    deps_.rendezvous->DropJob(job_id);
+    absl::Status s = deps_.coordinator->PruneJob(job_id);
+    if (s.ok()) {
+      ++pruned;
+    } else if (!absl::IsFailedPrecondition(s) && !absl::IsNotFound(s)) {
+      LogLine(absl::StrCat("job ", job_id, ": not pruned: ", s.message()));
+    }
+  }
+  return pruned;
 }
 
 void CoordinatorServer::PassOn(const std::vector<GenerationEnded>& ended) {

@@ -178,6 +178,15 @@ class CoordinatorServer {
   // that drive the coordinator directly). Logs one line per generation.
   void PassOn(const std::vector<GenerationEnded>& ended);
 
+  // Finished-job retention (CoordinatorOptions::finished_job_retention,
+  // max_finished_jobs): for each job Coordinator::FinishedJobsToPrune names,
+  // drops its checkpoint records (CheckpointRegistry::ForgetJob; files on
+  // disk stay), its rendezvous state, then the job (Coordinator::PruneJob).
+  // A job that cannot be pruned yet (a call waits on it, a checkpoint is
+  // committing) is tried again at the next call. Run by the Tick thread
+  // after every Tick; returns how many jobs were pruned.
+  int PruneFinishedJobs();
+
   // See the file comment. Idempotent; blocks until every handler returned.
   void Shutdown();
 
