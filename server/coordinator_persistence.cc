@@ -77,13 +77,13 @@ absl::Status Coordinator::PruneJob(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   JobRecord& job = *it->second;
-  if (!IsTerminal(job.job.phase())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " is ", PhaseName(job.job.phase()), "; only finished jobs are pruned"));
-  }
   if (job.waiters > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", job_id, " has ", job.waiters, " calls waiting on it; pruned at a later tick"));
+  }
+  if (!IsTerminal(job.job.phase())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is ", PhaseName(job.job.phase()), "; only finished jobs are pruned"));
   }
   std::vector<Mutation> batch = {Mutation::Delete("job", job_id),
                                  Mutation::Delete("token", job_id)};

@@ -1,11 +1,14 @@
 // Finished-job retention (issue 14 defect 12: finished jobs were never
 // pruned, so their jobs, members, events, tokens and checkpoint rows grew
 // without bound). On a FakeClock.
+#include <optional>
 #include <set>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -128,6 +131,36 @@ TEST_F(RetentionTest, FinishedJobsArePrunedByCountThenByAge) {
   // A pruned id can be created again, as a new job.
   Create("a");
   EXPECT_EQ(coordinator_->GetJob("a")->phase(), v1::JOB_PHASE_PENDING);
+}
+
+// A blocked call holds pointers into the job's record with the lock
+// released: the job is not freed under it, only after it returned.
+TEST_F(RetentionTest, AJobACallWaitsOnIsPrunedOnlyAfterTheCallReturns) {
+  Create("a");
+  const uint64_t last = coordinator_->WaitEvents("a", std::nullopt, absl::Now())->back().sequence();
+  std::vector<v1::JobEvent> seen;
+  std::thread watcher([&] {
+    absl::StatusOr<std::vector<v1::JobEvent>> events =
+        coordinator_->WaitEvents("a", last, absl::Now() + absl::Seconds(60));
+    ASSERT_TRUE(events.ok()) << events.status();
+    seen = *events;
+  });
+  // Until the watcher is inside its wait (a structural fact, polled; no
+  // timing is asserted).
+  absl::Status s;
+  for (int i = 0; i < 3000; ++i) {
+    s = coordinator_->PruneJob("a");
+    if (absl::StrContains(s.message(), "1 calls waiting")) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_THAT(s.message(), HasSubstr("has 1 calls waiting on it")) << s;
+  Cancel("a");  // finished now, and the watcher is woken by the event
+  watcher.join();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_TRUE(seen[0].has_phase_changed());
+  ASSERT_TRUE(coordinator_->PruneJob("a").ok());
+  EXPECT_EQ(coordinator_->WaitEvents("a", last, absl::Now()).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(RetentionTest, ZeroMeansNoLimit) {
