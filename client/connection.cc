@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/tls_files.h"
 
 namespace shardline::client {
 namespace {
@@ -36,22 +37,12 @@ absl::Status CheckAddress(const std::string& address, const std::string& source)
       "or [::1]:7070"));
 }
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read ", flag, " file '", path, "': ", std::strerror(errno)));
-  }
-  std::ostringstream text;
-  text << file.rdbuf();
-  if (!file.good() && !file.eof()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read ", flag, " file '", path, "'"));
-  }
-  if (text.str().find("-----BEGIN") == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, " file '", path, "' is not PEM (no -----BEGIN line); give a PEM file"));
-  }
-  return text.str();
+// A TLS file, checked (common/tls_files.h); every problem is InvalidArgument
+// here (MakeCoordinatorChannel's contract), naming the flag and the file.
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag, PemKind kind) {
+  absl::StatusOr<std::string> pem = ReadPemFile(path, flag, kind);
+  if (!pem.ok()) return absl::InvalidArgumentError(pem.status().message());
+  return pem;
 }
 
 // The transport's reason in a few words, from gRPC's UNAVAILABLE message,
@@ -244,15 +235,24 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
   if (options.tls()) {
     grpc::SslCredentialsOptions ssl;
     if (!options.tls_ca_file.empty()) {
-      absl::StatusOr<std::string> pem = ReadPem(options.tls_ca_file, "--tls-ca");
+      absl::StatusOr<std::string> pem =
+          ReadPem(options.tls_ca_file, "--tls-ca", PemKind::kCertificates);
       if (!pem.ok()) return pem.status();
       ssl.pem_root_certs = *pem;
     }
     if (!options.tls_cert_file.empty()) {
-      absl::StatusOr<std::string> cert = ReadPem(options.tls_cert_file, "--tls-cert");
+      absl::StatusOr<std::string> cert =
+          ReadPem(options.tls_cert_file, "--tls-cert", PemKind::kCertificates);
       if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadPem(options.tls_key_file, "--tls-key");
+      absl::StatusOr<std::string> key =
+          ReadPem(options.tls_key_file, "--tls-key", PemKind::kPrivateKey);
       if (!key.ok()) return key.status();
+      if (absl::Status s = CheckKeyMatchesCertificate(
+              *cert, absl::StrCat("--tls-cert file '", options.tls_cert_file, "'"), *key,
+              absl::StrCat("--tls-key file '", options.tls_key_file, "'"));
+          !s.ok()) {
+        return s;
+      }
       ssl.pem_cert_chain = *cert;
       ssl.pem_private_key = *key;
     }

@@ -101,7 +101,9 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions&
 // A channel to the coordinator with the options' TLS settings and a 64 MiB
 // message limit; gRPC's transparent retries are off, so a refused connection
 // is reported at once rather than retried for the whole deadline.
-// InvalidArgument: a TLS file cannot be read (the message names the flag).
+// InvalidArgument: a TLS file is missing, unreadable, not PEM of its kind or
+// unparsable, or --tls-key is not the key of --tls-cert (common/tls_files.h;
+// the message names the flag and the file).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
     const ConnectionOptions& options);
 

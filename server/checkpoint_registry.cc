@@ -849,4 +849,26 @@ std::vector<ExpiredCheckpoint> CheckpointRegistry::BeyondRetention(absl::string_
   return out;
 }
 
+absl::Status CheckpointRegistry::ForgetJob(absl::string_view job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::OkStatus();
+  std::vector<Mutation> batch = {
+      Mutation::Delete(std::string(kCheckpointLatestKind), std::string(job_id))};
+  for (const auto& [id, e] : it->second.entries) {
+    if (e.phase == Phase::kOpening || e.phase == Phase::kCommitting) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", id, " of job ", job_id, " is being opened or committed; retry later"));
+    }
+    batch.push_back(Mutation::Delete(std::string(kCheckpointKind), StoreKey(job_id, id)));
+  }
+  for (const auto& [id, reason] : it->second.unusable) {
+    batch.push_back(Mutation::Delete(std::string(kCheckpointUnusableKind), StoreKey(job_id, id)));
+  }
+  // Under mu_, as MarkUnusable writes.
+  if (absl::Status s = store_->Write(batch); !s.ok()) return s;
+  jobs_.erase(it);
+  return absl::OkStatus();
+}
+
 }  // namespace shardline::server

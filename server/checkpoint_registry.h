@@ -332,6 +332,15 @@ class CheckpointRegistry final : public UnusableCheckpointMarks {
   std::vector<ExpiredCheckpoint> BeyondRetention(absl::string_view job_id, uint32_t keep_last) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Finished-job retention (Coordinator::FinishedJobsToPrune): forgets
+  // every checkpoint record of `job_id` (entries, latest pointer, unusable
+  // marks) in memory and in the store, in one batch. The checkpoint
+  // directories and LATEST on disk are not touched. An unknown job is OK.
+  // Errors: FailedPrecondition: a checkpoint of the job is OPENING or
+  // COMMITTING (retry later); Unavailable: the store write failed (nothing
+  // is forgotten).
+  absl::Status ForgetJob(absl::string_view job_id) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Deterministic id of (generation, step).
   static std::string CheckpointId(uint64_t generation, uint64_t step);
 

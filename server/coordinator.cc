@@ -318,6 +318,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitEvents(
   absl::MutexLock lock(&mu_);
   const JobRecord* job = FindJobLocked(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  WaitGuard waiting(*job);
   return job->events.WaitAfter(&mu_, after.value_or(0), deadline);
 }
 

@@ -92,6 +92,12 @@ struct CoordinatorOptions {
   int max_events_per_job = 10000;
   // Longest wait any blocking call accepts.
   absl::Duration max_wait = absl::Hours(1);
+  // Finished-job retention (FinishedJobsToPrune): a COMPLETED, FAILED or
+  // CANCELLED job is forgotten once its last change (Job.update_time) is
+  // older than this (<= 0: never for its age), and the oldest finished jobs
+  // beyond max_finished_jobs are forgotten at once (<= 0: no cap).
+  absl::Duration finished_job_retention = absl::Hours(7 * 24);
+  int max_finished_jobs = 1000;
 };
 
 // What a valid fence resolves to.
@@ -316,10 +322,31 @@ class Coordinator {
   void NoteCheckpointAborted(const std::string& job_id, const std::string& checkpoint_id,
                              uint64_t step, const std::string& reason);
 
+  // --- Finished-job retention (CoordinatorOptions) -----------------------
+  // The finished jobs (COMPLETED, FAILED, CANCELLED) due to be forgotten at
+  // clock->Now(): those whose update_time is more than
+  // finished_job_retention ago, then the oldest (by update_time, then id)
+  // beyond max_finished_jobs; oldest first. The server calls it from its
+  // tick loop and, for each id, drops the job's checkpoint records
+  // (CheckpointRegistry::ForgetJob) and then calls PruneJob.
+  std::vector<std::string> FinishedJobsToPrune() const;
+  // Forgets a finished job: its job, worker-token, member and event records,
+  // in memory and in the store (one batch). Checkpoint records are the
+  // CheckpointRegistry's (dropped before this, so that a crash in between
+  // leaves a job that is pruned again, never checkpoint rows of a forgotten
+  // job); checkpoint files on disk are never touched. Afterwards every call
+  // naming the job answers NotFound.
+  // NotFound: no such job. FailedPrecondition: not finished, or a call is
+  // blocked waiting on the job (WatchJob, GetAssignment, a session): pruned
+  // at a later call. Unavailable: the store write failed (nothing is
+  // forgotten).
+  absl::Status PruneJob(const std::string& job_id);
+
  private:
   // coordinator_records.h.
   struct MemberRecord;
   struct JobRecord;
+  class WaitGuard;
 
   // coordinator.cc: the core.
   JobRecord* FindJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,15 +1,19 @@
-// Coordinator: writing job and member records to the StateStore. Recover
-// (reading them back) is in coordinator.cc.
+// Coordinator: writing job and member records to the StateStore, and
+// forgetting finished jobs (retention). Recover (reading them back) is in
+// coordinator.cc.
 #include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "server/coordinator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/coordinator_records.h"
+#include "server/event_log.h"
 #include "server/state_store.h"
 
 namespace shardline::server {
@@ -45,6 +49,61 @@ absl::Status Coordinator::PersistAllMembersLocked(const JobRecord& job) {
   std::vector<const MemberRecord*> all;
   for (const auto& [id, m] : job.members) all.push_back(&m);
   return PersistLocked(job, all);
+}
+
+std::vector<std::string> Coordinator::FinishedJobsToPrune() const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  // (finished at, id) of every finished job, oldest first.
+  std::vector<std::pair<absl::Time, std::string>> finished;
+  for (const auto& [id, job] : jobs_) {
+    if (IsTerminal(job->job.phase())) finished.emplace_back(FromProto(job->job.update_time()), id);
+  }
+  std::sort(finished.begin(), finished.end());
+  std::vector<std::string> out;
+  const size_t keep = options_.max_finished_jobs > 0 ? static_cast<size_t>(options_.max_finished_jobs)
+                                                     : finished.size();
+  for (size_t i = 0; i < finished.size(); ++i) {
+    const bool too_many = finished.size() - i > keep;
+    const bool too_old = options_.finished_job_retention > absl::ZeroDuration() &&
+                         now - finished[i].first > options_.finished_job_retention;
+    if (too_many || too_old) out.push_back(finished[i].second);
+  }
+  return out;
+}
+
+absl::Status Coordinator::PruneJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  JobRecord& job = *it->second;
+  if (job.waiters > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " has ", job.waiters, " calls waiting on it; pruned at a later tick"));
+  }
+  if (!IsTerminal(job.job.phase())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is ", PhaseName(job.job.phase()), "; only finished jobs are pruned"));
+  }
+  std::vector<Mutation> batch = {Mutation::Delete("job", job_id),
+                                 Mutation::Delete("token", job_id)};
+  for (const auto& [worker_id, m] : job.members) {
+    batch.push_back(Mutation::Delete("member", MemberKey(job_id, worker_id)));
+  }
+  for (const v1::JobEvent& e : job.events.After(0)) {
+    batch.push_back(Mutation::Delete(EventLog::kStoreKind, EventLog::Key(job_id, e.sequence())));
+  }
+  if (absl::Status s = store_->Write(batch); !s.ok()) {
+    LogLine(absl::StrCat("job ", job_id, ": not pruned: ", s.message()));
+    return s;
+  }
+  LogLine(absl::StrCat("job ", job_id, ": pruned (", PhaseName(job.job.phase()), " since ",
+                       absl::FormatTime(FromProto(job.job.update_time())), ", ",
+                       job.members.size(), " members, ", job.events.size(), " events)"));
+  // Open session streams end (their next pull finds no job).
+  for (auto& [worker_id, m] : job.members) m.outbox.End();
+  jobs_.erase(it);
+  return absl::OkStatus();
 }
 
 }  // namespace shardline::server

@@ -133,6 +133,22 @@ struct Coordinator::JobRecord {
   // member joining, leaving or lost) emits one.
   EventLog events;
   uint64_t progress_step = 0;  // last StepProgress emitted
+  // Calls blocked on this record with the lock released (WaitGuard): while
+  // any is, PruneJob must not destroy it.
+  mutable int waiters = 0;
+};
+
+// Counts a blocking call as a waiter on `job` for its scope. Construct and
+// destroy it with Coordinator::mu_ held (declare it after the MutexLock).
+class Coordinator::WaitGuard {
+ public:
+  explicit WaitGuard(const JobRecord& job) : job_(job) { ++job_.waiters; }
+  WaitGuard(const WaitGuard&) = delete;
+  WaitGuard& operator=(const WaitGuard&) = delete;
+  ~WaitGuard() { --job_.waiters; }
+
+ private:
+  const JobRecord& job_;
 };
 
 }  // namespace shardline::server

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/text.h"
+#include "spec/job_spec.h"
 
 namespace shardline::server {
 
@@ -44,6 +45,10 @@ absl::StatusOr<v1::Backend> ResolveBackend(const std::string& device, v1::Backen
   if (!(device == "cpu" || (cuda && absl::SimpleAtoi(device.substr(5), &index) && index >= 0))) {
     return absl::InvalidArgumentError(absl::StrCat("device='", device,
                                                    "' is invalid; use \"cpu\" or \"cuda:<index>\""));
+  }
+  if (absl::Status s = spec::CheckEnumValue("backend", v1::Backend_descriptor(), backend);
+      !s.ok()) {
+    return s;
   }
   if (backend == v1::BACKEND_UNSPECIFIED) return cuda ? v1::BACKEND_NCCL : v1::BACKEND_GLOO;
   if (backend == v1::BACKEND_NCCL && !cuda) {

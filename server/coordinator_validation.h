@@ -30,7 +30,8 @@ absl::Status ValidIdentity(const v1::WorkerIdentity& w, absl::string_view field)
 
 // The backend of a worker on `device` ("cpu" or "cuda:<index>") that asked
 // for `backend`: UNSPECIFIED becomes NCCL on CUDA and GLOO on the CPU.
-// InvalidArgument: another device, or NCCL without a CUDA device.
+// InvalidArgument: another device, a `backend` that is not a Backend value
+// (the message lists the valid names), or NCCL without a CUDA device.
 absl::StatusOr<v1::Backend> ResolveBackend(const std::string& device, v1::Backend backend);
 
 // A fresh worker token: 32 lowercase hex digits from std::random_device.

@@ -72,6 +72,19 @@ TEST(ResolveBackendTest, PicksFromTheDeviceAndRefusesMismatches) {
   }
 }
 
+// Issue 14 defect 11: backend=77 was accepted and later named "" in the
+// "backend  differs from worker ..." error.
+TEST(ResolveBackendTest, UnknownBackendValueIsRefusedNamingTheChoices) {
+  for (const char* device : {"cpu", "cuda:0"}) {
+    absl::StatusOr<v1::Backend> b = ResolveBackend(device, static_cast<v1::Backend>(77));
+    ASSERT_FALSE(b.ok()) << device;
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(b.status().message(),
+              "backend=77 is not a Backend; use one of BACKEND_NCCL (1), BACKEND_GLOO (2), or "
+              "leave it unset (BACKEND_UNSPECIFIED, 0)");
+  }
+}
+
 TEST(NewTokenTest, ThirtyTwoHexDigitsFreshEachTime) {
   const std::string a = NewToken();
   const std::string b = NewToken();

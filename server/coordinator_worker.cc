@@ -111,7 +111,10 @@ absl::StatusOr<std::optional<v1::SessionMessage>> Coordinator::NextSessionMessag
   auto it = job->members.find(w.worker_id());
   if (it == job->members.end()) return absl::NotFoundError("unknown worker");
   MemberRecord* m = &it->second;
-  m->outbox.Wait(&mu_, session_id, deadline);
+  {
+    WaitGuard waiting(*job);
+    m->outbox.Wait(&mu_, session_id, deadline);
+  }
   if (!m->outbox.IsCurrent(session_id) || m->member.incarnation() != w.incarnation()) {
     return absl::AbortedError("this session was replaced or closed");
   }
@@ -152,7 +155,10 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignment(const v1::Fence& fence
            !IsLive(s);
   };
   const std::shared_ptr<absl::CondVar> changed = job->events.changed();
-  while (wait && !settled() && !changed->WaitWithDeadline(&mu_, deadline)) {
+  {
+    WaitGuard waiting(*job);
+    while (wait && !settled() && !changed->WaitWithDeadline(&mu_, deadline)) {
+    }
   }
   absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(*job, *member);
   if (a.ok() && member->member.incarnation() == incarnation) return a;

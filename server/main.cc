@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/log.h"
@@ -51,10 +52,16 @@ int Main(int argc, char** argv) {
   std::string admin_token;
   std::string tls_cert, tls_key, tls_client_ca;
   int64_t metrics_port = 0;
+  bool init_state = false;
+  std::string finished_job_retention = "168h";
+  int64_t max_finished_jobs = 1000;
   bool help = false;
   ArgParser args("shardline-coordinator");
   args.AddString("listen", &listen, "HOST:PORT to serve gRPC on (port 0: any free port)");
   args.AddString("state", &state, "SQLite state file, or 'memory' (nothing survives a restart)");
+  args.AddBool("init-state", &init_state,
+               "accept an existing empty (0-byte) --state file as new, empty state (without it "
+               "such a file is refused: it was truncated or is not a state file)");
   args.AddString("admin-token", &admin_token,
                  "admin bearer token (default: $SHARDLINE_ADMIN_TOKEN; none: no auth, local "
                  "tests only)");
@@ -67,6 +74,11 @@ int Main(int argc, char** argv) {
   std::string metrics_host;
   args.AddString("metrics-host", &metrics_host,
                  "address the metrics port listens on (default: the --listen host)");
+  args.AddString("finished-job-retention", &finished_job_retention,
+                 "forget a COMPLETED/FAILED/CANCELLED job (its records, not its checkpoint "
+                 "files) this long after it finished, e.g. 168h; 0: never for its age");
+  args.AddInt("max-finished-jobs", &max_finished_jobs,
+              "keep at most this many finished jobs, forgetting the oldest first; 0: no cap");
   args.AddBool("help", &help, "print this help");
   absl::StatusOr<std::vector<std::string>> positional =
       args.Parse(std::vector<std::string>(argv + 1, argv + argc));
@@ -103,6 +115,22 @@ int Main(int argc, char** argv) {
                  static_cast<long long>(metrics_port));
     return 2;
   }
+  CoordinatorOptions coordinator_options;
+  if (!absl::ParseDuration(finished_job_retention, &coordinator_options.finished_job_retention) ||
+      coordinator_options.finished_job_retention < absl::ZeroDuration() ||
+      coordinator_options.finished_job_retention == absl::InfiniteDuration()) {
+    std::fprintf(stderr,
+                 "shardline-coordinator: --finished-job-retention='%s' is not a duration >= 0 "
+                 "(e.g. 168h, 30m; 0 keeps finished jobs regardless of age)\n",
+                 finished_job_retention.c_str());
+    return 2;
+  }
+  if (max_finished_jobs < 0 || max_finished_jobs > 1000000) {
+    std::fprintf(stderr, "shardline-coordinator: --max-finished-jobs=%lld is not in 0..1000000\n",
+                 static_cast<long long>(max_finished_jobs));
+    return 2;
+  }
+  coordinator_options.max_finished_jobs = static_cast<int>(max_finished_jobs);
   if (!args.WasSet("admin-token")) {
     if (const char* env = std::getenv("SHARDLINE_ADMIN_TOKEN"); env != nullptr) admin_token = env;
   }
@@ -132,7 +160,6 @@ int Main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   std::unique_ptr<StateStore> store;
-  int state_lock = -1;  // held (flock) for the life of the process
   if (state == "memory") {
     store = NewMemoryStore();
   } else {
@@ -140,24 +167,16 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "shardline-coordinator: --state needs a file path or \"memory\"\n");
       return 2;
     }
-    // One coordinator per state file: a second one would diverge from it.
-    const std::string lock_path = state + ".lock";
-    state_lock = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (state_lock < 0) {
-      return Fail(absl::UnavailableError(absl::StrCat("cannot create the lock file '", lock_path,
-                                                      "': ", std::strerror(errno))));
-    }
-    if (flock(state_lock, LOCK_EX | LOCK_NB) != 0) {
-      return Fail(absl::FailedPreconditionError(absl::StrCat(
-          "another shardline-coordinator is using --state '", state, "' (", lock_path,
-          " is locked); stop it first, or give this one another state file")));
-    }
-    absl::StatusOr<std::unique_ptr<StateStore>> opened = OpenSqliteStore(state);
+    // One coordinator per state file: the store holds a lock on the file
+    // itself (any path to it) while it is open; a second one would diverge.
+    SqliteStoreOptions store_options;
+    store_options.initialize_empty = init_state;
+    absl::StatusOr<std::unique_ptr<StateStore>> opened = OpenSqliteStore(state, store_options);
     if (!opened.ok()) return Fail(opened.status());
     store = *std::move(opened);
   }
   RealClock clock;
-  Coordinator coordinator(&clock, store.get());
+  Coordinator coordinator(&clock, store.get(), coordinator_options);
   if (absl::Status s = coordinator.Recover(); !s.ok()) return Fail(s);
   // The coordinator sees the checkpoint directories (it writes manifest.json
   // next to the shards), so it checks at commit that every reported file is

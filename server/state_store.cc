@@ -8,13 +8,28 @@
 // them bytewise, the same as std::string in the memory store.
 #include "server/state_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
 #include <map>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 
 namespace shardline::server {
@@ -176,8 +191,10 @@ std::string ColumnBytes(sqlite3_stmt* stmt, int col, bool blob) {
 // Thread-safe: one connection, every use under mu_.
 class SqliteStore final : public StateStore {
  public:
-  // Takes ownership of `db`.
-  SqliteStore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
+  // Takes ownership of `db` and of `file_fd` (the database file, flock'ed
+  // when the store is exclusive; -1: none).
+  SqliteStore(std::string path, sqlite3* db, int file_fd)
+      : path_(std::move(path)), db_(db), file_fd_(file_fd) {}
   ~SqliteStore() override {
     // Statements first: sqlite3_close refuses while any are unfinalized.
     begin_.reset();
@@ -187,6 +204,10 @@ class SqliteStore final : public StateStore {
     delete_.reset();
     scan_.reset();
     sqlite3_close(db_);
+    // Only after SQLite closed its descriptors: closing any descriptor of
+    // the file drops every fcntl lock this process holds on it, SQLite's
+    // included. Closing it releases the flock.
+    if (file_fd_ >= 0) close(file_fd_);
   }
 
   // Sets pragmas, creates or checks the schema, and prepares statements.
@@ -217,6 +238,7 @@ class SqliteStore final : public StateStore {
   const std::string path_;
   mutable absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
+  const int file_fd_;
   std::unique_ptr<Statement> begin_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Statement> commit_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Statement> rollback_ ABSL_GUARDED_BY(mu_);
@@ -414,9 +436,133 @@ absl::StatusOr<std::vector<Record>> SqliteStore::Scan(absl::string_view kind) co
   return out;
 }
 
+// Closes a descriptor at scope exit unless released.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  ~FdCloser() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+absl::Status OpenError(int err, absl::string_view what, const std::string& path) {
+  return absl::UnavailableError(absl::StrCat(
+      "state database ", path, ": ", what, " failed: ", std::strerror(err), " (errno ", err,
+      "); check that the directory exists and is writable, then retry"));
+}
+
+// The pid holding a flock(2) on the inode `st`, from /proc/locks (Linux:
+// "1: FLOCK  ADVISORY  WRITE <pid> <major>:<minor>:<inode> 0 EOF", the
+// device numbers in hex); nullopt when it cannot be told.
+std::optional<long> FlockHolder(const struct stat& st) {
+  std::ifstream in("/proc/locks");
+  const std::string device =
+      absl::StrCat(absl::Hex(major(st.st_dev), absl::kZeroPad2), ":",
+                   absl::Hex(minor(st.st_dev), absl::kZeroPad2), ":", st.st_ino);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    // Waiters are listed as "1: -> FLOCK ..."; only holders count.
+    if (f.size() < 6 || f[1] != "FLOCK" || f[5] != device) continue;
+    long pid = 0;
+    if (absl::SimpleAtoi(f[4], &pid) && pid > 0) return pid;
+  }
+  return std::nullopt;
+}
+
+// Sets `path` to 0600 when group or others have any access. A missing file
+// is fine (SQLite creates -wal and -shm with the database file's mode).
+absl::Status RestrictMode(int fd, const std::string& path) {
+  struct stat st;
+  const int rc = fd >= 0 ? fstat(fd, &st) : stat(path.c_str(), &st);
+  if (rc != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return OpenError(errno, absl::StrCat("stat of ", path), path);
+  }
+  if ((st.st_mode & 077) == 0) return absl::OkStatus();
+  const int changed = fd >= 0 ? fchmod(fd, 0600) : chmod(path.c_str(), 0600);
+  if (changed != 0) {
+    const int err = errno;
+    return absl::PermissionDeniedError(absl::StrCat(
+        "state database file ", path, " is open to group or others (mode ",
+        absl::StrFormat("%04o", st.st_mode & 07777), ") and chmod 0600 failed: ",
+        std::strerror(err),
+        "; it holds job tokens: run the coordinator as the file's owner, or chmod 600 it"));
+  }
+  return absl::OkStatus();
+}
+
+// Opens (creating 0600 when missing) the database file and, when
+// exclusive, flocks it, before SQLite opens it. Returns the descriptor.
+absl::StatusOr<int> OpenStateFile(const std::string& path, const SqliteStoreOptions& options) {
+  bool created = false;
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) {
+    fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      created = true;
+    } else if (errno == EEXIST) {  // another process created it just now
+      fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    }
+  }
+  if (fd < 0) return OpenError(errno, "opening", path);
+  FdCloser closer(fd);
+  struct stat st;
+  if (fstat(fd, &st) != 0) return OpenError(errno, "fstat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "state database ", path, " is not a regular file; point --state at a file"));
+  }
+  if (options.exclusive && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err != EWOULDBLOCK) return OpenError(err, "flock", path);
+    const std::optional<long> holder = FlockHolder(st);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "state database ", path, " (inode ", st.st_ino, ") is held by another coordinator",
+        holder.has_value() ? absl::StrCat(" (pid ", *holder, ")") : std::string(),
+        " through this or another path (a symlink or hard link reaches the same file); two "
+        "coordinators on one state file would diverge: stop the other one first, or give this "
+        "one another state file"));
+  }
+  // Paths of the -wal and -shm files: SQLite derives them from the resolved
+  // database path.
+  char resolved[PATH_MAX];
+  const std::string real = realpath(path.c_str(), resolved) != nullptr ? resolved : path;
+  if (absl::Status s = RestrictMode(fd, path); !s.ok()) return s;
+  for (const char* suffix : {"-wal", "-shm"}) {
+    if (absl::Status s = RestrictMode(-1, real + suffix); !s.ok()) return s;
+  }
+  if (!created && st.st_size == 0 && !options.initialize_empty) {
+    // SQLite would take it for a new database; a committed -wal beside it
+    // (a crash right after creation) is still a database to recover.
+    struct stat wal;
+    if (stat((real + "-wal").c_str(), &wal) != 0 || wal.st_size == 0) {
+      return absl::DataLossError(absl::StrCat(
+          "state database ", path, " is an empty (0-byte) file, not a Shardline state database: "
+          "a coordinator never leaves its state file empty, so it was truncated or created by "
+          "something else; restore it from a backup, or, to start with empty state (every job "
+          "forgotten), delete it or start the coordinator once with --init-state"));
+    }
+  }
+  return closer.release();
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStore(const std::string& path) {
+absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStore(const std::string& path,
+                                                             SqliteStoreOptions options) {
+  absl::StatusOr<int> file = OpenStateFile(path, options);
+  if (!file.ok()) return file.status();
+  FdCloser closer(*file);
+  struct stat locked;
+  if (fstat(closer.get(), &locked) != 0) return OpenError(errno, "fstat", path);
   sqlite3* db = nullptr;
   // NOMUTEX: SqliteStore serializes all use of the connection itself.
   int rc = sqlite3_open_v2(path.c_str(), &db,
@@ -427,7 +573,15 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStore(const std::string& p
     sqlite3_close(db);  // a handle is returned even on failure; close(nullptr) is a no-op
     return s;
   }
-  auto store = std::make_unique<SqliteStore>(path, db);
+  // The store owns both from here (it closes the descriptor after SQLite's).
+  auto store = std::make_unique<SqliteStore>(path, db, closer.release());
+  // SQLite opened the path again: it must still name the locked file.
+  struct stat now;
+  if (stat(path.c_str(), &now) != 0 || now.st_dev != locked.st_dev ||
+      now.st_ino != locked.st_ino) {
+    return absl::UnavailableError(absl::StrCat(
+        "state database ", path, " was replaced while it was being opened; retry"));
+  }
   if (absl::Status s = store->Init(); !s.ok()) return s;
   return store;
 }

@@ -58,11 +58,41 @@ class StateStore {
   virtual absl::StatusOr<std::vector<Record>> Scan(absl::string_view kind) const = 0;
 };
 
+struct SqliteStoreOptions {
+  // Hold an exclusive flock(2) on the database file itself (its inode, so
+  // whatever path, symlink or hard link reaches it) for the life of the
+  // store: a second exclusive store on the same file, in this process or
+  // another (a second coordinator), is refused with FailedPrecondition
+  // naming the path and the holder's pid (from /proc/locks, when readable).
+  // SQLite's own locks are fcntl(2) locks, which do not conflict with
+  // flock(2) on Linux's local file systems. false: take no lock (tools and
+  // tests that share the file on purpose; SQLite's busy timeout serializes
+  // their writes).
+  bool exclusive = true;
+  // Accept an existing 0-byte file as a new, empty state database (the
+  // coordinator's --init-state). Otherwise such a file is refused: a store
+  // never leaves its file empty (creating it writes SQLite's header at
+  // once), so an empty one was truncated or made by something else.
+  bool initialize_empty = false;
+};
+
 // SQLite (Debian's libsqlite3) at `path`, created if missing: WAL journal,
-// synchronous=FULL, one table. Errors: Unavailable when the file cannot be
-// opened or created (the message names the path and SQLite's reason);
-// DataLoss when it is not a Shardline state database or is corrupt.
-absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStore(const std::string& path);
+// synchronous=FULL, one table. A missing file is created mode 0600; an
+// existing one, and its -wal and -shm files, are set to 0600 when group or
+// others had any access (SQLite creates -wal and -shm with the database
+// file's mode), since the records include job tokens. Errors:
+//   Unavailable: the file cannot be opened or created (the message names
+//     the path and the reason: SQLite's, or strerror's);
+//   FailedPrecondition: another exclusive store (another coordinator)
+//     holds the file (see SqliteStoreOptions::exclusive); or `path` is not
+//     a regular file;
+//   DataLoss: the file is not a Shardline state database or is corrupt,
+//     including an existing 0-byte file unless options.initialize_empty
+//     (the message says how to start fresh);
+//   PermissionDenied: the mode of the file (or of its -wal / -shm) could
+//     not be changed to 0600.
+absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStore(const std::string& path,
+                                                             SqliteStoreOptions options = {});
 
 // In memory, for tests and `--state memory`; nothing survives the process.
 std::unique_ptr<StateStore> NewMemoryStore();

@@ -5,12 +5,14 @@
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -373,7 +375,12 @@ TEST(SqliteStoreTest, FailureMidBatchRollsBack) {
 
   // The connection is not left inside a transaction.
   ASSERT_TRUE(store->Write({Mutation::Put("job", "c", "3")}).ok());
-  std::unique_ptr<StateStore> reopened = OpenOrDie(path);
+  // A second connection while the first is open: not exclusive (the first
+  // one holds the file's lock).
+  absl::StatusOr<std::unique_ptr<StateStore>> second =
+      OpenSqliteStore(path, SqliteStoreOptions{/*exclusive=*/false});
+  ASSERT_TRUE(second.ok()) << second.status();
+  std::unique_ptr<StateStore> reopened = *std::move(second);
   ASSERT_NE(reopened, nullptr);
   EXPECT_THAT(ScanOrDie(*reopened, "job"), ElementsAre(IsRecord("c", "3"), IsRecord("keep", "old")));
 }
@@ -404,11 +411,16 @@ TEST(SqliteStoreTest, LockedDatabaseIsUnavailable) {
 }
 
 // Two stores (two connections, as two processes would have) on one file:
-// the busy timeout serializes them and every write lands.
+// the busy timeout serializes them and every write lands. The second is not
+// exclusive (the first holds the file's flock), which also shows that the
+// flock does not get in the way of SQLite's own (fcntl) locks.
 TEST(SqliteStoreTest, TwoConnectionsWritingConcurrently) {
   const std::string path = NewDbPath();
   std::unique_ptr<StateStore> a = OpenOrDie(path);
-  std::unique_ptr<StateStore> b = OpenOrDie(path);
+  absl::StatusOr<std::unique_ptr<StateStore>> opened_b =
+      OpenSqliteStore(path, SqliteStoreOptions{/*exclusive=*/false});
+  ASSERT_TRUE(opened_b.ok()) << opened_b.status();
+  std::unique_ptr<StateStore> b = *std::move(opened_b);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   constexpr int kWrites = 100;
@@ -424,6 +436,181 @@ TEST(SqliteStoreTest, TwoConnectionsWritingConcurrently) {
   tb.join();
   EXPECT_THAT(ScanOrDie(*a, "k"), SizeIs(2 * kWrites));
   EXPECT_THAT(ScanOrDie(*b, "k"), SizeIs(2 * kWrites));
+}
+
+// ---------------------------------------------------------------------------
+// One exclusive store per file, whatever path reaches it (issue 14 defect
+// 10: the coordinator locked "<--state>.lock" by path string, so a second
+// one started through a symlink or a hard link and the two diverged).
+
+void ExpectHeldByUs(const absl::StatusOr<std::unique_ptr<StateStore>>& second,
+                    const std::string& path) {
+  ASSERT_FALSE(second.ok()) << "a second exclusive store opened " << path;
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_THAT(second.status().message(), HasSubstr(path));
+  EXPECT_THAT(second.status().message(), HasSubstr("held by another coordinator"));
+  EXPECT_THAT(second.status().message(), HasSubstr(absl::StrCat("(pid ", getpid(), ")")));
+}
+
+TEST(SqliteStoreLockTest, SecondStoreOnTheSamePathIsRefused) {
+  const std::string path = NewDbPath();
+  std::unique_ptr<StateStore> first = OpenOrDie(path);
+  ASSERT_NE(first, nullptr);
+  ExpectHeldByUs(OpenSqliteStore(path), path);
+  // The first one is unaffected.
+  EXPECT_TRUE(first->Write({Mutation::Put("job", "j", "v")}).ok());
+}
+
+TEST(SqliteStoreLockTest, SecondStoreThroughASymlinkIsRefused) {
+  const std::string path = NewDbPath();
+  const std::string link = path + ".symlink";
+  std::unique_ptr<StateStore> first = OpenOrDie(path);
+  ASSERT_NE(first, nullptr);
+  ASSERT_EQ(symlink(path.c_str(), link.c_str()), 0) << std::strerror(errno);
+  ExpectHeldByUs(OpenSqliteStore(link), link);
+}
+
+TEST(SqliteStoreLockTest, SecondStoreThroughAHardLinkIsRefused) {
+  const std::string path = NewDbPath();
+  const std::string other_name = path + ".hardlink";
+  std::unique_ptr<StateStore> first = OpenOrDie(path);
+  ASSERT_NE(first, nullptr);
+  ASSERT_EQ(link(path.c_str(), other_name.c_str()), 0) << std::strerror(errno);
+  ExpectHeldByUs(OpenSqliteStore(other_name), other_name);
+  // And the other way round: opened first by the hard link's name.
+  first.reset();
+  std::unique_ptr<StateStore> by_link = OpenOrDie(other_name);
+  ASSERT_NE(by_link, nullptr);
+  ExpectHeldByUs(OpenSqliteStore(path), path);
+}
+
+TEST(SqliteStoreLockTest, AnotherProcessIsRefusedUntilTheHolderCloses) {
+  const std::string path = NewDbPath();
+  std::unique_ptr<StateStore> first = OpenOrDie(path);
+  ASSERT_NE(first, nullptr);
+  auto child_open_code = [&path]() {
+    const pid_t child = fork();
+    if (child == 0) {
+      absl::StatusOr<std::unique_ptr<StateStore>> s = OpenSqliteStore(path);
+      _exit(s.ok() ? 0 : static_cast<int>(s.status().code()));
+    }
+    int wstatus = 0;
+    EXPECT_EQ(waitpid(child, &wstatus, 0), child);
+    return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+  };
+  EXPECT_EQ(child_open_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  first.reset();  // closing releases the lock
+  EXPECT_EQ(child_open_code(), 0);
+  EXPECT_NE(OpenOrDie(path), nullptr);
+}
+
+// ---------------------------------------------------------------------------
+// File modes (issue 14 defect 3: state.db, -wal and -shm were 0644).
+
+int ModeOf(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int>(st.st_mode & 07777);
+}
+
+// Sets the umask for a scope.
+class ScopedUmask {
+ public:
+  explicit ScopedUmask(mode_t mask) : old_(umask(mask)) {}
+  ~ScopedUmask() { umask(old_); }
+
+ private:
+  mode_t old_;
+};
+
+TEST(SqliteStoreModeTest, NewFilesAreOwnerOnly) {
+  ScopedUmask mask(022);
+  const std::string path = NewDbPath();
+  std::unique_ptr<StateStore> store = OpenOrDie(path);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Write({Mutation::Put("token", "j", "secret")}).ok());
+  // While open (WAL mode), all three files exist.
+  for (const std::string& file : {path, path + "-wal", path + "-shm"}) {
+    EXPECT_EQ(ModeOf(file), 0600) << file;
+  }
+  // The old coordinator's separate lock file is gone with the path lock.
+  EXPECT_EQ(ModeOf(path + ".lock"), -1);
+}
+
+TEST(SqliteStoreModeTest, ExistingWorldReadableFilesAreTightened) {
+  ScopedUmask mask(022);
+  const std::string path = NewDbPath();
+  {
+    // As an older coordinator left them: 0644, with -wal and -shm (a
+    // connection left open, as after kill -9).
+    std::unique_ptr<StateStore> old = OpenOrDie(path);
+    ASSERT_NE(old, nullptr);
+  }
+  ASSERT_EQ(chmod(path.c_str(), 0644), 0);
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(raw, "INSERT INTO records VALUES('k', 'x', 'v')", nullptr, nullptr,
+                         nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(ModeOf(path + "-wal"), 0644);
+  ASSERT_EQ(ModeOf(path + "-shm"), 0644);
+  absl::StatusOr<std::unique_ptr<StateStore>> store =
+      OpenSqliteStore(path, SqliteStoreOptions{/*exclusive=*/true});
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (const std::string& file : {path, path + "-wal", path + "-shm"}) {
+    EXPECT_EQ(ModeOf(file), 0600) << file;
+  }
+  EXPECT_THAT(ScanOrDie(**store, "k"), ElementsAre(IsRecord("x", "v")));
+  sqlite3_close(raw);
+}
+
+// ---------------------------------------------------------------------------
+// An empty file (issue 14 defect 12: a 0-byte state file silently started
+// empty, every job forgotten).
+
+TEST(SqliteStoreTest, EmptyFileIsRefusedUnlessAskedToInitialise) {
+  const std::string path = NewDbPath();
+  { std::ofstream touch(path); }
+  absl::StatusOr<std::unique_ptr<StateStore>> store = OpenSqliteStore(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << store.status();
+  EXPECT_THAT(store.status().message(), HasSubstr(path));
+  EXPECT_THAT(store.status().message(), HasSubstr("empty (0-byte) file"));
+  EXPECT_THAT(store.status().message(), HasSubstr("--init-state"));
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0) << "the refused file was modified";
+
+  SqliteStoreOptions init;
+  init.initialize_empty = true;
+  store = OpenSqliteStore(path, init);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Write({Mutation::Put("job", "j", "v")}).ok());
+  store = absl::UnknownError("closed");
+  // Now a state database: opens without the option.
+  std::unique_ptr<StateStore> reopened = OpenOrDie(path);
+  ASSERT_NE(reopened, nullptr);
+  EXPECT_THAT(ScanOrDie(*reopened, "job"), ElementsAre(IsRecord("j", "v")));
+}
+
+TEST(SqliteStoreTest, MissingFileIsCreatedNonEmpty) {
+  const std::string path = NewDbPath();
+  ASSERT_EQ(ModeOf(path), -1);
+  { ASSERT_NE(OpenOrDie(path), nullptr); }
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  // Creating writes SQLite's header at once, so the store never leaves a
+  // file that the check above would refuse.
+  EXPECT_GT(st.st_size, 0);
+  EXPECT_NE(OpenOrDie(path), nullptr);
+}
+
+TEST(SqliteStoreTest, DirectoryIsRefused) {
+  const std::string path = NewDbPath();
+  ASSERT_EQ(mkdir(path.c_str(), 0700), 0);
+  absl::StatusOr<std::unique_ptr<StateStore>> store = OpenSqliteStore(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_THAT(store.status().message(), HasSubstr(path));
 }
 
 // kill -9 in the middle of a stream of batches: every batch the child saw

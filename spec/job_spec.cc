@@ -10,6 +10,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace shardline::spec {
@@ -28,6 +30,120 @@ void SetIfUnset(google::protobuf::Duration* d, absl::Duration value) {
 }
 
 absl::Status Invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
+
+// google/protobuf/duration.proto's range.
+constexpr int64_t kMaxProtoDurationSeconds = 315576000000;
+constexpr int32_t kMaxProtoDurationNanos = 999999999;
+
+bool IsValidProtoDuration(const google::protobuf::Duration& d) {
+  if (d.seconds() < -kMaxProtoDurationSeconds || d.seconds() > kMaxProtoDurationSeconds) {
+    return false;
+  }
+  if (d.nanos() < -kMaxProtoDurationNanos || d.nanos() > kMaxProtoDurationNanos) return false;
+  return !((d.seconds() > 0 && d.nanos() < 0) || (d.seconds() < 0 && d.nanos() > 0));
+}
+
+// A duration as the messages show it; TimeUtil::ToString needs a valid one.
+std::string DurationText(const google::protobuf::Duration& d) {
+  if (IsValidProtoDuration(d)) return TimeUtil::ToString(d);
+  return absl::StrCat("{seconds: ", d.seconds(), ", nanos: ", d.nanos(), "}");
+}
+
+// The shape of `m` (at `path`, e.g. "spec.elastic") and of every message in
+// it: no unknown fields, enums of known values, valid Durations.
+absl::Status CheckShape(const google::protobuf::Message& m, const std::string& path) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m.GetReflection();
+  const google::protobuf::UnknownFieldSet& unknown = r->GetUnknownFields(m);
+  if (!unknown.empty()) {
+    std::vector<int> numbers;
+    for (int i = 0; i < unknown.field_count(); ++i) numbers.push_back(unknown.field(i).number());
+    std::string bytes;
+    unknown.SerializeToString(&bytes);
+    return Invalid(absl::StrCat(
+        path, " has ", numbers.size() == 1 ? "an unknown field" : "unknown fields", " (number ",
+        absl::StrJoin(numbers, ", "), "; ", bytes.size(), " bytes) that ",
+        m.GetDescriptor()->full_name(),
+        " does not define; the coordinator stores only what it can check: remove ",
+        numbers.size() == 1 ? "it" : "them",
+        " (a client built from a newer job.proto needs a newer coordinator)"));
+  }
+  if (m.GetDescriptor()->full_name() == "google.protobuf.Duration") {
+    const auto& d = static_cast<const google::protobuf::Duration&>(m);
+    if (IsValidProtoDuration(d)) return absl::OkStatus();
+    return Invalid(absl::StrCat(
+        path, "=", DurationText(d), " is not a valid google.protobuf.Duration (seconds within "
+        "+-", kMaxProtoDurationSeconds, ", nanos within +-", kMaxProtoDurationNanos,
+        " with the same sign); give e.g. \"10s\""));
+  }
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const FieldDescriptor* f : fields) {
+    const std::string field = absl::StrCat(path, ".", f->name());
+    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      const std::string at = f->is_repeated() ? absl::StrCat(field, "[", i, "]") : field;
+      absl::Status s;
+      if (f->cpp_type() == FieldDescriptor::CPPTYPE_ENUM) {
+        s = CheckEnumValue(at, f->enum_type(),
+                           f->is_repeated() ? r->GetRepeatedEnumValue(m, f, i)
+                                            : r->GetEnumValue(m, f));
+      } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+        s = CheckShape(f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f),
+                       at);
+      }
+      if (!s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every count of the spec against its bound (job_spec.h), before anything
+// multiplies them or narrows them to int.
+absl::Status CheckCounts(const v1::JobSpec& spec) {
+  struct Count {
+    const char* field;
+    uint64_t value;
+    uint64_t max;
+  };
+  const v1::ModelConfig& m = spec.model();
+  const v1::ParallelConfig& p = spec.parallel();
+  const v1::TrainingConfig& t = spec.training();
+  const uint64_t world = static_cast<uint64_t>(plan::kMaxWorldSize);
+  const Count counts[] = {
+      {"model.num_layers", m.num_layers(), static_cast<uint64_t>(plan::kMaxLayers)},
+      {"model.hidden_size", m.hidden_size(), static_cast<uint64_t>(plan::kMaxWidth)},
+      {"model.num_heads", m.num_heads(), static_cast<uint64_t>(plan::kMaxWidth)},
+      {"model.ffn_hidden_size", m.ffn_hidden_size(), static_cast<uint64_t>(plan::kMaxWidth)},
+      {"model.vocab_size", m.vocab_size(), static_cast<uint64_t>(plan::kMaxVocab)},
+      {"model.seq_length", m.seq_length(), static_cast<uint64_t>(plan::kMaxSeqLength)},
+      {"parallel.tp", p.tp(), world},
+      {"parallel.pp", p.pp(), world},
+      {"parallel.vpp", p.vpp(), static_cast<uint64_t>(plan::kMaxLayers)},
+      {"parallel.zero_stage", p.zero_stage(), 3},
+      {"parallel.zero_alignment", p.zero_alignment(), static_cast<uint64_t>(plan::kMaxAlignment)},
+      {"training.micro_batch", t.micro_batch(), static_cast<uint64_t>(plan::kMaxMicroBatchSize)},
+      {"training.global_batch", t.global_batch(), kMaxGlobalBatch},
+      {"training.warmup_steps", t.warmup_steps(), kMaxTrainSteps},
+      {"checkpoint.interval_steps", spec.checkpoint().interval_steps(), kMaxTrainSteps},
+      {"checkpoint.keep_last", spec.checkpoint().keep_last(), kMaxKeepLast},
+      {"elastic.min_workers", spec.elastic().min_workers(), world},
+      {"elastic.max_workers", spec.elastic().max_workers(), world},
+  };
+  for (const Count& c : counts) {
+    if (c.value > c.max) {
+      return Invalid(absl::StrCat("spec.", c.field, "=", c.value, " is too large; the limit is ",
+                                  c.max));
+    }
+  }
+  if (uint64_t{p.tp()} * p.pp() > world) {
+    return Invalid(absl::StrCat("spec.parallel.tp=", p.tp(), " x spec.parallel.pp=", p.pp(), " = ",
+                                uint64_t{p.tp()} * p.pp(),
+                                " is too large; one model replica is at most ", world,
+                                " workers"));
+  }
+  return absl::OkStatus();
+}
 
 // The planner's field names as spec paths.
 absl::Status InSpecTerms(const absl::Status& s) {
@@ -49,6 +165,23 @@ absl::Status InSpecTerms(const absl::Status& s) {
 }
 
 }  // namespace
+
+absl::Status CheckEnumValue(absl::string_view field, const google::protobuf::EnumDescriptor* type,
+                            int value) {
+  if (type->FindValueByNumber(value) != nullptr) return absl::OkStatus();
+  std::vector<std::string> choices;
+  std::string unset;
+  for (int i = 0; i < type->value_count(); ++i) {
+    const google::protobuf::EnumValueDescriptor* v = type->value(i);
+    if (v->number() == 0) {
+      unset = absl::StrCat(", or leave it unset (", v->name(), ", 0)");
+    } else {
+      choices.push_back(absl::StrCat(v->name(), " (", v->number(), ")"));
+    }
+  }
+  return Invalid(absl::StrCat(field, "=", value, " is not a ", type->name(), "; use one of ",
+                              absl::StrJoin(choices, ", "), unset));
+}
 
 plan::GptConfig ModelOf(const v1::JobSpec& spec) {
   const v1::ModelConfig& m = spec.model();
@@ -112,6 +245,12 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
       !s.ok()) {
     return Invalid(absl::StrCat(s.message(), ", e.g. name: shakespeare"));
   }
+  if (const size_t bytes = in.ByteSizeLong(); bytes > kMaxSerializedSpecBytes) {
+    return Invalid(absl::StrCat("spec is ", bytes, " bytes serialized; the limit is ",
+                                kMaxSerializedSpecBytes, " bytes (1 MiB)"));
+  }
+  if (absl::Status s = CheckShape(in, "spec"); !s.ok()) return s;
+  if (absl::Status s = CheckCounts(in); !s.ok()) return s;
   if (m.ffn_hidden_size() == 0) m.set_ffn_hidden_size(4 * m.hidden_size());
   if (p.tp() == 0) return Invalid("spec.parallel.tp=0 is invalid; tp must be >= 1");
   if (p.pp() == 0) return Invalid("spec.parallel.pp=0 is invalid; pp must be >= 1");
@@ -228,17 +367,31 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
       return Invalid(absl::StrCat("spec.elastic.", field, "=", TimeUtil::ToString(*d),
                                   " is invalid; give a positive duration such as \"10s\""));
     }
+    if (FromProto(*d) < kMinSpecDuration) {
+      return Invalid(absl::StrCat("spec.elastic.", field, "=", TimeUtil::ToString(*d),
+                                  " is too short; at least ",
+                                  absl::FormatDuration(kMinSpecDuration)));
+    }
+    if (FromProto(*d) > kMaxSpecDuration) {
+      return Invalid(absl::StrCat("spec.elastic.", field, "=", TimeUtil::ToString(*d),
+                                  " is too long; at most ", absl::FormatDuration(kMaxSpecDuration)));
+    }
   }
   if (FromProto(e.heartbeat_timeout()) > kMaxHeartbeatTimeout) {
     return Invalid(absl::StrCat("spec.elastic.heartbeat_timeout=",
                                 TimeUtil::ToString(e.heartbeat_timeout()), " is too long; at most ",
                                 absl::FormatDuration(kMaxHeartbeatTimeout)));
   }
-  if (FromProto(e.heartbeat_timeout()) <= FromProto(e.heartbeat_interval())) {
+  const absl::Duration min_timeout =
+      std::max(kMinTimeoutIntervals * FromProto(e.heartbeat_interval()), kMinHeartbeatTimeout);
+  if (FromProto(e.heartbeat_timeout()) < min_timeout) {
     return Invalid(absl::StrCat(
         "spec.elastic.heartbeat_timeout=", TimeUtil::ToString(e.heartbeat_timeout()),
-        " must be longer than spec.elastic.heartbeat_interval=",
-        TimeUtil::ToString(e.heartbeat_interval()), " (a few intervals, e.g. 10x)"));
+        " must be longer: at least ", kMinTimeoutIntervals,
+        " x spec.elastic.heartbeat_interval=", TimeUtil::ToString(e.heartbeat_interval()),
+        " and at least ", absl::FormatDuration(kMinHeartbeatTimeout), ", so ",
+        absl::FormatDuration(min_timeout), " (a few intervals, e.g. 10x: one late heartbeat "
+        "must not lose a worker)"));
   }
   // world = dp * tp * pp must lie in min_workers..max_workers.
   const uint32_t min_dp = (e.min_workers() + model_parallel - 1) / model_parallel;

@@ -14,6 +14,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "google/protobuf/descriptor.h"
 #include "absl/strings/string_view.h"
 #include "common/text.h"
 #include "plan/plan.h"
@@ -31,8 +33,38 @@ inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
 // timeout is longer (ServerOptions), so a stalled worker is judged by its
 // job's heartbeat_timeout.
 inline constexpr absl::Duration kMaxHeartbeatTimeout = absl::Minutes(10);
-// At most this many optimizer steps per job.
+// At most this many optimizer steps per job (also the bound of
+// training.warmup_steps and checkpoint.interval_steps).
 inline constexpr uint64_t kMaxTrainSteps = uint64_t{1} << 40;
+
+// Bounds of the spec's durations (google.protobuf.Duration), after the
+// defaults are applied. Each must first be a valid Duration (seconds within
+// +-315576000000, nanos within +-999999999 with the seconds' sign), then:
+//   heartbeat_interval  in [10 ms, 1 day]
+//   heartbeat_timeout   in [max(2 x heartbeat_interval, 100 ms), 10 min]
+//   join_timeout, last_call, collective_timeout  in [10 ms, 1 day]
+// A shorter heartbeat timeout than two intervals (or the coordinator's
+// ~100 ms tick) declares healthy workers lost and re-forms the job over and
+// over.
+inline constexpr absl::Duration kMinSpecDuration = absl::Milliseconds(10);
+inline constexpr absl::Duration kMaxSpecDuration = absl::Hours(24);
+inline constexpr absl::Duration kMinHeartbeatTimeout = absl::Milliseconds(100);
+inline constexpr int kMinTimeoutIntervals = 2;
+
+// Bounds of the spec's counts, checked before anything uses them (each in
+// spec terms, printed unsigned): model sizes as the planner's limits
+// (plan/config.h: num_layers <= 2^14, hidden_size, num_heads and
+// ffn_hidden_size <= 2^22, vocab_size <= 2^31, seq_length <= 2^24);
+// parallel.tp, pp and tp*pp <= plan::kMaxWorldSize (2^18), vpp <= 2^14,
+// zero_stage <= 3, zero_alignment <= 2^20; training.micro_batch <= 2^24,
+// global_batch <= 2^31 - 1, warmup_steps <= kMaxTrainSteps;
+// checkpoint.interval_steps <= kMaxTrainSteps, keep_last <= kMaxKeepLast;
+// elastic.min_workers and max_workers <= plan::kMaxWorldSize.
+inline constexpr uint64_t kMaxGlobalBatch = (uint64_t{1} << 31) - 1;
+inline constexpr uint64_t kMaxKeepLast = uint64_t{1} << 20;
+
+// The largest spec accepted, serialized (unknown fields included).
+inline constexpr size_t kMaxSerializedSpecBytes = size_t{1} << 20;
 
 // Limits on free text the coordinator stores and shardctl prints (bytes of
 // UTF-8). Longer values are refused: one job must not make `job list` pad
@@ -41,7 +73,13 @@ inline constexpr size_t kMaxJobNameBytes = 128;   // spec.name, as job.proto say
 inline constexpr size_t kMaxReasonBytes = 1024;   // CancelJob / DrainWorker reason
 inline constexpr size_t kMaxPathBytes = 4096;     // PATH_MAX: dataset_path, checkpoint.directory
 
-// Validates `spec` and returns it with defaults filled in:
+// Validates `spec` and returns it with defaults filled in. First its shape:
+// at most kMaxSerializedSpecBytes serialized; no unknown fields anywhere
+// (fields this build does not know, e.g. from a newer client: refused,
+// never stored);
+// every enum a known value of its type (CheckEnumValue); every duration a
+// valid google.protobuf.Duration; every count and duration within the
+// bounds above. Then the defaults:
 //   model.ffn_hidden_size 0 → 4 * hidden_size; parallel.vpp 0 → 1;
 //   parallel.schedule UNSPECIFIED → 1F1B (INTERLEAVED when vpp > 1);
 //   parallel.zero_alignment 0 → 1; training.precision → FP32;
@@ -61,6 +99,12 @@ inline constexpr size_t kMaxPathBytes = 4096;     // PATH_MAX: dataset_path, che
 // spec.training.micro_batch=4", or no dp in [min, max] workers that divides
 // global_batch / micro_batch.
 absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec);
+
+// OK when `value` is a value of `type`; else InvalidArgument
+// "<field>=<value> is not a <Type>; use one of NAME (n), ..., or leave it
+// unset (NAME_UNSPECIFIED, 0) for the default".
+absl::Status CheckEnumValue(absl::string_view field, const google::protobuf::EnumDescriptor* type,
+                            int value);
 
 // The largest dp the job can run with `available` healthy workers:
 // world = dp * tp * pp <= min(available, max_workers), world >= min_workers,

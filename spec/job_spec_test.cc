@@ -3,7 +3,11 @@
 #include "spec/job_spec.h"
 #include "testing/job_specs.h"
 
+#include <cstdint>
+#include <functional>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -108,6 +112,169 @@ TEST(ResolveJobSpecTest, NoMultipleOfTpPpInTheWorkerRange) {
   // divisibility message, with the one dp written as a set.
   spec.mutable_training()->set_global_batch(7);
   EXPECT_THAT(Error(spec), HasSubstr("dp must be in {2} and divide"));
+}
+
+// Issue 14 defect 11: what an independent gRPC client could put in a spec
+// and get stored. Each case was accepted by ResolveJobSpec before (checked
+// against the previous job_spec.cc) and is refused now, naming the field.
+struct HostileCase {
+  const char* what;
+  std::function<void(v1::JobSpec*)> change;
+  std::string error;  // the start of the message
+};
+
+void AddUnknownField(google::protobuf::Message* m, int number, std::string bytes) {
+  m->GetReflection()->MutableUnknownFields(m)->AddLengthDelimited(number, std::move(bytes));
+}
+
+TEST(ResolveJobSpecTest, HostileValuesAreRefusedNamingTheField) {
+  const std::vector<HostileCase> cases = {
+      {"join_timeout past Duration's range (it overflowed and FAILED the job at once)",
+       [](v1::JobSpec* s) {
+         s->mutable_elastic()->mutable_join_timeout()->set_seconds(
+             std::numeric_limits<int64_t>::max());
+       },
+       "spec.elastic.join_timeout={seconds: 9223372036854775807, nanos: 0} is not a valid "
+       "google.protobuf.Duration (seconds within +-315576000000, nanos within +-999999999 with "
+       "the same sign)"},
+      {"nanos of two seconds",
+       [](v1::JobSpec* s) { s->mutable_elastic()->mutable_heartbeat_interval()->set_nanos(2000000000); },
+       "spec.elastic.heartbeat_interval={seconds: 0, nanos: 2000000000} is not a valid "
+       "google.protobuf.Duration"},
+      {"nanos against the seconds' sign",
+       [](v1::JobSpec* s) {
+         s->mutable_elastic()->mutable_last_call()->set_seconds(5);
+         s->mutable_elastic()->mutable_last_call()->set_nanos(-1);
+       },
+       "spec.elastic.last_call={seconds: 5, nanos: -1} is not a valid google.protobuf.Duration"},
+      {"1 ns heartbeats, 2 ns timeout (105 generations in 12 s)",
+       [](v1::JobSpec* s) {
+         s->mutable_elastic()->mutable_heartbeat_interval()->set_nanos(1);
+         s->mutable_elastic()->mutable_heartbeat_timeout()->set_nanos(2);
+       },
+       "spec.elastic.heartbeat_interval=0.000000001s is too short; at least 10ms"},
+      {"a timeout of less than two intervals",
+       [](v1::JobSpec* s) {
+         s->mutable_elastic()->mutable_heartbeat_interval()->set_nanos(100000000);
+         s->mutable_elastic()->mutable_heartbeat_timeout()->set_seconds(0);
+         s->mutable_elastic()->mutable_heartbeat_timeout()->set_nanos(150000000);
+       },
+       "spec.elastic.heartbeat_timeout=0.150s must be longer: at least 2 x "
+       "spec.elastic.heartbeat_interval=0.100s and at least 100ms, so 200ms"},
+      {"a timeout below the coordinator's tick",
+       [](v1::JobSpec* s) {
+         s->mutable_elastic()->mutable_heartbeat_interval()->set_nanos(10000000);
+         s->mutable_elastic()->mutable_heartbeat_timeout()->set_seconds(0);
+         s->mutable_elastic()->mutable_heartbeat_timeout()->set_nanos(50000000);
+       },
+       "spec.elastic.heartbeat_timeout=0.050s must be longer: at least 2 x "
+       "spec.elastic.heartbeat_interval=0.010s and at least 100ms, so 100ms"},
+      {"a join timeout of a year",
+       [](v1::JobSpec* s) { s->mutable_elastic()->mutable_join_timeout()->set_seconds(31536000); },
+       "spec.elastic.join_timeout=31536000s is too long; at most 24h"},
+      {"a collective timeout of 1 us",
+       [](v1::JobSpec* s) { s->mutable_elastic()->mutable_collective_timeout()->set_nanos(1000); },
+       "spec.elastic.collective_timeout=0.000001s is too short; at least 10ms"},
+      {"schedule=99",
+       [](v1::JobSpec* s) { s->mutable_parallel()->set_schedule(static_cast<v1::Schedule>(99)); },
+       "spec.parallel.schedule=99 is not a Schedule; use one of SCHEDULE_GPIPE (1), "
+       "SCHEDULE_ONE_F_ONE_B (2), SCHEDULE_INTERLEAVED (3), or leave it unset "
+       "(SCHEDULE_UNSPECIFIED, 0)"},
+      {"precision=77",
+       [](v1::JobSpec* s) { s->mutable_training()->set_precision(static_cast<v1::Precision>(77)); },
+       "spec.training.precision=77 is not a Precision; use one of PRECISION_FP32 (1), "
+       "PRECISION_MIXED (2), or leave it unset (PRECISION_UNSPECIFIED, 0)"},
+      {"tp=2^32-1 (printed as tp=-1)",
+       [](v1::JobSpec* s) { s->mutable_parallel()->set_tp(4294967295u); },
+       "spec.parallel.tp=4294967295 is too large; the limit is 262144"},
+      {"pp=2^32-1", [](v1::JobSpec* s) { s->mutable_parallel()->set_pp(4294967295u); },
+       "spec.parallel.pp=4294967295 is too large; the limit is 262144"},
+      {"tp*pp past the world size (and past uint32 when multiplied)",
+       [](v1::JobSpec* s) {
+         s->mutable_parallel()->set_tp(65536);
+         s->mutable_parallel()->set_pp(65536);
+       },
+       "spec.parallel.tp=65536 x spec.parallel.pp=65536 = 4294967296 is too large"},
+      {"zero_stage=2^32-1",
+       [](v1::JobSpec* s) { s->mutable_parallel()->set_zero_stage(4294967295u); },
+       "spec.parallel.zero_stage=4294967295 is too large; the limit is 3"},
+      {"vpp=2^32-1", [](v1::JobSpec* s) { s->mutable_parallel()->set_vpp(4294967295u); },
+       "spec.parallel.vpp=4294967295 is too large; the limit is 16384"},
+      {"global_batch past int",
+       [](v1::JobSpec* s) { s->mutable_training()->set_global_batch(uint64_t{1} << 40); },
+       "spec.training.global_batch=1099511627776 is too large; the limit is 2147483647"},
+      {"micro_batch=2^32-1",
+       [](v1::JobSpec* s) { s->mutable_training()->set_micro_batch(4294967295u); },
+       "spec.training.micro_batch=4294967295 is too large; the limit is 16777216"},
+      {"warmup_steps=2^64-1",
+       [](v1::JobSpec* s) {
+         s->mutable_training()->set_warmup_steps(std::numeric_limits<uint64_t>::max());
+       },
+       "spec.training.warmup_steps=18446744073709551615 is too large; the limit is 1099511627776"},
+      {"checkpoint.interval_steps=2^64-1",
+       [](v1::JobSpec* s) {
+         s->mutable_checkpoint()->set_interval_steps(std::numeric_limits<uint64_t>::max());
+       },
+       "spec.checkpoint.interval_steps=18446744073709551615 is too large"},
+      {"checkpoint.keep_last=2^32-1",
+       [](v1::JobSpec* s) { s->mutable_checkpoint()->set_keep_last(4294967295u); },
+       "spec.checkpoint.keep_last=4294967295 is too large; the limit is 1048576"},
+      {"elastic.min_workers=2^32-1",
+       [](v1::JobSpec* s) { s->mutable_elastic()->set_min_workers(4294967295u); },
+       "spec.elastic.min_workers=4294967295 is too large; the limit is 262144"},
+      {"a small unknown field inside spec.elastic",
+       [](v1::JobSpec* s) { AddUnknownField(s->mutable_elastic(), 99, "x"); },
+       "spec.elastic has an unknown field (number 99; 4 bytes) that shardline.v1.ElasticPolicy "
+       "does not define"},
+      {"unknown fields at the top",
+       [](v1::JobSpec* s) {
+         AddUnknownField(s, 1000, "a");
+         s->GetReflection()->MutableUnknownFields(s)->AddVarint(1001, 7);
+       },
+       "spec has unknown fields (number 1000, 1001;"},
+      {"a 30 MB unknown field (it was stored)",
+       [](v1::JobSpec* s) { AddUnknownField(s->mutable_model(), 77, std::string(30 << 20, 'u')); },
+       "spec is 31457"},
+      {"a spec over 1 MiB in known fields",
+       [](v1::JobSpec* s) { s->mutable_data()->set_dataset_path(std::string(2 << 20, 'p')); },
+       "spec is 2097"},
+  };
+  for (const HostileCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    v1::JobSpec spec = Valid();
+    c.change(&spec);
+    absl::StatusOr<v1::JobSpec> r = ResolveJobSpec(spec);
+    if (r.ok()) {
+      ADD_FAILURE() << "accepted: " << c.what;  // report every case, not only the first
+      continue;
+    }
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), ::testing::StartsWith(c.error));
+    EXPECT_LT(r.status().message().size(), 1000u);
+  }
+}
+
+// The bounds themselves are accepted.
+TEST(ResolveJobSpecTest, DurationAndCountBoundsAreInclusive) {
+  v1::JobSpec spec = Valid();
+  v1::ElasticPolicy* e = spec.mutable_elastic();
+  e->mutable_heartbeat_interval()->set_seconds(0);
+  e->mutable_heartbeat_interval()->set_nanos(10000000);  // 10 ms
+  e->mutable_heartbeat_timeout()->set_seconds(0);
+  e->mutable_heartbeat_timeout()->set_nanos(100000000);  // 100 ms
+  e->mutable_join_timeout()->set_seconds(86400);         // 1 day
+  e->mutable_collective_timeout()->set_seconds(0);
+  e->mutable_collective_timeout()->set_nanos(10000000);
+  spec.mutable_checkpoint()->set_keep_last(1 << 20);
+  absl::StatusOr<v1::JobSpec> r = ResolveJobSpec(spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  e->mutable_heartbeat_timeout()->set_seconds(600);  // 10 min
+  e->mutable_heartbeat_timeout()->set_nanos(0);
+  e->mutable_heartbeat_interval()->set_seconds(300);  // timeout = 2 x interval
+  e->mutable_heartbeat_interval()->set_nanos(0);
+  r = ResolveJobSpec(spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->elastic().heartbeat_timeout().seconds(), 600);
 }
 
 TEST(AbbreviateValueTest, ShortPrintableIsUnchangedLongIsCutOnACharacter) {

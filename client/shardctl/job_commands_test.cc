@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <optional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -508,6 +509,35 @@ TEST_F(JobCommandsTest, JsonIsTheResponseWithProtoNames) {
   EXPECT_EQ(nlohmann::json::parse(*out)["phase"], "JOB_PHASE_PENDING");
 }
 
+// Issue 14 defect 11: one job whose spec protobuf's JSON printer refuses (a
+// Duration past its range, stored by a coordinator that did not check it)
+// made `job list --json` print {"error": ...} for the whole listing, with
+// exit code 0. Now the others are printed and the bad one is named, with a
+// non-zero exit code.
+TEST_F(JobCommandsTest, JsonListingSurvivesAJobItCannotPrint) {
+  for (const char* id : {"a", "b", "c"}) CreateDemo(id);
+  {
+    absl::MutexLock lock(&fake_.mu);
+    fake_.jobs["b"].mutable_spec()->mutable_elastic()->mutable_join_timeout()->set_seconds(
+        std::numeric_limits<int64_t>::max());
+  }
+  std::ostringstream out;
+  const absl::Status s =
+      RunCoordinatorCommand("job", {"list", "--json", "--coordinator", address_}, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(ExitCodeFor(s), 0);
+  EXPECT_THAT(s.message(), HasSubstr("1 of 3 jobs could not be printed as JSON"));
+  EXPECT_THAT(s.message(), HasSubstr("b: "));
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  ASSERT_EQ(j["jobs"].size(), 2u);
+  EXPECT_EQ(j["jobs"][0]["job_id"], "c");
+  EXPECT_EQ(j["jobs"][1]["job_id"], "a");
+  // The text listing shows all three.
+  absl::StatusOr<std::string> text = Run("job", {"list"});
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_THAT(*text, AllOf(HasSubstr("\na "), HasSubstr("\nb "), HasSubstr("\nc ")));
+}
+
 TEST_F(JobCommandsTest, MembersTopologyOwnerCheckpoints) {
   CreateDemo();
   absl::StatusOr<std::string> out = Run("members", {"shakespeare"});
@@ -735,6 +765,9 @@ TEST_F(JobCommandsTest, DeadlineNamesTheTimeoutFlag) {
 }
 
 TEST_F(JobCommandsTest, UsageErrors) {
+  // A TLS file that is not PEM is named with the reason (common/tls_files.h).
+  const std::string not_pem = ::testing::TempDir() + "/not-pem-ca.crt";
+  std::ofstream(not_pem) << "not a certificate\n";
   struct Case {
     std::string command;
     Args args;
@@ -754,7 +787,9 @@ TEST_F(JobCommandsTest, UsageErrors) {
       {"job", {"get", "a", "--timeout", "soon"}, "--timeout='soon' is not a positive duration"},
       {"job", {"get", "a", "--tls-cert", "c.pem"}, "mutual TLS needs both --tls-cert and --tls-key"},
       {"job", {"get", "a", "--tls-ca", "/nonexistent/ca.pem"},
-       "cannot read --tls-ca file '/nonexistent/ca.pem'"},
+       "cannot read --tls-ca file '/nonexistent/ca.pem': it does not exist"},
+      {"job", {"get", "a", "--tls-ca", not_pem},
+       "--tls-ca file '" + not_pem + "' is not PEM (no -----BEGIN line)"},
       {"job", {"create", "/nonexistent/spec.yaml"},
        "cannot read spec file '/nonexistent/spec.yaml': No such file or directory"},
   };

@@ -120,17 +120,39 @@ std::string Printable(absl::string_view text, size_t max_bytes) {
   return out;
 }
 
-std::string ProtoToJson(const google::protobuf::Message& message, bool one_line) {
+absl::StatusOr<std::string> ProtoToJsonOr(const google::protobuf::Message& message,
+                                          bool one_line) {
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = !one_line;
   options.always_print_primitive_fields = true;
   options.preserve_proto_field_names = true;
   std::string out;
   const auto status = google::protobuf::util::MessageToJsonString(message, &out, options);
-  if (!status.ok()) return absl::StrCat("{\"error\": \"", status.message().as_string(), "\"}");
+  if (!status.ok()) return absl::InvalidArgumentError(status.message().as_string());
   // add_whitespace ends with a newline; keep exactly one at the call site.
   while (!out.empty() && out.back() == '\n') out.pop_back();
   return out;
+}
+
+std::string ProtoToJson(const google::protobuf::Message& message, bool one_line) {
+  absl::StatusOr<std::string> out = ProtoToJsonOr(message, one_line);
+  if (!out.ok()) return absl::StrCat("{\"error\": \"", out.status().message(), "\"}");
+  return *std::move(out);
+}
+
+std::string JobListJson(const v1::ListJobsResponse& all, std::vector<std::string>* unprintable) {
+  v1::ListJobsResponse shown = all;
+  shown.clear_jobs();
+  for (const v1::Job& job : all.jobs()) {
+    absl::StatusOr<std::string> one = ProtoToJsonOr(job, /*one_line=*/true);
+    if (one.ok()) {
+      *shown.add_jobs() = job;
+    } else {
+      unprintable->push_back(
+          absl::StrCat(AbbreviateValue(job.job_id()), ": ", one.status().message()));
+    }
+  }
+  return ProtoToJson(shown);
 }
 
 std::string EnumName(const google::protobuf::EnumDescriptor* type, int value) {

@@ -11,7 +11,9 @@
 #define SHARDLINE_CLIENT_SHARDCTL_JOB_FORMAT_H_
 
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -26,6 +28,17 @@ namespace shardline::shardctl {
 // (zeros included), so scripts see a stable set of keys. Pretty (2-space
 // indent) unless `one_line`.
 std::string ProtoToJson(const google::protobuf::Message& message, bool one_line = false);
+
+// As ProtoToJson, with protobuf's refusal as InvalidArgument (e.g. a
+// Duration outside its range) instead of an {"error": ...} object.
+absl::StatusOr<std::string> ProtoToJsonOr(const google::protobuf::Message& message,
+                                          bool one_line = false);
+
+// `job list --json`: ProtoToJson of `all` without the jobs that protobuf's
+// JSON printer refuses (e.g. a Duration outside its range, stored before the
+// coordinator checked them): one such job must not hide the others. Each
+// one left out is added to `*unprintable` as "<job_id>: <reason>".
+std::string JobListJson(const v1::ListJobsResponse& all, std::vector<std::string>* unprintable);
 
 // An enum value without its type prefix, as users type it:
 // JOB_PHASE_RUNNING → "RUNNING", SCHEDULE_ONE_F_ONE_B → "ONE_F_ONE_B". An

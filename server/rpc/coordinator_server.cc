@@ -1,8 +1,6 @@
 #include "server/rpc/coordinator_server.h"
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include <grpcpp/resource_quota.h>
@@ -12,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/log.h"
+#include "common/tls_files.h"
 #include "server/all_jobs.h"
 #include "server/rpc/checkpoint_service.h"
 #include "server/rpc/job_service.h"
@@ -30,23 +29,22 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   if (cert_file.empty() || key_file.empty()) {
     return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
   }
-  auto read = [](const std::string& path) -> absl::StatusOr<std::string> {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
-    std::ostringstream s;
-    s << in.rdbuf();
-    if (in.bad()) return absl::UnavailableError(absl::StrCat("error reading '", path, "'"));
-    return s.str();
-  };
-  absl::StatusOr<std::string> cert = read(cert_file);
+  absl::StatusOr<std::string> cert = ReadPemFile(cert_file, "--tls-cert", PemKind::kCertificates);
   if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = read(key_file);
+  absl::StatusOr<std::string> key = ReadPemFile(key_file, "--tls-key", PemKind::kPrivateKey);
   if (!key.ok()) return key.status();
+  if (absl::Status s = CheckKeyMatchesCertificate(
+          *cert, absl::StrCat("--tls-cert file '", cert_file, "'"), *key,
+          absl::StrCat("--tls-key file '", key_file, "'"));
+      !s.ok()) {
+    return s;
+  }
   grpc::SslServerCredentialsOptions options(
       client_ca_file.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                              : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   if (!client_ca_file.empty()) {
-    absl::StatusOr<std::string> ca = read(client_ca_file);
+    absl::StatusOr<std::string> ca =
+        ReadPemFile(client_ca_file, "--tls-client-ca", PemKind::kCertificates);
     if (!ca.ok()) return ca.status();
     options.pem_root_certs = *std::move(ca);
   }
@@ -138,7 +136,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (server->server_ == nullptr || port == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on '", options.listen_address,
-                     "' (address in use, not a local address, or bad TLS files?)"));
+                     "': the address is in use or not a local address",
+                     options.credentials != nullptr
+                         ? " (or gRPC refused the TLS credentials: see its log line above; "
+                           "MakeServerCredentials checks the files themselves)"
+                         : ""));
   }
   server->port_ = port;
   const size_t colon = options.listen_address.rfind(':');
@@ -158,7 +160,30 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 void CoordinatorServer::TickLoop(absl::Duration interval) {
   while (!stop_tick_.WaitForNotificationWithTimeout(interval)) {
     PassOn(deps_.coordinator->Tick());
+    PruneFinishedJobs();
   }
+}
+
+int CoordinatorServer::PruneFinishedJobs() {
+  int pruned = 0;
+  for (const std::string& job_id : deps_.coordinator->FinishedJobsToPrune()) {
+    // Checkpoint records first: a crash after this leaves a finished job
+    // that is pruned again, never checkpoint rows of a forgotten job.
+    if (absl::Status s = deps_.checkpoints->ForgetJob(job_id); !s.ok()) {
+      if (!absl::IsFailedPrecondition(s)) {
+        LogLine(absl::StrCat("job ", job_id, ": checkpoint records not pruned: ", s.message()));
+      }
+      continue;
+    }
+    deps_.rendezvous->DropJob(job_id);
+    absl::Status s = deps_.coordinator->PruneJob(job_id);
+    if (s.ok()) {
+      ++pruned;
+    } else if (!absl::IsFailedPrecondition(s) && !absl::IsNotFound(s)) {
+      LogLine(absl::StrCat("job ", job_id, ": not pruned: ", s.message()));
+    }
+  }
+  return pruned;
 }
 
 void CoordinatorServer::PassOn(const std::vector<GenerationEnded>& ended) {

@@ -139,10 +139,15 @@ struct ServerOptions {
   int max_waiting_gets = 4096;
 };
 
-// TLS for the server from PEM files. `client_ca_file` non-empty: mutual TLS,
-// every client must present a certificate signed by that CA. Errors:
-// InvalidArgument: cert_file or key_file empty; NotFound / Unavailable when a
-// file cannot be read (names it).
+// TLS for the server from PEM files (the coordinator's --tls-cert,
+// --tls-key, --tls-client-ca). `client_ca_file` non-empty: mutual TLS,
+// every client must present a certificate signed by that CA. Each file is
+// checked as common/tls_files.h says, and the key against the certificate,
+// so that a bad file is named with its reason at start. Errors (each
+// naming the flag and the file): InvalidArgument: cert_file or key_file
+// empty, a file that is empty, not PEM, PEM of the wrong kind, unparsable,
+// or a key that is not the certificate's; NotFound: a missing file;
+// PermissionDenied / Unavailable: a file that cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const std::string& cert_file, const std::string& key_file,
     const std::string& client_ca_file);
@@ -172,6 +177,15 @@ class CoordinatorServer {
   // flow (done by the services and the Tick thread; exposed for callers
   // that drive the coordinator directly). Logs one line per generation.
   void PassOn(const std::vector<GenerationEnded>& ended);
+
+  // Finished-job retention (CoordinatorOptions::finished_job_retention,
+  // max_finished_jobs): for each job Coordinator::FinishedJobsToPrune names,
+  // drops its checkpoint records (CheckpointRegistry::ForgetJob; files on
+  // disk stay), its rendezvous state, then the job (Coordinator::PruneJob).
+  // A job that cannot be pruned yet (a call waits on it, a checkpoint is
+  // committing) is tried again at the next call. Run by the Tick thread
+  // after every Tick; returns how many jobs were pruned.
+  int PruneFinishedJobs();
 
   // See the file comment. Idempotent; blocks until every handler returned.
   void Shutdown();

@@ -736,6 +736,40 @@ TEST(GrpcServiceTest, TlsAndMutualTls) {
             absl::StatusCode::kNotFound);
 }
 
+// Issue 14 defect 12: bad TLS files at start said "cannot listen ... (bad
+// TLS files?)"; now MakeServerCredentials names the flag, the file and why.
+TEST(GrpcServiceTest, BadTlsFilesAreNamedWithTheReason) {
+  const Pki pki = MakePki();
+  const std::string not_pem = pki.dir + "/not-pem.crt";
+  std::ofstream(not_pem) << "not a certificate\n";
+  struct Case {
+    std::string cert, key, ca;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const Case cases[] = {
+      {pki.server_crt, pki.dir + "/missing.key", "", absl::StatusCode::kNotFound,
+       absl::StrCat("cannot read --tls-key file '", pki.dir, "/missing.key': it does not exist")},
+      {not_pem, pki.server_key, "", absl::StatusCode::kInvalidArgument,
+       absl::StrCat("--tls-cert file '", not_pem, "' is not PEM")},
+      {pki.server_key, pki.server_key, "", absl::StatusCode::kInvalidArgument,
+       absl::StrCat("--tls-cert file '", pki.server_key, "' holds no certificate")},
+      {pki.server_crt, pki.client_key, "", absl::StatusCode::kInvalidArgument,
+       absl::StrCat("--tls-key file '", pki.client_key,
+                    "' is not the private key of the certificate in --tls-cert file '",
+                    pki.server_crt, "'")},
+      {pki.server_crt, pki.server_key, not_pem, absl::StatusCode::kInvalidArgument,
+       absl::StrCat("--tls-client-ca file '", not_pem, "' is not PEM")},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+        MakeServerCredentials(c.cert, c.key, c.ca);
+    ASSERT_FALSE(creds.ok()) << c.message;
+    EXPECT_EQ(creds.status().code(), c.code) << creds.status();
+    EXPECT_THAT(std::string(creds.status().message()), ::testing::StartsWith(c.message));
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Restart on the same SQLite file: the job, its generation, members and
 // ranks survive; a worker reconnecting with the same fence carries on.
