@@ -1,7 +1,9 @@
 // shardline-coordinator: serves the v1 coordinator API (one per cluster).
 //
 //   shardline-coordinator --listen 127.0.0.1:7070 --state ./shardline-state.db
-//       --admin-token "$TOKEN" --metrics-port 9090   (one command line)
+//       --admin-token-file /etc/shardline/admin-token --metrics-port 9090
+//       (one command line; --admin-token / $SHARDLINE_ADMIN_TOKEN also work,
+//       but a flag is visible in /proc/PID/cmdline)
 //
 // Prints "listening on HOST:PORT" on stdout once it serves (tests start it
 // with --listen 127.0.0.1:0 and read the port from there), logs one line per
@@ -28,6 +30,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "checkpoint/checkpoint_files.h"
+#include "server/auth.h"
 #include "server/checkpoint_registry.h"
 #include "common/clock.h"
 #include "server/coordinator.h"
@@ -47,7 +50,7 @@ int Fail(const absl::Status& status) {
 int Main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070";
   std::string state = "./shardline-state.db";
-  std::string admin_token;
+  std::string admin_token, admin_token_file;
   std::string tls_cert, tls_key, tls_client_ca;
   int64_t metrics_port = 0;
   bool help = false;
@@ -55,8 +58,11 @@ int Main(int argc, char** argv) {
   args.AddString("listen", &listen, "HOST:PORT to serve gRPC on (port 0: any free port)");
   args.AddString("state", &state, "SQLite state file, or 'memory' (nothing survives a restart)");
   args.AddString("admin-token", &admin_token,
-                 "admin bearer token (default: $SHARDLINE_ADMIN_TOKEN; none: no auth, local "
-                 "tests only)");
+                 "admin bearer token, at least 16 bytes (default: $SHARDLINE_ADMIN_TOKEN; none: "
+                 "no auth, local tests only; prefer --admin-token-file: flags show in ps)");
+  args.AddString("admin-token-file", &admin_token_file,
+                 "file holding the admin token (mode 0600 or stricter; one trailing newline "
+                 "is stripped)");
   args.AddString("tls-cert", &tls_cert, "PEM server certificate (enables TLS)");
   args.AddString("tls-key", &tls_key, "PEM private key of --tls-cert");
   args.AddString("tls-client-ca", &tls_client_ca,
@@ -98,14 +104,35 @@ int Main(int argc, char** argv) {
                  static_cast<long long>(metrics_port));
     return 2;
   }
-  if (!args.WasSet("admin-token")) {
+  const char* admin_token_source = "--admin-token";
+  if (args.WasSet("admin-token") && args.WasSet("admin-token-file")) {
+    std::fprintf(stderr,
+                 "shardline-coordinator: give --admin-token or --admin-token-file, not both\n");
+    return 2;
+  }
+  if (args.WasSet("admin-token-file")) {
+    absl::StatusOr<std::string> t = ReadAdminTokenFile(admin_token_file);
+    if (!t.ok()) {
+      std::fprintf(stderr, "shardline-coordinator: %s\n",
+                   std::string(t.status().message()).c_str());
+      return 2;
+    }
+    admin_token = *std::move(t);
+    admin_token_source = "--admin-token-file";
+  } else if (!args.WasSet("admin-token")) {
     if (const char* env = std::getenv("SHARDLINE_ADMIN_TOKEN"); env != nullptr) admin_token = env;
+    admin_token_source = "SHARDLINE_ADMIN_TOKEN";
+  }
+  if (absl::Status s = CheckAdminToken(admin_token, admin_token_source); !s.ok()) {
+    std::fprintf(stderr, "shardline-coordinator: %s\n", std::string(s.message()).c_str());
+    return 2;
   }
   if (admin_token.empty()) {
     std::fprintf(stderr,
                  "shardline-coordinator: warning: no admin token, so authentication is off: "
-                 "anyone who can reach --listen can create and cancel jobs (set --admin-token "
-                 "or SHARDLINE_ADMIN_TOKEN outside local tests)\n");
+                 "anyone who can reach --listen can create and cancel jobs (set "
+                 "--admin-token-file, --admin-token or SHARDLINE_ADMIN_TOKEN outside local "
+                 "tests)\n");
   }
   if (tls_cert.empty() != tls_key.empty() || (!tls_client_ca.empty() && tls_cert.empty())) {
     std::fprintf(stderr,
