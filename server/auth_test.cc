@@ -1,5 +1,10 @@
 #include "server/auth.h"
 
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -262,6 +267,42 @@ TEST(FailureLimiterTest, TableIsBoundedAndForgetsRefilledHosts) {
   clock.Advance(absl::Seconds(2));
   limiter.NoteFailure("d");
   EXPECT_EQ(limiter.tracked_hosts(), 1u);
+}
+
+TEST(AdminTokenTest, ShortOrBlankTokensAreRefusedNamingTheSource) {
+  EXPECT_TRUE(CheckAdminToken("", "--admin-token").ok());  // authentication off
+  EXPECT_TRUE(CheckAdminToken("0123456789abcdef", "--admin-token").ok());
+  absl::Status s = CheckAdminToken("0123456789abcde", "SHARDLINE_ADMIN_TOKEN");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("SHARDLINE_ADMIN_TOKEN is 15 bytes; an admin token needs at "
+                                   "least 16"));
+  EXPECT_EQ(CheckAdminToken("0123456789 abcdef", "--admin-token").code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AdminTokenTest, FileMustBePrivateAndLosesOneTrailingNewline) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/admin-token-unit";
+  auto write = [&](const std::string& content, mode_t mode) {
+    std::remove(path.c_str());
+    std::ofstream(path) << content;
+    ASSERT_EQ(chmod(path.c_str(), mode), 0);
+  };
+  write("0123456789abcdef-token\r\n", 0600);
+  absl::StatusOr<std::string> t = ReadAdminTokenFile(path);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t, "0123456789abcdef-token");
+  write("0123456789abcdef-token\n", 0640);
+  t = ReadAdminTokenFile(path);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(t.status().message()), ::testing::HasSubstr("has mode 0640"));
+  write("\n", 0400);
+  EXPECT_EQ(ReadAdminTokenFile(path).status().code(), absl::StatusCode::kInvalidArgument);
+  write("short\n", 0600);
+  EXPECT_THAT(std::string(ReadAdminTokenFile(path).status().message()),
+              ::testing::HasSubstr("is 5 bytes"));
+  EXPECT_EQ(ReadAdminTokenFile(path + ".missing").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(AuthenticatorDisabledTest, NoAdminTokenAcceptsEverything) {
