@@ -99,6 +99,8 @@ void ConnectionFlags::Register(ArgParser& parser) {
   parser.AddString("token", &token_,
                    "bearer token (default $SHARDLINE_TOKEN; prefer the variable: flags show "
                    "in ps)");
+  parser.AddString("token-file", &token_file_,
+                   "file holding the bearer token (its first line), instead of --token");
   parser.AddString("tls-ca", &tls_ca_, "PEM file of the CA that signed the coordinator (TLS)");
   parser.AddString("tls-cert", &tls_cert_, "PEM client certificate for mutual TLS (with --tls-key)");
   parser.AddString("tls-key", &tls_key_, "PEM client private key for mutual TLS (with --tls-cert)");
@@ -122,8 +124,23 @@ absl::StatusOr<ConnectionOptions> ConnectionFlags::Resolve(
   if (absl::Status s = CheckAddress(o.address, o.address_source); !s.ok()) return s;
 
   const char* token_source = "--token";
+  if (parser.WasSet("token") && parser.WasSet("token-file")) {
+    return absl::InvalidArgumentError("give --token or --token-file, not both");
+  }
   if (parser.WasSet("token")) {
     o.token = token_;
+  } else if (parser.WasSet("token-file")) {
+    token_source = "--token-file";
+    std::ifstream file(token_file_, std::ios::binary);
+    if (!file) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot read --token-file '", token_file_,
+                                                     "': ", std::strerror(errno)));
+    }
+    std::getline(file, o.token);
+    if (absl::StripAsciiWhitespace(o.token).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--token-file '", token_file_, "' is empty; its first line must hold the token"));
+    }
   } else {
     o.token = env(kTokenEnv);
     token_source = kTokenEnv;
@@ -200,6 +217,11 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions&
       return absl::Status(code, absl::StrCat(message, "; check the token given by --token or ",
                                              kTokenEnv));
     case grpc::StatusCode::PERMISSION_DENIED:
+      // The coordinator's message already says which token to use.
+      if (absl::StrContains(message, "member token") ||
+          absl::StrContains(message, "member_token")) {
+        return plain;
+      }
       if (absl::StrContains(message, "admin token")) {
         return absl::Status(code, absl::StrCat(message, " (--token or ", kTokenEnv, ")"));
       }
@@ -276,9 +298,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
 
 void Prepare(grpc::ClientContext* context, const ConnectionOptions& options,
              absl::Duration timeout) {
-  if (!options.token.empty()) {
-    context->AddMetadata("authorization", absl::StrCat("Bearer ", options.token));
-  }
+  std::string token =
+      options.member_credential != nullptr ? options.member_credential->Get() : std::string();
+  if (token.empty()) token = options.token;
+  if (!token.empty()) context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
   // gRPC deadlines are real time, whatever clock the caller waits on.
   if (timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));

@@ -12,8 +12,11 @@
 //
 // Where:  --coordinator HOST:PORT, else $SHARDLINE_COORDINATOR, else
 //         127.0.0.1:7070.
-// Auth:   --token, else $SHARDLINE_TOKEN, sent as "authorization: Bearer
-//         <token>" (coordinator.proto); no token sends no metadata.
+// Auth:   --token, else --token-file FILE (its first line), else
+//         $SHARDLINE_TOKEN, sent as "authorization: Bearer <token>"
+//         (coordinator.proto); no token sends no metadata. A worker's
+//         clients switch to its member token once JoinJob returned one
+//         (MemberCredential below).
 // TLS:    off unless --tls-ca FILE (PEM roots that sign the coordinator's
 //         certificate) or --tls-cert FILE --tls-key FILE (client certificate
 //         for mutual TLS; without --tls-ca the system roots are used).
@@ -27,10 +30,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/flags.h"
 #include "grpcpp/grpcpp.h"
@@ -44,6 +50,30 @@ inline constexpr absl::Duration kDefaultTimeout = absl::Seconds(10);
 // coordinator.proto's kMaxMessageBytes: the largest request or response.
 inline constexpr int kMaxMessageBytes = 64 << 20;
 
+// The member token of one worker incarnation (coordinator.proto
+// "Authentication"): GrpcWorkerClient::JoinJob stores the one a first join
+// returns; while it holds one, Prepare sends it instead of
+// ConnectionOptions::token (JoinJob re-joins included). Copies of a
+// ConnectionOptions share it, so every client of one GrpcCoordinatorClients
+// bundle (one worker) switches at once. One worker incarnation per bundle.
+// Thread-safe.
+class MemberCredential {
+ public:
+  void Set(std::string token) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    token_ = std::move(token);
+  }
+  // Empty until Set.
+  std::string Get() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return token_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::string token_ ABSL_GUARDED_BY(mu_);
+};
+
 // Where and how to reach the coordinator.
 struct ConnectionOptions {
   // "HOST:PORT" (IPv6 as "[::1]:7070"), or a gRPC target such as
@@ -52,8 +82,13 @@ struct ConnectionOptions {
   // Where `address` came from, for messages: "--coordinator",
   // "SHARDLINE_COORDINATOR" or "the default".
   std::string address_source = "the default";
-  // Bearer token; empty sends no authorization metadata.
+  // Bearer token (the admin token, or a job's worker token); empty sends no
+  // authorization metadata.
   std::string token;
+  // A worker's member token, once it has one (null: never; see
+  // MemberCredential). GrpcCoordinatorClients and GrpcWorkerClient make one
+  // when it is null.
+  std::shared_ptr<MemberCredential> member_credential;
   // TLS: on when any of these is set. Paths of PEM files.
   std::string tls_ca_file;
   std::string tls_cert_file;
@@ -76,13 +111,14 @@ class ConnectionFlags {
   // then defaults. Errors (InvalidArgument, naming the flag or variable):
   // an address that is not HOST:PORT; --tls-cert without --tls-key or the
   // reverse; a --timeout that is not a positive duration; a token with
-  // whitespace or control characters inside.
+  // whitespace or control characters inside; both --token and
+  // --token-file; a --token-file that cannot be read or is empty.
   absl::StatusOr<ConnectionOptions> Resolve(
       const ArgParser& parser,
       const std::function<const char*(const char*)>& getenv = nullptr) const;
 
  private:
-  std::string coordinator_, token_, tls_ca_, tls_cert_, tls_key_, timeout_;
+  std::string coordinator_, token_, token_file_, tls_ca_, tls_cert_, tls_key_, timeout_;
 };
 
 // grpc::Status → absl::Status (same code) with a message for operators:
@@ -108,7 +144,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
     const ConnectionOptions& options);
 
 // The one preparation of every call to the coordinator: the bearer token
-// (none when options.token is empty) and a deadline `timeout` from now
+// (the member token when options.member_credential holds one, else
+// options.token; none when both are empty) and a deadline `timeout` from now
 // (none for absl::InfiniteDuration(), e.g. a stream open for the life of
 // the process).
 void Prepare(grpc::ClientContext* context, const ConnectionOptions& options,

@@ -5,8 +5,14 @@
 namespace shardline::client {
 
 CoordinatorClients GrpcCoordinatorClients(std::shared_ptr<grpc::Channel> channel,
-                                          const ConnectionOptions& options,
+                                          const ConnectionOptions& shared,
                                           absl::Duration checkpoint_timeout) {
+  // One member credential for all four: a worker's calls switch to its
+  // member token together once JoinJob returned it.
+  ConnectionOptions options = shared;
+  if (options.member_credential == nullptr) {
+    options.member_credential = std::make_shared<MemberCredential>();
+  }
   CoordinatorClients clients;
   clients.jobs = std::make_shared<GrpcJobClient>(channel, options);
   clients.workers = std::make_shared<GrpcWorkerClient>(channel, options);

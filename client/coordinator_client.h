@@ -33,7 +33,10 @@ struct CoordinatorClients {
 };
 
 // The gRPC implementations of all four over `channel`; `checkpoint_timeout`
-// is GrpcCheckpointClient's min_timeout.
+// is GrpcCheckpointClient's min_timeout. The four share one
+// options.member_credential (made when null): once the worker client's
+// JoinJob got a member token, every call of the bundle carries it. One
+// bundle per worker incarnation.
 CoordinatorClients GrpcCoordinatorClients(std::shared_ptr<grpc::Channel> channel,
                                           const ConnectionOptions& options,
                                           absl::Duration checkpoint_timeout = absl::ZeroDuration());

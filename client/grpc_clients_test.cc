@@ -143,6 +143,19 @@ TEST(GrpcWorkerClientTest, WrongOrMissingTokenSaysWhichFlag) {
     // A worker token may not make admin calls.
     EXPECT_EQ(clients.jobs->ListJobs(v1::ListJobsRequest()).status().code(),
               absl::StatusCode::kPermissionDenied);
+    // JoinJob's member token went to every client of the bundle: the
+    // rendezvous client acts as this worker (the job token alone may not).
+    ASSERT_NE(clients.workers, nullptr);
+    v1::KvSetRequest set;
+    *set.mutable_fence() = w.fence;
+    set.set_key("k");
+    set.set_value("v");
+    absl::Status with_member = clients.rendezvous->KvSet(set, nullptr).status();
+    EXPECT_TRUE(with_member.ok()) << with_member;
+    CoordinatorClients job_token_only = h.Clients(worker_token);
+    absl::Status with_job_token = job_token_only.rendezvous->KvSet(set, nullptr).status();
+    EXPECT_EQ(with_job_token.code(), absl::StatusCode::kPermissionDenied) << with_job_token;
+    EXPECT_THAT(with_job_token.message(), HasSubstr("member_token"));
   }
 }
 

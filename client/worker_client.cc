@@ -43,12 +43,26 @@ class GrpcSessionStream final : public SessionStream {
 
 GrpcWorkerClient::GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel,
                                    ConnectionOptions options)
-    : options_(std::move(options)), stub_(v1::WorkerService::NewStub(std::move(channel))) {}
+    : options_(WithMemberCredential(std::move(options))),
+      stub_(v1::WorkerService::NewStub(std::move(channel))) {}
+
+ConnectionOptions GrpcWorkerClient::WithMemberCredential(ConnectionOptions options) {
+  if (options.member_credential == nullptr) {
+    options.member_credential = std::make_shared<MemberCredential>();
+  }
+  return options;
+}
 
 absl::StatusOr<v1::JoinJobResponse> GrpcWorkerClient::JoinJob(const v1::JoinJobRequest& request) {
-  return internal::UnaryCall<v1::JoinJobResponse>(
+  // The first join goes with the job token, a re-join with the member token
+  // (Prepare picks whichever the credential holds).
+  absl::StatusOr<v1::JoinJobResponse> joined = internal::UnaryCall<v1::JoinJobResponse>(
       options_, "JoinJob", options_.timeout, nullptr,
       [&](auto* context, auto* response) { return stub_->JoinJob(context, request, response); });
+  if (joined.ok() && !joined->member_token().empty()) {
+    options_.member_credential->Set(joined->member_token());
+  }
+  return joined;
 }
 
 std::unique_ptr<SessionStream> GrpcWorkerClient::Session(const v1::SessionRequest& request) {

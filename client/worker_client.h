@@ -114,8 +114,11 @@ class WorkerClient {
   virtual absl::StatusOr<v1::LeaveJobResponse> LeaveJob(const v1::LeaveJobRequest& request) = 0;
 };
 
-// WorkerClient over gRPC: every call carries options.token and its deadline
-// (client::Prepare); errors are client::FromGrpcStatus's.
+// WorkerClient over gRPC: every call carries its token and deadline
+// (client::Prepare); errors are client::FromGrpcStatus's. A JoinJob that
+// returns a member_token stores it in options.member_credential (made here
+// when null), so this client's later calls, and those of every client
+// sharing that credential, carry it instead of options.token.
 class GrpcWorkerClient final : public WorkerClient {
  public:
   GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel, ConnectionOptions options);
@@ -130,6 +133,8 @@ class GrpcWorkerClient final : public WorkerClient {
   absl::StatusOr<v1::LeaveJobResponse> LeaveJob(const v1::LeaveJobRequest& request) override;
 
  private:
+  static ConnectionOptions WithMemberCredential(ConnectionOptions options);
+
   const ConnectionOptions options_;
   const std::unique_ptr<v1::WorkerService::Stub> stub_;
 };

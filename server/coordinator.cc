@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "plan/zero.h"
@@ -31,8 +32,29 @@ Coordinator::~Coordinator() = default;
 absl::Status Coordinator::Recover() {
   absl::StatusOr<std::vector<Record>> jobs = store_->Scan("job");
   if (!jobs.ok()) return jobs.status();
-  absl::StatusOr<std::vector<Record>> tokens = store_->Scan("token");
+  // Worker tokens: their hashes; plain text from an older version is
+  // hashed and deleted first (the coordinator keeps no token).
+  absl::StatusOr<std::vector<Record>> plain_tokens = store_->Scan(kPlainTokenKind);
+  if (!plain_tokens.ok()) return plain_tokens.status();
+  if (!plain_tokens->empty()) {
+    std::vector<Mutation> migrate;
+    for (const Record& r : *plain_tokens) {
+      migrate.push_back(Mutation::Put(kTokenHashKind, r.key, Sha256Hex(r.value)));
+      migrate.push_back(Mutation::Delete(kPlainTokenKind, r.key));
+    }
+    if (absl::Status s = store_->Write(migrate); !s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot replace the plain-text worker tokens of an older state file by "
+                       "their hashes: ",
+                       s.message()));
+    }
+    LogLine(absl::StrCat("state: replaced ", plain_tokens->size(),
+                         " plain-text worker token(s) by their SHA-256 hashes"));
+  }
+  absl::StatusOr<std::vector<Record>> tokens = store_->Scan(kTokenHashKind);
   if (!tokens.ok()) return tokens.status();
+  absl::StatusOr<std::vector<Record>> member_tokens = store_->Scan(kMemberTokenKind);
+  if (!member_tokens.ok()) return member_tokens.status();
   absl::StatusOr<std::vector<Record>> members = store_->Scan("member");
   if (!members.ok()) return members.status();
   absl::StatusOr<std::vector<Record>> events = store_->Scan(EventLog::kStoreKind);
@@ -49,7 +71,11 @@ absl::Status Coordinator::Recover() {
     jobs_[r.key] = std::move(record);
   }
   for (const Record& r : *tokens) {
-    if (auto it = jobs_.find(r.key); it != jobs_.end()) it->second->worker_token = r.value;
+    if (!IsSha256Hex(r.value)) {
+      return absl::DataLossError(
+          absl::StrCat("stored worker token hash of job '", r.key, "' is not SHA-256 hex"));
+    }
+    if (auto it = jobs_.find(r.key); it != jobs_.end()) it->second->worker_token_hash = r.value;
   }
   for (const Record& r : *members) {
     const size_t slash = r.key.find('/');
@@ -72,6 +98,24 @@ absl::Status Coordinator::Recover() {
     }
     it->second->events.Restore(std::move(e));
   }
+  for (const Record& r : *member_tokens) {  // "<incarnation> <sha256 hex>"
+    const size_t slash = r.key.find('/');
+    const size_t space = r.value.find(' ');
+    uint64_t incarnation = 0;
+    if (slash == std::string::npos || space == std::string::npos ||
+        !absl::SimpleAtoi(r.value.substr(0, space), &incarnation) ||
+        !IsSha256Hex(r.value.substr(space + 1))) {
+      return absl::DataLossError(absl::StrCat("stored member token '", r.key, "' is malformed"));
+    }
+    auto job = jobs_.find(r.key.substr(0, slash));
+    if (job == jobs_.end()) continue;
+    auto m = job->second->members.find(r.key.substr(slash + 1));
+    // Only the current incarnation's token counts.
+    if (m == job->second->members.end() || m->second.member.incarnation() != incarnation) {
+      continue;
+    }
+    m->second.token_hash = r.value.substr(space + 1);
+  }
   for (auto& [id, job] : jobs_) {
     // RUNNING, and COMPLETED (which only a RUNNING job becomes): the plan of
     // the last formed generation, so topology and shard-owner queries keep
@@ -86,7 +130,25 @@ absl::Status Coordinator::Recover() {
       job->SetPlan(*std::move(p));
     }
   }
+  RegisterCredentialsLocked();
   return absl::OkStatus();
+}
+
+void Coordinator::UseCredentials(Authenticator* auth) {
+  absl::MutexLock lock(&mu_);
+  creds_ = auth;
+  RegisterCredentialsLocked();
+}
+
+void Coordinator::RegisterCredentialsLocked() {
+  if (creds_ == nullptr) return;
+  for (const auto& [id, job] : jobs_) {
+    if (!job->worker_token_hash.empty()) creds_->SetJobToken(id, job->worker_token_hash);
+    for (const auto& [worker_id, m] : job->members) {
+      if (m.token_hash.empty()) continue;
+      creds_->SetMemberToken({id, worker_id, m.member.incarnation()}, m.token_hash);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -154,9 +216,9 @@ absl::StatusOr<v1::CreateJobResponse> Coordinator::CreateJob(const v1::CreateJob
       return absl::AlreadyExistsError(absl::StrCat(
           "job '", request.job_id(), "' exists with a different spec; choose another job_id"));
     }
+    // Only its hash is kept: the token was shown at creation only.
     v1::CreateJobResponse response;
     *response.mutable_job() = existing->job;
-    response.set_worker_token(existing->worker_token);
     return response;
   }
   // Finished jobs stay queryable but do not count against the limit.
@@ -176,11 +238,12 @@ absl::StatusOr<v1::CreateJobResponse> Coordinator::CreateJob(const v1::CreateJob
   job->job.set_generation(1);
   *job->job.mutable_create_time() = ToProto(now);
   *job->job.mutable_update_time() = ToProto(now);
-  job->worker_token = NewToken();
+  const std::string worker_token = NewToken();
+  job->worker_token_hash = Sha256Hex(worker_token);
   job->waiting_since = now;
   std::vector<Mutation> batch = {
       Mutation::Put("job", request.job_id(), job->job.SerializeAsString()),
-      Mutation::Put("token", request.job_id(), job->worker_token)};
+      Mutation::Put(kTokenHashKind, request.job_id(), job->worker_token_hash)};
   if (absl::Status s = store_->Write(batch); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("job not created, state store: ", s.message()));
   }
@@ -190,7 +253,8 @@ absl::StatusOr<v1::CreateJobResponse> Coordinator::CreateJob(const v1::CreateJob
   EmitLocked(*job, std::move(e));
   v1::CreateJobResponse response;
   *response.mutable_job() = job->job;
-  response.set_worker_token(job->worker_token);
+  response.set_worker_token(worker_token);
+  if (creds_ != nullptr) creds_->SetJobToken(request.job_id(), job->worker_token_hash);
   jobs_[request.job_id()] = std::move(job);
   return response;
 }
@@ -322,11 +386,11 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitEvents(
   return job->events.WaitAfter(&mu_, after.value_or(0), deadline);
 }
 
-absl::StatusOr<std::string> Coordinator::WorkerToken(const std::string& job_id) const {
+absl::StatusOr<std::string> Coordinator::WorkerTokenHash(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   const JobRecord* job = FindJobLocked(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  return job->worker_token;
+  return job->worker_token_hash;
 }
 
 absl::Status Coordinator::NoteCheckpointCommitted(const std::string& job_id,

@@ -76,6 +76,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "server/auth.h"
 #include "server/state_store.h"
 #include "server/unusable_marks.h"
 #include "shardline/v1/events.pb.h"
@@ -98,6 +99,13 @@ struct CoordinatorOptions {
   // beyond max_finished_jobs are forgotten at once (<= 0: no cap).
   absl::Duration finished_job_retention = absl::Hours(7 * 24);
   int max_finished_jobs = 1000;
+};
+
+// Which credential a JoinJob came with (the adapter's Principal).
+enum class JoinedBy {
+  kTrusted,      // the admin token, or authentication off
+  kJobToken,     // the job's worker token: may join only a new incarnation
+  kMemberToken,  // the member token of the joining incarnation itself
 };
 
 // What a valid fence resolves to.
@@ -141,16 +149,32 @@ class Coordinator {
 
   // Loads every job and member from the store (after a restart). Members
   // keep their states and ranks; each gets a fresh heartbeat clock and no
-  // open session. Errors: Unavailable / DataLoss from the store.
+  // open session. A state file of an older version that holds plain-text
+  // worker tokens (records of kind "token") is migrated: each becomes its
+  // SHA-256 ("token_sha256") and the plain text is deleted, in one write.
+  // Errors: Unavailable / DataLoss from the store.
   absl::Status Recover();
+
+  // Credentials (server/auth.h). The coordinator stores only SHA-256 hashes
+  // of worker tokens and member tokens. UseCredentials registers every
+  // job's and member's hash with `auth` (not owned; null detaches) and keeps
+  // it up to date from then on: CreateJob registers the new job's token,
+  // JoinJob of a new incarnation its member token. While `auth` is attached
+  // and enabled, JoinJob issues member tokens. Called with this
+  // coordinator's lock held, `auth` never calls back (lock order:
+  // coordinator, then Authenticator). Call it before serving and detach
+  // before `auth` is destroyed.
+  void UseCredentials(Authenticator* auth);
 
   // --- JobService --------------------------------------------------------
 
-  // Creates a job in PENDING at generation 1 and a fresh worker token. An
-  // empty job_id gets a fresh "job-<8 hex digits>".
+  // Creates a job in PENDING at generation 1 and a fresh worker token
+  // (returned once: only its hash is kept). An empty job_id gets a fresh
+  // "job-<8 hex digits>".
   // InvalidArgument: malformed job_id (1..63 of [a-z0-9-], starting with a
   //   letter, not ending with '-') or spec (ResolveJobSpec's message names the field).
-  // AlreadyExists: job_id exists with another spec (same spec: returns it).
+  // AlreadyExists: job_id exists with another spec (same spec: returns it,
+  //   with an empty worker_token: the token is shown only at creation).
   // ResourceExhausted: max_jobs unfinished jobs exist.
   absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::CreateJobRequest& request);
   // NotFound: no such job.
@@ -174,8 +198,8 @@ class Coordinator {
   absl::StatusOr<std::vector<v1::JobEvent>> WaitEvents(const std::string& job_id,
                                                        std::optional<uint64_t> after_sequence,
                                                        absl::Time deadline) const;
-  // The job's worker token. NotFound.
-  absl::StatusOr<std::string> WorkerToken(const std::string& job_id) const;
+  // SHA-256 (hex) of the job's worker token. NotFound.
+  absl::StatusOr<std::string> WorkerTokenHash(const std::string& job_id) const;
 
   // --- WorkerService -----------------------------------------------------
 
@@ -190,7 +214,16 @@ class Coordinator {
   // joining a RUNNING job becomes a SPARE of the current generation (the job
   // grows at the next committed checkpoint, see NoteCheckpointCommitted).
   // Unavailable: the join could not be recorded in the state store.
-  absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& request);
+  // Credentials (`by`, see UseCredentials): a new incarnation joining with
+  // the job token gets a fresh member_token in the response (only its hash
+  // is kept, persisted with the member; one joining with the admin token
+  // gets none); a re-join of the same incarnation keeps it and the
+  // response's member_token is empty (unless the incarnation has none and
+  // `by` is kJobToken: an earlier join by the admin, or one not recorded).
+  // PermissionDenied: `by` is kJobToken and this incarnation already joined
+  // and holds a member token (re-join with it).
+  absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& request,
+                                              JoinedBy by = JoinedBy::kTrusted);
 
   // Opens the worker's Session stream; returns a session id for
   // NextSessionMessage and CloseSession. The first message queued is
@@ -412,8 +445,12 @@ class Coordinator {
   // coordinator_persistence.cc.
   // Writes the job record and the given members; logs and keeps serving on
   // failure (the state in memory stays authoritative until the next write).
-  absl::Status PersistLocked(const JobRecord& job, const std::vector<const MemberRecord*>& members)
+  // `extra`: more records written in the same batch.
+  absl::Status PersistLocked(const JobRecord& job, const std::vector<const MemberRecord*>& members,
+                             std::vector<Mutation> extra = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers every credential with creds_ (when set).
+  void RegisterCredentialsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistAllMembersLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
@@ -425,6 +462,7 @@ class Coordinator {
   // Generations ended inside calls that do not return them (JoinJob replacing
   // a live incarnation); the next Tick() returns them.
   std::vector<GenerationEnded> pending_ended_ ABSL_GUARDED_BY(mu_);
+  Authenticator* creds_ ABSL_GUARDED_BY(mu_) = nullptr;  // see UseCredentials
 };
 
 }  // namespace shardline::server

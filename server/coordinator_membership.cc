@@ -19,7 +19,8 @@
 
 namespace shardline::server {
 
-absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobRequest& request) {
+absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobRequest& request,
+                                                         JoinedBy by) {
   if (absl::Status s = ValidIdentity(request.worker(), "worker"); !s.ok()) return s;
   const std::string device = request.device().empty() ? "cpu" : request.device();
   absl::StatusOr<v1::Backend> backend = ResolveBackend(device, request.backend());
@@ -50,6 +51,19 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   auto [it, inserted] = job->members.try_emplace(w.worker_id());
   MemberRecord& m = it->second;
   bool rejoined = !inserted;
+  if (by == JoinedBy::kJobToken && !inserted && m.member.incarnation() == w.incarnation() &&
+      !m.token_hash.empty()) {
+    // Anyone with the job token sees incarnations in ListMembers: acting as
+    // one that holds a member token is that member's own business. (One
+    // without a token, joined by the admin or whose join was not recorded,
+    // gets one below: the job token may replace it anyway.)
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker '", w.worker_id(), "' (incarnation ", w.incarnation(), ") already joined job '",
+        w.job_id(), "'; re-join with this incarnation's member token (the member_token its "
+        "first JoinJob returned), or start a new process (a new incarnation) with the job "
+        "token"));
+  }
+  const bool new_incarnation = inserted || m.member.incarnation() != w.incarnation();
   if (!inserted && m.member.incarnation() == w.incarnation() &&
       m.member.state() == v1::MEMBER_STATE_LOST &&
       m.member.loss_reason() == v1::LOSS_REASON_REPEATED_ERRORS) {
@@ -71,8 +85,26 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
     if ((s == v1::MEMBER_STATE_JOINING || s == v1::MEMBER_STATE_ACTIVE ||
          s == v1::MEMBER_STATE_SPARE) &&
         m.member.generation() == job->job.generation()) {
-      // A repeated join of the current generation: nothing changes.
+      // A repeated join of the current generation: nothing changes, except
+      // that a holder of the job token whose earlier join was not recorded
+      // (no member token yet) gets its member token now.
       v1::JoinJobResponse response;
+      if (by == JoinedBy::kJobToken && creds_ != nullptr && creds_->enabled() &&
+          m.token_hash.empty()) {
+        const std::string token = NewSecret();
+        m.token_hash = Sha256Hex(token);
+        absl::Status st = PersistLocked(
+            *job, {&m},
+            {Mutation::Put(kMemberTokenKind, absl::StrCat(w.job_id(), "/", w.worker_id()),
+                           absl::StrCat(w.incarnation(), " ", m.token_hash))});
+        if (!st.ok()) {
+          m.token_hash.clear();
+          return absl::UnavailableError(
+              absl::StrCat("join not recorded, state store: ", st.message()));
+        }
+        creds_->SetMemberToken({w.job_id(), w.worker_id(), w.incarnation()}, m.token_hash);
+        response.set_member_token(token);
+      }
       response.set_generation(job->job.generation());
       response.set_state(s);
       *response.mutable_spec() = job->job.spec();
@@ -123,8 +155,33 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   } else {
     m.member.set_state(v1::MEMBER_STATE_JOINING);
   }
-  if (absl::Status s = PersistLocked(*job, {&m}); !s.ok()) {
+  // A new incarnation's own credential (only its hash is kept); a re-join
+  // keeps the one it has.
+  std::string member_token;
+  std::vector<Mutation> extra;
+  if (new_incarnation) m.token_hash.clear();
+  // Issued to a holder of the job token; the admin token keeps every right
+  // and needs none.
+  const bool issue = by == JoinedBy::kJobToken && creds_ != nullptr && creds_->enabled() &&
+                     m.token_hash.empty();
+  if (issue) {
+    member_token = NewSecret();
+    m.token_hash = Sha256Hex(member_token);
+  }
+  const bool token_changed = new_incarnation || issue;
+  if (token_changed) {
+    const std::string key = absl::StrCat(w.job_id(), "/", w.worker_id());
+    extra.push_back(m.token_hash.empty()
+                        ? Mutation::Delete(kMemberTokenKind, key)
+                        : Mutation::Put(kMemberTokenKind, key,
+                                        absl::StrCat(w.incarnation(), " ", m.token_hash)));
+  }
+  if (absl::Status s = PersistLocked(*job, {&m}, std::move(extra)); !s.ok()) {
+    if (issue) m.token_hash.clear();  // not handed out: a retry gets one
     return absl::UnavailableError(absl::StrCat("join not recorded, state store: ", s.message()));
+  }
+  if (token_changed && creds_ != nullptr) {  // a replaced incarnation's token stops working
+    creds_->SetMemberToken({w.job_id(), w.worker_id(), w.incarnation()}, m.token_hash);
   }
   v1::JobEvent e;
   v1::WorkerJoined* joined = e.mutable_worker_joined();
@@ -147,6 +204,7 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   response.set_state(m.member.state());
   *response.mutable_spec() = job->job.spec();
   response.set_phase(job->job.phase());
+  response.set_member_token(member_token);
   return response;
 }
 

@@ -19,8 +19,9 @@
 namespace shardline::server {
 namespace {
 
-// Record kinds and keys in the StateStore: "job" and "token" by job_id (see
-// CreateJob), "member" by MemberKey, "event" (EventLog::Key). The unusable
+// Record kinds and keys in the StateStore: "job" and kTokenHashKind by job_id
+// (see CreateJob), "member" and kMemberTokenKind by MemberKey, "event"
+// (EventLog::Key). The unusable
 // checkpoints' marks are the CheckpointRegistry's (server/unusable_marks.h).
 std::string MemberKey(const std::string& job_id, const std::string& worker_id) {
   return absl::StrCat(job_id, "/", worker_id);
@@ -29,8 +30,9 @@ std::string MemberKey(const std::string& job_id, const std::string& worker_id) {
 }  // namespace
 
 absl::Status Coordinator::PersistLocked(const JobRecord& job,
-                                        const std::vector<const MemberRecord*>& members) {
-  std::vector<Mutation> batch;
+                                        const std::vector<const MemberRecord*>& members,
+                                        std::vector<Mutation> extra) {
+  std::vector<Mutation> batch = std::move(extra);
   batch.push_back(Mutation::Put("job", job.job.job_id(), job.job.SerializeAsString()));
   for (const MemberRecord* m : members) {
     batch.push_back(Mutation::Put("member", MemberKey(job.job.job_id(), m->member.worker_id()),

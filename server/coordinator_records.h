@@ -33,6 +33,14 @@ namespace shardline::server {
 
 inline constexpr size_t kMaxMembersPerJob = 65536;  // coordinator.proto
 
+// StateStore record kinds of credentials (only hashes, server/auth.h
+// Sha256Hex): a job's worker token by job_id; a member token by
+// "<job_id>/<worker_id>", value "<incarnation> <hash>". kPlainTokenKind is
+// the plain-text worker token of older versions, migrated by Recover.
+inline constexpr char kTokenHashKind[] = "token_sha256";
+inline constexpr char kMemberTokenKind[] = "member_token";
+inline constexpr char kPlainTokenKind[] = "token";
+
 inline google::protobuf::Timestamp ToProto(absl::Time t) {
   return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
 }
@@ -99,6 +107,9 @@ struct Coordinator::MemberRecord {
   // The step its generation started from (the restore point's, or 0): a
   // heartbeat reporting a later step means it trained in this generation.
   uint64_t generation_start_step = 0;
+  // SHA-256 (hex) of this incarnation's member token; empty when none was
+  // issued (authentication off). Persisted as a "member_token" record.
+  std::string token_hash;
   // An operator asked to drain it: member.drain_reason() is set (durable).
   bool draining() const { return !member.drain_reason().empty(); }
 };
@@ -108,7 +119,7 @@ struct Coordinator::JobRecord {
   JobRecord(StateStore* store, int max_events) : events(store, max_events) {}
 
   v1::Job job;  // persisted
-  std::string worker_token;  // persisted
+  std::string worker_token_hash;  // SHA-256 (hex) of the worker token; persisted
   std::map<std::string, MemberRecord> members;  // by worker_id; never erased
   std::optional<plan::Plan> plan;               // the current generation, once formed
   spec::PlanGroups plan_groups;                       // spec::GroupsOfPlan(*plan) while plan is set

@@ -1,8 +1,10 @@
 // shardline-coordinator: serves the v1 coordinator API (one per cluster).
 //
 //   shardline-coordinator --listen 127.0.0.1:7070 --state ./shardline-state.db
-//       --admin-token "$TOKEN" --metrics-port 9090   (one command line; metrics and
-//       the probes' /healthz on the --listen host unless --metrics-host says otherwise)
+//       --admin-token-file /etc/shardline/admin-token --metrics-port 9090
+//       (one command line; --admin-token / $SHARDLINE_ADMIN_TOKEN also work,
+//       but a flag is visible in /proc/PID/cmdline; metrics and the probes'
+//       /healthz on the --listen host unless --metrics-host says otherwise)
 //
 // Prints "listening on HOST:PORT" on stdout once it serves (tests start it
 // with --listen 127.0.0.1:0 and read the port from there), logs one line per
@@ -30,6 +32,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "checkpoint/checkpoint_files.h"
+#include "server/auth.h"
 #include "server/checkpoint_registry.h"
 #include "common/clock.h"
 #include "server/coordinator.h"
@@ -49,7 +52,7 @@ int Fail(const absl::Status& status) {
 int Main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070";
   std::string state = "./shardline-state.db";
-  std::string admin_token;
+  std::string admin_token, admin_token_file;
   std::string tls_cert, tls_key, tls_client_ca;
   int64_t metrics_port = 0;
   bool init_state = false;
@@ -63,8 +66,11 @@ int Main(int argc, char** argv) {
                "accept an existing empty (0-byte) --state file as new, empty state (without it "
                "such a file is refused: it was truncated or is not a state file)");
   args.AddString("admin-token", &admin_token,
-                 "admin bearer token (default: $SHARDLINE_ADMIN_TOKEN; none: no auth, local "
-                 "tests only)");
+                 "admin bearer token, at least 16 bytes (default: $SHARDLINE_ADMIN_TOKEN; none: "
+                 "no auth, local tests only; prefer --admin-token-file: flags show in ps)");
+  args.AddString("admin-token-file", &admin_token_file,
+                 "file holding the admin token (mode 0600 or stricter; one trailing newline "
+                 "is stripped)");
   args.AddString("tls-cert", &tls_cert, "PEM server certificate (enables TLS)");
   args.AddString("tls-key", &tls_key, "PEM private key of --tls-cert");
   args.AddString("tls-client-ca", &tls_client_ca,
@@ -131,14 +137,35 @@ int Main(int argc, char** argv) {
     return 2;
   }
   coordinator_options.max_finished_jobs = static_cast<int>(max_finished_jobs);
-  if (!args.WasSet("admin-token")) {
+  const char* admin_token_source = "--admin-token";
+  if (args.WasSet("admin-token") && args.WasSet("admin-token-file")) {
+    std::fprintf(stderr,
+                 "shardline-coordinator: give --admin-token or --admin-token-file, not both\n");
+    return 2;
+  }
+  if (args.WasSet("admin-token-file")) {
+    absl::StatusOr<std::string> t = ReadAdminTokenFile(admin_token_file);
+    if (!t.ok()) {
+      std::fprintf(stderr, "shardline-coordinator: %s\n",
+                   std::string(t.status().message()).c_str());
+      return 2;
+    }
+    admin_token = *std::move(t);
+    admin_token_source = "--admin-token-file";
+  } else if (!args.WasSet("admin-token")) {
     if (const char* env = std::getenv("SHARDLINE_ADMIN_TOKEN"); env != nullptr) admin_token = env;
+    admin_token_source = "SHARDLINE_ADMIN_TOKEN";
+  }
+  if (absl::Status s = CheckAdminToken(admin_token, admin_token_source); !s.ok()) {
+    std::fprintf(stderr, "shardline-coordinator: %s\n", std::string(s.message()).c_str());
+    return 2;
   }
   if (admin_token.empty()) {
     std::fprintf(stderr,
                  "shardline-coordinator: warning: no admin token, so authentication is off: "
-                 "anyone who can reach --listen can create and cancel jobs (set --admin-token "
-                 "or SHARDLINE_ADMIN_TOKEN outside local tests)\n");
+                 "anyone who can reach --listen can create and cancel jobs (set "
+                 "--admin-token-file, --admin-token or SHARDLINE_ADMIN_TOKEN outside local "
+                 "tests)\n");
   }
   if (tls_cert.empty() != tls_key.empty() || (!tls_client_ca.empty() && tls_cert.empty())) {
     std::fprintf(stderr,

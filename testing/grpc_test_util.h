@@ -3,8 +3,9 @@
 // thread, GetAssignment, a heartbeat loop on its own thread) -- the calls a
 // real shardline-worker makes, without training.
 //
-//   SimWorker w(channel, "job", "w0", /*incarnation=*/7);
-//   ASSERT_TRUE(w.Join().ok());
+//   SimWorker w(channel, "job", "w0", /*incarnation=*/7, job_token);
+//   ASSERT_TRUE(w.Join().ok());   // with the job token; keeps the member token
+//   ... every later call (Join included) carries the member token ...
 //   ASSERT_TRUE(w.OpenSession().ok());
 //   absl::StatusOr<v1::Assignment> a = w.GetAssignment(/*wait=*/true, absl::Seconds(10));
 //
@@ -200,10 +201,25 @@ class SimWorker {
     req.set_device("cpu");
     v1::JoinJobResponse resp;
     grpc::ClientContext ctx;
-    Prepare(&ctx, token_);
+    Prepare(&ctx, CallToken());  // the job token first, then the member token
     grpc::Status s = Workers()->JoinJob(&ctx, req, &resp);
     if (s.ok()) generation_.store(resp.generation());
+    if (s.ok() && !resp.member_token().empty()) {
+      absl::MutexLock lock(&mu_);
+      member_token_ = resp.member_token();
+    }
     return s;
+  }
+
+  // The token of this worker's calls: its member token once JoinJob
+  // returned one, else the token it was made with (the job's worker token).
+  std::string CallToken() const {
+    absl::MutexLock lock(&mu_);
+    return member_token_.empty() ? token_ : member_token_;
+  }
+  std::string member_token() const {
+    absl::MutexLock lock(&mu_);
+    return member_token_;
   }
 
   // Opens the Session stream on a reader thread and waits for its first
@@ -213,7 +229,8 @@ class SimWorker {
     {
       absl::MutexLock lock(&mu_);
       session_ctx_ = std::make_unique<grpc::ClientContext>();
-      if (!token_.empty()) session_ctx_->AddMetadata("authorization", "Bearer " + token_);
+      const std::string token = member_token_.empty() ? token_ : member_token_;
+      if (!token.empty()) session_ctx_->AddMetadata("authorization", "Bearer " + token);
       session_done_ = false;
       session_opened_ = false;
     }
@@ -290,7 +307,7 @@ class SimWorker {
     req.mutable_timeout()->set_seconds(absl::ToInt64Seconds(timeout));
     v1::Assignment a;
     grpc::ClientContext ctx;
-    Prepare(&ctx, token_, timeout + absl::Seconds(5));
+    Prepare(&ctx, CallToken(), timeout + absl::Seconds(5));
     grpc::Status s = Workers()->GetAssignment(&ctx, req, &a);
     if (!s.ok()) return FromGrpcStatus(s);
     generation_.store(a.generation());
@@ -302,7 +319,7 @@ class SimWorker {
     *req.mutable_fence() = fence();
     req.set_state(v1::WORKER_STATE_TRAINING);
     grpc::ClientContext ctx;
-    Prepare(&ctx, token_, absl::Seconds(5));
+    Prepare(&ctx, CallToken(), absl::Seconds(5));
     return Workers()->Heartbeat(&ctx, req, resp);
   }
 
@@ -351,7 +368,8 @@ class SimWorker {
   const std::string token_;
   std::atomic<uint64_t> generation_{0};
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
+  std::string member_token_ ABSL_GUARDED_BY(mu_);  // from the first JoinJob
   std::unique_ptr<v1::WorkerService::Stub> workers_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<v1::RendezvousService::Stub> rendezvous_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<v1::JobService::Stub> jobs_ ABSL_GUARDED_BY(mu_);

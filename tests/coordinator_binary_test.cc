@@ -20,6 +20,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -343,6 +345,71 @@ TEST(CoordinatorBinaryTest, BadFlagsExitWithTwo) {
   ::waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 2);
+}
+
+// Runs the binary to its exit; its exit code (-1: killed) and stderr.
+std::pair<int, std::string> RunToExit(const std::vector<std::string>& args) {
+  int err[2];
+  EXPECT_EQ(::pipe(err), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(err[1], 2);
+    ::close(err[0]);
+    ::close(err[1]);
+    std::string binary = BinaryPath();
+    std::vector<char*> argv = {binary.data()};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(binary.c_str(), argv.data());
+    std::_Exit(127);
+  }
+  ::close(err[1]);
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(err[0], buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+  ::close(err[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+
+// Admin tokens under 16 bytes are refused at start, from any source; a
+// --admin-token-file readable by group or others is refused naming its
+// mode; a private one (trailing newline stripped) works.
+TEST(CoordinatorBinaryTest, AdminTokenRules) {
+  auto [code, err] = RunToExit({"--listen", "127.0.0.1:0", "--state", "memory",
+                                "--admin-token", "short-token"});
+  EXPECT_EQ(code, 2) << err;
+  EXPECT_THAT(err, HasSubstr("--admin-token is 11 bytes; an admin token needs at least 16"));
+
+  const std::string file = TempDir() + "/admin-token";
+  std::remove(file.c_str());
+  const std::string token = "admin-token-from-a-file";
+  {
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    const std::string line = token + "\n";
+    ASSERT_EQ(::write(fd, line.data(), line.size()), static_cast<ssize_t>(line.size()));
+    ::close(fd);
+    ASSERT_EQ(::chmod(file.c_str(), 0644), 0);
+  }
+  std::tie(code, err) = RunToExit(
+      {"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token-file", file});
+  EXPECT_EQ(code, 2) << err;
+  EXPECT_THAT(err, HasSubstr("has mode 0644"));
+  EXPECT_THAT(err, HasSubstr("chmod 600"));
+
+  ASSERT_EQ(::chmod(file.c_str(), 0600), 0);
+  Process process({"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token-file", file});
+  ASSERT_FALSE(process.address().empty());
+  auto jobs = v1::JobService::NewStub(MakeChannel(process.address()));
+  v1::ListJobsRequest req;
+  v1::ListJobsResponse resp;
+  grpc::ClientContext ctx;
+  Prepare(&ctx, token);  // without the newline
+  grpc::Status s = jobs->ListJobs(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 }  // namespace

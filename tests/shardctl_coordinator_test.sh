@@ -127,18 +127,18 @@ check "bad --id" 2 "" "--id='Shake' is not a job id" -- job create "$SPEC" --id 
 check "bad flag" 2 "" "unknown flag --phse" -- job list --phse running
 
 # ---- with an admin token --------------------------------------------------
-start_coordinator auth --admin-token admin-secret
+start_coordinator auth --admin-token admin-secret-0123456789
 export SHARDLINE_COORDINATOR="$ADDRESS"
 check "no token" 1 "" "requires a token" -- job list
 check "wrong token" 1 "" "check the token given by --token or SHARDLINE_TOKEN" -- job list --token nope
-SHARDLINE_TOKEN=admin-secret check "create with the admin token" 0 "Worker token (shown only now; give it to this job's workers as SHARDLINE_TOKEN):" "" -- job create "$SPEC" --id shakespeare
+SHARDLINE_TOKEN=admin-secret-0123456789 check "create with the admin token" 0 "Worker token (shown only now; give it to this job's workers as SHARDLINE_TOKEN):" "" -- job create "$SPEC" --id shakespeare
 WORKER_TOKEN=$(grep -A1 "^Worker token (shown only now" "$TMP/out" | tail -1 | tr -d ' ')
 if [ -n "$WORKER_TOKEN" ] && [ "$(grep -c -- "$WORKER_TOKEN" "$TMP/out")" -eq 1 ]; then
   echo "[  OK  ] the worker token is printed once"
 else
   echo "[FAILED] the worker token is printed once"; fails=$((fails + 1))
 fi
-check "admin token from --token" 0 "shakespeare" "" -- job list --token admin-secret
+check "admin token from --token" 0 "shakespeare" "" -- job list --token admin-secret-0123456789
 SHARDLINE_TOKEN="$WORKER_TOKEN" check "worker token reads its job" 0 "Job:              shakespeare" "" -- job get shakespeare
 SHARDLINE_TOKEN="$WORKER_TOKEN" check "worker token may not list jobs" 1 "" "admin token" -- job list
 SHARDLINE_TOKEN="$WORKER_TOKEN" check "worker token may not cancel" 1 "" "admin token" -- job cancel shakespeare

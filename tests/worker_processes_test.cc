@@ -184,8 +184,12 @@ TEST(WorkerProcessesTest, SurvivorsRebuildCommunicatorsAfterSigkill) {
 
 // Errors an operator can act on: the flag to fix, and exit status 2 for bad
 // flags, 1 for a coordinator that cannot be used.
+// The admin token of the coordinators these tests start (the coordinator
+// refuses one under 16 bytes).
+constexpr char kAdminToken[] = "admin-token-for-tests";
+
 // Creates job `id` for exactly one worker (min = max = 1) with the admin
-// token "admin"; its worker token.
+// token kAdminToken; its worker token.
 absl::StatusOr<std::string> CreateOneWorkerJob(const std::string& address, const std::string& id,
                                                v1::JobSpec spec) {
   spec.mutable_elastic()->set_min_workers(1);
@@ -197,7 +201,7 @@ absl::StatusOr<std::string> CreateOneWorkerJob(const std::string& address, const
   *req.mutable_spec() = std::move(spec);
   v1::CreateJobResponse resp;
   grpc::ClientContext ctx;
-  ctx.AddMetadata("authorization", "Bearer admin");
+  ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kAdminToken));
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
   if (!s.ok()) return absl::UnknownError(absl::StrCat("CreateJob: ", s.error_message()));
@@ -219,7 +223,7 @@ TEST(WorkerProcessesTest, CoordinatorThatForgotTheJobStopsTheWorker) {
     auto coordinator = std::make_unique<Child>(
         Runfile("server/shardline-coordinator"),
         std::vector<std::string>{"--listen", "127.0.0.1:0", "--state", "memory",
-                                 "--admin-token", "admin"},
+                                 "--admin-token", kAdminToken},
         dir + "/coordinator1.log");
     ASSERT_TRUE(coordinator->WaitFor("listening on ", absl::Seconds(20))) << coordinator->Log();
     const std::string address = ListeningAddress(*coordinator);
@@ -229,14 +233,14 @@ TEST(WorkerProcessesTest, CoordinatorThatForgotTheJobStopsTheWorker) {
     ASSERT_FALSE(created->empty());
     Child worker(Runfile("worker/shardline-worker"),
                  {"--coordinator", address, "--job", "forgotten", "--worker-id", "w0", "--token",
-                  admin ? std::string("admin") : *created, "--connect-timeout", "30s"},
+                  admin ? std::string(kAdminToken) : *created, "--connect-timeout", "30s"},
                  dir + "/worker.log");
     ASSERT_TRUE(worker.WaitFor("world 1: communicators ready", absl::Seconds(30)))
         << worker.Log() << coordinator->Log();
 
     coordinator->Kill();
     Child forgetful(Runfile("server/shardline-coordinator"),
-                    {"--listen", address, "--state", "memory", "--admin-token", "admin"},
+                    {"--listen", address, "--state", "memory", "--admin-token", kAdminToken},
                     dir + "/coordinator2.log");
     ASSERT_TRUE(forgetful.WaitFor("listening on ", absl::Seconds(20))) << forgetful.Log();
 
@@ -309,7 +313,7 @@ TEST(WorkerProcessesTest, ClearErrors) {
     EXPECT_FALSE(absl::StrContains(c.Log(), "TLS")) << c.Log();
   }
   Child coordinator(Runfile("server/shardline-coordinator"),
-                    {"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token", "admin"},
+                    {"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token", kAdminToken},
                     dir + "/coordinator2.log");
   ASSERT_TRUE(coordinator.WaitFor("listening on ", absl::Seconds(20))) << coordinator.Log();
   std::string address;
@@ -333,14 +337,14 @@ TEST(WorkerProcessesTest, ClearErrors) {
     huge.mutable_model()->set_num_heads(8);
     absl::StatusOr<std::string> created = CreateOneWorkerJob(address, "huge", huge);
     ASSERT_TRUE(created.ok()) << created.status();
-    Child c(worker, {"--coordinator", address, "--job", "huge", "--token", "admin"},
+    Child c(worker, {"--coordinator", address, "--job", "huge", "--token", kAdminToken},
             dir + "/huge.log");
     EXPECT_EQ(c.WaitExit(absl::Seconds(30)), 1) << c.Log();
     EXPECT_TRUE(absl::StrContains(c.Log(), "this host lacks the memory for its rank")) << c.Log();
     EXPECT_TRUE(absl::StrContains(c.Log(), "needs 1.50 TiB")) << c.Log();
   }
   {
-    Child c(worker, {"--coordinator", address, "--job", "nope", "--token", "admin"},
+    Child c(worker, {"--coordinator", address, "--job", "nope", "--token", kAdminToken},
             dir + "/unknown.log");
     EXPECT_EQ(c.WaitExit(absl::Seconds(15)), 1);
     EXPECT_TRUE(absl::StrContains(c.Log(), "no job")) << c.Log();

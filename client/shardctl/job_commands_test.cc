@@ -378,6 +378,29 @@ TEST_F(JobCommandsTest, TokenAndAddressFromTheEnvironment) {
   EXPECT_EQ(fake_.authorizations.back(), "Bearer from-env");
 }
 
+TEST_F(JobCommandsTest, TokenFromAFile) {
+  CreateDemo();  // no token needed yet
+  fake_.admin_token = "from-a-file";
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/shardctl-token";
+  {
+    std::ofstream file(path);
+    file << "from-a-file\n";
+  }
+  setenv(client::kCoordinatorEnv, address_.c_str(), 1);
+  absl::StatusOr<std::string> out = RunRaw("job", {"get", "shakespeare", "--token-file", path});
+  ASSERT_TRUE(out.ok()) << out.status();
+  {
+    absl::MutexLock lock(&fake_.mu);
+    EXPECT_EQ(fake_.authorizations.back(), "Bearer from-a-file");
+  }
+  out = RunRaw("job", {"get", "shakespeare", "--token-file", path + ".missing"});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.status().message(), HasSubstr("cannot read --token-file"));
+  out = RunRaw("job", {"get", "shakespeare", "--token-file", path, "--token", "x"});
+  EXPECT_THAT(out.status().message(), HasSubstr("give --token or --token-file, not both"));
+}
+
 TEST_F(JobCommandsTest, NoTokenSendsNoMetadata) {
   CreateDemo();
   absl::MutexLock lock(&fake_.mu);

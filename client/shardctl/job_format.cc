@@ -246,9 +246,13 @@ std::string FormatCreatedJob(const v1::CreateJobResponse& response, bool already
   }
   out += FormatJob(response.job());
   out += "\n";
-  if (response.worker_token().empty()) {
+  if (response.worker_token().empty() && already_existed) {
+    out += "Worker token: not shown (the token was shown only at creation: the coordinator keeps "
+           "only its hash; it has none when it runs without authentication)\n";
+  } else if (response.worker_token().empty()) {
     out += "Worker token: none (the coordinator runs without authentication)\n";
   } else if (already_existed) {
+    // An older coordinator, which still kept the token.
     absl::StrAppend(&out, "Worker token (the one issued when the job was created; give it to ",
                     "this job's workers as SHARDLINE_TOKEN):\n  ", response.worker_token(), "\n");
   } else {

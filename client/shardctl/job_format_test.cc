@@ -163,6 +163,10 @@ TEST(JobFormatTest, CreatedJobThatAlreadyExistedSaysSo) {
   EXPECT_THAT(out, HasSubstr("Worker token (the one issued when the job was created; give it to "
                              "this job's workers as SHARDLINE_TOKEN):\n  wt-secret\n"));
   EXPECT_THAT(out, Not(HasSubstr("shown only now")));
+  // Today's coordinator returns no token for a job that existed.
+  r.clear_worker_token();
+  EXPECT_THAT(FormatCreatedJob(r, /*already_existed=*/true),
+              HasSubstr("Worker token: not shown (the token was shown only at creation"));
 }
 
 // Free text from the coordinator cannot send terminal escapes or fake

@@ -5,7 +5,6 @@
 
 #include "common/grpc_status.h"
 #include "common/log.h"
-#include "server/all_jobs.h"
 
 namespace shardline::server::rpc {
 
@@ -58,18 +57,12 @@ CallRunner::CallRunner(Coordinator* coordinator, const std::string& admin_token,
                        metrics::Metrics* metrics)
     : coordinator_(coordinator),
       metrics_(metrics),
-      auth_(admin_token,
-            {[coordinator](absl::string_view job_id) -> std::optional<std::string> {
-               absl::StatusOr<std::string> t = coordinator->WorkerToken(std::string(job_id));
-               if (!t.ok()) return std::nullopt;
-               return *std::move(t);
-             },
-             [coordinator] {
-               std::vector<std::string> ids;
-               for (const v1::Job& job : AllJobs(*coordinator)) ids.push_back(job.job_id());
-               return ids;
-             }}),
-      pool_(std::make_shared<HandlerPool>(kHandlerPoolThreads)) {}
+      auth_(std::make_unique<Authenticator>(admin_token, &clock_)),
+      pool_(std::make_shared<HandlerPool>(kHandlerPoolThreads)) {
+  coordinator_->UseCredentials(auth_.get());
+}
+
+CallRunner::~CallRunner() { coordinator_->UseCredentials(nullptr); }
 
 grpc::Status CallRunner::Run(absl::string_view method, absl::FunctionRef<absl::Status()> body) {
   const absl::Time start = absl::Now();
@@ -104,25 +97,55 @@ grpc::ServerUnaryReactor* CallRunner::RunPooled(grpc::CallbackServerContext* ctx
 }
 
 absl::StatusOr<Principal> CallRunner::Authorize(const grpc::ServerContextBase& ctx,
-                                                Access access, absl::string_view job_id) const {
+                                                Access access, absl::string_view job_id,
+                                                const v1::WorkerIdentity* worker) const {
+  if (!auth_->enabled()) return Principal{};
   std::vector<absl::string_view> values;
   auto range = ctx.client_metadata().equal_range("authorization");
   for (auto it = range.first; it != range.second; ++it) {
     values.emplace_back(it->second.data(), it->second.size());
   }
-  return auth_.Authorize(values, access, job_id);
+  std::optional<WorkerRef> who;
+  if (worker != nullptr) {
+    who = WorkerRef{worker->job_id(), worker->worker_id(), worker->incarnation()};
+  }
+  return auth_->Authorize(values, access, job_id, PeerHost(ctx.peer()),
+                          who.has_value() ? &*who : nullptr);
 }
 
-absl::Status CallRunner::AuthorizeWorker(const grpc::ServerContextBase& ctx,
-                                         const std::string& job_id, const char* field) const {
-  if (auto p = Authorize(ctx, Access::kWorker, job_id); !p.ok()) return p.status();
+absl::Status CallRunner::AuthorizeRead(const grpc::ServerContextBase& ctx,
+                                       const std::string& job_id, const char* field) const {
+  if (auto p = Authorize(ctx, Access::kJobRead, job_id); !p.ok()) return p.status();
   return RequireJobId(job_id, field);
+}
+
+absl::Status CallRunner::AuthorizeMember(const grpc::ServerContextBase& ctx,
+                                         const v1::WorkerIdentity& worker,
+                                         const char* field) const {
+  if (auto p = Authorize(ctx, Access::kMember, worker.job_id(), &worker); !p.ok()) {
+    return p.status();
+  }
+  return RequireJobId(worker.job_id(), field);
+}
+
+absl::StatusOr<JoinedBy> CallRunner::AuthorizeJoin(const grpc::ServerContextBase& ctx,
+                                                   const v1::WorkerIdentity& worker) const {
+  absl::StatusOr<Principal> p = Authorize(ctx, Access::kJoin, worker.job_id(), &worker);
+  if (!p.ok()) return p.status();
+  if (absl::Status st = RequireJobId(worker.job_id(), "worker.job_id"); !st.ok()) return st;
+  switch (p->kind) {
+    case Principal::Kind::kJob:
+      return JoinedBy::kJobToken;
+    case Principal::Kind::kMember:
+      return JoinedBy::kMemberToken;
+    default:
+      return JoinedBy::kTrusted;
+  }
 }
 
 absl::StatusOr<FencedWorker> CallRunner::AuthorizeFence(const grpc::ServerContextBase& ctx,
                                                         const v1::Fence& fence) const {
-  if (absl::Status st = AuthorizeWorker(ctx, fence.worker().job_id(), "fence.worker.job_id");
-      !st.ok()) {
+  if (absl::Status st = AuthorizeMember(ctx, fence.worker(), "fence.worker.job_id"); !st.ok()) {
     return st;
   }
   return coordinator_->CheckFence(fence);

@@ -6,7 +6,7 @@
 //   grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
 //                                       v1::Job* resp) {
 //     return calls_->Run("JobService/GetJob", [&]() -> absl::Status {
-//       if (absl::Status st = calls_->AuthorizeWorker(*ctx, req->job_id(), "job_id"); !st.ok()) {
+//       if (absl::Status st = calls_->AuthorizeRead(*ctx, req->job_id(), "job_id"); !st.ok()) {
 //         return st;
 //       }
 //       ... call the component, fill *resp ...
@@ -59,6 +59,7 @@
 #include "absl/time/time.h"
 #include "google/protobuf/duration.pb.h"
 #include "metrics/metrics.h"
+#include "common/clock.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
 #include "shardline/v1/common.pb.h"
@@ -112,10 +113,14 @@ inline constexpr int kHandlerPoolThreads = 4;
 // calls. Owned by CoordinatorServer; outlives every adapter.
 class CallRunner {
  public:
-  // `coordinator` (required) answers worker tokens, job lists and fences;
-  // `admin_token` empty turns authentication off; `metrics` may be null.
+  // `coordinator` (required) answers fences, and keeps the credential index
+  // of the Authenticator this runner owns (Coordinator::UseCredentials: it
+  // is attached here and detached in the destructor, so the coordinator
+  // must outlive the runner); `admin_token` empty turns authentication off;
+  // `metrics` may be null.
   CallRunner(Coordinator* coordinator, const std::string& admin_token,
              metrics::Metrics* metrics);
+  ~CallRunner();
   CallRunner(const CallRunner&) = delete;
   CallRunner& operator=(const CallRunner&) = delete;
 
@@ -132,21 +137,34 @@ class CallRunner {
   grpc::ServerUnaryReactor* RunPooled(grpc::CallbackServerContext* ctx, const char* method,
                                       std::function<absl::Status()> body);
 
-  // Authentication (server/auth.h) of the call's "authorization" metadata.
-  // Errors: UNAUTHENTICATED, PERMISSION_DENIED (coordinator.proto Errors).
+  // Authentication (server/auth.h) of the call's "authorization" metadata,
+  // rate-limited by the peer's host. `worker`: the identity a kJoin or
+  // kMember call acts as. Never calls the coordinator.
+  // Errors: UNAUTHENTICATED, RESOURCE_EXHAUSTED, PERMISSION_DENIED
+  // (coordinator.proto Errors).
   absl::StatusOr<Principal> Authorize(const grpc::ServerContextBase& ctx, Access access,
-                                      absl::string_view job_id) const;
-  // A worker-level call on `job_id` (named `field` in errors): the caller
-  // holds the job's worker token or the admin token, and the id is present.
+                                      absl::string_view job_id,
+                                      const v1::WorkerIdentity* worker = nullptr) const;
+  // A read of `job_id` (named `field` in errors): the admin token, the
+  // job's worker token or one of its member tokens, and the id is present.
   // Errors: Authorize's; INVALID_ARGUMENT "<field> must be non-empty".
-  absl::Status AuthorizeWorker(const grpc::ServerContextBase& ctx, const std::string& job_id,
-                               const char* field) const;
-  // AuthorizeWorker on fence.worker.job_id, then Coordinator::CheckFence.
-  // Errors: AuthorizeWorker's; CheckFence's (INVALID_ARGUMENT, NOT_FOUND,
+  absl::Status AuthorizeRead(const grpc::ServerContextBase& ctx, const std::string& job_id,
+                             const char* field) const;
+  // A call that acts as `worker` (its job_id named `field` in errors): the
+  // admin token, or the member token of exactly that incarnation.
+  // Errors: Authorize's; INVALID_ARGUMENT "<field> must be non-empty".
+  absl::Status AuthorizeMember(const grpc::ServerContextBase& ctx,
+                               const v1::WorkerIdentity& worker, const char* field) const;
+  // JoinJob as `worker`: who joins (for Coordinator::JoinJob).
+  // Errors: Authorize's; INVALID_ARGUMENT "worker.job_id must be non-empty".
+  absl::StatusOr<JoinedBy> AuthorizeJoin(const grpc::ServerContextBase& ctx,
+                                         const v1::WorkerIdentity& worker) const;
+  // AuthorizeMember on fence.worker, then Coordinator::CheckFence.
+  // Errors: AuthorizeMember's; CheckFence's (INVALID_ARGUMENT, NOT_FOUND,
   // FAILED_PRECONDITION, ABORTED).
   absl::StatusOr<FencedWorker> AuthorizeFence(const grpc::ServerContextBase& ctx,
                                               const v1::Fence& fence) const;
-  bool auth_enabled() const { return auth_.enabled(); }
+  bool auth_enabled() const { return auth_->enabled(); }
 
   // A blocking wait cut into slices of at most kWaitSlice so that cancelled
   // callers and shutdown are noticed. `call(remaining, slice_end)` waits
@@ -186,7 +204,8 @@ class CallRunner {
  private:
   Coordinator* const coordinator_;
   metrics::Metrics* const metrics_;
-  const Authenticator auth_;
+  RealClock clock_;  // paces the Authenticator's FailureLimiter
+  const std::unique_ptr<Authenticator> auth_;
   std::atomic<bool> shutting_down_{false};
   const std::shared_ptr<HandlerPool> pool_;
 };

@@ -55,11 +55,20 @@ grpc::Status CheckpointServiceImpl::AbortCheckpoint(grpc::ServerContext* ctx,
                                                     const v1::AbortCheckpointRequest* req,
                                                     v1::CheckpointSummary* resp) {
   return calls_->Run("CheckpointService/AbortCheckpoint", [&]() -> absl::Status {
-    absl::StatusOr<Principal> who = calls_->Authorize(*ctx, Access::kWorker, req->job_id());
+    absl::StatusOr<Principal> who = calls_->Authorize(*ctx, Access::kJobRead, req->job_id());
     if (!who.ok()) return who.status();
     if (absl::Status st = RequireJobId(req->job_id(), "job_id"); !st.ok()) return st;
     if (!who->is_admin() && !req->has_fence()) {
-      return absl::InvalidArgumentError("fence is required when aborting with a worker token");
+      return absl::InvalidArgumentError(
+          "fence is required when aborting with a member token (only the admin aborts without)");
+    }
+    if (!who->is_admin()) {
+      // Acts: the member token of the fence's incarnation.
+      if (auto p = calls_->Authorize(*ctx, Access::kMember, req->fence().worker().job_id(),
+                                     &req->fence().worker());
+          !p.ok()) {
+        return p.status();
+      }
     }
     if (req->has_fence()) {
       if (req->fence().worker().job_id() != req->job_id()) {
@@ -82,7 +91,7 @@ grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* ctx,
                                                     const v1::ListCheckpointsRequest* req,
                                                     v1::ListCheckpointsResponse* resp) {
   return calls_->Run("CheckpointService/ListCheckpoints", [&]() -> absl::Status {
-    if (auto p = calls_->Authorize(*ctx, Access::kWorker, req->job_id()); !p.ok()) {
+    if (auto p = calls_->Authorize(*ctx, Access::kJobRead, req->job_id()); !p.ok()) {
       return p.status();
     }
     absl::StatusOr<v1::ListCheckpointsResponse> r = checkpoints_->List(*req);
@@ -96,7 +105,7 @@ grpc::Status CheckpointServiceImpl::GetManifest(grpc::ServerContext* ctx,
                                                 const v1::GetManifestRequest* req,
                                                 v1::Manifest* resp) {
   return calls_->Run("CheckpointService/GetManifest", [&]() -> absl::Status {
-    if (auto p = calls_->Authorize(*ctx, Access::kWorker, req->job_id()); !p.ok()) {
+    if (auto p = calls_->Authorize(*ctx, Access::kJobRead, req->job_id()); !p.ok()) {
       return p.status();
     }
     absl::StatusOr<v1::Manifest> r = checkpoints_->GetManifest(*req);

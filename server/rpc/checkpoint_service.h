@@ -26,8 +26,9 @@
 //   CommitCheckpoint (admin): INVALID_ARGUMENT job_id empty; NOT_FOUND no
 //     job or checkpoint; FAILED_PRECONDITION ranks missing (now ABORTED) or
 //     already ABORTED; DATA_LOSS the commit's checks failed (now ABORTED).
-//   AbortCheckpoint (worker; fenced with a worker token): INVALID_ARGUMENT
-//     job_id empty, a worker token without a fence, or
+//   AbortCheckpoint (the admin token, or the member token of the fence's
+//     incarnation with a fence): INVALID_ARGUMENT
+//     job_id empty, a member or job token without a fence, or
 //     fence.worker.job_id differing from job_id; CheckFence's errors;
 //     NOT_FOUND no job or checkpoint; FAILED_PRECONDITION COMMITTED.
 //   ListCheckpoints (worker): INVALID_ARGUMENT job_id empty, or a bad

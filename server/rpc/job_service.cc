@@ -13,12 +13,13 @@
 namespace shardline::server::rpc {
 namespace {
 
-// A read of one job's state with the worker token or the admin token.
+// A read of one job's state with the admin token, the job's worker token or
+// one of its member tokens.
 template <typename Response, typename Fn>
 grpc::Status Read(CallRunner* calls, const char* method, const grpc::ServerContext& ctx,
                   const std::string& job_id, Response* resp, Fn fn) {
   return calls->Run(method, [&]() -> absl::Status {
-    if (absl::Status st = calls->AuthorizeWorker(ctx, job_id, "job_id"); !st.ok()) return st;
+    if (absl::Status st = calls->AuthorizeRead(ctx, job_id, "job_id"); !st.ok()) return st;
     absl::StatusOr<Response> r = fn();
     if (!r.ok()) return r.status();
     *resp = *std::move(r);
@@ -138,7 +139,7 @@ grpc::Status JobServiceImpl::GetShardOwner(grpc::ServerContext* ctx,
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
   return calls_->Run("JobService/WatchJob", [&]() -> absl::Status {
-    if (absl::Status st = calls_->AuthorizeWorker(*ctx, req->job_id(), "job_id"); !st.ok()) {
+    if (absl::Status st = calls_->AuthorizeRead(*ctx, req->job_id(), "job_id"); !st.ok()) {
       return st;
     }
     return Watch(ctx, *req, writer);

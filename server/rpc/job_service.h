@@ -9,7 +9,8 @@
 // PERMISSION_DENIED (authentication, first), UNAVAILABLE (shutting down or
 // the state store), RESOURCE_EXHAUSTED (message over kMaxMessageBytes,
 // gRPC's own check). "Admin" methods need the admin token; "worker" ones
-// the job's worker token or the admin token.
+// (reads) the admin token, the job's worker token or one of its member
+// tokens.
 //   CreateJob (admin): INVALID_ARGUMENT: the spec (spec::ResolveJobSpec's
 //     message names the field), a spec.checkpoint.directory the coordinator
 //     cannot create (CheckpointFlow::CreateJob), or a malformed job_id;

@@ -224,7 +224,7 @@ grpc::ServerWriteReactor<v1::SessionMessage>* SessionStreams::Start(
     stream.FinishEarly(absl::UnavailableError("the coordinator is shutting down; retry"));
     return reactor;
   }
-  if (absl::Status st = calls_->AuthorizeWorker(*ctx, w.job_id(), "worker.job_id"); !st.ok()) {
+  if (absl::Status st = calls_->AuthorizeMember(*ctx, w, "worker.job_id"); !st.ok()) {
     stream.FinishEarly(st);
     return reactor;
   }

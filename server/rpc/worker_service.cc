@@ -23,10 +23,9 @@ grpc::Status WorkerServiceImpl::JoinJob(grpc::ServerContext* ctx, const v1::Join
                                         v1::JoinJobResponse* resp) {
   return calls_->Run("WorkerService/JoinJob", [&]() -> absl::Status {
     const v1::WorkerIdentity& w = req->worker();
-    if (absl::Status st = calls_->AuthorizeWorker(*ctx, w.job_id(), "worker.job_id"); !st.ok()) {
-      return st;
-    }
-    absl::StatusOr<v1::JoinJobResponse> r = coordinator_->JoinJob(*req);
+    absl::StatusOr<JoinedBy> by = calls_->AuthorizeJoin(*ctx, w);
+    if (!by.ok()) return by.status();
+    absl::StatusOr<v1::JoinJobResponse> r = coordinator_->JoinJob(*req, *by);
     if (!r.ok()) return r.status();
     *resp = *std::move(r);
     if (calls_->metrics() != nullptr) calls_->metrics()->CountJoin();
@@ -46,8 +45,7 @@ grpc::Status WorkerServiceImpl::GetAssignment(grpc::ServerContext* ctx,
                                               v1::Assignment* resp) {
   return calls_->Run("WorkerService/GetAssignment", [&]() -> absl::Status {
     const v1::Fence& fence = req->fence();
-    if (absl::Status st =
-            calls_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
+    if (absl::Status st = calls_->AuthorizeMember(*ctx, fence.worker(), "fence.worker.job_id");
         !st.ok()) {
       return st;
     }
@@ -75,8 +73,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerConte
                                                        v1::HeartbeatResponse* resp) {
   return calls_->RunPooled(ctx, "WorkerService/Heartbeat", [=]() -> absl::Status {
     const v1::Fence& fence = req->fence();
-    if (absl::Status st =
-            calls_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
+    if (absl::Status st = calls_->AuthorizeMember(*ctx, fence.worker(), "fence.worker.job_id");
         !st.ok()) {
       return st;
     }
@@ -93,8 +90,7 @@ grpc::Status WorkerServiceImpl::ReportError(grpc::ServerContext* ctx,
                                             v1::ReportErrorResponse* resp) {
   return calls_->Run("WorkerService/ReportError", [&]() -> absl::Status {
     const v1::Fence& fence = req->fence();
-    if (absl::Status st =
-            calls_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
+    if (absl::Status st = calls_->AuthorizeMember(*ctx, fence.worker(), "fence.worker.job_id");
         !st.ok()) {
       return st;
     }
@@ -109,8 +105,7 @@ grpc::Status WorkerServiceImpl::LeaveJob(grpc::ServerContext* ctx, const v1::Lea
                                          v1::LeaveJobResponse* resp) {
   return calls_->Run("WorkerService/LeaveJob", [&]() -> absl::Status {
     const v1::Fence& fence = req->fence();
-    if (absl::Status st =
-            calls_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
+    if (absl::Status st = calls_->AuthorizeMember(*ctx, fence.worker(), "fence.worker.job_id");
         !st.ok()) {
       return st;
     }

@@ -15,8 +15,11 @@
 // Errors per method, besides the codes of coordinator.proto "Errors" that
 // any RPC may return (UNAUTHENTICATED / PERMISSION_DENIED first,
 // UNAVAILABLE while shutting down or without the state store,
-// RESOURCE_EXHAUSTED for an oversized message). Every method needs the
-// job's worker token or the admin token and answers INVALID_ARGUMENT
+// RESOURCE_EXHAUSTED for an oversized message). JoinJob needs the admin
+// token, the job's worker token or the joining incarnation's member token;
+// every other method the admin token or the member token of the identity it
+// names (PERMISSION_DENIED otherwise, CallRunner::AuthorizeMember). Each
+// answers INVALID_ARGUMENT
 // "<field> must be non-empty" for an empty job id (worker.job_id or
 // fence.worker.job_id); fenced methods then answer Coordinator::CheckFence's
 // errors (INVALID_ARGUMENT incomplete fence, NOT_FOUND, FAILED_PRECONDITION
