@@ -228,6 +228,22 @@ void Authenticator::SetJobToken(const std::string& job_id, const std::string& to
   by_hash_[token_hash] = std::move(c);
 }
 
+void Authenticator::ForgetJob(const std::string& job_id,
+                              const std::vector<std::string>& worker_ids) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = job_hash_.find(job_id); it != job_hash_.end()) {
+    by_hash_.erase(it->second);
+    job_hash_.erase(it);
+  }
+  for (const std::string& worker_id : worker_ids) {
+    if (auto it = member_hash_.find(absl::StrCat(job_id, "/", worker_id));
+        it != member_hash_.end()) {
+      by_hash_.erase(it->second);
+      member_hash_.erase(it);
+    }
+  }
+}
+
 void Authenticator::SetMemberToken(const WorkerRef& member, const std::string& token_hash) {
   absl::MutexLock lock(&mu_);
   const std::string key = absl::StrCat(member.job_id, "/", member.worker_id);

@@ -197,10 +197,14 @@ class Authenticator {
   // job's token again replaces its previous one; setting a member token
   // replaces the previous one of the same (job_id, worker_id), so a replaced
   // incarnation's token stops working (an empty `token_hash` only removes
-  // the previous one). Jobs are never removed (the coordinator keeps them).
+  // the previous one).
   void SetJobToken(const std::string& job_id, const std::string& token_hash)
       ABSL_LOCKS_EXCLUDED(mu_);
   void SetMemberToken(const WorkerRef& member, const std::string& token_hash)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes a job's token and the member tokens of `worker_ids` (a pruned
+  // job, Coordinator::PruneJob): they authenticate nothing afterwards.
+  void ForgetJob(const std::string& job_id, const std::vector<std::string>& worker_ids)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Checks a call. `authorization` holds every value of the metadata key

@@ -163,6 +163,17 @@ TEST_F(AuthenticatorTest, NewIncarnationsTokenReplacesTheOldOne) {
   EXPECT_TRUE(auth_.Authorize({"Bearer token-b2"}, Access::kJobRead, "job-b").ok());
 }
 
+TEST_F(AuthenticatorTest, AForgottenJobsTokensAuthenticateNothing) {
+  auth_.ForgetJob("job-a", {"w0", "w1"});
+  for (const char* token : {"Bearer token-a", "Bearer member-a0", "Bearer member-a1"}) {
+    EXPECT_EQ(auth_.Authorize({token}, Access::kJobRead, "job-a").status().code(),
+              absl::StatusCode::kUnauthenticated)
+        << token;
+  }
+  // Another job keeps its token.
+  EXPECT_TRUE(auth_.Authorize({"Bearer token-b"}, Access::kJobRead, "job-b").ok());
+}
+
 TEST_F(AuthenticatorTest, MissingMalformedOrUnknownIsUnauthenticated) {
   const std::vector<std::vector<absl::string_view>> cases = {
       {},

@@ -88,9 +88,12 @@ absl::Status Coordinator::PruneJob(const std::string& job_id) {
         "job ", job_id, " is ", PhaseName(job.job.phase()), "; only finished jobs are pruned"));
   }
   std::vector<Mutation> batch = {Mutation::Delete("job", job_id),
-                                 Mutation::Delete("token", job_id)};
+                                 Mutation::Delete(kTokenHashKind, job_id)};
+  std::vector<std::string> worker_ids;
   for (const auto& [worker_id, m] : job.members) {
     batch.push_back(Mutation::Delete("member", MemberKey(job_id, worker_id)));
+    batch.push_back(Mutation::Delete(kMemberTokenKind, MemberKey(job_id, worker_id)));
+    worker_ids.push_back(worker_id);
   }
   for (const v1::JobEvent& e : job.events.After(0)) {
     batch.push_back(Mutation::Delete(EventLog::kStoreKind, EventLog::Key(job_id, e.sequence())));
@@ -102,6 +105,8 @@ absl::Status Coordinator::PruneJob(const std::string& job_id) {
   LogLine(absl::StrCat("job ", job_id, ": pruned (", PhaseName(job.job.phase()), " since ",
                        absl::FormatTime(FromProto(job.job.update_time())), ", ",
                        job.members.size(), " members, ", job.events.size(), " events)"));
+  // Its tokens authenticate nothing from now on.
+  if (creds_ != nullptr) creds_->ForgetJob(job_id, worker_ids);
   // Open session streams end (their next pull finds no job).
   for (auto& [worker_id, m] : job.members) m.outbox.End();
   jobs_.erase(it);

@@ -99,8 +99,9 @@ TEST_F(RetentionTest, FinishedJobsArePrunedByCountThenByAge) {
   ASSERT_TRUE(coordinator_->PruneJob("a").ok());
   EXPECT_EQ(coordinator_->GetJob("a").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(coordinator_->ListMembers("a").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(coordinator_->WorkerToken("a").status().code(), absl::StatusCode::kNotFound);
-  for (const char* kind : {"job", "token", "member", EventLog::kStoreKind}) {
+  EXPECT_EQ(coordinator_->WorkerTokenHash("a").status().code(), absl::StatusCode::kNotFound);
+  // The record kinds of server/coordinator_records.h.
+  for (const char* kind : {"job", "token_sha256", "member", "member_token", EventLog::kStoreKind}) {
     EXPECT_EQ(JobsWithRecords(kind).count("a"), 0u) << kind;
   }
   EXPECT_EQ(JobsWithRecords("job"), std::set<std::string>({"b", "c", "d"}));
