@@ -23,7 +23,7 @@
 //   PENDING ──Abort / AbortPending / Commit with ranks missing / newer generation──▶ ABORTED
 //     │ last rank reports                                                             ▲
 //     ▼                                                                               │
-//   COMMITTING ──gap, overlap, missing tensor, verify_files or store write fails─────┘
+//   COMMITTING ──no/missing/extra tensor, gap, overlap, verify_files, store write fails┘
 //     │ batch durable
 //     ▼
 //   COMMITTED
@@ -111,6 +111,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -151,9 +152,12 @@ struct CheckpointBeginParams {
   shardline::v1::ParallelConfig parallel;
   uint32_t dp = 0;
   uint64_t seed = 0;
-  // Names of every tensor the plan saves; when non-empty, a commit whose
-  // reports lack one of them aborts with DATA_LOSS. Empty: not checked
-  // (only what was reported is checked for exact cover).
+  // Names of every tensor the plan saves (checkpoint::CheckpointTensors;
+  // server/checkpoint_flow.cc sets them at every Begin); when non-empty, a
+  // commit whose reports lack one of them or hold another aborts with
+  // DATA_LOSS. Empty: the names are not checked. Either way a commit with
+  // no tensor at all aborts with DATA_LOSS, and every reported tensor must
+  // be covered exactly once.
   std::vector<std::string> expected_tensors;
 };
 
@@ -334,6 +338,9 @@ class CheckpointRegistry final : public UnusableCheckpointMarks {
 
   // Deterministic id of (generation, step).
   static std::string CheckpointId(uint64_t generation, uint64_t step);
+  // The (step, generation) of an id CheckpointId makes; nullopt for any
+  // other name.
+  static std::optional<std::pair<uint64_t, uint64_t>> ParseCheckpointId(absl::string_view id);
 
  private:
   enum class Phase { kOpening, kPending, kCommitting, kCommitted, kAborted };
