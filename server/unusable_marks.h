@@ -1,10 +1,10 @@
 // Marks of checkpoints a restore found corrupt ("unusable"): the narrow view
 // the Coordinator has of them.
 //
-// A checkpoint a restore found unusable (a ReportError naming the
-// generation's restore point with a code RestoreFailureMarksUnusable
-// accepts, see Coordinator::ReportError) stays COMMITTED and listed, but is never restored again. The marks have
-// one owner, the CheckpointRegistry (server/checkpoint_registry.h): it keeps
+// A checkpoint a restore found unusable (a ReportError about the
+// generation's restore point that RestoreFailureMarksUnusable accepts, see
+// Coordinator::ReportError) stays COMMITTED and listed, but is never
+// restored again. The marks have one owner, the CheckpointRegistry (server/checkpoint_registry.h): it keeps
 // them durably (StateStore kind kCheckpointUnusableKind), skips them in
 // Latest() and retention, and shows their reasons in List and GetManifest.
 // The Coordinator's restore fallback adds and reads marks through this

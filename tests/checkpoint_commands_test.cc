@@ -231,7 +231,9 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
                                      norm_offset, ",", norm_offset + 32, "]}")));
   const float one = 1.0f, two = 2.0f;
   std::string expected;
-  for (int i = 0; i < 8; ++i) expected.append(reinterpret_cast<const char*>(i < 4 ? &one : &two), 4);
+  for (int i = 0; i < 8; ++i) {
+    expected.append(reinterpret_cast<const char*>(i < 4 ? &one : &two), 4);
+  }
   EXPECT_EQ(model.substr(8 + n + norm_offset, 32), expected);
   r = Shardctl(address, "checkpoint consolidate ck");
   EXPECT_EQ(r.rc, 2) << r.all;
