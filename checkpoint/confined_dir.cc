@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -52,10 +53,14 @@ std::string Join(const std::string& dir, absl::string_view rel) {
   return dir == "/" ? absl::StrCat("/", rel) : absl::StrCat(dir, "/", rel);
 }
 
+// The first n components, joined.
+std::string Prefix(const std::vector<std::string>& parts, size_t n) {
+  return absl::StrJoin(parts.begin(), parts.begin() + static_cast<std::ptrdiff_t>(n), "/");
+}
+
 absl::Status SymlinkError(const std::string& dir, const std::vector<std::string>& parts, size_t i,
                           std::string* symlink) {
-  const std::string prefix =
-      absl::StrJoin(parts.begin(), parts.begin() + static_cast<long>(i) + 1, "/");
+  const std::string prefix = Prefix(parts, i + 1);
   if (symlink != nullptr) *symlink = prefix;
   return absl::FailedPreconditionError(absl::StrCat("'", Join(dir, absl::StrJoin(parts, "/")),
                                                     "' goes through symlink '", prefix,
@@ -71,15 +76,11 @@ absl::Status OpenFailure(int parent, int err, const std::string& dir,
   if (::fstatat(parent, parts[i].c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
     if (S_ISLNK(st.st_mode)) return SymlinkError(dir, parts, i, symlink);
     if (want_dir && !S_ISDIR(st.st_mode)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "'", Join(dir, absl::StrJoin(parts.begin(), parts.begin() + static_cast<long>(i) + 1,
-                                       "/")),
-          "' is not a directory"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", Join(dir, Prefix(parts, i + 1)), "' is not a directory"));
     }
   }
-  return FileError(err, "cannot open",
-                   Join(dir, absl::StrJoin(parts.begin(), parts.begin() + static_cast<long>(i) + 1,
-                                           "/")));
+  return FileError(err, "cannot open", Join(dir, Prefix(parts, i + 1)));
 }
 
 // Opens parts[0, n) below `start` as directories, one at a time; returns
@@ -95,9 +96,7 @@ absl::StatusOr<int> WalkDirs(int start, const std::string& dir,
       if (::mkdirat(fd, parts[i].c_str(), 0755) != 0 && errno != EEXIST) {
         const int err = errno;
         ::close(fd);
-        return FileError(err, "cannot create directory",
-                         Join(dir, absl::StrJoin(parts.begin(),
-                                                 parts.begin() + static_cast<long>(i) + 1, "/")));
+        return FileError(err, "cannot create directory", Join(dir, Prefix(parts, i + 1)));
       }
       ::fsync(fd);  // the new entry survives a crash
       next = ::openat(fd, parts[i].c_str(), kDirFlags);
@@ -218,8 +217,8 @@ absl::StatusOr<ConfinedDir::File> ConfinedDir::OpenFile(absl::string_view rel,
   if (!dir.ok()) return dir.status();
   const std::string full = Join(path_, absl::StrJoin(*parts, "/"));
   // O_NONBLOCK: a FIFO planted under the name must not hang the open.
-  const int fd = ::openat(*dir, (*parts)[last].c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC |
-                                                            O_NONBLOCK | O_NOCTTY);
+  const int fd = ::openat(*dir, (*parts)[last].c_str(),
+                          O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     absl::Status s = OpenFailure(*dir, errno, path_, *parts, last, /*want_dir=*/false, symlink);
     ::close(*dir);
@@ -288,8 +287,8 @@ absl::Status ConfinedDir::WriteFileAtomically(absl::string_view name, absl::stri
   const std::string temp_name =
       absl::StrCat(".", name, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
   const std::string temp = Join(path_, temp_name);
-  const int fd = ::openat(fd_, temp_name.c_str(),
-                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  const int fd =
+      ::openat(fd_, temp_name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return FileError(errno, "cannot create", temp);
   auto fail = [&](absl::string_view what, int err, bool close_fd) {
     if (close_fd) ::close(fd);

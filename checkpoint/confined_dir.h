@@ -51,7 +51,7 @@ class ConfinedDir {
     File& operator=(File&& other) noexcept;
     ~File();
     int fd() const { return fd_; }
-    uint64_t size() const { return size_; }     // bytes, at open (fstat)
+    uint64_t size() const { return size_; }            // bytes, at open (fstat)
     const std::string& path() const { return path_; }  // full path, for messages
 
    private:

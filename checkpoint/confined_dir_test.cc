@@ -80,8 +80,7 @@ TEST(ConfinedDirTest, RefusesEverySymlinkOnTheWay) {
   EXPECT_EQ(through.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(symlink, "sub");
   symlink.clear();
-  EXPECT_EQ(job->OpenFile("file", &symlink).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(job->OpenFile("file", &symlink).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(symlink, "file");
   EXPECT_EQ(job->Sub("sub", /*create=*/true).status().code(),
             absl::StatusCode::kFailedPrecondition);

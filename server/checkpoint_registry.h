@@ -85,7 +85,8 @@
 //   * Retention: after a commit, committed checkpoints beyond the newest
 //     keep_last (by step) are removed from the registry and from the store in
 //     the commit batch, and returned in ReportShardResult::expired so the
-//     coordinator deletes their directories. The newest is always kept.
+//     coordinator deletes their directories (crash-safe: tombstones and the
+//     start-up clean-up of server/checkpoint_flow.h). The newest is always kept.
 //     Directories of ABORTED checkpoints are deleted by the coordinator when
 //     they abort and again at its start (server/checkpoint_flow.h,
 //     checkpoint/checkpoint_files.h).
