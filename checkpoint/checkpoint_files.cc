@@ -10,9 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <optional>
 #include <system_error>
+#include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/files.h"
@@ -44,19 +47,82 @@ bool HasDotDot(absl::string_view path) {
   return false;
 }
 
-// The real path of an existing `path`, or an error naming it.
-absl::StatusOr<std::string> RealPath(const std::string& path) {
-  char* real = ::realpath(path.c_str(), nullptr);
-  if (real == nullptr) return FileError(errno, "cannot resolve", path);
-  std::string out(real);
-  ::free(real);
-  return out;
+// `root` checked (absolute, no ".."), normalized, split into the trusted
+// base and the job component.
+absl::StatusOr<std::pair<std::string, std::string>> SplitRoot(absl::string_view root) {
+  if (root.empty() || root[0] != '/' || HasDotDot(root)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint root '", root, "' is not an absolute path without '..'"));
+  }
+  const fs::path normal(Normal(root));
+  if (!IsOneComponent(normal.filename().string())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint root '", root, "' is not <checkpoint directory>/<job>"));
+  }
+  return std::make_pair(normal.parent_path().string(), normal.filename().string());
+}
+
+// The checkpoint directory's name, after checking that `directory` is
+// <root>/<one component> lexically.
+absl::StatusOr<std::string> CheckpointName(absl::string_view root, absl::string_view directory) {
+  if (root.empty() || root[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint root '", root, "' is not an absolute path"));
+  }
+  if (HasDotDot(root) || HasDotDot(directory)) {
+    return absl::InvalidArgumentError(absl::StrCat("refusing path with '..': root '", root,
+                                                   "', directory '", directory, "'"));
+  }
+  const fs::path dir_path(Normal(directory));
+  if (dir_path.parent_path().string() != Normal(root) ||
+      !IsOneComponent(dir_path.filename().string())) {
+    return absl::InvalidArgumentError(absl::StrCat("directory '", directory,
+                                                   "' is not a checkpoint directory directly "
+                                                   "under the job's checkpoint root '",
+                                                   root, "'"));
+  }
+  return dir_path.filename().string();
+}
+
+absl::StatusOr<v1::Manifest> ParseManifest(const ConfinedDir& dir) {
+  absl::StatusOr<std::string> text = dir.ReadFile(kManifestFileName);
+  if (!text.ok()) return text.status();
+  v1::Manifest manifest;
+  // Fields this version does not know are skipped: a manifest written by a
+  // newer coordinator still reads (forward compatibility); what is read is
+  // checked by its users (VerifyCheckpoint, the restore planner).
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(*text, &manifest, options);
+  if (!parsed.ok()) {
+    return absl::DataLossError(absl::StrCat("'", dir.path(), "/", kManifestFileName,
+                                            "' does not parse as a manifest: ",
+                                            parsed.message().as_string()));
+  }
+  return manifest;
 }
 
 }  // namespace
 
+absl::StatusOr<ConfinedDir> OpenJobRoot(absl::string_view root, bool create) {
+  absl::StatusOr<std::pair<std::string, std::string>> split = SplitRoot(root);
+  if (!split.ok()) return split.status();
+  return ConfinedDir::Open(split->first, split->second, create);
+}
+
+absl::StatusOr<ConfinedDir> OpenCheckpointDirectory(absl::string_view root,
+                                                    absl::string_view directory, bool create) {
+  absl::StatusOr<std::string> name = CheckpointName(root, directory);
+  if (!name.ok()) return name.status();
+  absl::StatusOr<ConfinedDir> job_root = OpenJobRoot(root, create);
+  if (!job_root.ok()) return job_root.status();
+  return job_root->Sub(*name, create);
+}
+
 absl::Status VerifyShardFiles(const v1::Manifest& manifest) {
-  const std::string dir = manifest.directory();
+  const std::string dir = Normal(manifest.directory());
+  const std::string root = fs::path(dir).parent_path().string();
+  std::optional<ConfinedDir> opened;
   for (const v1::RankRecord& rank : manifest.ranks()) {
     for (const v1::ShardFile& f : rank.files()) {
       if (f.path().empty() || f.path()[0] == '/' || HasDotDot(f.path())) {
@@ -66,27 +132,45 @@ absl::Status VerifyShardFiles(const v1::Manifest& manifest) {
             rank.rank(), f.path()));
       }
       const std::string path = absl::StrCat(dir, "/", f.path());
-      struct stat st;
-      if (::stat(path.c_str(), &st) != 0) {
-        const int err = errno;
-        if (err == ENOENT || err == ENOTDIR) {
-          return absl::DataLossError(absl::StrFormat(
-              "rank %d reported file \"%s\" (%d bytes), but %s does not exist", rank.rank(),
-              f.path(), f.size_bytes(), path));
-        }
+      auto missing = [&] {
         return absl::DataLossError(
-            absl::StrFormat("rank %d reported file \"%s\", but %s", rank.rank(), f.path(),
-                            FileError(err, "cannot stat", path).message()));
+            absl::StrFormat("rank %d reported file \"%s\" (%d bytes), but %s does not exist",
+                            rank.rank(), f.path(), f.size_bytes(), path));
+      };
+      if (!opened) {
+        absl::StatusOr<ConfinedDir> d = OpenCheckpointDirectory(root, dir, /*create=*/false);
+        if (d.status().code() == absl::StatusCode::kNotFound) return missing();
+        if (!d.ok()) {
+          return absl::Status(d.status().code(),
+                              absl::StrFormat("rank %d reported file \"%s\", but %s; shards must "
+                                              "be regular files inside %s",
+                                              rank.rank(), f.path(), d.status().message(), root));
+        }
+        opened = *std::move(d);
       }
-      if (!S_ISREG(st.st_mode)) {
+      std::string symlink;
+      absl::StatusOr<ConfinedDir::File> file = opened->OpenFile(f.path(), &symlink);
+      if (!symlink.empty()) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "checkpoint path '%s' of rank %d goes through symlink '%s'; shards must be regular "
+            "files inside %s",
+            f.path(), rank.rank(), symlink, root));
+      }
+      if (file.status().code() == absl::StatusCode::kNotFound) return missing();
+      if (file.status().code() == absl::StatusCode::kFailedPrecondition) {
         return absl::DataLossError(absl::StrFormat(
             "rank %d reported file \"%s\", but %s is not a regular file", rank.rank(), f.path(),
             path));
       }
-      if (static_cast<uint64_t>(st.st_size) != f.size_bytes()) {
+      if (!file.ok()) {
+        return absl::DataLossError(absl::StrFormat("rank %d reported file \"%s\", but %s",
+                                                   rank.rank(), f.path(),
+                                                   file.status().message()));
+      }
+      if (file->size() != f.size_bytes()) {
         return absl::DataLossError(absl::StrFormat(
             "rank %d reported file \"%s\" of %d bytes, but %s has %d bytes", rank.rank(),
-            f.path(), f.size_bytes(), path, static_cast<int64_t>(st.st_size)));
+            f.path(), f.size_bytes(), path, file->size()));
       }
     }
   }
@@ -95,53 +179,27 @@ absl::Status VerifyShardFiles(const v1::Manifest& manifest) {
 
 absl::StatusOr<std::string> CheckpointDirectoryUnder(absl::string_view root,
                                                      absl::string_view directory) {
-  if (root.empty() || root[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint root '", root, "' is not an absolute path"));
+  absl::StatusOr<std::string> name = CheckpointName(root, directory);
+  if (!name.ok()) return name.status();
+  absl::StatusOr<ConfinedDir> job_root = OpenJobRoot(root, /*create=*/false);
+  if (job_root.status().code() == absl::StatusCode::kNotFound) return Normal(directory);
+  if (!job_root.ok()) return job_root.status();
+  absl::StatusOr<ConfinedDir::Type> type = job_root->TypeOf(*name);
+  if (type.ok() && *type == ConfinedDir::Type::kSymlink) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", Normal(directory), "' is a symlink; refusing to touch it"));
   }
-  if (HasDotDot(root) || HasDotDot(directory)) {
-    return absl::InvalidArgumentError(absl::StrCat("refusing path with '..': root '", root,
-                                                   "', directory '", directory, "'"));
+  if (type.ok() && *type != ConfinedDir::Type::kDirectory) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", Normal(directory), "' exists and is not a directory"));
   }
-  const std::string normal_root = Normal(root);
-  const std::string normal_dir = Normal(directory);
-  const fs::path dir_path(normal_dir);
-  if (dir_path.parent_path().string() != normal_root ||
-      !IsOneComponent(dir_path.filename().string())) {
-    return absl::InvalidArgumentError(absl::StrCat("directory '", directory,
-                                                   "' is not a checkpoint directory directly "
-                                                   "under the job's checkpoint root '",
-                                                   root, "'"));
-  }
-  struct stat st;
-  if (::lstat(normal_dir.c_str(), &st) == 0) {
-    if (S_ISLNK(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("'", normal_dir, "' is a symlink; refusing to touch it"));
-    }
-    if (!S_ISDIR(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("'", normal_dir, "' exists and is not a directory"));
-    }
-  }
-  // The root itself may be a symlink (e.g. to a mounted volume); what
-  // matters is that the checkpoint directory's parent is that same place.
-  if (::lstat(normal_root.c_str(), &st) == 0) {
-    absl::StatusOr<std::string> real_root = RealPath(normal_root);
-    if (!real_root.ok()) return real_root.status();
-    absl::StatusOr<std::string> real_parent = RealPath(dir_path.parent_path().string());
-    if (!real_parent.ok()) return real_parent.status();
-    if (*real_parent != *real_root) {
-      return absl::FailedPreconditionError(absl::StrCat("'", normal_dir, "' resolves to '",
-                                                        *real_parent, "/...', outside '",
-                                                        *real_root, "'"));
-    }
-  }
-  return normal_dir;
+  if (!type.ok() && type.status().code() != absl::StatusCode::kNotFound) return type.status();
+  return Normal(directory);
 }
 
 absl::Status WriteManifestFile(absl::string_view root, const v1::Manifest& manifest) {
-  absl::StatusOr<std::string> dir = CheckpointDirectoryUnder(root, manifest.directory());
+  absl::StatusOr<ConfinedDir> dir =
+      OpenCheckpointDirectory(root, manifest.directory(), /*create=*/true);
   if (!dir.ok()) return dir.status();
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
@@ -152,25 +210,28 @@ absl::Status WriteManifestFile(absl::string_view root, const v1::Manifest& manif
     return absl::InternalError(
         absl::StrCat("manifest to JSON failed: ", printed.message().as_string()));
   }
-  return WriteFileAtomically(*dir, kManifestFileName, json);
+  return dir->WriteFileAtomically(kManifestFileName, json);
 }
 
 absl::StatusOr<v1::Manifest> ReadManifestFile(absl::string_view directory) {
-  const std::string path = absl::StrCat(Normal(directory), "/", kManifestFileName);
-  absl::StatusOr<std::string> text = ReadFileToString(path);
-  if (!text.ok()) return text.status();
-  v1::Manifest manifest;
-  // Fields this version does not know are skipped: a manifest written by a
-  // newer coordinator still reads (forward compatibility); what is read is
-  // checked by its users (VerifyCheckpoint, the restore planner).
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = true;
-  const auto parsed = google::protobuf::util::JsonStringToMessage(*text, &manifest, options);
-  if (!parsed.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("'", path, "' does not parse as a manifest: ", parsed.message().as_string()));
+  absl::StatusOr<ConfinedDir> dir = ConfinedDir::Open(Normal(directory));
+  if (dir.status().code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(
+        absl::StrCat("no file '", Normal(directory), "/", kManifestFileName, "'"));
   }
-  return manifest;
+  if (!dir.ok()) return dir.status();
+  return ParseManifest(*dir);
+}
+
+absl::StatusOr<v1::Manifest> ReadManifestFile(absl::string_view root,
+                                              absl::string_view directory) {
+  absl::StatusOr<ConfinedDir> dir = OpenCheckpointDirectory(root, directory, /*create=*/false);
+  if (dir.status().code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(
+        absl::StrCat("no file '", Normal(directory), "/", kManifestFileName, "'"));
+  }
+  if (!dir.ok()) return dir.status();
+  return ParseManifest(*dir);
 }
 
 absl::Status WriteLatestFile(absl::string_view root, absl::string_view checkpoint_id) {
@@ -182,26 +243,94 @@ absl::Status WriteLatestFile(absl::string_view root, absl::string_view checkpoin
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint id '", checkpoint_id, "' is not one path component"));
   }
-  return WriteFileAtomically(Normal(root), kLatestFileName, absl::StrCat(checkpoint_id, "\n"));
+  absl::StatusOr<ConfinedDir> dir = OpenJobRoot(root, /*create=*/true);
+  if (!dir.ok()) return dir.status();
+  return dir->WriteFileAtomically(kLatestFileName, absl::StrCat(checkpoint_id, "\n"));
 }
 
 absl::StatusOr<std::string> ReadLatestFile(absl::string_view root) {
-  absl::StatusOr<std::string> text =
-      ReadFileToString(absl::StrCat(Normal(root), "/", kLatestFileName));
+  absl::StatusOr<ConfinedDir> dir = OpenJobRoot(root, /*create=*/false);
+  if (dir.status().code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(absl::StrCat("no file '", Normal(root), "/", kLatestFileName, "'"));
+  }
+  if (!dir.ok()) return dir.status();
+  absl::StatusOr<std::string> text = dir->ReadFile(kLatestFileName);
   if (!text.ok()) return text.status();
   return std::string(absl::StripAsciiWhitespace(*text));
 }
 
-absl::Status RemoveCheckpointDirectory(absl::string_view root, absl::string_view directory) {
-  absl::StatusOr<std::string> dir = CheckpointDirectoryUnder(root, directory);
+absl::Status RemoveLatestFile(absl::string_view root) {
+  absl::StatusOr<ConfinedDir> dir = OpenJobRoot(root, /*create=*/false);
+  if (dir.status().code() == absl::StatusCode::kNotFound) return absl::OkStatus();
   if (!dir.ok()) return dir.status();
-  std::error_code ec;
-  fs::remove_all(*dir, ec);  // removes links inside, never follows them
-  if (ec) {
+  return dir->Remove(kLatestFileName);
+}
+
+absl::Status RemoveCheckpointDirectory(absl::string_view root, absl::string_view directory,
+                                       bool* existed) {
+  if (existed != nullptr) *existed = false;
+  absl::StatusOr<std::string> checked = CheckpointDirectoryUnder(root, directory);
+  if (!checked.ok()) return checked.status();
+  absl::StatusOr<ConfinedDir> job_root = OpenJobRoot(root, /*create=*/false);
+  if (job_root.status().code() == absl::StatusCode::kNotFound) return absl::OkStatus();
+  if (!job_root.ok()) return job_root.status();
+  const std::string name = fs::path(*checked).filename().string();
+  const std::string tombstone = absl::StrCat(kTombstonePrefix, name);
+  auto unavailable = [&](const absl::Status& s) {
     return absl::UnavailableError(
-        absl::StrCat("cannot remove checkpoint directory '", *dir, "': ", ec.message()));
-  }
+        absl::StrCat("cannot remove checkpoint directory '", *checked, "': ", s.message()));
+  };
+  // A tombstone of the same name from an interrupted earlier removal.
+  if (absl::Status s = job_root->Remove(tombstone); !s.ok()) return unavailable(s);
+  absl::Status renamed = job_root->Rename(name, tombstone);
+  if (renamed.code() == absl::StatusCode::kNotFound) return absl::OkStatus();
+  if (!renamed.ok()) return unavailable(renamed);
+  if (existed != nullptr) *existed = true;
+  // Links inside are removed, never followed (ConfinedDir::Remove).
+  if (absl::Status s = job_root->Remove(tombstone); !s.ok()) return unavailable(s);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> CleanUpCheckpointRoot(
+    absl::string_view root, const std::function<bool(const std::string& name)>& is_orphan) {
+  absl::StatusOr<ConfinedDir> job_root = OpenJobRoot(root, /*create=*/false);
+  if (job_root.status().code() == absl::StatusCode::kNotFound) {
+    return std::vector<std::string>();
+  }
+  if (!job_root.ok()) return job_root.status();
+  absl::StatusOr<std::vector<ConfinedDir::Entry>> entries = job_root->List();
+  if (!entries.ok()) return entries.status();
+  const std::string latest_temp = absl::StrCat(".", kLatestFileName, ".tmp-");
+  const std::string manifest_temp = absl::StrCat(".", kManifestFileName, ".tmp-");
+  std::vector<std::string> removed;
+  absl::Status first_error;
+  auto remove = [&](const ConfinedDir& dir, const std::string& name, const std::string& shown) {
+    absl::Status s = dir.Remove(name);
+    if (s.ok()) {
+      removed.push_back(shown);
+    } else if (first_error.ok()) {
+      first_error = s;
+    }
+  };
+  for (const ConfinedDir::Entry& e : *entries) {
+    if (absl::StartsWith(e.name, kTombstonePrefix) || absl::StartsWith(e.name, latest_temp)) {
+      remove(*job_root, e.name, e.name);
+    } else if (e.type == ConfinedDir::Type::kDirectory && is_orphan(e.name)) {
+      remove(*job_root, e.name, e.name);
+    } else if (e.type == ConfinedDir::Type::kDirectory) {
+      absl::StatusOr<ConfinedDir> sub = job_root->Sub(e.name);
+      if (!sub.ok()) continue;
+      absl::StatusOr<std::vector<ConfinedDir::Entry>> inside = sub->List();
+      if (!inside.ok()) continue;
+      for (const ConfinedDir::Entry& f : *inside) {
+        if (absl::StartsWith(f.name, manifest_temp)) {
+          remove(*sub, f.name, absl::StrCat(e.name, "/", f.name));
+        }
+      }
+    }
+  }
+  if (!first_error.ok()) return first_error;
+  return removed;
 }
 
 }  // namespace shardline::checkpoint

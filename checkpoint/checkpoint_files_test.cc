@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -142,14 +143,129 @@ TEST(CheckpointFilesTest, RemoveStaysInsideTheRoot) {
   // Already gone is fine.
   EXPECT_TRUE(RemoveCheckpointDirectory(root, root + "/ckpt-1").ok());
 
-  // A root reached through a symlink: its checkpoint directories are still
-  // removable through the link's path.
+  // A job root reached through a symlink is refused (a worker can plant
+  // one below the checkpoint directory); a symlinked base above it (the
+  // operator's checkpoint directory, e.g. a mounted volume) is followed.
   const std::string via = base + "/via";
   ASSERT_EQ(::symlink(root.c_str(), via.c_str()), 0);
   WriteBytes(root + "/ckpt-2/rank-0.bin", 8);
-  ASSERT_TRUE(RemoveCheckpointDirectory(via, via + "/ckpt-2").ok());
+  absl::Status through = RemoveCheckpointDirectory(via, via + "/ckpt-2");
+  EXPECT_EQ(through.code(), absl::StatusCode::kFailedPrecondition) << through;
+  EXPECT_THAT(through.message(), HasSubstr("goes through symlink 'via'"));
+  EXPECT_TRUE(fs::exists(root + "/ckpt-2/rank-0.bin"));
+  const std::string volume = FreshDir("remove-volume");
+  ASSERT_EQ(::symlink(base.c_str(), (volume + "/mnt").c_str()), 0);
+  bool existed = false;
+  ASSERT_TRUE(
+      RemoveCheckpointDirectory(volume + "/mnt/root", volume + "/mnt/root/ckpt-2", &existed).ok());
+  EXPECT_TRUE(existed);
   EXPECT_FALSE(fs::exists(root + "/ckpt-2"));
+  EXPECT_FALSE(fs::exists(root + "/.deleting-ckpt-2"));
   EXPECT_TRUE(fs::exists(outside + "/precious.bin"));
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Issue 14, defect 5, first attack: <dir>/<job_id> -> /victim. Before the
+// fix the coordinator overwrote /victim/LATEST, created
+// /victim/ckpt-*/manifest.json and deleted /victim/ckpt-*.
+TEST(CheckpointFilesTest, SymlinkedJobRootRedirectsNoWrite) {
+  const std::string base = FreshDir("attack-root");
+  const std::string victim = base + "/victim";
+  WriteBytes(victim + "/ckpt-old/rank-0.bin", 8);
+  std::ofstream(victim + "/LATEST") << "precious\n";
+  fs::create_directories(base + "/dir");
+  const std::string root = base + "/dir/job-1";
+  ASSERT_EQ(::symlink(victim.c_str(), root.c_str()), 0);
+
+  absl::Status latest = WriteLatestFile(root, "ckpt-new");
+  EXPECT_EQ(latest.code(), absl::StatusCode::kFailedPrecondition) << latest;
+  EXPECT_THAT(latest.message(), HasSubstr("goes through symlink 'job-1'"));
+  v1::Manifest m = TwoRankManifest(root + "/ckpt-new");
+  EXPECT_EQ(WriteManifestFile(root, m).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RemoveCheckpointDirectory(root, root + "/ckpt-old").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RemoveLatestFile(root).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReadLatestFile(root).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(VerifyShardFiles(m).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CleanUpCheckpointRoot(root, [](const std::string&) { return true; }).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  EXPECT_EQ(ReadAll(victim + "/LATEST"), "precious\n");
+  EXPECT_FALSE(fs::exists(victim + "/ckpt-new"));
+  EXPECT_TRUE(fs::exists(victim + "/ckpt-old/rank-0.bin"));
+  EXPECT_TRUE(fs::is_symlink(root));
+}
+
+// Issue 14, defect 5, second attack: a shard path through a symlink
+// (sub -> /etc, file sub/passwd) passed the commit check (stat follows).
+TEST(CheckpointFilesTest, ShardPathThroughSymlinkIsRefused) {
+  const std::string base = FreshDir("attack-shard");
+  const std::string etc = base + "/etc";
+  WriteBytes(etc + "/passwd", 101);
+  const std::string dir = base + "/dir/job/ckpt-a";
+  WriteBytes(dir + "/rank-0.bin", 100);
+  ASSERT_EQ(::symlink(etc.c_str(), (dir + "/sub").c_str()), 0);
+  v1::Manifest m = TwoRankManifest(dir);
+  m.mutable_ranks(1)->set_rank(3);
+  m.mutable_ranks(1)->mutable_files(0)->set_path("sub/passwd");
+  absl::Status s = VerifyShardFiles(m);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr("checkpoint path 'sub/passwd' of rank 3 goes through symlink 'sub'; "
+                        "shards must be regular files inside " +
+                        base + "/dir/job"));
+  // A shard file that is itself a symlink.
+  ASSERT_EQ(::symlink((etc + "/passwd").c_str(), (dir + "/rank-1.bin").c_str()), 0);
+  m.mutable_ranks(1)->mutable_files(0)->set_path("rank-1.bin");
+  s = VerifyShardFiles(m);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("goes through symlink 'rank-1.bin'"));
+  // The checkpoint directory itself a symlink to a look-alike.
+  const std::string elsewhere = base + "/elsewhere";
+  WriteBytes(elsewhere + "/rank-0.bin", 100);
+  WriteBytes(elsewhere + "/rank-1.bin", 101);
+  ASSERT_EQ(::symlink(elsewhere.c_str(), (base + "/dir/job/ckpt-b").c_str()), 0);
+  v1::Manifest b = TwoRankManifest(base + "/dir/job/ckpt-b");
+  s = VerifyShardFiles(b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("goes through symlink 'ckpt-b'"));
+  EXPECT_EQ(ReadManifestFile(base + "/dir/job", base + "/dir/job/ckpt-b").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// Issue 14, defect 9: what a crash during retention or a LATEST write
+// leaves behind is removed at start; known checkpoints stay.
+TEST(CheckpointFilesTest, CleanUpRemovesTombstonesTempFilesAndOrphans) {
+  const std::string root = FreshDir("cleanup") + "/job";
+  WriteBytes(root + "/.deleting-ckpt-1/rank-0.bin", 8);   // crash while deleting
+  WriteBytes(root + "/.LATEST.tmp-123-0", 7);             // crash while moving LATEST
+  WriteBytes(root + "/ckpt-2/manifest.json", 10);         // crash before the directory went
+  WriteBytes(root + "/ckpt-3/manifest.json", 10);         // known
+  WriteBytes(root + "/ckpt-3/.manifest.json.tmp-9-1", 3);  // crash while writing manifest.json
+  WriteBytes(root + "/LATEST", 7);
+  absl::StatusOr<std::vector<std::string>> removed =
+      CleanUpCheckpointRoot(root, [](const std::string& name) { return name == "ckpt-2"; });
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(*removed, ::testing::UnorderedElementsAre(".deleting-ckpt-1", ".LATEST.tmp-123-0",
+                                                        "ckpt-2",
+                                                        "ckpt-3/.manifest.json.tmp-9-1"));
+  EXPECT_FALSE(fs::exists(root + "/.deleting-ckpt-1"));
+  EXPECT_FALSE(fs::exists(root + "/.LATEST.tmp-123-0"));
+  EXPECT_FALSE(fs::exists(root + "/ckpt-2"));
+  EXPECT_TRUE(fs::exists(root + "/ckpt-3/manifest.json"));
+  EXPECT_FALSE(fs::exists(root + "/ckpt-3/.manifest.json.tmp-9-1"));
+  EXPECT_TRUE(fs::exists(root + "/LATEST"));
+  // A missing root is nothing to clean.
+  absl::StatusOr<std::vector<std::string>> none =
+      CleanUpCheckpointRoot(root + "-none", [](const std::string&) { return true; });
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
 }
 
 }  // namespace

@@ -305,4 +305,22 @@ absl::Status CheckExactCover(const v1::SavedTensor& t) {
   return absl::OkStatus();
 }
 
+std::vector<PlannedTensor> CheckpointTensors(const v1::Plan& plan) {
+  std::map<std::string, std::vector<uint64_t>> shapes;
+  for (const v1::ZeroUnit& unit : plan.units()) {
+    for (const v1::ZeroPiece& piece : unit.pieces()) {
+      if (piece.tied_copy()) continue;
+      const std::optional<uint64_t> numel = Numel(piece.global_shape());
+      if (!numel || *numel == 0) continue;
+      const std::vector<uint64_t> shape(piece.global_shape().begin(), piece.global_shape().end());
+      for (const char* suffix : {"", "/exp_avg", "/exp_avg_sq"}) {
+        shapes.emplace(absl::StrCat(piece.parameter(), suffix), shape);
+      }
+    }
+  }
+  std::vector<PlannedTensor> out;
+  for (auto& [name, shape] : shapes) out.push_back({name, std::move(shape)});
+  return out;
+}
+
 }  // namespace shardline::checkpoint

@@ -15,10 +15,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "shardline/v1/checkpoint.pb.h"
+#include "shardline/v1/plan.pb.h"
 
 namespace shardline::checkpoint {
 
@@ -61,6 +63,20 @@ absl::Status ValidateShardReport(const shardline::v1::ReportShardRequest& report
 // naming the tensor and the first gap or overlap (global element ranges,
 // or slice and ranges).
 absl::Status CheckExactCover(const shardline::v1::SavedTensor& tensor);
+
+// One tensor a checkpoint of `plan` must hold.
+struct PlannedTensor {
+  std::string name;
+  std::vector<uint64_t> global_shape;  // elements per dimension
+};
+
+// Every tensor a checkpoint of `plan` saves (checkpoint.proto's names; the
+// trainer's Slices, worker/train/trainer.cc): for each parameter of the
+// plan's units with at least one element — once, whatever its tp split,
+// and never its tied copy — the parameter "<name>" and its AdamW moments
+// "<name>/exp_avg" and "<name>/exp_avg_sq", all of the parameter's global
+// shape. Sorted by name. A plan without units gives nothing.
+std::vector<PlannedTensor> CheckpointTensors(const shardline::v1::Plan& plan);
 
 }  // namespace shardline::checkpoint
 

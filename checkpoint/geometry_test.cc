@@ -1,6 +1,9 @@
 #include "checkpoint/geometry.h"
 
 #include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -103,4 +106,42 @@ TEST(CheckExactCoverTest, GeneralPathAcrossDifferentSlices) {
 }
 
 }  // namespace
+// The tensors a plan's checkpoint holds: each parameter once (not per tp
+// rank, never the tied copy, not when it has no element) with its two
+// AdamW moments.
+TEST(CheckpointTensorsTest, EveryParameterOnceWithItsMoments) {
+  v1::Plan plan;
+  for (int tp_rank = 0; tp_rank < 2; ++tp_rank) {
+    v1::ZeroUnit* u = plan.add_units();
+    u->set_tp_rank(tp_rank);
+    v1::ZeroPiece* w = u->add_pieces();
+    w->set_parameter("embedding.word_embeddings.weight");
+    w->add_global_shape(16);
+    w->add_global_shape(4);
+    v1::ZeroPiece* empty = u->add_pieces();
+    empty->set_parameter("empty.bias");
+    empty->add_global_shape(0);
+  }
+  v1::ZeroUnit* head = plan.add_units();
+  head->set_pp_rank(1);
+  v1::ZeroPiece* tied = head->add_pieces();
+  tied->set_parameter("head.tied");
+  tied->add_global_shape(16);
+  tied->set_tied_copy(true);
+  v1::ZeroPiece* norm = head->add_pieces();
+  norm->set_parameter("final_layernorm.weight");
+  norm->add_global_shape(4);
+  std::vector<std::string> names;
+  for (const PlannedTensor& t : CheckpointTensors(plan)) {
+    names.push_back(t.name);
+    EXPECT_EQ(t.global_shape.size(), absl::StartsWith(t.name, "embedding") ? 2u : 1u) << t.name;
+  }
+  EXPECT_THAT(names, ::testing::ElementsAre(
+                         "embedding.word_embeddings.weight",
+                         "embedding.word_embeddings.weight/exp_avg",
+                         "embedding.word_embeddings.weight/exp_avg_sq", "final_layernorm.weight",
+                         "final_layernorm.weight/exp_avg", "final_layernorm.weight/exp_avg_sq"));
+  EXPECT_TRUE(CheckpointTensors(v1::Plan()).empty());
+}
+
 }  // namespace shardline::checkpoint

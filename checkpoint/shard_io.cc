@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -18,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "checkpoint/confined_dir.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/geometry.h"
 #include "common/files.h"
@@ -281,13 +283,11 @@ absl::StatusOr<uint32_t> CrcOfRange(int fd, uint64_t offset, uint64_t bytes,
 }
 
 // Open checkpoint files of one call, by relative path; closed on destruction.
+// The directory is opened once; every file below it is opened without
+// following symlinks (checkpoint/confined_dir.h).
 class FileCache {
  public:
-  struct File {
-    int fd = -1;
-    uint64_t size = 0;
-    std::string path;  // full path, for messages
-  };
+  using File = ConfinedDir::File;
 
   FileCache(const v1::Manifest& manifest, std::string directory)
       : directory_(std::move(directory)) {
@@ -295,45 +295,41 @@ class FileCache {
       for (const v1::ShardFile& f : r.files()) recorded_size_[f.path()] = f.size_bytes();
     }
   }
-  ~FileCache() {
-    for (auto& [name, f] : files_) ::close(f.fd);
-  }
 
   // `user` names who needs it, for messages (e.g. "tensor 'w'").
   absl::StatusOr<const File*> Open(const std::string& rel, const std::string& user) {
     auto it = files_.find(rel);
     if (it != files_.end()) return &it->second;
-    File f;
-    f.path = absl::StrCat(directory_, "/", rel);
-    f.fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (f.fd < 0) {
-      const int e = errno;
-      if (e == ENOENT || e == ENOTDIR) {
-        return absl::DataLossError(
-            FileError(e, absl::StrCat("checkpoint file of ", user, " is missing:"), f.path)
-                .message());
-      }
-      return FileError(e, absl::StrCat("cannot open checkpoint file of ", user, ":"), f.path);
+    std::string symlink;
+    absl::StatusOr<File> f = absl::NotFoundError(absl::StrCat("no directory ", directory_));
+    if (!dir_.has_value()) {
+      absl::StatusOr<ConfinedDir> d = ConfinedDir::Open(directory_);
+      if (d.ok()) dir_ = *std::move(d);
+      if (!d.ok()) f = d.status();
     }
-    struct stat st;
-    if (::fstat(f.fd, &st) != 0) {
-      const int e = errno;
-      ::close(f.fd);
-      return FileError(e, "cannot stat", f.path);
+    if (dir_.has_value()) f = dir_->OpenFile(rel, &symlink);
+    if (!symlink.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint path '", rel, "' of ", user, " goes through symlink '", symlink,
+          "'; shards must be regular files inside ", directory_));
     }
-    f.size = static_cast<uint64_t>(st.st_size);
+    if (f.status().code() == absl::StatusCode::kNotFound) {
+      return absl::DataLossError(absl::StrCat("checkpoint file of ", user,
+                                              " is missing: ", f.status().message()));
+    }
+    if (!f.ok()) return f.status();
     auto rec = recorded_size_.find(rel);
-    if (rec != recorded_size_.end() && rec->second != f.size) {
-      ::close(f.fd);
-      return absl::DataLossError(absl::StrCat("checkpoint file '", f.path, "' of ", user, " is ",
-                                              f.size, " bytes; the manifest records ",
+    if (rec != recorded_size_.end() && rec->second != f->size()) {
+      return absl::DataLossError(absl::StrCat("checkpoint file '", f->path(), "' of ", user,
+                                              " is ", f->size(), " bytes; the manifest records ",
                                               rec->second));
     }
-    return &files_.emplace(rel, std::move(f)).first->second;
+    return &files_.emplace(rel, *std::move(f)).first->second;
   }
 
  private:
   const std::string directory_;
+  std::optional<ConfinedDir> dir_;
   absl::flat_hash_map<std::string, uint64_t> recorded_size_;
   std::map<std::string, File> files_;
 };
@@ -418,7 +414,7 @@ class ReadQueue {
   }
   absl::Status Flush() {
     if (file_ == nullptr || bytes_ == 0) return absl::OkStatus();
-    absl::Status s = PreadAll(file_->fd, dest_, bytes_, offset_, file_->path);
+    absl::Status s = PreadAll(file_->fd(), dest_, bytes_, offset_, file_->path());
     file_ = nullptr;
     bytes_ = 0;
     return s;
@@ -514,18 +510,20 @@ class Reader {
     const std::string user = absl::StrCat("tensor '", ix.tensor->name(), "'");
     absl::StatusOr<const FileCache::File*> file = files_.Open(p.file(), user);
     if (!file.ok()) return file.status();
-    if (p.byte_offset() > (*file)->size || p.byte_length() > (*file)->size - p.byte_offset()) {
+    if (p.byte_offset() > (*file)->size() ||
+        p.byte_length() > (*file)->size() - p.byte_offset()) {
       return absl::DataLossError(absl::StrCat(
-          "checkpoint file '", (*file)->path, "' is ", (*file)->size, " bytes but ", user,
+          "checkpoint file '", (*file)->path(), "' is ", (*file)->size(), " bytes but ", user,
           " piece ", i, " needs bytes [", p.byte_offset(), ", ", p.byte_offset() + p.byte_length(),
           "): the file is truncated"));
     }
     absl::StatusOr<uint32_t> crc =
-        CrcOfRange((*file)->fd, p.byte_offset(), p.byte_length(), (*file)->path, buffer_, nullptr);
+        CrcOfRange((*file)->fd(), p.byte_offset(), p.byte_length(), (*file)->path(), buffer_,
+                   nullptr);
     if (!crc.ok()) return crc.status();
     if (*crc != p.crc32c()) {
       return absl::DataLossError(absl::StrCat(
-          user, ": piece ", i, " in file '", (*file)->path, "' (bytes [", p.byte_offset(), ", ",
+          user, ": piece ", i, " in file '", (*file)->path(), "' (bytes [", p.byte_offset(), ", ",
           p.byte_offset() + p.byte_length(), ")) has CRC-32C ", Hex(*crc),
           " but the manifest records ", Hex(p.crc32c()), ": the checkpoint is corrupt"));
     }
@@ -789,11 +787,12 @@ VerifyReport VerifyCheckpoint(const v1::Manifest& manifest, const std::string& d
         continue;
       }
       absl::StatusOr<uint32_t> crc =
-          CrcOfRange((*file)->fd, 0, (*file)->size, (*file)->path, buffer, &report.bytes_checked);
+          CrcOfRange((*file)->fd(), 0, (*file)->size(), (*file)->path(), buffer,
+                     &report.bytes_checked);
       if (!crc.ok()) {
         problem(crc.status());
       } else if (*crc != f.crc32c()) {
-        problem(absl::DataLossError(absl::StrCat("checkpoint file '", (*file)->path,
+        problem(absl::DataLossError(absl::StrCat("checkpoint file '", (*file)->path(),
                                                  "' has CRC-32C ", Hex(*crc),
                                                  " but the manifest records ", Hex(f.crc32c()))));
       }
@@ -846,20 +845,21 @@ VerifyReport VerifyCheckpoint(const v1::Manifest& manifest, const std::string& d
         problem(file.status());
         continue;
       }
-      if (p.byte_offset() > (*file)->size || p.byte_length() > (*file)->size - p.byte_offset()) {
+      if (p.byte_offset() > (*file)->size() ||
+          p.byte_length() > (*file)->size() - p.byte_offset()) {
         problem(absl::DataLossError(absl::StrCat(
-            "checkpoint file '", (*file)->path, "' is ", (*file)->size, " bytes but ", user,
+            "checkpoint file '", (*file)->path(), "' is ", (*file)->size(), " bytes but ", user,
             " piece ", i, " needs bytes [", p.byte_offset(), ", ",
             p.byte_offset() + p.byte_length(), ")")));
         continue;
       }
-      absl::StatusOr<uint32_t> crc = CrcOfRange((*file)->fd, p.byte_offset(), p.byte_length(),
-                                                (*file)->path, buffer, &report.bytes_checked);
+      absl::StatusOr<uint32_t> crc = CrcOfRange((*file)->fd(), p.byte_offset(), p.byte_length(),
+                                                (*file)->path(), buffer, &report.bytes_checked);
       if (!crc.ok()) {
         problem(crc.status());
       } else if (*crc != p.crc32c()) {
         problem(absl::DataLossError(absl::StrCat(
-            user, ": piece ", i, " in file '", (*file)->path, "' has CRC-32C ", Hex(*crc),
+            user, ": piece ", i, " in file '", (*file)->path(), "' has CRC-32C ", Hex(*crc),
             " but the manifest records ", Hex(p.crc32c()))));
       }
     }

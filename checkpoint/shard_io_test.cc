@@ -452,6 +452,53 @@ TEST(CorruptionTest, MissingFileIsDataLoss) {
   EXPECT_EQ(vr.first_problem.code(), absl::StatusCode::kDataLoss);
 }
 
+// Issue 14, defect 5: `shardctl checkpoint verify` did not flag a shard
+// reached through a symlink (sub -> elsewhere, or the file itself a link);
+// the reader followed it. Both now refuse it and name the link.
+TEST(CorruptionTest, ShardThroughASymlinkIsFlagged) {
+  Saved s = SaveTwo("symlinked");
+  const std::string elsewhere = NewDir("symlinked-elsewhere");
+  ASSERT_EQ(::mkdir(elsewhere.c_str(), 0755), 0);
+  ASSERT_EQ(::rename((s.dir + "/rank-00001.bin").c_str(), (elsewhere + "/rank-00001.bin").c_str()),
+            0);
+  // The same bytes, reachable as sub/rank-00001.bin through sub -> elsewhere.
+  ASSERT_EQ(::symlink(elsewhere.c_str(), (s.dir + "/sub").c_str()), 0);
+  for (v1::RankRecord& r : *s.manifest.mutable_ranks()) {
+    for (v1::ShardFile& f : *r.mutable_files()) {
+      if (f.path() == "rank-00001.bin") f.set_path("sub/rank-00001.bin");
+    }
+  }
+  for (v1::SavedTensor& t : *s.manifest.mutable_tensors()) {
+    for (v1::SavedPiece& p : *t.mutable_pieces()) {
+      if (p.file() == "rank-00001.bin") p.set_file("sub/rank-00001.bin");
+    }
+  }
+  VerifyReport vr = VerifyCheckpoint(s.manifest, s.dir);
+  EXPECT_FALSE(vr.ok());
+  EXPECT_EQ(vr.first_problem.code(), absl::StatusCode::kFailedPrecondition) << vr.first_problem;
+  EXPECT_THAT(vr.first_problem.message(),
+              HasSubstr("checkpoint path 'sub/rank-00001.bin' of rank 1 goes through symlink "
+                        "'sub'; shards must be regular files inside " + s.dir));
+  absl::Status st = ReadWhole(s, "w", 57);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_THAT(st.message(), HasSubstr("goes through symlink 'sub'"));
+  // The shard file itself a symlink.
+  ASSERT_EQ(::symlink((elsewhere + "/rank-00001.bin").c_str(), (s.dir + "/link.bin").c_str()), 0);
+  for (v1::RankRecord& r : *s.manifest.mutable_ranks()) {
+    for (v1::ShardFile& f : *r.mutable_files()) {
+      if (f.path() == "sub/rank-00001.bin") f.set_path("link.bin");
+    }
+  }
+  for (v1::SavedTensor& t : *s.manifest.mutable_tensors()) {
+    for (v1::SavedPiece& p : *t.mutable_pieces()) {
+      if (p.file() == "sub/rank-00001.bin") p.set_file("link.bin");
+    }
+  }
+  vr = VerifyCheckpoint(s.manifest, s.dir);
+  EXPECT_EQ(vr.first_problem.code(), absl::StatusCode::kFailedPrecondition) << vr.first_problem;
+  EXPECT_THAT(vr.first_problem.message(), HasSubstr("goes through symlink 'link.bin'"));
+}
+
 TEST(CorruptionTest, MissingTensorIsNotFound) {
   const Saved s = SaveTwo("missing-tensor");
   const absl::Status st = ReadWhole(s, "nope", 4);

@@ -17,11 +17,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "checkpoint/checkpoint_files.h"
+#include "checkpoint/geometry.h"
 #include "server/checkpoint_registry.h"
 #include "common/clock.h"
 #include "server/coordinator.h"
 #include "server/rpc/coordinator_server.h"
 #include "testing/grpc_test_util.h"
+#include "testing/plan_checkpoint.h"
 #include "server/rendezvous.h"
 #include "server/state_store.h"
 
@@ -37,9 +39,6 @@ using testing::MakeChannel;
 using testing::Prepare;
 using testing::SimWorker;
 using testing::SmallSpec;
-
-// Elements of the one saved tensor "w" (fp32), split evenly over the ranks.
-constexpr uint64_t kElements = 120;
 
 std::string Fresh(const std::string& name) {
   std::string dir = fs::path(::testing::TempDir() + "/" + name).lexically_normal().string();
@@ -106,6 +105,7 @@ class CheckpointE2eTest : public ::testing::Test {
       rank_[got[i]->rank()] = workers[i];
     }
     for (SimWorker* w : rank_) ASSERT_NE(w, nullptr);
+    plan_ = Plan();
   }
 
   grpc::Status Begin(int rank, uint64_t step, v1::BeginCheckpointResponse* out) {
@@ -131,36 +131,36 @@ class CheckpointE2eTest : public ::testing::Test {
   }
 
   static std::string FileOf(int rank) { return absl::StrFormat("rank-%05d.bin", rank); }
-  uint64_t Per() const { return kElements / world_; }
 
-  // Writes rank `rank`'s shard file (its Per() fp32 elements of "w").
-  void WriteShard(const std::string& directory, int rank) {
-    fs::create_directories(directory);
-    std::ofstream(directory + "/" + FileOf(rank), std::ios::binary)
-        << std::string(Per() * 4, static_cast<char>('a' + rank));
+  // The job's current plan (GetPlan).
+  v1::Plan Plan() {
+    v1::GetPlanRequest req;
+    req.set_job_id(job_);
+    v1::Plan plan;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    grpc::Status s = jobs_->GetPlan(&ctx, req, &plan);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return plan;
   }
 
+  // Writes rank `rank`'s shard file: its share of every tensor of plan_
+  // (fixtures::WritePlanShard, values rank + 1); returns what it reports.
+  v1::ReportShardRequest WriteShard(const std::string& directory, int rank) {
+    absl::StatusOr<v1::ReportShardRequest> r =
+        fixtures::WritePlanShard(plan_, directory, rank, world_, static_cast<float>(rank + 1));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : v1::ReportShardRequest();
+  }
+
+  // Rank `rank`'s report of the share WriteShard writes (computed in a
+  // scratch directory, so it can be reported without the real file).
   grpc::Status Report(int rank, const std::string& id, v1::ReportShardResponse* out,
                       SimWorker* as = nullptr) {
-    v1::ReportShardRequest req;
+    v1::ReportShardRequest req = WriteShard(absl::StrCat(root_, "-scratch/", id), rank);
     *req.mutable_fence() = (as != nullptr ? as : rank_[rank])->fence();
     req.set_checkpoint_id(id);
     req.set_data_cursor(999);
-    v1::ShardFile* f = req.add_files();
-    f->set_path(FileOf(rank));
-    f->set_size_bytes(Per() * 4);
-    f->set_crc32c(0x100u + rank);
-    v1::SavedTensor* t = req.add_tensors();
-    t->set_name("w");
-    t->set_dtype(v1::DTYPE_FLOAT32);
-    t->add_global_shape(kElements);
-    v1::SavedPiece* p = t->add_pieces();
-    p->mutable_slice()->add_dims()->set_length(kElements);
-    p->mutable_range()->set_begin(Per() * rank);
-    p->mutable_range()->set_end(Per() * (rank + 1));
-    p->set_file(FileOf(rank));
-    p->set_byte_length(Per() * 4);
-    p->set_crc32c(0x200u + rank);
     grpc::ClientContext ctx;
     Prepare(&ctx, "");
     return checkpoints_->ReportShard(&ctx, req, out);
@@ -234,6 +234,7 @@ class CheckpointE2eTest : public ::testing::Test {
   std::unique_ptr<v1::CheckpointService::Stub> checkpoints_;
   std::vector<std::unique_ptr<SimWorker>> owned_;
   std::vector<SimWorker*> rank_;  // index = rank in the current generation
+  v1::Plan plan_;                 // of the last generation formed
 };
 
 TEST_F(CheckpointE2eTest, CommitWritesManifestJsonThenLatest) {
@@ -248,8 +249,9 @@ TEST_F(CheckpointE2eTest, CommitWritesManifestJsonThenLatest) {
   EXPECT_EQ(file->data_cursor(), 999u);
   ASSERT_EQ(file->ranks_size(), 2);
   EXPECT_EQ(file->ranks(1).files(0).path(), FileOf(1));
-  ASSERT_EQ(file->tensors_size(), 1);
-  EXPECT_EQ(file->tensors(0).pieces_size(), 2);
+  // Every tensor of the plan, one piece from each rank.
+  ASSERT_EQ(file->tensors_size(), static_cast<int>(checkpoint::CheckpointTensors(plan_).size()));
+  for (const v1::SavedTensor& t : file->tensors()) EXPECT_EQ(t.pieces_size(), 2) << t.name();
   // LATEST moves with the next commit.
   const v1::CheckpointSummary d = Save(20);
   ASSERT_EQ(d.state(), v1::CHECKPOINT_STATE_COMMITTED) << d.abort_reason();

@@ -1,10 +1,9 @@
 #include "server/checkpoint_flow.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <utility>
 
@@ -12,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "checkpoint/checkpoint_files.h"
+#include "checkpoint/geometry.h"
 #include "common/log.h"
 #include "common/text.h"
 #include "server/all_jobs.h"
@@ -73,12 +73,14 @@ void CheckpointFlow::RecoverCheckpointFiles() {
   for (const v1::Job& job : AllJobs(*coordinator_)) {
     const std::string root = JobCheckpointRoot(job);
     if (root.empty()) continue;
+    std::set<std::string> known;  // every checkpoint the registry has a record of
     std::string token;
     for (int pages = 0; pages < 1000; ++pages) {
       absl::StatusOr<v1::ListCheckpointsResponse> page =
           registry_->List(job.job_id(), /*include_aborted=*/true, 1000, token);
       if (!page.ok()) break;
       for (const v1::CheckpointSummary& c : page->checkpoints()) {
+        known.insert(c.checkpoint_id());
         if (c.state() == v1::CHECKPOINT_STATE_ABORTED) {
           RemoveAbortedDirectory(job.job_id(), root, c.checkpoint_id(), c.directory());
         }
@@ -86,7 +88,34 @@ void CheckpointFlow::RecoverCheckpointFiles() {
       token = page->next_page_token();
       if (token.empty()) break;
     }
+    RemoveLeftovers(job.job_id(), root, known);
     RepairLatestFiles(job.job_id());
+  }
+}
+
+void CheckpointFlow::RemoveLeftovers(const std::string& job_id, const std::string& root,
+                                     const std::set<std::string>& known) {
+  // The orphan rule (see the file comment): a checkpoint id the registry
+  // has no record of, older than its newest usable committed checkpoint.
+  const std::optional<v1::CheckpointRef> latest = registry_->Latest(job_id);
+  std::optional<std::pair<uint64_t, uint64_t>> newest;
+  if (latest) newest = CheckpointRegistry::ParseCheckpointId(latest->checkpoint_id());
+  auto is_orphan = [&](const std::string& name) {
+    const std::optional<std::pair<uint64_t, uint64_t>> id =
+        CheckpointRegistry::ParseCheckpointId(name);
+    return id && newest && known.count(name) == 0 && *id < *newest;
+  };
+  absl::MutexLock lock(&files_mu_);
+  absl::StatusOr<std::vector<std::string>> removed =
+      checkpoint::CleanUpCheckpointRoot(root, is_orphan);
+  if (!removed.ok()) {
+    LogLine(absl::StrCat("checkpoint leftovers not removed job=", job_id, " root=", root,
+                         " status=\"", removed.status().ToString(), "\""));
+    return;
+  }
+  for (const std::string& name : *removed) {
+    LogLine(absl::StrCat("checkpoint leftover removed job=", job_id, " path=", root, "/", name,
+                         " (left by an interrupted coordinator)"));
   }
 }
 
@@ -143,7 +172,19 @@ absl::StatusOr<v1::BeginCheckpointResponse> CheckpointFlow::Begin(const FencedWo
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", caller.job_id, "' has no checkpoint directory (spec.checkpoint.directory)"));
   }
+  // A commit needs exactly the tensors of this generation's plan, each
+  // covered exactly once (CheckpointRegistry's commit checks).
+  absl::StatusOr<v1::Plan> plan = coordinator_->GetPlan(caller.job_id);
+  if (!plan.ok()) return plan.status();
+  if (plan->generation() != caller.generation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", caller.job_id, "' runs the plan of generation ", plan->generation(),
+        ", not the caller's generation ", caller.generation));
+  }
   CheckpointBeginParams params;
+  for (const checkpoint::PlannedTensor& t : checkpoint::CheckpointTensors(*plan)) {
+    params.expected_tensors.push_back(t.name);
+  }
   params.job_id = caller.job_id;
   params.generation = caller.generation;
   params.world_size = static_cast<uint32_t>(caller.world_size);
@@ -250,10 +291,11 @@ absl::StatusOr<v1::ReportErrorResponse> CheckpointFlow::ReportError(
     const v1::ReportErrorRequest& request) {
   const v1::Fence& fence = request.fence();
   const std::string& job_id = fence.worker().job_id();
-  // A DataLoss may be a corrupt restore point: the coordinator then falls
-  // back to an older committed checkpoint and marks the corrupt one in the
-  // registry (Coordinator::ReportError).
-  const bool data_loss = request.code() == static_cast<int>(absl::StatusCode::kDataLoss);
+  // A DataLoss (or another code that can say a checkpoint is unusable,
+  // UnusableCheckpointCode) may be an unusable restore point: the
+  // coordinator then falls back to an older committed checkpoint and marks
+  // that one in the registry (Coordinator::ReportError).
+  const bool data_loss = UnusableCheckpointCode(static_cast<absl::StatusCode>(request.code()));
   std::vector<v1::CheckpointRef> committed;
   if (data_loss) committed = CommittedCheckpoints(job_id);
   std::vector<GenerationEnded> ended;
@@ -334,18 +376,17 @@ void CheckpointFlow::RepairLatestFiles(const std::string& job_id) {
   if (!latest) {
     if (!on_disk.ok()) return;
     absl::MutexLock lock(&files_mu_);
-    std::error_code ec;
-    std::filesystem::remove(std::filesystem::path(root) / std::string(checkpoint::kLatestFileName),
-                            ec);
+    const absl::Status removed = checkpoint::RemoveLatestFile(root);
     LogLine(absl::StrCat("checkpoint LATEST removed job=", job_id, " (it named ", *on_disk,
                      "; no committed checkpoint is usable)",
-                     ec ? absl::StrCat(" status=\"", ec.message(), "\"") : std::string()));
+                     removed.ok() ? std::string()
+                                  : absl::StrCat(" status=\"", removed.ToString(), "\"")));
     return;
   }
   absl::StatusOr<v1::Manifest> manifest = registry_->GetManifest(job_id, latest->checkpoint_id());
   if (!manifest.ok()) return;
   const bool latest_right = on_disk.ok() && *on_disk == latest->checkpoint_id();
-  if (latest_right && checkpoint::ReadManifestFile(manifest->directory()).ok()) return;
+  if (latest_right && checkpoint::ReadManifestFile(root, manifest->directory()).ok()) return;
   LogLine(latest_right
           ? absl::StrCat("checkpoint files repaired job=", job_id, " checkpoint=",
                          latest->checkpoint_id(), " (manifest.json was missing)")
@@ -395,8 +436,9 @@ void CheckpointFlow::RemoveAbortedDirectory(const std::string& job_id, const std
                                             const std::string& directory) {
   if (root.empty() || directory.empty()) return;
   absl::MutexLock lock(&files_mu_);
-  if (::access(directory.c_str(), F_OK) != 0) return;  // nothing written, or already gone
-  absl::Status removed = checkpoint::RemoveCheckpointDirectory(root, directory);
+  bool existed = false;
+  absl::Status removed = checkpoint::RemoveCheckpointDirectory(root, directory, &existed);
+  if (removed.ok() && !existed) return;  // nothing written, or already gone
   LogLine(absl::StrCat("checkpoint directory of aborted checkpoint job=", job_id,
                    " checkpoint=", checkpoint_id, " directory=", directory,
                    removed.ok() ? std::string(" (deleted)")

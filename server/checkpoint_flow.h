@@ -34,9 +34,30 @@
 //     directories of every ABORTED checkpoint are deleted (so a save that
 //     was PENDING when the previous coordinator died leaves nothing) and
 //     manifest.json / LATEST of each job's newest usable committed
-//     checkpoint are rewritten when missing or behind. Nothing outside the
-//     root is ever deleted (RemoveCheckpointDirectory refuses it). Two jobs
-//     never share a root (it ends in the job id).
+//     checkpoint are rewritten when missing or behind. Two jobs never share
+//     a root (it ends in the job id).
+//   * Confinement: every read, write, rename and delete below
+//     spec.checkpoint.directory — the job root, LATEST, manifest.json, the
+//     checkpoint directories and the shard files the commit checks — is
+//     resolved without following symlinks (checkpoint/checkpoint_files.h,
+//     checkpoint/confined_dir.h): workers can write there, so a link one of
+//     them plants (<dir>/<job> -> /victim, sub -> /etc) is refused and named
+//     (a commit through it aborts), never followed.
+//   * Retention is crash-safe: the commit batch forgets the expired
+//     checkpoints in the store, then each directory is renamed to the
+//     tombstone <root>/.deleting-<id> and deleted. A crash in between leaves
+//     a directory the registry no longer knows, or a tombstone; the next
+//     start removes, before serving (RemoveLeftovers): every tombstone,
+//     every stray temp file of an atomic write (.LATEST.tmp-*,
+//     <id>/.manifest.json.tmp-*: nothing writes while it runs), and every
+//     orphan: a directory named like a checkpoint id (CheckpointRegistry::
+//     ParseCheckpointId) that the registry has NO record of (in any state)
+//     and whose (step, generation) is below the job's newest usable
+//     committed checkpoint (Latest). That rule never deletes a checkpoint
+//     the registry knows, nor one being written: every save has a durable
+//     PENDING record before any rank learns its directory, and a new save's
+//     step is always above Latest's (CheckpointRegistry::Begin). With no
+//     usable committed checkpoint nothing is deleted as an orphan.
 //   * A checkpoint a restore found corrupt (ReportError with DATA_LOSS
 //     naming the restore point) is marked unusable in the registry by the
 //     Coordinator's fallback (server/unusable_marks.h; the registry is the
@@ -61,6 +82,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -105,8 +127,10 @@ class CheckpointFlow {
   //   NotFound: the job is gone.
   //   InvalidArgument: step is beyond spec.training.train_steps.
   //   FailedPrecondition: the caller holds no rank in this generation; the
-  //     job is not RUNNING; the job has no spec.checkpoint.directory.
-  //   then CheckpointRegistry::Begin's.
+  //     job is not RUNNING; the job has no spec.checkpoint.directory; the
+  //     job's plan is not of the caller's generation.
+  //   then CheckpointRegistry::Begin's, with expected_tensors the plan's
+  //   (checkpoint::CheckpointTensors): the commit needs exactly those.
   absl::StatusOr<v1::BeginCheckpointResponse> Begin(const FencedWorker& caller, uint64_t step);
 
   // CheckpointService.ReportShard for `caller`: records the report (the
@@ -197,6 +221,11 @@ class CheckpointFlow {
   // Tells the Coordinator of a commit (the new restore point; it may grow
   // the job or finish a drain: the generations that ends are passed on).
   void NoteCommitted(const std::string& job_id, const v1::CheckpointSummary& summary);
+  // At start: CleanUpCheckpointRoot of `root` with the orphan rule of the
+  // file comment; `known`: every checkpoint id the registry has a record
+  // of. Logs what it removed.
+  void RemoveLeftovers(const std::string& job_id, const std::string& root,
+                       const std::set<std::string>& known);
   // Deletes the directory of an ABORTED checkpoint under `root` (nothing
   // when `root` or `directory` is empty or it does not exist).
   void RemoveAbortedDirectory(const std::string& job_id, const std::string& root,

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,11 +17,13 @@
 #include "google/protobuf/util/time_util.h"
 #include "gtest/gtest.h"
 #include "checkpoint/checkpoint_files.h"
+#include "checkpoint/geometry.h"
 #include "common/clock.h"
 #include "server/checkpoint_registry.h"
 #include "server/coordinator.h"
 #include "server/state_store.h"
 #include "testing/job_specs.h"
+#include "testing/plan_checkpoint.h"
 
 namespace shardline::server {
 namespace {
@@ -119,43 +122,32 @@ class CheckpointFlowTest : public ::testing::Test {
     return fw.ok() ? *fw : FencedWorker{};
   }
 
-  // Begins the checkpoint of `step`; the rank writes its shard file unless
-  // `write_shard` is false. Returns the begin answer.
+  // Begins the checkpoint of `step`; the rank writes its shard file (every
+  // tensor of the plan, fixtures::WritePlanShard) unless `write_shard` is
+  // false. Returns the begin answer.
   v1::BeginCheckpointResponse Begin(uint64_t step, bool write_shard = true) {
     absl::StatusOr<v1::BeginCheckpointResponse> begun = flow_->Begin(Caller(), step);
     EXPECT_TRUE(begun.ok()) << begun.status();
     if (!begun.ok()) return {};
-    if (write_shard) {
-      fs::create_directories(begun->directory());
-      Touch(begun->directory() + "/rank-00000.bin", std::string(16, 'w'));
-    }
+    // Without the shard on disk the report is what it would have been.
+    const std::string into = write_shard ? begun->directory() : dir_ + "-unwritten";
+    absl::StatusOr<v1::Plan> plan = coordinator_->GetPlan(kJob);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    absl::StatusOr<v1::ReportShardRequest> shard =
+        fixtures::WritePlanShard(*plan, into, /*rank=*/0, /*world=*/1);
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    if (shard.ok()) shards_[begun->checkpoint_id()] = *shard;
     return *begun;
   }
 
-  // The one rank's report of tensor "w" [4] (fp32) in rank-00000.bin.
-  absl::StatusOr<v1::CheckpointSummary> Report(const std::string& checkpoint_id) {
-    v1::ReportShardRequest r;
+  // The one rank's report of the plan's tensors (files and tensors as
+  // Begin wrote them, or `content` when given).
+  absl::StatusOr<v1::CheckpointSummary> Report(const std::string& checkpoint_id,
+                                               const v1::ReportShardRequest* content = nullptr) {
+    v1::ReportShardRequest r = content != nullptr ? *content : shards_[checkpoint_id];
     *r.mutable_fence() = Fence();
     r.set_checkpoint_id(checkpoint_id);
     r.set_data_cursor(120);
-    v1::ShardFile* f = r.add_files();
-    f->set_path("rank-00000.bin");
-    f->set_size_bytes(16);
-    f->set_crc32c(1);
-    v1::SavedTensor* t = r.add_tensors();
-    t->set_name("w");
-    t->set_dtype(v1::DTYPE_FLOAT32);
-    t->add_global_shape(4);
-    v1::SavedPiece* p = t->add_pieces();
-    v1::DimSlice* d = p->mutable_slice()->add_dims();
-    d->set_offset(0);
-    d->set_length(4);
-    p->mutable_range()->set_begin(0);
-    p->mutable_range()->set_end(4);
-    p->set_file("rank-00000.bin");
-    p->set_byte_offset(0);
-    p->set_byte_length(16);
-    p->set_crc32c(2);
     return flow_->ReportShard(Caller(), r);
   }
 
@@ -167,6 +159,19 @@ class CheckpointFlowTest : public ::testing::Test {
     EXPECT_EQ(s.ok() ? s->state() : v1::CHECKPOINT_STATE_UNSPECIFIED,
               v1::CHECKPOINT_STATE_COMMITTED);
     return begun.checkpoint_id();
+  }
+
+  // Worker "a" joins again after its generation ended; the next one forms.
+  void Rejoin() {
+    v1::JoinJobRequest join;
+    join.mutable_worker()->set_job_id(kJob);
+    join.mutable_worker()->set_worker_id("a");
+    join.mutable_worker()->set_incarnation(7);
+    join.set_host("host-a");
+    join.set_device("cpu");
+    absl::StatusOr<v1::JoinJobResponse> joined = coordinator_->JoinJob(join);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
   }
 
   std::string Latest() const {
@@ -187,6 +192,7 @@ class CheckpointFlowTest : public ::testing::Test {
   std::unique_ptr<CheckpointRegistry> registry_;
   std::unique_ptr<CheckpointFlow> flow_;
   std::vector<GenerationEnded> ended_;
+  std::map<std::string, v1::ReportShardRequest> shards_;  // by checkpoint id, from Begin
 };
 
 TEST_F(CheckpointFlowTest, CreateJobMakesTheDirectoryAndABadSpecMakesNothing) {
@@ -386,6 +392,169 @@ TEST_F(CheckpointFlowTest, DataLossOfTheOnlyCheckpointRemovesLatest) {
   EXPECT_FALSE(Job().has_last_checkpoint());
   EXPECT_EQ(checkpoint::ReadLatestFile(root_).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(registry_->UnusableReason(kJob, s5).has_value());
+}
+
+
+// Issue 14, defect 6: rank 0 reporting no files and no tensors got the
+// checkpoint COMMITTED and LATEST (the adapter never set expected_tensors),
+// and its restore then failed the job.
+TEST_F(CheckpointFlowTest, AnEmptyReportIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(CreateAndForm(Spec(/*keep_last=*/0)));
+  const v1::BeginCheckpointResponse begun = Begin(5, /*write_shard=*/false);
+  const v1::ReportShardRequest empty;
+  absl::StatusOr<v1::CheckpointSummary> s = Report(begun.checkpoint_id(), &empty);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->state(), v1::CHECKPOINT_STATE_ABORTED);
+  EXPECT_THAT(s->abort_reason(), HasSubstr("DATA_LOSS"));
+  EXPECT_THAT(s->abort_reason(), HasSubstr("no rank saved any tensor"));
+  EXPECT_FALSE(registry_->Latest(kJob).has_value());
+  EXPECT_FALSE(Job().has_last_checkpoint());
+  EXPECT_EQ(checkpoint::ReadLatestFile(root_).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A commit needs every tensor of the plan, covered exactly, and nothing
+// else.
+TEST_F(CheckpointFlowTest, APartialOrForeignCoverIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(CreateAndForm(Spec(/*keep_last=*/0)));
+  absl::StatusOr<v1::Plan> plan = coordinator_->GetPlan(kJob);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(checkpoint::CheckpointTensors(*plan).size(), 3u);
+
+  // Half of every tensor (what rank 0 of two would write).
+  v1::BeginCheckpointResponse begun = Begin(5, /*write_shard=*/false);
+  absl::StatusOr<v1::ReportShardRequest> half =
+      fixtures::WritePlanShard(*plan, begun.directory(), 0, /*world=*/2);
+  ASSERT_TRUE(half.ok()) << half.status();
+  absl::StatusOr<v1::CheckpointSummary> s = Report(begun.checkpoint_id(), &*half);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->state(), v1::CHECKPOINT_STATE_ABORTED);
+  EXPECT_THAT(s->abort_reason(), HasSubstr("are in no piece"));
+
+  // One tensor of the plan missing.
+  begun = Begin(6);
+  v1::ReportShardRequest missing = shards_[begun.checkpoint_id()];
+  const std::string dropped = missing.tensors(0).name();
+  missing.mutable_tensors()->erase(missing.mutable_tensors()->begin());
+  s = Report(begun.checkpoint_id(), &missing);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->state(), v1::CHECKPOINT_STATE_ABORTED);
+  EXPECT_THAT(s->abort_reason(), HasSubstr("\"" + dropped + "\" was saved by no rank"));
+
+  // A tensor the plan does not have (here: a renamed one).
+  begun = Begin(7);
+  v1::ReportShardRequest foreign = shards_[begun.checkpoint_id()];
+  foreign.mutable_tensors(0)->set_name("w");
+  s = Report(begun.checkpoint_id(), &foreign);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->state(), v1::CHECKPOINT_STATE_ABORTED);
+  EXPECT_FALSE(registry_->Latest(kJob).has_value());
+
+  // The whole plan commits.
+  EXPECT_FALSE(Save(8).empty());
+  EXPECT_TRUE(registry_->Latest(kJob).has_value());
+}
+
+// A restore that finds its checkpoint unusable for another reason than a
+// checksum (here NOT_FOUND: a tensor missing from its manifest) falls back
+// as for DATA_LOSS instead of counting as the worker's error (three such
+// generations failed the job).
+TEST_F(CheckpointFlowTest, AnUnusableRestorePointFallsBackWhateverTheCode) {
+  ASSERT_NO_FATAL_FAILURE(CreateAndForm(Spec(/*keep_last=*/0)));
+  const std::string s5 = Save(5);
+  const std::string s10 = Save(10);
+  // A save error that names the restore point is not a restore failure.
+  v1::ReportErrorRequest save;
+  *save.mutable_fence() = Fence();
+  save.set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  save.set_message(absl::StrCat("BeginCheckpoint: step=10 is not above ", s10));
+  ASSERT_TRUE(flow_->ReportError(save).ok());
+  EXPECT_EQ(Job().last_checkpoint().checkpoint_id(), s10);
+  EXPECT_FALSE(registry_->UnusableReason(kJob, s10).has_value());
+  ASSERT_NO_FATAL_FAILURE(Rejoin());
+
+  v1::ReportErrorRequest report;
+  *report.mutable_fence() = Fence();
+  report.set_code(static_cast<int>(absl::StatusCode::kNotFound));
+  report.set_operation("train");
+  report.set_message(
+      absl::StrCat("restoring ", s10, ": no tensor \"embedding.word_embeddings.weight\""));
+  absl::StatusOr<v1::ReportErrorResponse> r = flow_->ReportError(report);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Job().last_checkpoint().checkpoint_id(), s5);
+  EXPECT_THAT(registry_->UnusableReason(kJob, s10).value_or(""), HasSubstr("no tensor"));
+  EXPECT_EQ(Latest(), s5);
+  EXPECT_NE(Job().phase(), v1::JOB_PHASE_FAILED);
+  ASSERT_NO_FATAL_FAILURE(Rejoin());
+  // A transient failure (UNAVAILABLE) of the restore of s5 keeps it.
+  report.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  *report.mutable_fence() = Fence();
+  report.set_message(absl::StrCat("restoring ", s5, ": coordinator unreachable"));
+  ASSERT_TRUE(flow_->ReportError(report).ok());
+  EXPECT_EQ(Job().last_checkpoint().checkpoint_id(), s5);
+  EXPECT_FALSE(registry_->UnusableReason(kJob, s5).has_value());
+}
+
+// Issue 14, defect 5: with <dir>/<job> -> /victim the coordinator overwrote
+// /victim/LATEST and wrote /victim/ckpt-*/manifest.json.
+TEST_F(CheckpointFlowTest, ASymlinkedJobRootGetsNoCoordinatorWrite) {
+  ASSERT_NO_FATAL_FAILURE(CreateAndForm(Spec(/*keep_last=*/0)));
+  const std::string victim = dir_ + "-victim";
+  fs::create_directories(victim);
+  Touch(victim + "/LATEST", "precious\n");
+  fs::remove_all(root_);
+  fs::create_symlink(victim, root_);
+  const v1::BeginCheckpointResponse begun = Begin(5);  // the rank writes through the link
+  absl::StatusOr<v1::CheckpointSummary> s = Report(begun.checkpoint_id());
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::ifstream in(victim + "/LATEST");
+  std::string latest;
+  std::getline(in, latest);
+  EXPECT_EQ(latest, "precious");
+  EXPECT_FALSE(fs::exists(victim + "/" + begun.checkpoint_id() + "/manifest.json"));
+  // And at start nothing there is touched either.
+  Restart();
+  flow_->RecoverCheckpointFiles();
+  EXPECT_TRUE(fs::exists(victim + "/" + begun.checkpoint_id() + "/rank-00000.bin"));
+  EXPECT_TRUE(fs::exists(victim + "/LATEST"));
+}
+
+// Issue 14, defect 9: a commit forgets expired checkpoints in the store and
+// then deletes their directories; a crash in between (or during a LATEST
+// write, or part way through a deletion) left an expired ckpt-* directory
+// with a valid-looking manifest unknown to the registry, a tombstone or a
+// .LATEST.tmp-* file. The next start removes them and keeps every
+// checkpoint the registry knows and any newer directory.
+TEST_F(CheckpointFlowTest, StartRemovesWhatACrashDuringRetentionLeft) {
+  ASSERT_NO_FATAL_FAILURE(CreateAndForm(Spec(/*keep_last=*/1)));
+  const std::string s5 = Save(5);
+  const std::string s10 = Save(10);
+  ASSERT_FALSE(fs::exists(root_ + "/" + s5));
+  // The crash states: s5's directory still whole (the store forgot it; the
+  // coordinator died before deleting), a tombstone of a deletion cut short,
+  // a LATEST temp file, a manifest.json temp file.
+  fs::copy(root_ + "/" + s10, root_ + "/" + s5, fs::copy_options::recursive);
+  const std::string s3 = CheckpointRegistry::CheckpointId(1, 3);
+  fs::copy(root_ + "/" + s10, root_ + "/.deleting-" + s3, fs::copy_options::recursive);
+  Touch(root_ + "/.LATEST.tmp-4242-0", s5);
+  Touch(root_ + "/" + s10 + "/.manifest.json.tmp-4242-1", "{");
+  // Kept: a newer directory the registry does not know (never deleted: a
+  // save is always above the newest), and what is not named like a
+  // checkpoint.
+  const std::string s50 = CheckpointRegistry::CheckpointId(1, 50);
+  fs::create_directories(root_ + "/" + s50);
+  fs::create_directories(root_ + "/notes");
+
+  Restart();
+  flow_->RecoverCheckpointFiles();
+  EXPECT_FALSE(fs::exists(root_ + "/" + s5));
+  EXPECT_FALSE(fs::exists(root_ + "/.deleting-" + s3));
+  EXPECT_FALSE(fs::exists(root_ + "/.LATEST.tmp-4242-0"));
+  EXPECT_FALSE(fs::exists(root_ + "/" + s10 + "/.manifest.json.tmp-4242-1"));
+  EXPECT_TRUE(fs::exists(root_ + "/" + s10 + "/rank-00000.bin"));
+  EXPECT_EQ(ManifestIdOnDisk(s10), s10);
+  EXPECT_EQ(Latest(), s10);
+  EXPECT_TRUE(fs::exists(root_ + "/" + s50));
+  EXPECT_TRUE(fs::exists(root_ + "/notes"));
 }
 
 }  // namespace

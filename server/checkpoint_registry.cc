@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "checkpoint/geometry.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -54,6 +55,19 @@ v1::ReportShardRequest Normalized(const v1::ReportShardRequest& r, uint32_t rank
 
 std::string CheckpointRegistry::CheckpointId(uint64_t generation, uint64_t step) {
   return absl::StrFormat("ckpt-step%012d-gen%d", step, generation);
+}
+
+std::optional<std::pair<uint64_t, uint64_t>> CheckpointRegistry::ParseCheckpointId(
+    absl::string_view id) {
+  uint64_t step = 0, generation = 0;
+  if (!absl::ConsumePrefix(&id, "ckpt-step")) return std::nullopt;
+  const size_t dash = id.find("-gen");
+  if (dash != 12 || !absl::SimpleAtoi(id.substr(0, dash), &step) ||
+      !absl::SimpleAtoi(id.substr(dash + 4), &generation) ||
+      CheckpointId(generation, step) != absl::StrCat("ckpt-step", id)) {
+    return std::nullopt;
+  }
+  return std::make_pair(step, generation);
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Create(
@@ -503,13 +517,28 @@ absl::Status CheckpointRegistry::CommitLocked(const std::string& job_id, const s
   const std::string previous_latest = job.latest_id;
   mu_.Unlock();
 
+  // Exactly the expected tensors, each covered exactly once; never none.
   absl::Status status;
+  if (manifest->tensors_size() == 0) {
+    status = absl::DataLossError(
+        "no rank saved any tensor; a checkpoint must hold every tensor of the job's plan");
+  }
   for (const std::string& name : expected) {
+    if (!status.ok()) break;
     const bool found = std::any_of(manifest->tensors().begin(), manifest->tensors().end(),
                                    [&](const v1::SavedTensor& t) { return t.name() == name; });
     if (!found) {
       status = absl::DataLossError(absl::StrFormat("tensor \"%s\" was saved by no rank", name));
-      break;
+    }
+  }
+  if (status.ok() && !expected.empty()) {
+    const std::set<std::string> planned(expected.begin(), expected.end());
+    for (const v1::SavedTensor& t : manifest->tensors()) {
+      if (planned.count(t.name()) == 0) {
+        status = absl::DataLossError(
+            absl::StrFormat("tensor \"%s\" is not one the job's plan saves", t.name()));
+        break;
+      }
     }
   }
   for (const v1::SavedTensor& t : manifest->tensors()) {

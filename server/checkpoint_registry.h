@@ -23,7 +23,7 @@
 //   PENDING ──Abort / AbortPending / Commit with ranks missing / newer generation──▶ ABORTED
 //     │ last rank reports                                                             ▲
 //     ▼                                                                               │
-//   COMMITTING ──gap, overlap, missing tensor, verify_files or store write fails─────┘
+//   COMMITTING ──no/missing/extra tensor, gap, overlap, verify_files, store write fails┘
 //     │ batch durable
 //     ▼
 //   COMMITTED
@@ -85,7 +85,8 @@
 //   * Retention: after a commit, committed checkpoints beyond the newest
 //     keep_last (by step) are removed from the registry and from the store in
 //     the commit batch, and returned in ReportShardResult::expired so the
-//     coordinator deletes their directories. The newest is always kept.
+//     coordinator deletes their directories (crash-safe: tombstones and the
+//     start-up clean-up of server/checkpoint_flow.h). The newest is always kept.
 //     Directories of ABORTED checkpoints are deleted by the coordinator when
 //     they abort and again at its start (server/checkpoint_flow.h,
 //     checkpoint/checkpoint_files.h).
@@ -111,6 +112,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -151,9 +153,12 @@ struct CheckpointBeginParams {
   shardline::v1::ParallelConfig parallel;
   uint32_t dp = 0;
   uint64_t seed = 0;
-  // Names of every tensor the plan saves; when non-empty, a commit whose
-  // reports lack one of them aborts with DATA_LOSS. Empty: not checked
-  // (only what was reported is checked for exact cover).
+  // Names of every tensor the plan saves (checkpoint::CheckpointTensors;
+  // server/checkpoint_flow.cc sets them at every Begin); when non-empty, a
+  // commit whose reports lack one of them or hold another aborts with
+  // DATA_LOSS. Empty: the names are not checked. Either way a commit with
+  // no tensor at all aborts with DATA_LOSS, and every reported tensor must
+  // be covered exactly once.
   std::vector<std::string> expected_tensors;
 };
 
@@ -343,6 +348,9 @@ class CheckpointRegistry final : public UnusableCheckpointMarks {
 
   // Deterministic id of (generation, step).
   static std::string CheckpointId(uint64_t generation, uint64_t step);
+  // The (step, generation) of an id CheckpointId makes; nullopt for any
+  // other name.
+  static std::optional<std::pair<uint64_t, uint64_t>> ParseCheckpointId(absl::string_view id);
 
  private:
   enum class Phase { kOpening, kPending, kCommitting, kCommitted, kAborted };

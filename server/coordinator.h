@@ -277,9 +277,10 @@ class Coordinator {
   //
   // Restore fallback (a checksum mismatch is DataLoss, and restore falls
   // back to the previous committed checkpoint):
-  // when the report ends the current generation, its code is DATA_LOSS and
-  // its message or operation names the generation's restore point (the
-  // job's last_checkpoint id, as Checkpointer::Restore's errors do), that
+  // when the report ends the current generation and says that the restore
+  // of the generation's restore point (the job's last_checkpoint id) found
+  // it unusable (RestoreFailureMarksUnusable, server/unusable_marks.h: a
+  // DATA_LOSS naming it, or NOT_FOUND etc. from "restoring <id>"), that
   // checkpoint is marked unusable in `marks` (their owner, the
   // CheckpointRegistry: durably, before the job record with the new restore
   // point is written, with the report as the reason; it stays COMMITTED and
@@ -291,7 +292,7 @@ class Coordinator {
   // worker); every further DataLoss moves one checkpoint further back, so
   // it cannot loop. `committed`: the job's COMMITTED checkpoints (any
   // order; server/checkpoint_flow.h passes CheckpointRegistry::List's when
-  // the code is DATA_LOSS). `marks` null: nothing is marked and every entry
+  // the code is an UnusableCheckpointCode). `marks` null: nothing is marked and every entry
   // of `committed` counts as usable. `marks` is called with this
   // coordinator's lock held (server/unusable_marks.h).
   // Errors: CheckFence's.

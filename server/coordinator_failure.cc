@@ -154,9 +154,8 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
       job->job.generation() == request.fence().generation()) {
     MemberRecord& reporter_record = **m;
     const std::string& restoring = job->job.last_checkpoint().checkpoint_id();
-    if (request.code() == static_cast<int>(absl::StatusCode::kDataLoss) && !restoring.empty() &&
-        (absl::StrContains(request.message(), restoring) ||
-         absl::StrContains(request.operation(), restoring))) {
+    if (RestoreFailureMarksUnusable(static_cast<absl::StatusCode>(request.code()),
+                                    request.message(), request.operation(), restoring)) {
       // The restore point is corrupt, not this worker: no error streak.
       FallBackFromRestorePointLocked(*job, what, committed, marks, ended);
       MaybeFormLocked(*job, ended);

@@ -1,10 +1,10 @@
 // Marks of checkpoints a restore found corrupt ("unusable"): the narrow view
 // the Coordinator has of them.
 //
-// A checkpoint whose restore failed its checksums (a DATA_LOSS ReportError
-// naming the generation's restore point, see Coordinator::ReportError)
-// stays COMMITTED and listed, but is never restored again. The marks have
-// one owner, the CheckpointRegistry (server/checkpoint_registry.h): it keeps
+// A checkpoint a restore found unusable (a ReportError about the
+// generation's restore point that RestoreFailureMarksUnusable accepts, see
+// Coordinator::ReportError) stays COMMITTED and listed, but is never
+// restored again. The marks have one owner, the CheckpointRegistry (server/checkpoint_registry.h): it keeps
 // them durably (StateStore kind kCheckpointUnusableKind), skips them in
 // Latest() and retention, and shows their reasons in List and GetManifest.
 // The Coordinator's restore fallback adds and reads marks through this
@@ -24,9 +24,54 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace shardline::server {
+
+// Whether a failure with `code` can say that a checkpoint is unusable:
+// DATA_LOSS (corrupt, missing or short files, a gap), NOT_FOUND (a tensor or
+// the manifest missing), INVALID_ARGUMENT / OUT_OF_RANGE (a malformed
+// manifest or piece), FAILED_PRECONDITION (e.g. a shard through a
+// symlink), UNIMPLEMENTED (a dtype the reader cannot restore) and
+// PERMISSION_DENIED (files it cannot read). Not the codes of a passing
+// condition (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED for a generation that
+// ended, CANCELLED, RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN): those restart
+// from the same restore point.
+inline bool UnusableCheckpointCode(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kPermissionDenied:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Whether a ReportError (`code`, `message`, `operation`) says that the
+// restore of `restore_point` (non-empty) found it unusable, so that the
+// coordinator falls back to an older checkpoint: a DATA_LOSS whose message
+// or operation names the restore point (as since the first version), or
+// another UnusableCheckpointCode whose message holds "restoring
+// <restore_point>" (worker/checkpointer.cc prefixes every restore error so;
+// a save error may name the restore point too, e.g. a step not above it,
+// and must not mark it).
+inline bool RestoreFailureMarksUnusable(absl::StatusCode code, absl::string_view message,
+                                        absl::string_view operation,
+                                        absl::string_view restore_point) {
+  if (restore_point.empty() || !UnusableCheckpointCode(code)) return false;
+  if (code == absl::StatusCode::kDataLoss) {
+    return absl::StrContains(message, restore_point) ||
+           absl::StrContains(operation, restore_point);
+  }
+  return absl::StrContains(message, absl::StrCat("restoring ", restore_point));
+}
 
 class UnusableCheckpointMarks {
  public:

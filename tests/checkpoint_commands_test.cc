@@ -25,8 +25,9 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "testing/grpc_test_util.h"
+#include "testing/plan_checkpoint.h"
 #include "testing/coordinator_process.h"
-#include "checkpoint/crc32c.h"
+#include "checkpoint/geometry.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 
 namespace shardline {
@@ -95,7 +96,18 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
   ASSERT_TRUE(got[0].ok() && got[1].ok());
   SimWorker* by_rank[2] = {got[0]->rank() == 0 ? &w0 : &w1, got[0]->rank() == 0 ? &w1 : &w0};
 
-  // Both ranks save step 7: tensor "w" of 10 fp32, 5 elements each.
+  // Both ranks save step 7: every tensor of the plan, its elements in
+  // halves (rank 0 the first, values 1; rank 1 the second, values 2).
+  v1::Plan plan;
+  {
+    v1::GetPlanRequest req;
+    req.set_job_id("ck");
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    ASSERT_TRUE(jobs->GetPlan(&ctx, req, &plan).ok());
+  }
+  const std::vector<checkpoint::PlannedTensor> tensors = checkpoint::CheckpointTensors(plan);
+  ASSERT_FALSE(tensors.empty());
   std::string id, directory;
   for (uint32_t rank = 0; rank < 2; ++rank) {
     v1::BeginCheckpointRequest req;
@@ -110,34 +122,16 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
     directory = resp.directory();
   }
   v1::ReportShardResponse reported;
+  uint64_t total_bytes = 0;
   for (uint32_t rank = 0; rank < 2; ++rank) {
-    const std::string file = absl::StrFormat("rank-%05d.bin", rank);
-    fs::create_directories(directory);
-    const std::string content(20, 'x');
-    const uint32_t crc = checkpoint::Crc32c(content.data(), content.size());
-    std::ofstream(directory + "/" + file, std::ios::binary) << content;
-    v1::ReportShardRequest req;
+    absl::StatusOr<v1::ReportShardRequest> shard = fixtures::WritePlanShard(
+        plan, directory, static_cast<int>(rank), 2, static_cast<float>(rank + 1));
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    v1::ReportShardRequest req = *std::move(shard);
+    total_bytes += req.files(0).size_bytes();
     *req.mutable_fence() = by_rank[rank]->fence();
     req.set_checkpoint_id(id);
     req.set_data_cursor(14);
-    v1::ShardFile* f = req.add_files();
-    f->set_path(file);
-    f->set_size_bytes(20);
-    f->set_crc32c(crc);
-    v1::SavedTensor* t = req.add_tensors();
-    t->set_name("w");
-    t->set_dtype(v1::DTYPE_FLOAT32);
-    t->add_global_shape(2);
-    t->add_global_shape(5);
-    v1::SavedPiece* p = t->add_pieces();
-    v1::DimSlice* rows = p->mutable_slice()->add_dims();
-    rows->set_offset(rank);
-    rows->set_length(1);
-    p->mutable_slice()->add_dims()->set_length(5);
-    p->mutable_range()->set_end(5);
-    p->set_file(file);
-    p->set_byte_length(20);
-    p->set_crc32c(crc);
     grpc::ClientContext ctx;
     Prepare(&ctx, "");
     grpc::Status s = checkpoints->ReportShard(&ctx, req, &reported);
@@ -161,8 +155,9 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
   EXPECT_THAT(r.out, HasSubstr("COMMITTED"));
   EXPECT_THAT(r.out, HasSubstr("world 2 = tp 1 x pp 1 x dp 2"));
   EXPECT_THAT(r.out, HasSubstr("sample 14"));
-  EXPECT_THAT(r.out, HasSubstr("2 of 2, 2 files, 40 B (40 bytes)"));
-  EXPECT_THAT(r.out, HasSubstr("1 (2 pieces)"));
+  EXPECT_THAT(r.out, HasSubstr("2 of 2, 2 files, "));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("(", total_bytes, " bytes)")));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat(tensors.size(), " (", 2 * tensors.size(), " pieces)")));
   EXPECT_THAT(r.out, HasSubstr(directory));
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("TENSOR")));
 
@@ -170,7 +165,7 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
   ASSERT_EQ(r.rc, 0) << r.all;
   EXPECT_THAT(r.out, HasSubstr("TENSOR"));
   EXPECT_THAT(r.out, HasSubstr("FLOAT32"));
-  EXPECT_THAT(r.out, HasSubstr("[2, 5]"));
+  EXPECT_THAT(r.out, HasSubstr("[256, 8]"));  // embedding.word_embeddings.weight
 
   // --json is the manifest; the same one the coordinator wrote next to the
   // shards, and LATEST names it.
@@ -207,8 +202,9 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
   // verify and consolidate through GetManifest (the files are visible here).
   r = Shardctl(address, "checkpoint verify ck");
   ASSERT_EQ(r.rc, 0) << r.all;
-  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("checkpoint ", id, " (step 7): OK: 1 tensors, 2 files, "
-                                            "2 pieces, ")));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("checkpoint ", id, " (step 7): OK: ", tensors.size(),
+                                            " tensors, 2 files, ", 2 * tensors.size(),
+                                            " pieces, ")));
   const std::string out = root + "-model.safetensors";
   r = Shardctl(address, absl::StrCat("checkpoint consolidate ck ", id, " --out ", out));
   ASSERT_EQ(r.rc, 0) << r.all;
@@ -218,10 +214,27 @@ TEST(CheckpointCommandsTest, ListAndShowACommittedCheckpoint) {
   ASSERT_GT(model.size(), 48u);
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(model[i])} << (8 * i);
-  ASSERT_EQ(model.size(), 8 + n + 40);
+  // The parameters (not the moments), sorted by name, back to back;
+  // final_layernorm.weight [8]: 4 values 1 (rank 0), then 4 values 2.
+  uint64_t data_bytes = 0, norm_offset = 0;
+  for (const checkpoint::PlannedTensor& t : tensors) {
+    if (absl::StrContains(t.name, "/")) continue;
+    uint64_t numel = 1;
+    for (uint64_t d : t.global_shape) numel *= d;
+    if (t.name == "final_layernorm.weight") norm_offset = data_bytes;
+    data_bytes += numel * 4;
+  }
+  ASSERT_EQ(model.size(), 8 + n + data_bytes);
   EXPECT_THAT(model.substr(8, n),
-              HasSubstr("\"w\":{\"dtype\":\"F32\",\"shape\":[2,5],\"data_offsets\":[0,40]}"));
-  EXPECT_EQ(model.substr(8 + n), std::string(40, 'x'));
+              HasSubstr(absl::StrCat("\"final_layernorm.weight\":{\"dtype\":\"F32\",\"shape\":[8],"
+                                     "\"data_offsets\":[",
+                                     norm_offset, ",", norm_offset + 32, "]}")));
+  const float one = 1.0f, two = 2.0f;
+  std::string expected;
+  for (int i = 0; i < 8; ++i) {
+    expected.append(reinterpret_cast<const char*>(i < 4 ? &one : &two), 4);
+  }
+  EXPECT_EQ(model.substr(8 + n + norm_offset, 32), expected);
   r = Shardctl(address, "checkpoint consolidate ck");
   EXPECT_EQ(r.rc, 2) << r.all;
   EXPECT_THAT(r.all, HasSubstr("--out"));

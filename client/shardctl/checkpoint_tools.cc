@@ -40,6 +40,22 @@ absl::StatusOr<v1::Manifest> ReadManifestJson(const std::string& directory) {
   return manifest;
 }
 
+absl::Status CheckCheckpointDirectory(const std::string& directory) {
+  std::string dir = directory;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.find_last_of('/');
+  if (slash == std::string::npos || slash == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint directory '", directory, "' is not <checkpoint directory>/<job>/<id>"));
+  }
+  absl::StatusOr<ckpt::ConfinedDir> opened =
+      ckpt::OpenCheckpointDirectory(dir.substr(0, slash), dir, /*create=*/false);
+  if (opened.ok() || opened.status().code() == absl::StatusCode::kNotFound) {
+    return absl::OkStatus();
+  }
+  return opened.status();
+}
+
 absl::StatusOr<std::string> VerifyCheckpointFiles(const v1::Manifest& manifest,
                                                   const std::string& directory) {
   const ckpt::VerifyReport report = ckpt::VerifyCheckpoint(manifest, directory);

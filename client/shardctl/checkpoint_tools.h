@@ -44,9 +44,19 @@ namespace v1 = ::shardline::v1;
 // <root>/ckpt-step000000000010-gen1?); DataLoss: it does not parse.
 absl::StatusOr<v1::Manifest> ReadManifestJson(const std::string& directory);
 
+// For a checkpoint directory the coordinator named (Manifest.directory:
+// <base>/<job>/<checkpoint id>, <base> being spec.checkpoint.directory):
+// that neither <job> nor <checkpoint id> is a symlink (a worker may have
+// planted one; the files read must be inside <base>/<job>). A directory
+// that does not exist passes (the reader reports the missing files).
+// Errors: FailedPrecondition naming the symlink; InvalidArgument for a
+// directory not of that shape.
+absl::Status CheckCheckpointDirectory(const std::string& directory);
+
 // Runs worker::checkpoint::VerifyCheckpoint over the files in `directory`
 // and returns one line for humans: "checkpoint ID (step S): OK: T tensors,
-// F files, P pieces, B bytes checked". Errors: DataLoss with the first
+// F files, P pieces, B bytes checked". A shard path through a symlink is a
+// problem (FailedPrecondition naming it). Errors: DataLoss with the first
 // problem (it names the tensor or file), the number of problems and what
 // was checked; the first problem's own code when it is an I/O error
 // (PermissionDenied, Unavailable, ...).

@@ -561,6 +561,9 @@ absl::StatusOr<LocatedCheckpoint> LocateCheckpoint(Command& c, const std::vector
         v1::CheckpointState_Name(manifest->state()), ", not COMMITTED; only committed checkpoints "
         "are complete"));
   }
+  // Files below the job's root are read only when it and the checkpoint
+  // directory are no symlinks (a worker could have planted one).
+  if (absl::Status s = CheckCheckpointDirectory(manifest->directory()); !s.ok()) return s;
   located.directory = manifest->directory();
   located.manifest = *std::move(manifest);
   return located;

@@ -23,10 +23,12 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "checkpoint/geometry.h"
 #include "server/checkpoint_registry.h"
 #include "common/clock.h"
 #include "server/coordinator.h"
 #include "testing/grpc_test_util.h"
+#include "testing/plan_checkpoint.h"
 #include "metrics/metrics.h"
 #include "server/rendezvous.h"
 #include "server/state_store.h"
@@ -912,30 +914,25 @@ TEST(GrpcServiceTest, TwoPhaseCheckpointCommitsAndBecomesTheRestorePoint) {
     Prepare(&ctx, "");
     return checkpoints->BeginCheckpoint(&ctx, req, out);
   };
-  // A tensor of 100 fp32 elements split [0,50) on rank 0 and [50,100) on rank 1.
-  auto report = [&](SimWorker& w, const std::string& id, uint32_t rank, uint64_t begin_el,
-                    uint64_t end_el, v1::ReportShardResponse* out) {
-    v1::ReportShardRequest req;
+  v1::Plan plan;
+  {
+    v1::GetPlanRequest req;
+    req.set_job_id("ckpt");
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    ASSERT_TRUE(jobs->GetPlan(&ctx, req, &plan).ok());
+  }
+  // Every tensor of the plan, its elements split in halves: rank 0 the
+  // first, rank 1 the second (fixtures::WritePlanShard).
+  auto report = [&](SimWorker& w, const std::string& id, uint32_t rank,
+                    v1::ReportShardResponse* out) {
+    absl::StatusOr<v1::ReportShardRequest> shard = fixtures::WritePlanShard(
+        plan, absl::StrCat(::testing::TempDir(), "/ckpt-shards/", id), static_cast<int>(rank), 2);
+    if (!shard.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "cannot write the shard");
+    v1::ReportShardRequest req = *std::move(shard);
     *req.mutable_fence() = w.fence();
     req.set_checkpoint_id(id);
     req.set_data_cursor(40);
-    const std::string file = absl::StrCat("rank", rank, ".bin");
-    v1::ShardFile* f = req.add_files();
-    f->set_path(file);
-    f->set_size_bytes((end_el - begin_el) * 4);
-    f->set_crc32c(0x1234u + rank);
-    v1::SavedTensor* t = req.add_tensors();
-    t->set_name("final_layernorm.weight");
-    t->set_dtype(v1::DTYPE_FLOAT32);
-    t->add_global_shape(100);
-    v1::SavedPiece* p = t->add_pieces();
-    p->set_rank(rank);
-    p->mutable_slice()->add_dims()->set_length(100);
-    p->mutable_range()->set_begin(begin_el);
-    p->mutable_range()->set_end(end_el);
-    p->set_file(file);
-    p->set_byte_length((end_el - begin_el) * 4);
-    p->set_crc32c(0x99u + rank);
     grpc::ClientContext ctx;
     Prepare(&ctx, "");
     return checkpoints->ReportShard(&ctx, req, out);
@@ -947,10 +944,10 @@ TEST(GrpcServiceTest, TwoPhaseCheckpointCommitsAndBecomesTheRestorePoint) {
   ASSERT_TRUE(begin(w1, 10, &b1).ok());
   EXPECT_EQ(b0.checkpoint_id(), b1.checkpoint_id());  // every rank gets the same id
   v1::ReportShardResponse r0, r1;
-  ASSERT_TRUE(report(w0, b0.checkpoint_id(), 0, 0, 50, &r0).ok());
+  ASSERT_TRUE(report(w0, b0.checkpoint_id(), 0, &r0).ok());
   EXPECT_EQ(r0.checkpoint().state(), v1::CHECKPOINT_STATE_PENDING);
   EXPECT_EQ(r0.checkpoint().reported_ranks(), 1u);
-  grpc::Status last = report(w1, b0.checkpoint_id(), 1, 50, 100, &r1);
+  grpc::Status last = report(w1, b0.checkpoint_id(), 1, &r1);
   ASSERT_TRUE(last.ok()) << last.error_message();
   EXPECT_EQ(r1.checkpoint().state(), v1::CHECKPOINT_STATE_COMMITTED)
       << r1.checkpoint().abort_reason();
@@ -965,8 +962,8 @@ TEST(GrpcServiceTest, TwoPhaseCheckpointCommitsAndBecomesTheRestorePoint) {
     EXPECT_EQ(m.step(), 10u);
     EXPECT_EQ(m.generation(), generation);
     EXPECT_EQ(m.data_cursor(), 40u);
-    ASSERT_EQ(m.tensors_size(), 1);
-    EXPECT_EQ(m.tensors(0).pieces_size(), 2);
+    ASSERT_EQ(m.tensors_size(), static_cast<int>(checkpoint::CheckpointTensors(plan).size()));
+    for (const v1::SavedTensor& t : m.tensors()) EXPECT_EQ(t.pieces_size(), 2) << t.name();
   }
   v1::Job job;
   ASSERT_TRUE(GetJob(jobs.get(), "ckpt", "", &job).ok());
@@ -976,7 +973,7 @@ TEST(GrpcServiceTest, TwoPhaseCheckpointCommitsAndBecomesTheRestorePoint) {
   // A save of step 20 dies half way: rank 0 reports, then rank 1 is lost.
   v1::BeginCheckpointResponse half;
   ASSERT_TRUE(begin(w0, 20, &half).ok());
-  ASSERT_TRUE(report(w0, half.checkpoint_id(), 0, 0, 50, &r0).ok());
+  ASSERT_TRUE(report(w0, half.checkpoint_id(), 0, &r0).ok());
   w1.KillSession();
   ASSERT_TRUE(w0.WaitMessage([](const v1::SessionMessage& m) {
                   return m.directive().has_restart_at_generation();
