@@ -130,6 +130,8 @@ class Harness {
   const std::string& address() const { return server_->address(); }
   std::shared_ptr<grpc::Channel> Channel() { return MakeChannel(address()); }
   Coordinator& coordinator() { return *coordinator_; }
+  Rendezvous& rendezvous() { return *rendezvous_; }
+  CoordinatorServer& server() { return *server_; }
   metrics::Metrics& metrics() { return *metrics_; }
 
  private:

@@ -156,8 +156,24 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 }
 
 void CoordinatorServer::TickLoop(absl::Duration interval) {
+  absl::Time next_sweep = absl::Now();
   while (!stop_tick_.WaitForNotificationWithTimeout(interval)) {
     PassOn(deps_.coordinator->Tick());
+    if (absl::Now() >= next_sweep) {
+      SweepRendezvous();
+      next_sweep = absl::Now() + kRendezvousSweepInterval;
+    }
+  }
+}
+
+void CoordinatorServer::SweepRendezvous() {
+  for (const std::string& job_id : deps_.rendezvous->JobsHoldingState()) {
+    absl::StatusOr<v1::Job> job = deps_.coordinator->GetJob(job_id);
+    if (absl::IsNotFound(job.status())) {
+      deps_.rendezvous->ForgetJob(job_id);
+    } else if (job.ok() && rpc::IsTerminal(job->phase())) {
+      deps_.rendezvous->DropJob(job_id);
+    }
   }
 }
 

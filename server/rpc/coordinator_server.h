@@ -39,7 +39,10 @@
 //     ServerOptions::max_waiting_gets). An open Session stream holds no
 //     thread (server/rpc/session_stream.h).
 //   * The Tick thread: Coordinator::Tick every tick_interval, its ended
-//     generations passed on.
+//     generations passed on; and every kRendezvousSweepInterval
+//     (SweepRendezvous) the rendezvous state of jobs that finished without
+//     a GenerationEnded (COMPLETED, FAILED) is dropped, and that of jobs
+//     the coordinator no longer knows is forgotten.
 //
 // What the server adds to the components:
 //   * Authentication first on every call (UNAUTHENTICATED /
@@ -172,6 +175,13 @@ class CoordinatorServer {
   // flow (done by the services and the Tick thread; exposed for callers
   // that drive the coordinator directly). Logs one line per generation.
   void PassOn(const std::vector<GenerationEnded>& ended);
+
+  // Drops the rendezvous state of every job that holds some and is
+  // terminal (Rendezvous::DropJob), or is unknown to the coordinator
+  // (Rendezvous::ForgetJob). The Tick thread calls it every
+  // kRendezvousSweepInterval; exposed for tests.
+  static constexpr absl::Duration kRendezvousSweepInterval = absl::Seconds(1);
+  void SweepRendezvous();
 
   // See the file comment. Idempotent; blocks until every handler returned.
   void Shutdown();
