@@ -149,7 +149,9 @@ class Coordinator {
   absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::CreateJobRequest& request);
   // NotFound: no such job.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
-  // InvalidArgument: bad page_token or page_size > 1000.
+  // job.proto ListJobsRequest: newest create_time first; page_size 0 means
+  // 50, above 1000 means 1000. InvalidArgument: a malformed page_token, or
+  // one from a call with other phases.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) const;
   // Moves the job to CANCELLED (idempotent); every worker gets STOP.
   // InvalidArgument: reason over 1024 bytes or with control characters.

@@ -17,7 +17,8 @@
 //     max_jobs unfinished jobs (Coordinator::CreateJob). Without an admin
 //     token configured the answer's worker_token is empty.
 //   GetJob (worker): INVALID_ARGUMENT: job_id empty; NOT_FOUND: no job.
-//   ListJobs (admin): INVALID_ARGUMENT: bad page_token or page_size.
+//   ListJobs (admin): INVALID_ARGUMENT: a malformed page_token or one from
+//     a call with other phases (Coordinator::ListJobs).
 //   CancelJob (admin): INVALID_ARGUMENT: job_id empty, or reason over 1024
 //     bytes or with control characters; NOT_FOUND; FAILED_PRECONDITION: the
 //     job is COMPLETED or FAILED. The job's rendezvous state is dropped and
