@@ -387,6 +387,19 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitEvents(
   return job->events.WaitAfter(&mu_, after.value_or(0), deadline);
 }
 
+absl::StatusOr<uint64_t> Coordinator::AddEventWaker(const std::string& job_id,
+                                                    std::function<void()> waker) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return job->events.AddWaker(std::move(waker));
+}
+
+void Coordinator::RemoveEventWaker(const std::string& job_id, uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (JobRecord* job = FindJobLocked(job_id); job != nullptr) job->events.RemoveWaker(id);
+}
+
 absl::StatusOr<std::string> Coordinator::WorkerToken(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   const JobRecord* job = FindJobLocked(job_id);

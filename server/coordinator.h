@@ -170,6 +170,15 @@ class Coordinator {
   absl::StatusOr<std::vector<v1::JobEvent>> WaitEvents(const std::string& job_id,
                                                        std::optional<uint64_t> after_sequence,
                                                        absl::Time deadline) const;
+  // Calls `waker` after every event appended to `job_id`'s log until
+  // RemoveEventWaker (WatchJob streams, server/rpc/watch_stream.h: woken,
+  // not polling). It runs with the coordinator's lock held, like a
+  // SessionWaker: quick, no blocking, no calls into the Coordinator.
+  // NotFound: no such job.
+  absl::StatusOr<uint64_t> AddEventWaker(const std::string& job_id, std::function<void()> waker);
+  // Idempotent; an unknown job or id is ignored.
+  void RemoveEventWaker(const std::string& job_id, uint64_t id);
+
   // The job's worker token. NotFound.
   absl::StatusOr<std::string> WorkerToken(const std::string& job_id) const;
 

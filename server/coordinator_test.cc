@@ -1345,6 +1345,32 @@ TEST_F(CoordinatorTest, ReadyAloneDoesNotResetTheErrorStreak) {
   EXPECT_EQ(Members()["c"].loss_reason(), v1::LOSS_REASON_REPEATED_ERRORS);
 }
 
+// Watchers are woken by the job's event log, not by time: with the fake
+// clock standing still an event still reaches the waker, once per event,
+// and only for its job.
+TEST_F(CoordinatorTest, EventWakersRunOnEveryEventWithoutTimePassing) {
+  Create(Spec(1, 1));
+  Create(Spec(1, 1), "other");
+  int woken = 0;
+  int other_woken = 0;
+  absl::StatusOr<uint64_t> id = coordinator_->AddEventWaker("job", [&] { ++woken; });
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(coordinator_->AddEventWaker("other", [&] { ++other_woken; }).ok());
+  EXPECT_EQ(coordinator_->AddEventWaker("nope", [] {}).status().code(),
+            absl::StatusCode::kNotFound);
+  const size_t before = coordinator_->WaitEvents("job", std::nullopt, absl::InfinitePast())->size();
+  ASSERT_TRUE(Join("w0").ok());  // WorkerJoined
+  const size_t after = coordinator_->WaitEvents("job", std::nullopt, absl::InfinitePast())->size();
+  EXPECT_GT(after, before);
+  EXPECT_EQ(woken, static_cast<int>(after - before));
+  EXPECT_EQ(other_woken, 0);
+  coordinator_->RemoveEventWaker("job", *id);
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id("job");
+  ASSERT_TRUE(coordinator_->CancelJob(cancel).ok());
+  EXPECT_EQ(woken, static_cast<int>(after - before));  // removed: not called again
+}
+
 // Issue 14: ListJobs disagreed with job.proto (page_size 0 gave 100, over
 // 1000 was an error, ascending ids instead of newest first, a bogus
 // page_token was accepted).

@@ -28,16 +28,17 @@
 //
 // Threads:
 //   * Sync API (JoinJob, GetAssignment, ReportError, LeaveJob; every
-//     JobService and CheckpointService method; KvWait, Barrier): one
+//     JobService method but WatchJob; every CheckpointService method;
+//     KvWait, Barrier): one
 //     sync-server thread per call in flight, at most
 //     ServerOptions::max_threads (beyond: RESOURCE_EXHAUSTED).
 //   * Callback API (Heartbeat; KvSet, KvGet, KvAdd, KvCompareAndSet,
-//     KvDelete; Session): gRPC's own threads accept the call; the body runs
-//     on a HandlerPool of 4 threads, never on gRPC's threads (which would
-//     stall every connection's I/O while a body waits for the coordinator's
-//     lock). A KvGet that waits gets a thread of its own (at most
-//     ServerOptions::max_waiting_gets). An open Session stream holds no
-//     thread (server/rpc/session_stream.h).
+//     KvDelete; Session; WatchJob): gRPC's own threads accept the call;
+//     the body runs on a HandlerPool of 4 threads, never on gRPC's threads
+//     (which would stall every connection's I/O while a body waits for the
+//     coordinator's lock). A KvGet that waits gets a thread of its own (at
+//     most ServerOptions::max_waiting_gets). An open Session or WatchJob
+//     stream holds no thread (server/rpc/session_stream.h, watch_stream.h).
 //   * The Tick thread: Coordinator::Tick every tick_interval, its ended
 //     generations passed on; and every kRendezvousSweepInterval
 //     (SweepRendezvous) the rendezvous state of jobs that finished without
@@ -76,13 +77,13 @@
 #ifndef SHARDLINE_SERVER_RPC_COORDINATOR_SERVER_H_
 #define SHARDLINE_SERVER_RPC_COORDINATOR_SERVER_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -94,6 +95,7 @@
 #include "server/coordinator.h"
 #include "server/rendezvous.h"
 #include "server/rpc/call.h"
+#include "server/rpc/watch_stream.h"
 #include "spec/job_spec.h"
 
 namespace shardline::server {
@@ -124,9 +126,9 @@ struct ServerOptions {
   // How often Coordinator::Tick runs; zero or less: never (tests that tick
   // by hand).
   absl::Duration tick_interval = absl::Milliseconds(100);
-  // One round of the WatchJob loop (how fast a cancelled watcher is
-  // noticed).
-  absl::Duration poll_interval = absl::Milliseconds(100);
+  // Open WatchJob streams per job and in all (server/rpc/watch_stream.h);
+  // one more is RESOURCE_EXHAUSTED.
+  rpc::WatchLimits watch_limits;
   // gRPC keepalive pings from the server, so half-open connections break
   // (and their Session with them). The timeout is longer than any
   // heartbeat_timeout a job may set (spec/job_spec.h), so a process that is
@@ -183,6 +185,9 @@ class CoordinatorServer {
   static constexpr absl::Duration kRendezvousSweepInterval = absl::Seconds(1);
   void SweepRendezvous();
 
+  // The open WatchJob streams (for tests).
+  const rpc::WatchStreams& watches() const { return *watches_; }
+
   // See the file comment. Idempotent; blocks until every handler returned.
   void Shutdown();
 
@@ -196,6 +201,7 @@ class CoordinatorServer {
   std::unique_ptr<rpc::CallRunner> calls_;
   std::unique_ptr<CheckpointFlow> flow_;
   std::unique_ptr<rpc::SessionStreams> sessions_;
+  std::unique_ptr<rpc::WatchStreams> watches_;
   std::unique_ptr<rpc::JobServiceImpl> job_service_;
   std::unique_ptr<rpc::WorkerServiceImpl> worker_service_;
   std::unique_ptr<rpc::RendezvousServiceImpl> rendezvous_service_;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "server/limits.h"
 
 namespace shardline::server::rpc {
 
@@ -22,6 +23,7 @@ WorkerServiceImpl::WorkerServiceImpl(CallRunner* calls, Coordinator* coordinator
 grpc::Status WorkerServiceImpl::JoinJob(grpc::ServerContext* ctx, const v1::JoinJobRequest* req,
                                         v1::JoinJobResponse* resp) {
   return calls_->Run("WorkerService/JoinJob", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     const v1::WorkerIdentity& w = req->worker();
     if (absl::Status st = calls_->AuthorizeWorker(*ctx, w.job_id(), "worker.job_id"); !st.ok()) {
       return st;
@@ -45,6 +47,7 @@ grpc::Status WorkerServiceImpl::GetAssignment(grpc::ServerContext* ctx,
                                               const v1::GetAssignmentRequest* req,
                                               v1::Assignment* resp) {
   return calls_->Run("WorkerService/GetAssignment", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     const v1::Fence& fence = req->fence();
     if (absl::Status st =
             calls_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
@@ -74,6 +77,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerConte
                                                        const v1::HeartbeatRequest* req,
                                                        v1::HeartbeatResponse* resp) {
   return calls_->RunPooled(ctx, "WorkerService/Heartbeat", [=]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     const v1::Fence& fence = req->fence();
     if (absl::Status st =
             calls_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
@@ -92,6 +96,7 @@ grpc::Status WorkerServiceImpl::ReportError(grpc::ServerContext* ctx,
                                             const v1::ReportErrorRequest* req,
                                             v1::ReportErrorResponse* resp) {
   return calls_->Run("WorkerService/ReportError", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     const v1::Fence& fence = req->fence();
     if (absl::Status st =
             calls_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
@@ -108,6 +113,7 @@ grpc::Status WorkerServiceImpl::ReportError(grpc::ServerContext* ctx,
 grpc::Status WorkerServiceImpl::LeaveJob(grpc::ServerContext* ctx, const v1::LeaveJobRequest* req,
                                          v1::LeaveJobResponse* resp) {
   return calls_->Run("WorkerService/LeaveJob", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     const v1::Fence& fence = req->fence();
     if (absl::Status st =
             calls_->AuthorizeWorker(*ctx, fence.worker().job_id(), "fence.worker.job_id");
