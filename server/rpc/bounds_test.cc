@@ -386,6 +386,44 @@ TEST(BoundsTest, WatchersAreWokenByEventsNotPolling) {
   EXPECT_TRUE(Eventually([&] { return watches.open() == 0; }));
 }
 
+// A watcher of a job that is already over gets the replay it asked for,
+// then OK, without waiting for an event that will never come.
+TEST(BoundsTest, WatchersOfAFinishedJobEndAfterTheReplay) {
+  Harness h;
+  auto jobs = v1::JobService::NewStub(h.Channel());
+  CreateJob(jobs.get(), "over", SmallSpec(1, 1, 4));
+  {
+    v1::CancelJobRequest req;
+    req.set_job_id("over");
+    v1::Job job;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "");
+    ASSERT_TRUE(jobs->CancelJob(&ctx, req, &job).ok());
+  }
+  for (bool replay : {false, true}) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "", absl::Seconds(10));
+    v1::WatchJobRequest req;
+    req.set_job_id("over");
+    if (replay) req.set_after_sequence(0);
+    auto reader = jobs->WatchJob(&ctx, req);
+    std::vector<v1::JobEvent> events;
+    v1::JobEvent e;
+    while (reader->Read(&e)) events.push_back(e);
+    grpc::Status s = reader->Finish();
+    EXPECT_TRUE(s.ok()) << replay << ": " << s.error_message();
+    if (!replay) {
+      EXPECT_TRUE(events.empty());
+    } else {
+      ASSERT_FALSE(events.empty());
+      EXPECT_EQ(events.front().sequence(), 1u);
+      EXPECT_EQ(events.back().phase_changed().new_phase(), v1::JOB_PHASE_CANCELLED);
+    }
+  }
+  // Released when gRPC reports the stream done (just after the client's Finish).
+  EXPECT_TRUE(Eventually([&] { return h.server().watches().open() == 0; }));
+}
+
 // Open watchers are capped per job and in all; one more is
 // RESOURCE_EXHAUSTED naming the limit, and a closed one frees its slot.
 TEST(BoundsTest, WatchersAreCapped) {

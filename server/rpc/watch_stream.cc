@@ -56,11 +56,17 @@ class WatchStream : public std::enable_shared_from_this<WatchStream> {
             newest, "]; resume from within it, or leave after_sequence unset for live events"));
       }
     }
+    // Already over: only the replay (events up to `newest`) is sent. The
+    // phase was read before the events, so a job that ended in between
+    // shows as a terminal PhaseChanged among them.
+    bool terminal = IsTerminal(job->phase());
+    for (const v1::JobEvent& e : *retained) {
+      if (e.has_phase_changed() && IsTerminal(e.phase_changed().new_phase())) terminal = true;
+    }
     {
       absl::MutexLock lock(&mu_);
       last_ = last;
-      // Already over: only the replay (events up to `newest`) is sent.
-      if (IsTerminal(job->phase())) end_after_ = newest;
+      if (terminal) end_after_ = newest;
     }
     if (absl::Status admitted = owner_->Admit(job_id_, this); !admitted.ok()) return admitted;
     {
