@@ -46,8 +46,10 @@
 //     the coordinator no longer knows is forgotten.
 //
 // What the server adds to the components:
-//   * Authentication first on every call (UNAUTHENTICATED /
-//     PERMISSION_DENIED), then INVALID_ARGUMENT for an empty job_id, then
+//   * The request's limits first on every call (server/limits.h:
+//     INVALID_ARGUMENT naming an over-long field), then authentication
+//     (UNAUTHENTICATED / PERMISSION_DENIED), then INVALID_ARGUMENT for an
+//     empty job_id, then
 //     the component's answer, mapped 1:1 onto the gRPC code (ToGrpcStatus,
 //     common/grpc_status.h).
 //   * Every GenerationEnded the coordinator returns (CloseSession,
