@@ -89,6 +89,13 @@ absl::Status ValidateShardReport(const v1::ReportShardRequest& r) {
     return absl::InvalidArgumentError(absl::StrFormat("rng_state is %d bytes; at most %d allowed",
                                                       r.rng_state().size(), kMaxRngStateBytes));
   }
+  size_t pieces = 0;
+  for (const v1::SavedTensor& t : r.tensors()) pieces += static_cast<size_t>(t.pieces_size());
+  if (pieces > kMaxPiecesPerReport) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensors[].pieces: the report lists %d pieces in all; at most %d (kMaxPiecesPerReport)",
+        pieces, kMaxPiecesPerReport));
+  }
   std::map<std::string, uint64_t> file_size;
   for (int i = 0; i < r.files_size(); ++i) {
     const v1::ShardFile& f = r.files(i);

@@ -64,6 +64,40 @@ TEST(GeometryTest, ReportedPathsStayInsideTheDirectory) {
   EXPECT_THAT(s.message(), HasSubstr("rng_state is 1048577 bytes"));
 }
 
+// Issue 14: a 300k-piece report made a 74.5 MB manifest. At most
+// kMaxPiecesPerReport pieces over all tensors of one report.
+TEST(GeometryTest, PiecesPerReportAreBounded) {
+  v1::ReportShardRequest r;
+  v1::ShardFile* f = r.add_files();
+  f->set_path("rank-0.bin");
+  f->set_size_bytes(uint64_t{4} * kMaxPiecesPerReport);
+  auto add_tensor = [&](const std::string& name, uint64_t pieces) {
+    v1::SavedTensor* t = r.add_tensors();
+    t->set_name(name);
+    t->set_dtype(v1::DTYPE_FLOAT32);
+    t->add_global_shape(pieces);
+    for (uint64_t i = 0; i < pieces; ++i) {
+      v1::SavedPiece* p = t->add_pieces();
+      v1::DimSlice* d = p->mutable_slice()->add_dims();
+      d->set_offset(0);
+      d->set_length(pieces);
+      p->mutable_range()->set_begin(i);
+      p->mutable_range()->set_end(i + 1);
+      p->set_file("rank-0.bin");
+      p->set_byte_offset(4 * i);
+      p->set_byte_length(4);
+    }
+  };
+  add_tensor("a", kMaxPiecesPerReport / 2);
+  add_tensor("b", kMaxPiecesPerReport / 2);
+  EXPECT_TRUE(ValidateShardReport(r).ok()) << ValidateShardReport(r);
+  add_tensor("c", 1);
+  absl::Status s = ValidateShardReport(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tensors[].pieces: the report lists 65537 pieces in all; "
+                                     "at most 65536 (kMaxPiecesPerReport)"));
+}
+
 TEST(CheckExactCoverTest, GeneralPathAcrossDifferentSlices) {
   // [4,6]: rows 0-1 saved as part of the whole-tensor slice, rows 2-3 as
   // their own slice: an exact cover the per-slice fast path cannot prove.

@@ -442,6 +442,14 @@ absl::StatusOr<ReportShardResult> CheckpointRegistry::ReportShard(absl::string_v
   }
   // Cross-rank consistency.
   const v1::ReportShardRequest& r = normalized.request;
+  size_t pieces = 0;
+  for (const v1::SavedTensor& t : r.tensors()) pieces += static_cast<size_t>(t.pieces_size());
+  if (e->pieces + pieces > checkpoint::kMaxPiecesPerCheckpoint) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensors[].pieces: checkpoint %s already holds %d pieces from %d ranks; this report's %d "
+        "would pass %d (kMaxPiecesPerCheckpoint)",
+        id, e->pieces, e->reported, pieces, checkpoint::kMaxPiecesPerCheckpoint));
+  }
   if (e->data_cursor && *e->data_cursor != r.data_cursor()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("data_cursor %d disagrees with %d reported by other "
@@ -469,6 +477,7 @@ absl::StatusOr<ReportShardResult> CheckpointRegistry::ReportShard(absl::string_v
                                                 report.rank});
   }
   e->data_cursor = r.data_cursor();
+  e->pieces += pieces;
   for (const v1::ShardFile& f : r.files()) e->total_bytes += f.size_bytes();
   e->reports[report.rank] = std::move(normalized);
   ++e->reported;

@@ -375,6 +375,7 @@ class CheckpointRegistry final : public UnusableCheckpointMarks {
     std::optional<uint64_t> data_cursor;
     uint64_t total_bytes = 0;
     uint32_t reported = 0;
+    size_t pieces = 0;  // in `reports`, at most checkpoint::kMaxPiecesPerCheckpoint
   };
 
   struct JobCheckpoints {

@@ -5,17 +5,21 @@
 // The other parts of the class are defined in coordinator_formation.cc,
 // coordinator_membership.cc, coordinator_failure.cc, coordinator_worker.cc
 // and coordinator_persistence.cc; its records are in coordinator_records.h.
-#include "absl/strings/str_format.h"
-#include "common/log.h"
 #include "server/coordinator.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <random>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/log.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "google/protobuf/util/time_util.h"
 #include "plan/zero.h"
 #include "server/coordinator_records.h"
 #include "server/coordinator_validation.h"
@@ -266,27 +270,88 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) const {
   return job->job;
 }
 
-absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) const {
-  if (request.page_size() > 1000) {
-    return absl::InvalidArgumentError(absl::StrCat("page_size=", request.page_size(),
-                                                   " is too large; use at most 1000"));
+namespace {
+
+// ListJobs pages (job.proto ListJobsRequest): newest create_time first,
+// ties by job_id descending. The page token is "<create_time, Unix ns>/
+// <the request's phases, sorted, comma-separated>/<job_id>" of the last job
+// of the previous page: a position, so it stays valid when jobs come or go.
+struct ListCursor {
+  int64_t create_nanos = 0;
+  std::string job_id;
+};
+
+std::string PhasesKey(const v1::ListJobsRequest& request) {
+  std::vector<int> phases(request.phases().begin(), request.phases().end());
+  std::sort(phases.begin(), phases.end());
+  phases.erase(std::unique(phases.begin(), phases.end()), phases.end());
+  return absl::StrJoin(phases, ",");
+}
+
+int64_t CreateNanos(const v1::Job& job) {
+  return google::protobuf::util::TimeUtil::TimestampToNanoseconds(job.create_time());
+}
+
+absl::StatusOr<std::optional<ListCursor>> ParseListToken(const v1::ListJobsRequest& request) {
+  if (request.page_token().empty()) return std::optional<ListCursor>();
+  const std::vector<std::string> parts = absl::StrSplit(request.page_token(), '/');
+  ListCursor cursor;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &cursor.create_nanos) ||
+      !ValidJobId(parts[2]).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token \"", absl::CHexEscape(request.page_token().substr(0, 64)),
+                     "\" is malformed; pass the next_page_token of the previous page "
+                     "unchanged, or leave it empty for the first page"));
   }
-  const size_t page_size = request.page_size() == 0 ? 100 : request.page_size();
+  if (parts[1] != PhasesKey(request)) {
+    return absl::InvalidArgumentError(
+        "page_token is from a call with other phases; pass the same phases as for the "
+        "first page, or start again with an empty page_token");
+  }
+  cursor.job_id = parts[2];
+  return std::optional<ListCursor>(std::move(cursor));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(
+    const v1::ListJobsRequest& request) const {
+  // job.proto: 0 means 50; above 1000 is treated as 1000.
+  const size_t page_size =
+      request.page_size() == 0 ? 50 : std::min<size_t>(request.page_size(), 1000);
+  absl::StatusOr<std::optional<ListCursor>> cursor = ParseListToken(request);
+  if (!cursor.ok()) return cursor.status();
+  const std::string phases_key = PhasesKey(request);
   absl::MutexLock lock(&mu_);
-  v1::ListJobsResponse response;
-  // The page token is the last job_id of the previous page (ids sort).
-  for (auto it = jobs_.upper_bound(request.page_token()); it != jobs_.end(); ++it) {
-    const v1::Job& job = it->second->job;
+  std::vector<std::pair<int64_t, const v1::Job*>> matching;
+  for (const auto& [id, record] : jobs_) {
+    const v1::Job& job = record->job;
     if (!request.phases().empty() &&
         std::find(request.phases().begin(), request.phases().end(), job.phase()) ==
             request.phases().end()) {
       continue;
     }
-    if (static_cast<size_t>(response.jobs_size()) == page_size) {
-      response.set_next_page_token(response.jobs(response.jobs_size() - 1).job_id());
-      break;
+    const int64_t nanos = CreateNanos(job);
+    // Strictly after the cursor in (create_time, job_id) descending order.
+    if (cursor->has_value() &&
+        (nanos > (*cursor)->create_nanos ||
+         (nanos == (*cursor)->create_nanos && job.job_id() >= (*cursor)->job_id))) {
+      continue;
     }
-    *response.add_jobs() = job;
+    matching.emplace_back(nanos, &job);
+  }
+  std::sort(matching.begin(), matching.end(), [](const auto& a, const auto& b) {
+    if (a.first != b.first) return a.first > b.first;
+    return a.second->job_id() > b.second->job_id();
+  });
+  v1::ListJobsResponse response;
+  for (size_t i = 0; i < matching.size() && i < page_size; ++i) {
+    *response.add_jobs() = *matching[i].second;
+  }
+  if (matching.size() > page_size) {
+    const auto& last = matching[page_size - 1];
+    response.set_next_page_token(
+        absl::StrCat(last.first, "/", phases_key, "/", last.second->job_id()));
   }
   return response;
 }
@@ -384,6 +449,19 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitEvents(
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   WaitGuard waiting(*job);
   return job->events.WaitAfter(&mu_, after.value_or(0), deadline);
+}
+
+absl::StatusOr<uint64_t> Coordinator::AddEventWaker(const std::string& job_id,
+                                                    std::function<void()> waker) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return job->events.AddWaker(std::move(waker));
+}
+
+void Coordinator::RemoveEventWaker(const std::string& job_id, uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (JobRecord* job = FindJobLocked(job_id); job != nullptr) job->events.RemoveWaker(id);
 }
 
 absl::StatusOr<std::string> Coordinator::WorkerTokenHash(const std::string& job_id) const {

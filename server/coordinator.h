@@ -179,7 +179,9 @@ class Coordinator {
   absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::CreateJobRequest& request);
   // NotFound: no such job.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
-  // InvalidArgument: bad page_token or page_size > 1000.
+  // job.proto ListJobsRequest: newest create_time first; page_size 0 means
+  // 50, above 1000 means 1000. InvalidArgument: a malformed page_token, or
+  // one from a call with other phases.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) const;
   // Moves the job to CANCELLED (idempotent); every worker gets STOP.
   // InvalidArgument: reason over 1024 bytes or with control characters.
@@ -198,6 +200,15 @@ class Coordinator {
   absl::StatusOr<std::vector<v1::JobEvent>> WaitEvents(const std::string& job_id,
                                                        std::optional<uint64_t> after_sequence,
                                                        absl::Time deadline) const;
+  // Calls `waker` after every event appended to `job_id`'s log until
+  // RemoveEventWaker (WatchJob streams, server/rpc/watch_stream.h: woken,
+  // not polling). It runs with the coordinator's lock held, like a
+  // SessionWaker: quick, no blocking, no calls into the Coordinator.
+  // NotFound: no such job.
+  absl::StatusOr<uint64_t> AddEventWaker(const std::string& job_id, std::function<void()> waker);
+  // Idempotent; an unknown job or id is ignored.
+  void RemoveEventWaker(const std::string& job_id, uint64_t id);
+
   // SHA-256 (hex) of the job's worker token. NotFound.
   absl::StatusOr<std::string> WorkerTokenHash(const std::string& job_id) const;
 

@@ -1352,5 +1352,105 @@ TEST_F(CoordinatorTest, ReadyAloneDoesNotResetTheErrorStreak) {
   EXPECT_EQ(Members()["c"].loss_reason(), v1::LOSS_REASON_REPEATED_ERRORS);
 }
 
+// Watchers are woken by the job's event log, not by time: with the fake
+// clock standing still an event still reaches the waker, once per event,
+// and only for its job.
+TEST_F(CoordinatorTest, EventWakersRunOnEveryEventWithoutTimePassing) {
+  Create(Spec(1, 1));
+  Create(Spec(1, 1), "other");
+  int woken = 0;
+  int other_woken = 0;
+  absl::StatusOr<uint64_t> id = coordinator_->AddEventWaker("job", [&] { ++woken; });
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(coordinator_->AddEventWaker("other", [&] { ++other_woken; }).ok());
+  EXPECT_EQ(coordinator_->AddEventWaker("nope", [] {}).status().code(),
+            absl::StatusCode::kNotFound);
+  const size_t before = coordinator_->WaitEvents("job", std::nullopt, absl::InfinitePast())->size();
+  ASSERT_TRUE(Join("w0").ok());  // WorkerJoined
+  const size_t after = coordinator_->WaitEvents("job", std::nullopt, absl::InfinitePast())->size();
+  EXPECT_GT(after, before);
+  EXPECT_EQ(woken, static_cast<int>(after - before));
+  EXPECT_EQ(other_woken, 0);
+  coordinator_->RemoveEventWaker("job", *id);
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id("job");
+  ASSERT_TRUE(coordinator_->CancelJob(cancel).ok());
+  EXPECT_EQ(woken, static_cast<int>(after - before));  // removed: not called again
+}
+
+// Issue 14: ListJobs disagreed with job.proto (page_size 0 gave 100, over
+// 1000 was an error, ascending ids instead of newest first, a bogus
+// page_token was accepted).
+TEST(CoordinatorListJobsTest, MatchesTheProtoComments) {
+  FakeClock clock;
+  std::unique_ptr<StateStore> store = NewMemoryStore();
+  Coordinator coordinator(&clock, store.get());
+  // Created in an order unrelated to their ids; the last two at one time.
+  std::vector<std::string> created;
+  for (int i = 0; i < 60; ++i) {
+    v1::CreateJobRequest r;
+    r.set_job_id(absl::StrCat("j", (i * 37) % 60 + 10));
+    *r.mutable_spec() = fixtures::SmallSpec(1, 1, 4);
+    ASSERT_TRUE(coordinator.CreateJob(r).ok()) << r.job_id();
+    created.push_back(r.job_id());
+    if (i < 58) clock.Advance(absl::Seconds(1));
+  }
+  // Newest create_time first; the two created at the same time by job_id,
+  // descending.
+  std::vector<std::string> newest(created.rbegin(), created.rend());
+  if (newest[0] < newest[1]) std::swap(newest[0], newest[1]);
+
+  v1::ListJobsRequest req;
+  absl::StatusOr<v1::ListJobsResponse> page = coordinator.ListJobs(req);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->jobs_size(), 50);  // 0 means 50
+  for (int i = 0; i < page->jobs_size(); ++i) EXPECT_EQ(page->jobs(i).job_id(), newest[i]) << i;
+  ASSERT_FALSE(page->next_page_token().empty());
+  req.set_page_token(page->next_page_token());
+  page = coordinator.ListJobs(req);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->jobs_size(), 10);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(page->jobs(i).job_id(), newest[50 + i]) << i;
+  EXPECT_TRUE(page->next_page_token().empty());
+
+  // Above 1000 is treated as 1000, not an error.
+  req.Clear();
+  req.set_page_size(5000);
+  page = coordinator.ListJobs(req);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->jobs_size(), 60);
+
+  // Pages of 7 walk every job once, in order.
+  req.Clear();
+  req.set_page_size(7);
+  std::vector<std::string> walked;
+  for (int pages = 0; pages < 20; ++pages) {
+    page = coordinator.ListJobs(req);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const v1::Job& j : page->jobs()) walked.push_back(j.job_id());
+    if (page->next_page_token().empty()) break;
+    req.set_page_token(page->next_page_token());
+  }
+  EXPECT_EQ(walked, newest);
+
+  // A malformed token, or one from a call with other phases, is refused.
+  for (const std::string token : {"j10", "garbage", "12/x/j10", "1//", "1//Bad_Id"}) {
+    req.Clear();
+    req.set_page_token(token);
+    absl::Status s = coordinator.ListJobs(req).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << token;
+    EXPECT_THAT(s.message(), HasSubstr("page_token")) << token;
+  }
+  req.Clear();
+  req.set_page_size(1);
+  page = coordinator.ListJobs(req);
+  ASSERT_TRUE(page.ok());
+  req.set_page_token(page->next_page_token());
+  req.add_phases(v1::JOB_PHASE_PENDING);
+  absl::Status s = coordinator.ListJobs(req).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("other phases"));
+}
+
 }  // namespace
 }  // namespace shardline::server

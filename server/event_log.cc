@@ -42,8 +42,17 @@ uint64_t EventLog::Append(const std::string& job_id, uint64_t generation, absl::
   const uint64_t sequence = event.sequence();
   events_.push_back(std::move(event));
   while (events_.size() > static_cast<size_t>(max_events_)) events_.pop_front();
+  for (const auto& [id, waker] : wakers_) waker();
   return sequence;
 }
+
+uint64_t EventLog::AddWaker(std::function<void()> waker) {
+  const uint64_t id = next_waker_++;
+  wakers_.emplace(id, std::move(waker));
+  return id;
+}
+
+void EventLog::RemoveWaker(uint64_t id) { wakers_.erase(id); }
 
 void EventLog::Restore(v1::JobEvent event) {
   next_sequence_ = std::max(next_sequence_, event.sequence() + 1);

@@ -1,7 +1,7 @@
 // One job's event log (events.proto JobEvent): sequence numbers, retention
 // of the newest events, durability in the StateStore, replay after a
-// sequence for WatchJob, and the CondVar that wakes whoever waits for the
-// job to change.
+// sequence for WatchJob, the CondVar that wakes whoever waits for the job
+// to change, and the wakers of asynchronous watchers (WatchJob streams).
 //
 //   EventLog log(store, /*max_events=*/10000);   // one per job (JobRecord)
 //   log.Append("job-1", /*generation=*/1, clock->Now(), std::move(event));
@@ -21,6 +21,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +53,14 @@ class EventLog {
   // memory only. Returns the event's sequence number.
   uint64_t Append(const std::string& job_id, uint64_t generation, absl::Time time,
                   v1::JobEvent event);
+
+  // Calls `waker` after every later Append (with the Coordinator's lock
+  // held: it must be quick and only hand work elsewhere, like
+  // Coordinator::SessionWaker) until RemoveWaker(id). Returns the id.
+  uint64_t AddWaker(std::function<void()> waker);
+  // Idempotent; unknown ids are ignored.
+  void RemoveWaker(uint64_t id);
+  size_t wakers() const { return wakers_.size(); }
 
   // Recovery: an event read back from the store; call in sequence order.
   // Not written again, wakes no one.
@@ -85,6 +95,8 @@ class EventLog {
   std::deque<v1::JobEvent> events_;
   uint64_t next_sequence_ = 1;
   std::shared_ptr<absl::CondVar> changed_ = std::make_shared<absl::CondVar>();
+  std::map<uint64_t, std::function<void()>> wakers_;
+  uint64_t next_waker_ = 1;
 };
 
 }  // namespace shardline::server

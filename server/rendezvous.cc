@@ -1,5 +1,7 @@
 #include "server/rendezvous.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <limits>
 #include <utility>
@@ -121,6 +123,15 @@ bool ParseCounter(absl::string_view text, int64_t* out) {
 
 }  // namespace
 
+Rendezvous::Doomed::~Doomed() {
+  int64_t bytes = 0;
+  for (const auto& gen : gens) bytes += gen->bytes;
+  gens.clear();
+  // glibc keeps freed small chunks in the process (RSS stayed +320 MB after
+  // 659k scopes were freed); hand a large generation's pages back.
+  if (bytes >= kTrimAfterFreeingBytes) malloc_trim(0);
+}
+
 Rendezvous::Rendezvous(Clock* clock) : clock_(clock) {}
 
 Rendezvous::~Rendezvous() = default;
@@ -173,7 +184,12 @@ void Rendezvous::MaybeEraseScopeLocked(absl::string_view job_id, uint64_t genera
     GenerationState& gen = *gen_it->second;
     auto sc_it = gen.scopes.find(scope);
     if (sc_it != gen.scopes.end()) {
-      const Scope& sc = *sc_it->second;
+      Scope& sc = *sc_it->second;
+      if (sc.charged && sc.kv.empty() && sc.barriers.empty()) {
+        sc.charged = false;
+        --gen.scopes_charged;
+        gen.bytes -= static_cast<int64_t>(scope.size()) + kScopeOverheadBytes;
+      }
       if (sc.kv.empty() && sc.key_waiters.empty() && sc.barriers.empty()) gen.scopes.erase(sc_it);
     }
     if (gen.scopes.empty() && gen.waiters == 0) js.generations.erase(gen_it);
@@ -182,13 +198,42 @@ void Rendezvous::MaybeEraseScopeLocked(absl::string_view job_id, uint64_t genera
   if (js.generations.empty() && js.first_live_generation == 0 && !js.dropped) jobs_.erase(job);
 }
 
+absl::Status Rendezvous::ChargeLocked(GenerationState* gen, Scope* sc, absl::string_view job_id,
+                                      uint64_t generation, absl::string_view scope, int64_t bytes,
+                                      const std::string& what) {
+  if (!sc->charged) {
+    if (gen->scopes_charged >= static_cast<int64_t>(kMaxScopesPerGeneration)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "generation ", generation, " of job ", Quote(job_id), " already holds ",
+          gen->scopes_charged,
+          " scopes, the most kMaxScopesPerGeneration = ", kMaxScopesPerGeneration, " allows; ",
+          what, " would open another one, ", Where(job_id, generation, scope),
+          ". Delete keys no longer needed (KvDelete) or reuse a scope"));
+    }
+    bytes += static_cast<int64_t>(scope.size()) + kScopeOverheadBytes;
+  }
+  if (gen->bytes + bytes > kMaxBytesPerGeneration) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "generation ", generation, " of job ", Quote(job_id), " holds ", gen->bytes,
+        " bytes of rendezvous state (keys, values, names and their bookkeeping); ", what, " (",
+        bytes, " bytes) would pass kMaxBytesPerGeneration = ", kMaxBytesPerGeneration,
+        ". Delete keys no longer needed (KvDelete)"));
+  }
+  if (!sc->charged) {
+    sc->charged = true;
+    ++gen->scopes_charged;
+  }
+  gen->bytes += bytes;
+  return absl::OkStatus();
+}
+
 absl::Status Rendezvous::StoreLocked(GenerationState* gen, Scope* sc, absl::string_view job_id,
                                      uint64_t generation, absl::string_view scope,
                                      absl::string_view key, std::string value, absl::Time now) {
   auto it = sc->kv.find(key);
   const bool is_new = it == sc->kv.end();
   const int64_t delta_bytes =
-      is_new ? static_cast<int64_t>(key.size() + value.size())
+      is_new ? static_cast<int64_t>(key.size() + value.size()) + kKeyOverheadBytes
              : static_cast<int64_t>(value.size()) - static_cast<int64_t>(it->second.size());
   if (is_new && sc->kv.size() >= kMaxKeysPerScope) {
     return absl::ResourceExhaustedError(
@@ -196,12 +241,11 @@ absl::Status Rendezvous::StoreLocked(GenerationState* gen, Scope* sc, absl::stri
                      " keys (kMaxKeysPerScope); cannot add key ", Quote(key),
                      ". Delete keys no longer needed (KvDelete) or use another scope"));
   }
-  if (gen->bytes + delta_bytes > kMaxBytesPerGeneration) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("generation ", generation, " of job ", Quote(job_id), " holds ", gen->bytes,
-                     " bytes of keys and values; storing key ", Quote(key), " (", value.size(),
-                     " value bytes) would pass kMaxBytesPerGeneration = ", kMaxBytesPerGeneration,
-                     ". Delete keys no longer needed (KvDelete)"));
+  if (absl::Status s = ChargeLocked(
+          gen, sc, job_id, generation, scope, delta_bytes,
+          absl::StrCat("storing key ", Quote(key), " (", value.size(), " value bytes)"));
+      !s.ok()) {
+    return s;
   }
   if (is_new) {
     sc->kv.emplace(std::string(key), std::move(value));
@@ -218,7 +262,6 @@ absl::Status Rendezvous::StoreLocked(GenerationState* gen, Scope* sc, absl::stri
   } else {
     it->second = std::move(value);
   }
-  gen->bytes += delta_bytes;
   gen->last_write = std::max(gen->last_write, now);
   return absl::OkStatus();
 }
@@ -496,7 +539,7 @@ absl::StatusOr<bool> Rendezvous::Delete(absl::string_view job_id, uint64_t gener
   auto it = sc->kv.find(key);
   if (it == sc->kv.end()) return false;
   GenerationState* gen = FindGenerationLocked(job_id, generation);
-  gen->bytes -= static_cast<int64_t>(it->first.size() + it->second.size());
+  gen->bytes -= static_cast<int64_t>(it->first.size() + it->second.size()) + kKeyOverheadBytes;
   --gen->keys;
   gen->last_write = std::max(gen->last_write, now);
   freed = std::move(it->second);
@@ -531,12 +574,21 @@ absl::StatusOr<uint32_t> Rendezvous::Barrier(absl::string_view job_id, uint64_t 
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
   Scope* sc = EnsureScopeLocked(job_id, generation, scope);
-  std::unique_ptr<BarrierState>& slot = sc->barriers[name];
-  if (slot == nullptr) {
-    slot = std::make_unique<BarrierState>();
-    slot->participants = participants;
+  GenerationState* gen = FindGenerationLocked(job_id, generation);
+  auto slot = sc->barriers.find(name);
+  if (slot == sc->barriers.end()) {
+    if (absl::Status s = ChargeLocked(gen, sc, job_id, generation, scope,
+                                      static_cast<int64_t>(name.size()) + kBarrierOverheadBytes,
+                                      absl::StrCat("creating barrier ", Quote(name)));
+        !s.ok()) {
+      MaybeEraseScopeLocked(job_id, generation, scope);
+      return s;
+    }
+    auto fresh = std::make_unique<BarrierState>();
+    fresh->participants = participants;
+    slot = sc->barriers.emplace(std::string(name), std::move(fresh)).first;
   }
-  BarrierState* b = slot.get();
+  BarrierState* b = slot->second.get();
   if (b->participants != participants) {
     return absl::FailedPreconditionError(
         absl::StrCat(barrier_desc, " was created with participants = ", b->participants,
@@ -551,7 +603,13 @@ absl::StatusOr<uint32_t> Rendezvous::Barrier(absl::string_view job_id, uint64_t 
         Quote(participant_id), " is not one of them (more distinct arrivals than participants = ",
         b->participants, "). Check the participant count, or use a new barrier name"));
   }
+  const int64_t arrival_bytes = static_cast<int64_t>(participant_id.size()) + kArrivalOverheadBytes;
   if (it == b->arrived.end()) {
+    if (absl::Status s = ChargeLocked(gen, sc, job_id, generation, scope, arrival_bytes,
+                                      absl::StrCat("arriving at ", barrier_desc));
+        !s.ok()) {
+      return s;
+    }
     it = b->arrived.emplace(std::string(participant_id), Arrival{b->next_seq++, 0, 0}).first;
     if (b->arrived.size() == b->participants) {
       OpenBarrierLocked(FindGenerationLocked(job_id, generation), b);
@@ -577,7 +635,10 @@ absl::StatusOr<uint32_t> Rendezvous::Barrier(absl::string_view job_id, uint64_t 
   const size_t arrived = b->arrived.size();
   it = b->arrived.find(participant_id);
   const bool withdrawn = --it->second.waiting_calls == 0;
-  if (withdrawn) b->arrived.erase(it);
+  if (withdrawn) {
+    b->arrived.erase(it);
+    FindGenerationLocked(job_id, generation)->bytes -= arrival_bytes;
+  }
   return absl::DeadlineExceededError(
       absl::StrCat(barrier_desc, " did not open ", deadline.Describe(), ": ", arrived, " of ",
                    b->participants, " participants had arrived (this caller included); ",
@@ -587,7 +648,7 @@ absl::StatusOr<uint32_t> Rendezvous::Barrier(absl::string_view job_id, uint64_t 
 
 void Rendezvous::EndGeneration(absl::string_view job_id, uint64_t generation) {
   if (job_id.empty()) return;
-  std::vector<std::unique_ptr<GenerationState>> doomed;  // freed after unlocking
+  Doomed doomed;  // freed after unlocking
   absl::MutexLock lock(&mu_);
   JobState& js = jobs_[job_id];
   if (js.dropped || generation < js.first_live_generation) return;
@@ -600,7 +661,7 @@ void Rendezvous::EndGeneration(absl::string_view job_id, uint64_t generation) {
     if (it->first <= generation) {
       AbortWaitersLocked(it->second.get(), absl::StrCat(EndedMessage(job_id, it->first),
                                                         " (it ended while this call waited)"));
-      doomed.push_back(std::move(it->second));
+      doomed.gens.push_back(std::move(it->second));
       js.generations.erase(it++);
     } else {
       ++it;
@@ -610,7 +671,7 @@ void Rendezvous::EndGeneration(absl::string_view job_id, uint64_t generation) {
 
 void Rendezvous::DropJob(absl::string_view job_id) {
   if (job_id.empty()) return;
-  std::vector<std::unique_ptr<GenerationState>> doomed;  // freed after unlocking
+  Doomed doomed;  // freed after unlocking
   absl::MutexLock lock(&mu_);
   JobState& js = jobs_[job_id];
   js.dropped = true;
@@ -619,9 +680,40 @@ void Rendezvous::DropJob(absl::string_view job_id) {
                                                " (it was dropped while this call waited in "
                                                "generation ",
                                                generation, ")"));
-    doomed.push_back(std::move(gen));
+    doomed.gens.push_back(std::move(gen));
   }
   js.generations.clear();
+}
+
+void Rendezvous::ForgetJob(absl::string_view job_id) {
+  DropJob(job_id);
+  absl::MutexLock lock(&mu_);
+  jobs_.erase(job_id);
+}
+
+std::vector<std::string> Rendezvous::JobsHoldingState() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [job_id, js] : jobs_) {
+    if (!js.generations.empty()) out.push_back(job_id);
+  }
+  return out;
+}
+
+Rendezvous::Usage Rendezvous::GetJobUsage(absl::string_view job_id) const {
+  absl::MutexLock lock(&mu_);
+  Usage usage;
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return usage;
+  for (const auto& [generation, gen] : job->second.generations) {
+    usage.keys += gen->keys;
+    usage.scopes += gen->scopes_charged;
+    usage.bytes += gen->bytes;
+    usage.waiters += gen->waiters;
+    usage.last_write = std::max(usage.last_write, gen->last_write);
+    for (const auto& [name, sc] : gen->scopes) usage.barriers += sc->barriers.size();
+  }
+  return usage;
 }
 
 Rendezvous::Usage Rendezvous::GetUsage(absl::string_view job_id, uint64_t generation) const {
@@ -630,6 +722,7 @@ Rendezvous::Usage Rendezvous::GetUsage(absl::string_view job_id, uint64_t genera
   const GenerationState* gen = FindGenerationLocked(job_id, generation);
   if (gen == nullptr) return usage;
   usage.keys = gen->keys;
+  usage.scopes = gen->scopes_charged;
   usage.bytes = gen->bytes;
   usage.waiters = gen->waiters;
   usage.last_write = gen->last_write;

@@ -32,7 +32,8 @@
 // one are untouched. The record that a job's generations ended (job id and
 // one integer) is kept for the life of this object, so a call that passed
 // the coordinator's fence check just before EndGeneration/DropJob can never
-// resurrect dropped state.
+// resurrect dropped state; ForgetJob drops even that record, for a job the
+// coordinator deleted (whose fences can never pass again).
 //
 // Time. Timeouts are durations of real time (absl::Now()): a blocked call
 // sleeps on a condition variable until the key appears, the generation ends,
@@ -81,6 +82,35 @@ inline constexpr size_t kMaxKeysPerRequest = 65536;           // Wait -> Invalid
 inline constexpr size_t kMaxKeysPerScope = 65536;             // -> ResourceExhausted
 inline constexpr int64_t kMaxBytesPerGeneration = 268435456;  // 256 MiB -> ResourceExhausted
 inline constexpr uint32_t kMaxBarrierParticipants = 65536;    // -> InvalidArgument
+// Scopes holding keys or barriers in one generation -> ResourceExhausted.
+// A generation's ProcessGroups are at most 4 per rank (TP, PP, DP and the
+// embedding group, plan.proto) of at most 65536 ranks (kMaxMembersPerJob).
+inline constexpr size_t kMaxScopesPerGeneration = 262144;
+
+// What the kMaxBytesPerGeneration budget charges: every byte an entry costs
+// in this process, not just the caller's bytes (issue 14: 659k one-key
+// scopes of 248 bytes were counted as 659 KB and cost 288 MB). Each
+// constant bounds the bookkeeping of one entry from above; measured with
+// mallinfo2 on x86-64, glibc 2.36, Debian 12's Abseil (200k scopes of 248
+// bytes with one key: 566 bytes each in the heap, charged 841; 60k keys of
+// 21 bytes with 17-byte values: 206 each, charged 245; 60k barriers with
+// one arrival: 282 each, charged 446):
+//   a key:      key + value bytes + kKeyOverheadBytes (its slot of two
+//               std::string in the scope's flat_hash_map, which may be
+//               7/16 full after growing, plus the allocator's rounding and
+//               headers of the key's and value's heap buffers);
+//   a scope:    scope bytes + kScopeOverheadBytes while it holds a key or a
+//               barrier (its slot in the generation's map, the Scope with
+//               its three maps, its key map's first allocation, the heap
+//               copy of its name);
+//   a barrier:  name bytes + kBarrierOverheadBytes (slot, BarrierState and
+//               its maps);
+//   an arrival: participant_id bytes + kArrivalOverheadBytes (a slot of
+//               std::string + Arrival in the barrier's map).
+inline constexpr int64_t kKeyOverheadBytes = 208;
+inline constexpr int64_t kScopeOverheadBytes = 384;
+inline constexpr int64_t kBarrierOverheadBytes = 320;
+inline constexpr int64_t kArrivalOverheadBytes = 112;
 inline constexpr absl::Duration kDefaultWaitTimeout = absl::Seconds(300);
 inline constexpr absl::Duration kMaxWaitTimeout = absl::Seconds(3600);
 
@@ -94,8 +124,11 @@ class Rendezvous {
 
   // What one generation holds (for operators and tests).
   struct Usage {
-    int64_t keys = 0;   // keys in all scopes
-    int64_t bytes = 0;  // key bytes + value bytes, all scopes (the kMaxBytesPerGeneration budget)
+    int64_t keys = 0;    // keys in all scopes
+    int64_t scopes = 0;  // scopes holding keys or barriers (kMaxScopesPerGeneration)
+    // Bytes charged to the kMaxBytesPerGeneration budget: keys, values,
+    // scope and barrier names, participant ids and the overheads above.
+    int64_t bytes = 0;
     int64_t barriers = 0;  // barriers created (open or not)
     int64_t waiters = 0;   // calls blocked right now (Get with wait, Wait, Barrier)
     absl::Time last_write = absl::InfinitePast();  // Clock time of the last successful write
@@ -119,8 +152,10 @@ class Rendezvous {
   //   InvalidArgument: key empty or longer than kMaxKeyBytes; value longer
   //     than kMaxValueBytes.
   //   ResourceExhausted: a new key in a scope that already holds
-  //     kMaxKeysPerScope keys; or the generation's keys + values would pass
-  //     kMaxBytesPerGeneration. Nothing is changed.
+  //     kMaxKeysPerScope keys; a new scope in a generation that already
+  //     holds kMaxScopesPerGeneration; or the generation's charged bytes
+  //     (see kKeyOverheadBytes) would pass kMaxBytesPerGeneration. The
+  //     message names the limit. Nothing is changed.
   absl::Status Set(absl::string_view job_id, uint64_t generation, absl::string_view scope,
                    absl::string_view key, absl::string_view value) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -199,6 +234,8 @@ class Rendezvous {
   //     participants (more distinct arrivals than `participants`).
   //   DeadlineExceeded: the barrier did not open in time; the message names
   //     the barrier and how many of `participants` had arrived.
+  //   ResourceExhausted: a new barrier or arrival would pass
+  //     kMaxBytesPerGeneration, or a new scope kMaxScopesPerGeneration.
   absl::StatusOr<uint32_t> Barrier(absl::string_view job_id, uint64_t generation,
                                    absl::string_view scope, absl::string_view name,
                                    absl::string_view participant_id, uint32_t participants,
@@ -221,6 +258,20 @@ class Rendezvous {
   // What (job_id, generation) holds now; all zero for a generation that
   // holds nothing or has ended.
   Usage GetUsage(absl::string_view job_id, uint64_t generation) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The same, summed over every generation of `job_id` (last_write: the
+  // latest); all zero once its generations ended or it was dropped.
+  Usage GetJobUsage(absl::string_view job_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Jobs that hold keys, barriers or waiters in some generation (the
+  // server's tick drops those whose job finished or is gone, so that a job
+  // that ends without a GenerationEnded -- COMPLETED, FAILED -- frees its
+  // state too).
+  std::vector<std::string> JobsHoldingState() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drops `job_id` as DropJob does, then forgets even the record that it
+  // was dropped: for a job the coordinator no longer knows (deleted), whose
+  // fence can never pass again. Idempotent; never fails.
+  void ForgetJob(absl::string_view job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // A blocked call: lives on its caller's stack, registered (by pointer)
@@ -243,6 +294,9 @@ class Rendezvous {
     absl::flat_hash_set<Waiter*> waiters;
   };
   struct Scope {
+    // Whether the scope's name and overhead are charged to the generation
+    // (while it holds keys or barriers).
+    bool charged = false;
     absl::flat_hash_map<std::string, std::string> kv;
     // Waiters by the missing key they wait for; an entry is removed whole
     // when the key is created.
@@ -252,7 +306,8 @@ class Rendezvous {
   struct GenerationState {
     absl::flat_hash_map<std::string, std::unique_ptr<Scope>> scopes;
     int64_t keys = 0;
-    int64_t bytes = 0;  // key + value bytes, all scopes
+    int64_t scopes_charged = 0;  // scopes holding keys or barriers
+    int64_t bytes = 0;           // charged bytes (see kKeyOverheadBytes)
     int64_t waiters = 0;
     absl::Time last_write = absl::InfinitePast();
   };
@@ -263,6 +318,15 @@ class Rendezvous {
     absl::flat_hash_map<uint64_t, std::unique_ptr<GenerationState>> generations;
   };
   enum class WaitResult { kNotified, kTimedOut, kAborted };
+  // Generations taken out under mu_, freed when this goes out of scope
+  // (declare it before the MutexLock, so after unlocking). Freeing at least
+  // kTrimAfterFreeingBytes (charged) returns free heap pages to the system
+  // (malloc_trim).
+  static constexpr int64_t kTrimAfterFreeingBytes = 16 << 20;
+  struct Doomed {
+    std::vector<std::unique_ptr<GenerationState>> gens;
+    ~Doomed();
+  };
 
   // OK, or Aborted when (job_id, generation) has ended or the job was dropped.
   absl::Status CheckLiveLocked(absl::string_view job_id, uint64_t generation) const
@@ -278,6 +342,12 @@ class Rendezvous {
   // Frees the scope, then the generation, when they hold nothing.
   void MaybeEraseScopeLocked(absl::string_view job_id, uint64_t generation, absl::string_view scope)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges `bytes` (plus the scope's own charge when `sc` is not charged
+  // yet) to `gen`, or says which limit it would pass; `what` names the
+  // thing added, for the message.
+  absl::Status ChargeLocked(GenerationState* gen, Scope* sc, absl::string_view job_id,
+                            uint64_t generation, absl::string_view scope, int64_t bytes,
+                            const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stores key = value under the limits; wakes the waiters of a new key.
   absl::Status StoreLocked(GenerationState* gen, Scope* sc, absl::string_view job_id,
                            uint64_t generation, absl::string_view scope, absl::string_view key,

@@ -68,7 +68,11 @@ TEST_F(RendezvousTest, SetGetOverwrite) {
 
   Rendezvous::Usage usage = rv_.GetUsage(kJob, 1);
   EXPECT_EQ(usage.keys, 3);
-  EXPECT_EQ(usage.bytes, (4 + 14) + (5 + 0) + (3 + 4));
+  EXPECT_EQ(usage.scopes, 1);
+  // Every entry is charged its bookkeeping too (kKeyOverheadBytes), and the
+  // scope "" its own (kScopeOverheadBytes).
+  EXPECT_EQ(usage.bytes,
+            (4 + 14) + (5 + 0) + (3 + 4) + 3 * kKeyOverheadBytes + 0 + kScopeOverheadBytes);
 }
 
 TEST_F(RendezvousTest, GetWithWaitIsUnblockedByLaterSetFromAnotherThread) {
@@ -148,7 +152,7 @@ TEST_F(RendezvousTest, AdvancingTheFakeClockDoesNotEndAWaitButStampsWrites) {
 
 TEST_F(RendezvousTest, DeleteReportsWhetherTheKeyExistedAndFreesItsBytes) {
   ASSERT_TRUE(rv_.Set(kJob, 1, "s", "k", "value").ok());
-  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, 6);
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, 6 + kKeyOverheadBytes + 1 + kScopeOverheadBytes);
   absl::StatusOr<bool> deleted = rv_.Delete(kJob, 1, "s", "k");
   ASSERT_TRUE(deleted.ok()) << deleted.status();
   EXPECT_TRUE(*deleted);
@@ -707,20 +711,141 @@ TEST_F(RendezvousTest, BytesPerGenerationLimitIsResourceExhausted) {
   EXPECT_THAT(s.message(), HasSubstr("kMaxBytesPerGeneration"));
   EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, used);  // unchanged
   // Growing an existing value past the budget fails too; fitting exactly works.
-  const int64_t room = kMaxBytesPerGeneration - used;
-  EXPECT_EQ(rv_.Set(kJob, 1, "c", "k", std::string(room, 'y')).code(),
-            absl::StatusCode::kResourceExhausted);  // key bytes count as well
-  EXPECT_TRUE(rv_.Set(kJob, 1, "c", "k", std::string(room - 1, 'y')).ok());
+  // The first key of scope "c" is charged the scope ("c" and
+  // kScopeOverheadBytes), its key "k" and kKeyOverheadBytes as well.
+  const int64_t room =
+      kMaxBytesPerGeneration - used - (1 + kScopeOverheadBytes) - (1 + kKeyOverheadBytes);
+  EXPECT_EQ(rv_.Set(kJob, 1, "c", "k", std::string(room + 1, 'y')).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(rv_.Set(kJob, 1, "c", "k", std::string(room, 'y')).ok());
   EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, kMaxBytesPerGeneration);
-  EXPECT_EQ(rv_.Set(kJob, 1, "c", "k", std::string(room, 'y')).code(),
+  EXPECT_EQ(rv_.Set(kJob, 1, "c", "k", std::string(room + 1, 'y')).code(),
             absl::StatusCode::kResourceExhausted);
   // Another generation has its own budget.
   EXPECT_TRUE(rv_.Set(kJob, 2, "c", "256th", mib).ok());
-  // Delete, or the end of the generation, frees the budget.
+  // Delete, or the end of the generation, frees the budget: key "1" freed
+  // 1 + 1 MiB + kKeyOverheadBytes; "256th" needs 5 + value + the same.
   ASSERT_TRUE(rv_.Delete(kJob, 1, "a", "1").ok());
-  EXPECT_TRUE(rv_.Set(kJob, 1, "c", "256th", std::string(kMaxValueBytes - room, 'z')).ok());
+  EXPECT_EQ(rv_.Set(kJob, 1, "c", "256th", std::string(kMaxValueBytes - 3, 'z')).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(rv_.Set(kJob, 1, "c", "256th", std::string(kMaxValueBytes - 4, 'z')).ok());
   rv_.EndGeneration(kJob, 1);
   EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, 0);
+}
+
+// Issue 14: KvSet(scope=<248 unique bytes>, key="k", value="") 659k times
+// cost 288 MB while 659 KB were counted. Now each such entry is charged
+// what it costs, and the scopes of a generation are capped: the flood is
+// refused at kMaxScopesPerGeneration scopes, each charged its name, its
+// bookkeeping and its one key.
+TEST_F(RendezvousTest, ScopeFloodIsRefusedAtTheScopeLimit) {
+  auto scope = [](size_t i) {
+    return absl::StrCat(std::string(240, 's'), absl::Dec(i, absl::kZeroPad8));
+  };
+  ASSERT_EQ(scope(0).size(), 248u);
+  const int64_t per_entry = 248 + kScopeOverheadBytes + 1 + kKeyOverheadBytes;
+  size_t accepted = 0;
+  absl::Status refused;
+  for (size_t i = 0; i < 659000; ++i) {
+    refused = rv_.Set(kJob, 1, scope(i), "k", "");
+    if (!refused.ok()) break;
+    ++accepted;
+  }
+  EXPECT_EQ(accepted, kMaxScopesPerGeneration);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("kMaxScopesPerGeneration = 262144"));
+  Rendezvous::Usage usage = rv_.GetUsage(kJob, 1);
+  EXPECT_EQ(usage.scopes, static_cast<int64_t>(kMaxScopesPerGeneration));
+  EXPECT_EQ(usage.keys, static_cast<int64_t>(kMaxScopesPerGeneration));
+  EXPECT_EQ(usage.bytes, static_cast<int64_t>(kMaxScopesPerGeneration) * per_entry);
+  EXPECT_LE(usage.bytes, kMaxBytesPerGeneration);
+  // Existing scopes still take keys; a scope emptied by KvDelete frees its slot.
+  EXPECT_TRUE(rv_.Set(kJob, 1, scope(7), "k2", "v").ok());
+  ASSERT_TRUE(rv_.Delete(kJob, 1, scope(3), "k").ok());
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).scopes, static_cast<int64_t>(kMaxScopesPerGeneration) - 1);
+  EXPECT_TRUE(rv_.Set(kJob, 1, "fresh", "k", "").ok());
+  rv_.EndGeneration(kJob, 1);
+  EXPECT_EQ(rv_.GetJobUsage(kJob).bytes, 0);
+  EXPECT_EQ(rv_.GetJobUsage(kJob).scopes, 0);
+}
+
+// Long keys fill the byte budget; the count at which it refuses follows
+// from the charges (key + value + kKeyOverheadBytes, plus each scope's).
+TEST_F(RendezvousTest, ByteBudgetChargesKeyBookkeeping) {
+  const std::string key_base(kMaxKeyBytes - 8, 'k');
+  const int64_t per_key = static_cast<int64_t>(kMaxKeyBytes) + kKeyOverheadBytes;
+  const int64_t per_scope = 2 + kScopeOverheadBytes;  // scopes "s0".."s9"
+  // Keys fill scopes of kMaxKeysPerScope, one after the other.
+  int64_t expected = 0;
+  int64_t charged = 0;
+  for (;;) {
+    const int64_t cost = per_key + (expected % kMaxKeysPerScope == 0 ? per_scope : 0);
+    if (charged + cost > kMaxBytesPerGeneration) break;
+    charged += cost;
+    ++expected;
+  }
+  int64_t accepted = 0;
+  absl::Status refused;
+  for (;;) {
+    const std::string scope = absl::StrCat("s", accepted / kMaxKeysPerScope);
+    refused =
+        rv_.Set(kJob, 1, scope, absl::StrCat(key_base, absl::Dec(accepted, absl::kZeroPad8)), "");
+    if (!refused.ok()) break;
+    ++accepted;
+  }
+  EXPECT_EQ(accepted, expected);
+  EXPECT_LT(accepted, kMaxBytesPerGeneration / static_cast<int64_t>(kMaxKeyBytes));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("kMaxBytesPerGeneration"));
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, charged);
+}
+
+TEST_F(RendezvousTest, BarriersAndArrivalsAreCharged) {
+  EXPECT_EQ(rv_.Barrier(kJob, 1, "s", "b", "w0", 2, absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // The barrier stays (single-use, same participant count later); the
+  // arrival that timed out is withdrawn and no longer charged.
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, 1 + kScopeOverheadBytes + 1 + kBarrierOverheadBytes);
+  ASSERT_TRUE(rv_.Barrier(kJob, 1, "s", "one", "w0", 1, absl::ZeroDuration()).ok());
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, 1 + kScopeOverheadBytes + 1 + kBarrierOverheadBytes + 3 +
+                                             kBarrierOverheadBytes + 2 + kArrivalOverheadBytes);
+  // A full budget refuses new barriers, naming the limit.
+  const std::string mib(kMaxValueBytes, 'x');
+  int i = 0;
+  while (rv_.Set(kJob, 1, "fill", absl::StrCat(i), mib).ok()) ++i;
+  const int64_t room = kMaxBytesPerGeneration - rv_.GetUsage(kJob, 1).bytes - 4 - kKeyOverheadBytes;
+  ASSERT_TRUE(rv_.Set(kJob, 1, "fill", "last", std::string(room, 'y')).ok());
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, kMaxBytesPerGeneration);
+  absl::StatusOr<uint32_t> b = rv_.Barrier(kJob, 1, "s", "late", "w0", 1, absl::ZeroDuration());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
+  EXPECT_THAT(b.status().message(), HasSubstr("kMaxBytesPerGeneration"));
+  rv_.EndGeneration(kJob, 1);
+  EXPECT_EQ(rv_.GetJobUsage(kJob).bytes, 0);
+}
+
+// An ended generation's entries are freed: on re-form (EndGeneration), on
+// the job's end (DropJob), and for a deleted job even the record
+// (ForgetJob).
+TEST_F(RendezvousTest, EndedGenerationsAndJobsFreeTheirEntries) {
+  ASSERT_TRUE(rv_.Set(kJob, 1, "tp/0", "id", "x").ok());
+  ASSERT_TRUE(rv_.Set(kJob, 2, "tp/0", "id", "y").ok());
+  ASSERT_TRUE(rv_.Set("job-2", 1, "", "k", "v").ok());
+  EXPECT_EQ(rv_.GetJobUsage(kJob).keys, 2);
+  EXPECT_EQ(rv_.GetJobUsage(kJob).bytes, rv_.GetUsage(kJob, 1).bytes + rv_.GetUsage(kJob, 2).bytes);
+  EXPECT_THAT(rv_.JobsHoldingState(),
+              UnorderedElementsAreArray({std::string(kJob), std::string("job-2")}));
+  rv_.EndGeneration(kJob, 1);  // re-formed
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, 0);
+  EXPECT_EQ(rv_.GetJobUsage(kJob).keys, 1);
+  rv_.DropJob(kJob);  // finished
+  EXPECT_EQ(rv_.GetJobUsage(kJob).bytes, 0);
+  EXPECT_EQ(rv_.GetJobUsage(kJob).keys, 0);
+  EXPECT_EQ(rv_.GetJobUsage(kJob).scopes, 0);
+  EXPECT_THAT(rv_.JobsHoldingState(), UnorderedElementsAreArray({std::string("job-2")}));
+  EXPECT_EQ(rv_.Set(kJob, 3, "", "k", "v").code(), absl::StatusCode::kAborted);
+  rv_.ForgetJob("job-2");  // deleted
+  EXPECT_EQ(rv_.GetJobUsage("job-2").bytes, 0);
+  EXPECT_TRUE(rv_.JobsHoldingState().empty());
 }
 
 // ---------------------------------------------------------------------------

@@ -77,6 +77,7 @@ struct HarnessOptions {
   CheckpointRegistryOptions checkpoints;  // e.g. verify_files
   bool metrics = true;                    // false: the server gets no metrics::Metrics
   int max_waiting_gets = ServerOptions().max_waiting_gets;
+  rpc::WatchLimits watch_limits;
 };
 
 // The coordinator's components and a server over them.
@@ -106,6 +107,7 @@ class Harness {
     server_options.admin_token = options.admin_token;
     server_options.credentials = std::move(options.credentials);
     server_options.max_waiting_gets = options.max_waiting_gets;
+    server_options.watch_limits = options.watch_limits;
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(
         {coordinator_.get(), rendezvous_.get(), checkpoints_.get(), metrics_.get()},
         server_options);
@@ -131,6 +133,8 @@ class Harness {
   const std::string& address() const { return server_->address(); }
   std::shared_ptr<grpc::Channel> Channel() { return MakeChannel(address()); }
   Coordinator& coordinator() { return *coordinator_; }
+  Rendezvous& rendezvous() { return *rendezvous_; }
+  CoordinatorServer& server() { return *server_; }
   metrics::Metrics& metrics() { return *metrics_; }
 
  private:

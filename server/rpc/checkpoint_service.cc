@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/limits.h"
 
 namespace shardline::server::rpc {
 
@@ -14,6 +15,7 @@ grpc::Status CheckpointServiceImpl::BeginCheckpoint(grpc::ServerContext* ctx,
                                                     const v1::BeginCheckpointRequest* req,
                                                     v1::BeginCheckpointResponse* resp) {
   return calls_->Run("CheckpointService/BeginCheckpoint", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
     if (!fw.ok()) return fw.status();
     absl::StatusOr<v1::BeginCheckpointResponse> r = checkpoints_->Begin(*fw, req->step());
@@ -27,6 +29,7 @@ grpc::Status CheckpointServiceImpl::ReportShard(grpc::ServerContext* ctx,
                                                 const v1::ReportShardRequest* req,
                                                 v1::ReportShardResponse* resp) {
   return calls_->Run("CheckpointService/ReportShard", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
     if (!fw.ok()) return fw.status();
     absl::StatusOr<v1::CheckpointSummary> r = checkpoints_->ReportShard(*fw, *req);
@@ -40,6 +43,7 @@ grpc::Status CheckpointServiceImpl::CommitCheckpoint(grpc::ServerContext* ctx,
                                                      const v1::CommitCheckpointRequest* req,
                                                      v1::CheckpointSummary* resp) {
   return calls_->Run("CheckpointService/CommitCheckpoint", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     if (auto p = calls_->Authorize(*ctx, Access::kAdminOnly, req->job_id()); !p.ok()) {
       return p.status();
     }
@@ -55,6 +59,7 @@ grpc::Status CheckpointServiceImpl::AbortCheckpoint(grpc::ServerContext* ctx,
                                                     const v1::AbortCheckpointRequest* req,
                                                     v1::CheckpointSummary* resp) {
   return calls_->Run("CheckpointService/AbortCheckpoint", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     absl::StatusOr<Principal> who = calls_->Authorize(*ctx, Access::kJobRead, req->job_id());
     if (!who.ok()) return who.status();
     if (absl::Status st = RequireJobId(req->job_id(), "job_id"); !st.ok()) return st;
@@ -91,6 +96,7 @@ grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* ctx,
                                                     const v1::ListCheckpointsRequest* req,
                                                     v1::ListCheckpointsResponse* resp) {
   return calls_->Run("CheckpointService/ListCheckpoints", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     if (auto p = calls_->Authorize(*ctx, Access::kJobRead, req->job_id()); !p.ok()) {
       return p.status();
     }
@@ -105,6 +111,7 @@ grpc::Status CheckpointServiceImpl::GetManifest(grpc::ServerContext* ctx,
                                                 const v1::GetManifestRequest* req,
                                                 v1::Manifest* resp) {
   return calls_->Run("CheckpointService/GetManifest", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     if (auto p = calls_->Authorize(*ctx, Access::kJobRead, req->job_id()); !p.ok()) {
       return p.status();
     }

@@ -90,9 +90,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->flow_ = std::make_unique<CheckpointFlow>(deps.coordinator, deps.checkpoints, pass_on);
   server->sessions_ =
       std::make_unique<rpc::SessionStreams>(server->calls_.get(), deps.coordinator, pass_on);
-  server->job_service_ = std::make_unique<rpc::JobServiceImpl>(
-      server->calls_.get(), deps.coordinator, deps.rendezvous, server->flow_.get(), pass_on,
-      options.poll_interval);
+  server->watches_ = std::make_unique<rpc::WatchStreams>(server->calls_.get(), deps.coordinator,
+                                                         options.watch_limits);
+  server->job_service_ =
+      std::make_unique<rpc::JobServiceImpl>(server->calls_.get(), deps.coordinator, deps.rendezvous,
+                                            server->flow_.get(), pass_on, server->watches_.get());
   server->worker_service_ = std::make_unique<rpc::WorkerServiceImpl>(
       server->calls_.get(), deps.coordinator, server->flow_.get(), server->sessions_.get(),
       pass_on);
@@ -158,9 +160,25 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 }
 
 void CoordinatorServer::TickLoop(absl::Duration interval) {
+  absl::Time next_sweep = absl::Now();
   while (!stop_tick_.WaitForNotificationWithTimeout(interval)) {
     PassOn(deps_.coordinator->Tick());
     PruneFinishedJobs();
+    if (absl::Now() >= next_sweep) {
+      SweepRendezvous();
+      next_sweep = absl::Now() + kRendezvousSweepInterval;
+    }
+  }
+}
+
+void CoordinatorServer::SweepRendezvous() {
+  for (const std::string& job_id : deps_.rendezvous->JobsHoldingState()) {
+    absl::StatusOr<v1::Job> job = deps_.coordinator->GetJob(job_id);
+    if (absl::IsNotFound(job.status())) {
+      deps_.rendezvous->ForgetJob(job_id);
+    } else if (job.ok() && rpc::IsTerminal(job->phase())) {
+      deps_.rendezvous->DropJob(job_id);
+    }
   }
 }
 
@@ -205,6 +223,7 @@ void CoordinatorServer::Shutdown() {
     // declared lost).
     calls_->BeginShutdown();
     sessions_->EndAll();
+    watches_->EndAll();
     if (!stop_tick_.HasBeenNotified()) stop_tick_.Notify();
     if (tick_thread_.joinable()) tick_thread_.join();
     // Ends every blocked rendezvous call.

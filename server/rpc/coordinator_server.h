@@ -28,22 +28,28 @@
 //
 // Threads:
 //   * Sync API (JoinJob, GetAssignment, ReportError, LeaveJob; every
-//     JobService and CheckpointService method; KvWait, Barrier): one
+//     JobService method but WatchJob; every CheckpointService method;
+//     KvWait, Barrier): one
 //     sync-server thread per call in flight, at most
 //     ServerOptions::max_threads (beyond: RESOURCE_EXHAUSTED).
 //   * Callback API (Heartbeat; KvSet, KvGet, KvAdd, KvCompareAndSet,
-//     KvDelete; Session): gRPC's own threads accept the call; the body runs
-//     on a HandlerPool of 4 threads, never on gRPC's threads (which would
-//     stall every connection's I/O while a body waits for the coordinator's
-//     lock). A KvGet that waits gets a thread of its own (at most
-//     ServerOptions::max_waiting_gets). An open Session stream holds no
-//     thread (server/rpc/session_stream.h).
+//     KvDelete; Session; WatchJob): gRPC's own threads accept the call;
+//     the body runs on a HandlerPool of 4 threads, never on gRPC's threads
+//     (which would stall every connection's I/O while a body waits for the
+//     coordinator's lock). A KvGet that waits gets a thread of its own (at
+//     most ServerOptions::max_waiting_gets). An open Session or WatchJob
+//     stream holds no thread (server/rpc/session_stream.h, watch_stream.h).
 //   * The Tick thread: Coordinator::Tick every tick_interval, its ended
-//     generations passed on.
+//     generations passed on; and every kRendezvousSweepInterval
+//     (SweepRendezvous) the rendezvous state of jobs that finished without
+//     a GenerationEnded (COMPLETED, FAILED) is dropped, and that of jobs
+//     the coordinator no longer knows is forgotten.
 //
 // What the server adds to the components:
-//   * Authentication first on every call (UNAUTHENTICATED /
-//     PERMISSION_DENIED), then INVALID_ARGUMENT for an empty job_id, then
+//   * The request's limits first on every call (server/limits.h:
+//     INVALID_ARGUMENT naming an over-long field), then authentication
+//     (UNAUTHENTICATED / PERMISSION_DENIED), then INVALID_ARGUMENT for an
+//     empty job_id, then
 //     the component's answer, mapped 1:1 onto the gRPC code (ToGrpcStatus,
 //     common/grpc_status.h).
 //   * Every GenerationEnded the coordinator returns (CloseSession,
@@ -73,13 +79,13 @@
 #ifndef SHARDLINE_SERVER_RPC_COORDINATOR_SERVER_H_
 #define SHARDLINE_SERVER_RPC_COORDINATOR_SERVER_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -91,6 +97,7 @@
 #include "server/coordinator.h"
 #include "server/rendezvous.h"
 #include "server/rpc/call.h"
+#include "server/rpc/watch_stream.h"
 #include "spec/job_spec.h"
 
 namespace shardline::server {
@@ -121,9 +128,9 @@ struct ServerOptions {
   // How often Coordinator::Tick runs; zero or less: never (tests that tick
   // by hand).
   absl::Duration tick_interval = absl::Milliseconds(100);
-  // One round of the WatchJob loop (how fast a cancelled watcher is
-  // noticed).
-  absl::Duration poll_interval = absl::Milliseconds(100);
+  // Open WatchJob streams per job and in all (server/rpc/watch_stream.h);
+  // one more is RESOURCE_EXHAUSTED.
+  rpc::WatchLimits watch_limits;
   // gRPC keepalive pings from the server, so half-open connections break
   // (and their Session with them). The timeout is longer than any
   // heartbeat_timeout a job may set (spec/job_spec.h), so a process that is
@@ -187,6 +194,16 @@ class CoordinatorServer {
   // after every Tick; returns how many jobs were pruned.
   int PruneFinishedJobs();
 
+  // Drops the rendezvous state of every job that holds some and is
+  // terminal (Rendezvous::DropJob), or is unknown to the coordinator
+  // (Rendezvous::ForgetJob). The Tick thread calls it every
+  // kRendezvousSweepInterval; exposed for tests.
+  static constexpr absl::Duration kRendezvousSweepInterval = absl::Seconds(1);
+  void SweepRendezvous();
+
+  // The open WatchJob streams (for tests).
+  const rpc::WatchStreams& watches() const { return *watches_; }
+
   // See the file comment. Idempotent; blocks until every handler returned.
   void Shutdown();
 
@@ -200,6 +217,7 @@ class CoordinatorServer {
   std::unique_ptr<rpc::CallRunner> calls_;
   std::unique_ptr<CheckpointFlow> flow_;
   std::unique_ptr<rpc::SessionStreams> sessions_;
+  std::unique_ptr<rpc::WatchStreams> watches_;
   std::unique_ptr<rpc::JobServiceImpl> job_service_;
   std::unique_ptr<rpc::WorkerServiceImpl> worker_service_;
   std::unique_ptr<rpc::RendezvousServiceImpl> rendezvous_service_;

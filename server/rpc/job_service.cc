@@ -9,16 +9,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "server/limits.h"
 
 namespace shardline::server::rpc {
 namespace {
 
 // A read of one job's state with the admin token, the job's worker token or
 // one of its member tokens.
-template <typename Response, typename Fn>
+template <typename Request, typename Response, typename Fn>
 grpc::Status Read(CallRunner* calls, const char* method, const grpc::ServerContext& ctx,
-                  const std::string& job_id, Response* resp, Fn fn) {
+                  const Request& req, const std::string& job_id, Response* resp, Fn fn) {
   return calls->Run(method, [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(req); !st.ok()) return st;
     if (absl::Status st = calls->AuthorizeRead(ctx, job_id, "job_id"); !st.ok()) return st;
     absl::StatusOr<Response> r = fn();
     if (!r.ok()) return r.status();
@@ -29,19 +31,20 @@ grpc::Status Read(CallRunner* calls, const char* method, const grpc::ServerConte
 
 }  // namespace
 
-JobServiceImpl::JobServiceImpl(CallRunner* calls, Coordinator* coordinator,
-                               Rendezvous* rendezvous, CheckpointFlow* checkpoints,
-                               CheckpointFlow::PassOnFn pass_on, absl::Duration poll_interval)
+JobServiceImpl::JobServiceImpl(CallRunner* calls, Coordinator* coordinator, Rendezvous* rendezvous,
+                               CheckpointFlow* checkpoints, CheckpointFlow::PassOnFn pass_on,
+                               WatchStreams* watches)
     : calls_(calls),
       coordinator_(coordinator),
       rendezvous_(rendezvous),
       checkpoints_(checkpoints),
       pass_on_(std::move(pass_on)),
-      poll_interval_(poll_interval) {}
+      watches_(watches) {}
 
 grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* req,
                                        v1::CreateJobResponse* resp) {
   return calls_->Run("JobService/CreateJob", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     if (auto p = calls_->Authorize(*ctx, Access::kAdminOnly, req->job_id()); !p.ok()) {
       return p.status();
     }
@@ -58,13 +61,14 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* ctx, const v1::Creat
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                     v1::Job* resp) {
-  return Read(calls_, "JobService/GetJob", *ctx, req->job_id(), resp,
+  return Read(calls_, "JobService/GetJob", *ctx, *req, req->job_id(), resp,
               [&] { return coordinator_->GetJob(req->job_id()); });
 }
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                                       v1::ListJobsResponse* resp) {
   return calls_->Run("JobService/ListJobs", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     if (auto p = calls_->Authorize(*ctx, Access::kAdminOnly, ""); !p.ok()) return p.status();
     absl::StatusOr<v1::ListJobsResponse> r = coordinator_->ListJobs(*req);
     if (!r.ok()) return r.status();
@@ -76,6 +80,7 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJo
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                                        v1::Job* resp) {
   return calls_->Run("JobService/CancelJob", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     if (auto p = calls_->Authorize(*ctx, Access::kAdminOnly, req->job_id()); !p.ok()) {
       return p.status();
     }
@@ -96,13 +101,14 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::Cance
 grpc::Status JobServiceImpl::ListMembers(grpc::ServerContext* ctx,
                                          const v1::ListMembersRequest* req,
                                          v1::ListMembersResponse* resp) {
-  return Read(calls_, "JobService/ListMembers", *ctx, req->job_id(), resp,
+  return Read(calls_, "JobService/ListMembers", *ctx, *req, req->job_id(), resp,
               [&] { return coordinator_->ListMembers(req->job_id()); });
 }
 
 grpc::Status JobServiceImpl::DrainWorker(grpc::ServerContext* ctx,
                                          const v1::DrainWorkerRequest* req, v1::Member* resp) {
   return calls_->Run("JobService/DrainWorker", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     if (auto p = calls_->Authorize(*ctx, Access::kAdminOnly, req->job_id()); !p.ok()) {
       return p.status();
     }
@@ -125,87 +131,20 @@ grpc::Status JobServiceImpl::DrainWorker(grpc::ServerContext* ctx,
 
 grpc::Status JobServiceImpl::GetPlan(grpc::ServerContext* ctx, const v1::GetPlanRequest* req,
                                      v1::Plan* resp) {
-  return Read(calls_, "JobService/GetPlan", *ctx, req->job_id(), resp,
+  return Read(calls_, "JobService/GetPlan", *ctx, *req, req->job_id(), resp,
               [&] { return coordinator_->GetPlan(req->job_id()); });
 }
 
 grpc::Status JobServiceImpl::GetShardOwner(grpc::ServerContext* ctx,
                                            const v1::GetShardOwnerRequest* req,
                                            v1::GetShardOwnerResponse* resp) {
-  return Read(calls_, "JobService/GetShardOwner", *ctx, req->job_id(), resp,
+  return Read(calls_, "JobService/GetShardOwner", *ctx, *req, req->job_id(), resp,
               [&] { return coordinator_->GetShardOwner(*req); });
 }
 
-grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
-                                      grpc::ServerWriter<v1::JobEvent>* writer) {
-  return calls_->Run("JobService/WatchJob", [&]() -> absl::Status {
-    if (absl::Status st = calls_->AuthorizeRead(*ctx, req->job_id(), "job_id"); !st.ok()) {
-      return st;
-    }
-    return Watch(ctx, *req, writer);
-  });
-}
-
-absl::Status JobServiceImpl::Watch(grpc::ServerContext* ctx, const v1::WatchJobRequest& req,
-                                   grpc::ServerWriter<v1::JobEvent>* writer) {
-  Coordinator& c = *coordinator_;
-  const std::string& job_id = req.job_id();
-  absl::StatusOr<v1::Job> job = c.GetJob(job_id);
-  if (!job.ok()) return job.status();
-  const bool terminal_at_start = IsTerminal(job->phase());
-  // Everything retained, without waiting.
-  absl::StatusOr<std::vector<v1::JobEvent>> retained =
-      c.WaitEvents(job_id, std::nullopt, absl::InfinitePast());
-  if (!retained.ok()) return retained.status();
-  const uint64_t oldest = retained->empty() ? 0 : retained->front().sequence();
-  const uint64_t newest = retained->empty() ? 0 : retained->back().sequence();
-  const uint64_t lowest_resume = oldest == 0 ? 0 : oldest - 1;
-  uint64_t last = newest;
-  if (req.has_after_sequence()) {
-    last = req.after_sequence();
-    if (last < lowest_resume || last > newest) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "after_sequence=", last, " is outside the retained range [", lowest_resume, ", ",
-          newest, "]; resume from within it, or leave after_sequence unset for live events"));
-    }
-  }
-  // Writes `events` with sequence > last; `done` once the stream is over.
-  bool done = false;
-  auto send = [&](const std::vector<v1::JobEvent>& events, bool live) -> absl::Status {
-    for (const v1::JobEvent& e : events) {
-      if (e.sequence() <= last) continue;
-      if (live && e.sequence() > last + 1) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "the watcher fell behind: events ", last + 1, "..", e.sequence() - 1,
-            " are no longer retained; reconnect with after_sequence=", last));
-      }
-      if (!writer->Write(e)) return absl::CancelledError("the watcher went away");
-      last = e.sequence();
-      if (e.has_phase_changed() && IsTerminal(e.phase_changed().new_phase())) {
-        done = true;
-        return absl::OkStatus();
-      }
-    }
-    return absl::OkStatus();
-  };
-  if (absl::Status st = send(*retained, /*live=*/false); !st.ok() || done) return st;
-  if (terminal_at_start) return absl::OkStatus();
-  for (int round = 1;; ++round) {
-    if (calls_->shutting_down()) {
-      return absl::UnavailableError("the coordinator is shutting down");
-    }
-    if (ctx->IsCancelled()) return absl::CancelledError("the watcher cancelled");
-    absl::StatusOr<std::vector<v1::JobEvent>> events =
-        c.WaitEvents(job_id, last, absl::Now() + poll_interval_);
-    if (!events.ok()) return events.status();
-    if (absl::Status st = send(*events, /*live=*/true); !st.ok() || done) return st;
-    if (events->empty() && round % 10 == 0) {
-      // A terminal phase whose event we already passed (race at start).
-      absl::StatusOr<v1::Job> now = c.GetJob(job_id);
-      if (!now.ok()) return now.status();
-      if (IsTerminal(now->phase())) return absl::OkStatus();
-    }
-  }
+grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(grpc::CallbackServerContext* ctx,
+                                                                 const v1::WatchJobRequest* req) {
+  return watches_->Start(ctx, *req);
 }
 
 }  // namespace shardline::server::rpc

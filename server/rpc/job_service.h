@@ -1,8 +1,9 @@
 // JobService of proto/shardline/v1/coordinator.proto over the Coordinator:
-// each method authenticates, checks the request's ids, calls the component
-// and packs its answer. Every method is on gRPC's sync API: its body runs
-// on a sync-server thread (server/rpc/call.h); WatchJob holds that thread
-// for as long as it streams.
+// each method checks the request's limits (server/limits.h), authenticates,
+// checks the request's ids, calls the component and packs its answer.
+// Every method but WatchJob is on gRPC's sync API: its body runs on a
+// sync-server thread (server/rpc/call.h); WatchJob is on the callback API
+// and holds no thread while it streams (server/rpc/watch_stream.h).
 //
 // Errors per method. Every method may also answer with the codes of
 // coordinator.proto "Errors" that any RPC may return: UNAUTHENTICATED /
@@ -18,7 +19,8 @@
 //     max_jobs unfinished jobs (Coordinator::CreateJob). Without an admin
 //     token configured the answer's worker_token is empty.
 //   GetJob (worker): INVALID_ARGUMENT: job_id empty; NOT_FOUND: no job.
-//   ListJobs (admin): INVALID_ARGUMENT: bad page_token or page_size.
+//   ListJobs (admin): INVALID_ARGUMENT: a malformed page_token or one from
+//     a call with other phases (Coordinator::ListJobs).
 //   CancelJob (admin): INVALID_ARGUMENT: job_id empty, or reason over 1024
 //     bytes or with control characters; NOT_FOUND; FAILED_PRECONDITION: the
 //     job is COMPLETED or FAILED. The job's rendezvous state is dropped and
@@ -33,15 +35,16 @@
 //   GetShardOwner (worker): INVALID_ARGUMENT: job_id empty, parameter empty
 //     or element outside the tensor; NOT_FOUND: no job or parameter;
 //     FAILED_PRECONDITION: no generation formed yet.
-//   WatchJob (worker): replay, then Coordinator::WaitEvents in rounds of
-//     ServerOptions::poll_interval; ends OK after the PhaseChanged to a
+//   WatchJob (worker): replay, then every event as the job's event log
+//     wakes the stream (no polling); ends OK after the PhaseChanged to a
 //     terminal phase (at once for a job already terminal, after its
 //     replay). INVALID_ARGUMENT: job_id empty; NOT_FOUND; OUT_OF_RANGE: an
 //     after_sequence outside [oldest retained - 1, newest];
 //     RESOURCE_EXHAUSTED: events the watcher had not received were dropped
 //     from the coordinator's retention (reconnect with after_sequence = the
-//     last received); CANCELLED: the watcher went away; UNAVAILABLE: the
-//     server is shutting down.
+//     last received), or kMaxWatchersPerJob / kMaxWatchers watchers are
+//     open already; CANCELLED: the watcher went away; UNAVAILABLE: the
+//     server is shutting down. See server/rpc/watch_stream.h.
 //
 // Thread-safety: thread-safe (gRPC calls the methods concurrently).
 #ifndef SHARDLINE_SERVER_RPC_JOB_SERVICE_H_
@@ -55,17 +58,19 @@
 #include "server/coordinator.h"
 #include "server/rendezvous.h"
 #include "server/rpc/call.h"
+#include "server/rpc/watch_stream.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 
 namespace shardline::server::rpc {
 
-class JobServiceImpl final : public v1::JobService::Service {
+class JobServiceImpl final
+    : public v1::JobService::WithCallbackMethod_WatchJob<v1::JobService::Service> {
  public:
   // Not owned; all must outlive the service. `pass_on`: see
   // CheckpointFlow::PassOnFn.
   JobServiceImpl(CallRunner* calls, Coordinator* coordinator, Rendezvous* rendezvous,
                  CheckpointFlow* checkpoints, CheckpointFlow::PassOnFn pass_on,
-                 absl::Duration poll_interval);
+                 WatchStreams* watches);
 
   grpc::Status CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* req,
                          v1::CreateJobResponse* resp) override;
@@ -83,20 +88,17 @@ class JobServiceImpl final : public v1::JobService::Service {
                        v1::Plan* resp) override;
   grpc::Status GetShardOwner(grpc::ServerContext* ctx, const v1::GetShardOwnerRequest* req,
                              v1::GetShardOwnerResponse* resp) override;
-  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
-                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+  // On the callback API: server/rpc/watch_stream.h.
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* ctx,
+                                                   const v1::WatchJobRequest* req) override;
 
  private:
-  // The replay and live loop of WatchJob, after authentication.
-  absl::Status Watch(grpc::ServerContext* ctx, const v1::WatchJobRequest& req,
-                     grpc::ServerWriter<v1::JobEvent>* writer);
-
   CallRunner* const calls_;
   Coordinator* const coordinator_;
   Rendezvous* const rendezvous_;
   CheckpointFlow* const checkpoints_;
   const CheckpointFlow::PassOnFn pass_on_;
-  const absl::Duration poll_interval_;
+  WatchStreams* const watches_;
 };
 
 }  // namespace shardline::server::rpc

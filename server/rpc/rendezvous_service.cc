@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "server/limits.h"
 
 namespace shardline::server::rpc {
 
@@ -22,6 +23,7 @@ grpc::ServerUnaryReactor* RendezvousServiceImpl::KvSet(grpc::CallbackServerConte
                                                        const v1::KvSetRequest* req,
                                                        v1::KvSetResponse*) {
   return calls_->RunPooled(ctx, "RendezvousService/KvSet", [=]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
     if (!fw.ok()) return fw.status();
     return rendezvous_->Set(fw->job_id, fw->generation, req->scope(), req->key(), req->value());
@@ -62,6 +64,7 @@ grpc::ServerUnaryReactor* RendezvousServiceImpl::KvGet(grpc::CallbackServerConte
 
 absl::Status RendezvousServiceImpl::Get(grpc::CallbackServerContext* ctx,
                                         const v1::KvGetRequest* req, v1::KvGetResponse* resp) {
+  if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
   if (!req->has_fence()) return OperatorRead(*ctx, *req, resp);
   absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
   if (!fw.ok()) return fw.status();
@@ -122,6 +125,7 @@ grpc::ServerUnaryReactor* RendezvousServiceImpl::KvAdd(grpc::CallbackServerConte
                                                        const v1::KvAddRequest* req,
                                                        v1::KvAddResponse* resp) {
   return calls_->RunPooled(ctx, "RendezvousService/KvAdd", [=]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
     if (!fw.ok()) return fw.status();
     absl::StatusOr<int64_t> r =
@@ -136,6 +140,7 @@ grpc::ServerUnaryReactor* RendezvousServiceImpl::KvCompareAndSet(
     grpc::CallbackServerContext* ctx, const v1::KvCompareAndSetRequest* req,
     v1::KvCompareAndSetResponse* resp) {
   return calls_->RunPooled(ctx, "RendezvousService/KvCompareAndSet", [=]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
     if (!fw.ok()) return fw.status();
     std::optional<absl::string_view> expected;
@@ -152,6 +157,7 @@ grpc::ServerUnaryReactor* RendezvousServiceImpl::KvCompareAndSet(
 grpc::Status RendezvousServiceImpl::KvWait(grpc::ServerContext* ctx, const v1::KvWaitRequest* req,
                                            v1::KvWaitResponse*) {
   return calls_->Run("RendezvousService/KvWait", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
     if (!fw.ok()) return fw.status();
     absl::StatusOr<std::optional<absl::Duration>> timeout =
@@ -177,6 +183,7 @@ grpc::ServerUnaryReactor* RendezvousServiceImpl::KvDelete(grpc::CallbackServerCo
                                                           const v1::KvDeleteRequest* req,
                                                           v1::KvDeleteResponse* resp) {
   return calls_->RunPooled(ctx, "RendezvousService/KvDelete", [=]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
     if (!fw.ok()) return fw.status();
     absl::StatusOr<bool> r =
@@ -191,6 +198,7 @@ grpc::Status RendezvousServiceImpl::Barrier(grpc::ServerContext* ctx,
                                             const v1::BarrierRequest* req,
                                             v1::BarrierResponse* resp) {
   return calls_->Run("RendezvousService/Barrier", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
     if (!fw.ok()) return fw.status();
     absl::StatusOr<std::optional<absl::Duration>> timeout =

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "server/limits.h"
 
 namespace shardline::server::rpc {
 namespace {
@@ -222,6 +223,10 @@ grpc::ServerWriteReactor<v1::SessionMessage>* SessionStreams::Start(
   const v1::WorkerIdentity& w = request.worker();
   if (calls_->shutting_down()) {
     stream.FinishEarly(absl::UnavailableError("the coordinator is shutting down; retry"));
+    return reactor;
+  }
+  if (absl::Status st = CheckRequestLimits(request); !st.ok()) {
+    stream.FinishEarly(st);
     return reactor;
   }
   if (absl::Status st = calls_->AuthorizeMember(*ctx, w, "worker.job_id"); !st.ok()) {

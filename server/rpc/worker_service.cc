@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "server/limits.h"
 
 namespace shardline::server::rpc {
 
@@ -22,6 +23,7 @@ WorkerServiceImpl::WorkerServiceImpl(CallRunner* calls, Coordinator* coordinator
 grpc::Status WorkerServiceImpl::JoinJob(grpc::ServerContext* ctx, const v1::JoinJobRequest* req,
                                         v1::JoinJobResponse* resp) {
   return calls_->Run("WorkerService/JoinJob", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     const v1::WorkerIdentity& w = req->worker();
     absl::StatusOr<JoinedBy> by = calls_->AuthorizeJoin(*ctx, w);
     if (!by.ok()) return by.status();
@@ -44,6 +46,7 @@ grpc::Status WorkerServiceImpl::GetAssignment(grpc::ServerContext* ctx,
                                               const v1::GetAssignmentRequest* req,
                                               v1::Assignment* resp) {
   return calls_->Run("WorkerService/GetAssignment", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     const v1::Fence& fence = req->fence();
     if (absl::Status st = calls_->AuthorizeMember(*ctx, fence.worker(), "fence.worker.job_id");
         !st.ok()) {
@@ -72,6 +75,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerConte
                                                        const v1::HeartbeatRequest* req,
                                                        v1::HeartbeatResponse* resp) {
   return calls_->RunPooled(ctx, "WorkerService/Heartbeat", [=]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     const v1::Fence& fence = req->fence();
     if (absl::Status st = calls_->AuthorizeMember(*ctx, fence.worker(), "fence.worker.job_id");
         !st.ok()) {
@@ -89,6 +93,7 @@ grpc::Status WorkerServiceImpl::ReportError(grpc::ServerContext* ctx,
                                             const v1::ReportErrorRequest* req,
                                             v1::ReportErrorResponse* resp) {
   return calls_->Run("WorkerService/ReportError", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     const v1::Fence& fence = req->fence();
     if (absl::Status st = calls_->AuthorizeMember(*ctx, fence.worker(), "fence.worker.job_id");
         !st.ok()) {
@@ -104,6 +109,7 @@ grpc::Status WorkerServiceImpl::ReportError(grpc::ServerContext* ctx,
 grpc::Status WorkerServiceImpl::LeaveJob(grpc::ServerContext* ctx, const v1::LeaveJobRequest* req,
                                          v1::LeaveJobResponse* resp) {
   return calls_->Run("WorkerService/LeaveJob", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     const v1::Fence& fence = req->fence();
     if (absl::Status st = calls_->AuthorizeMember(*ctx, fence.worker(), "fence.worker.job_id");
         !st.ok()) {
