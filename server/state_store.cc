@@ -285,6 +285,13 @@ absl::Status SqliteStore::Init() {
       !s.ok()) {
     return s;
   }
+  // Deleted rows are overwritten, not left in free pages: a migrated
+  // plain-text token (server/coordinator.cc, Recover) must not stay readable
+  // in the file once its row is gone.
+  if (absl::Status s = ExecLocked("PRAGMA secure_delete=ON", "setting secure_delete=ON");
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = InitSchemaLocked(); !s.ok()) return s;
 
   for (auto [sql, stmt] : {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -350,6 +351,14 @@ TEST(AuthServerTest, PlainTextTokensOfAnOlderStateFileAreMigratedToHashes) {
   ASSERT_EQ(hashes->size(), 1u);
   EXPECT_EQ((*hashes)[0].key, "legacy");
   EXPECT_EQ((*hashes)[0].value, Sha256Hex(plain));
+  // Nor is the plain text left anywhere in the files (state_store.cc also
+  // sets secure_delete, so deleted rows are zeroed whatever the page layout).
+  store->reset();
+  for (const std::string& file : {path, path + "-wal"}) {
+    std::ifstream in(file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(bytes.find(plain), std::string::npos) << file << " still holds the plain token";
+  }
 }
 
 }  // namespace
