@@ -277,16 +277,17 @@ absl::StatusOr<Principal> Authenticator::Authorize(
     const std::vector<absl::string_view>& authorization, Access access,
     absl::string_view job_id, const std::string& peer_host, const WorkerRef* worker) {
   if (!enabled()) return Principal{};
+  // The check first: it is one hash and one lookup, so a valid token is
+  // never refused because others sent bad ones from the same host.
+  absl::StatusOr<Principal> who = Check(authorization, access, job_id, worker);
+  if (who.ok() || who.status().code() != absl::StatusCode::kUnauthenticated) return who;
   if (!limiter_.Allowed(peer_host)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "too many failed authentications from ", peer_host.empty() ? "this peer" : peer_host,
         " (over ", FailureLimiter::kFailuresPerSecond, "/s, burst ",
         FailureLimiter::kFailureBurst, "); fix the token and retry in a few seconds"));
   }
-  absl::StatusOr<Principal> who = Check(authorization, access, job_id, worker);
-  if (!who.ok() && who.status().code() == absl::StatusCode::kUnauthenticated) {
-    limiter_.NoteFailure(peer_host);
-  }
+  limiter_.NoteFailure(peer_host);
   return who;
 }
 

@@ -30,15 +30,18 @@
 //
 // Failed authentications are rate-limited per peer host (FailureLimiter):
 // once a host spent its budget (kFailuresPerSecond, burst kFailureBurst),
-// its calls are answered RESOURCE_EXHAUSTED at once, without a lookup, until
-// the bucket refills. A real worker on a host that shares its address with
-// a client sending bad tokens is refused too while that lasts.
+// its calls whose token is unknown or malformed are answered
+// RESOURCE_EXHAUSTED instead of UNAUTHENTICATED until the bucket refills.
+// A valid token is never refused by the limiter: the lookup that tells it
+// from a bad one is the cheap one above, so a real worker behind the same
+// address as a client sending bad tokens keeps working.
 //
 // Errors, exactly as coordinator.proto documents them:
 //   Unauthenticated: no "authorization" metadata, more than one, a value that
 //     is not "Bearer <token>", or a token that is neither the admin token nor
 //     any job's or member's token.
-//   ResourceExhausted: the peer host exceeded its failed-authentication rate.
+//   ResourceExhausted: an Unauthenticated call from a peer host that exceeded
+//     its failed-authentication rate.
 //   PermissionDenied: a valid job or member token on an admin-only RPC or on
 //     another job; a job token on an RPC that acts (Access::kMember); a member
 //     token acting as another worker or incarnation (names both).

@@ -138,6 +138,7 @@ int Main(int argc, char** argv) {
   }
   coordinator_options.max_finished_jobs = static_cast<int>(max_finished_jobs);
   const char* admin_token_source = "--admin-token";
+  bool admin_token_given = false;
   if (args.WasSet("admin-token") && args.WasSet("admin-token-file")) {
     std::fprintf(stderr,
                  "shardline-coordinator: give --admin-token or --admin-token-file, not both\n");
@@ -153,8 +154,23 @@ int Main(int argc, char** argv) {
     admin_token = *std::move(t);
     admin_token_source = "--admin-token-file";
   } else if (!args.WasSet("admin-token")) {
-    if (const char* env = std::getenv("SHARDLINE_ADMIN_TOKEN"); env != nullptr) admin_token = env;
+    if (const char* env = std::getenv("SHARDLINE_ADMIN_TOKEN"); env != nullptr) {
+      admin_token = env;
+      admin_token_given = true;
+    }
     admin_token_source = "SHARDLINE_ADMIN_TOKEN";
+  } else {
+    admin_token_given = true;
+  }
+  // A token that was asked for but came out empty (a failed $(openssl ...),
+  // a typo) must not silently turn authentication off.
+  if (admin_token_given && admin_token.empty()) {
+    std::fprintf(stderr,
+                 "shardline-coordinator: %s is set but empty; give a token of at least 16 bytes "
+                 "(e.g. openssl rand -hex 32), or unset it to run without authentication "
+                 "(local tests only)\n",
+                 admin_token_source);
+    return 2;
   }
   if (absl::Status s = CheckAdminToken(admin_token, admin_token_source); !s.ok()) {
     std::fprintf(stderr, "shardline-coordinator: %s\n", std::string(s.message()).c_str());

@@ -382,6 +382,16 @@ TEST(CoordinatorBinaryTest, AdminTokenRules) {
                                 "--admin-token", "short-token"});
   EXPECT_EQ(code, 2) << err;
   EXPECT_THAT(err, HasSubstr("--admin-token is 11 bytes; an admin token needs at least 16"));
+  // Set but empty (a failed $(openssl rand ...)) is refused, not "auth off".
+  std::tie(code, err) =
+      RunToExit({"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token", ""});
+  EXPECT_EQ(code, 2) << err;
+  EXPECT_THAT(err, HasSubstr("--admin-token is set but empty"));
+  ASSERT_EQ(::setenv("SHARDLINE_ADMIN_TOKEN", "", 1), 0);  // the child inherits it
+  std::tie(code, err) = RunToExit({"--listen", "127.0.0.1:0", "--state", "memory"});
+  ::unsetenv("SHARDLINE_ADMIN_TOKEN");
+  EXPECT_EQ(code, 2) << err;
+  EXPECT_THAT(err, HasSubstr("SHARDLINE_ADMIN_TOKEN is set but empty"));
 
   const std::string file = TempDir() + "/admin-token";
   std::remove(file.c_str());
