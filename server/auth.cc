@@ -119,13 +119,21 @@ absl::Status CheckAdminToken(absl::string_view token, absl::string_view source) 
 }
 
 absl::StatusOr<std::string> ReadAdminTokenFile(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  // O_NONBLOCK: a FIFO must not hang the start (it is refused below).
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) return FileError(errno, "cannot open --admin-token-file", path);
   struct stat st;
   if (fstat(fd, &st) != 0) {
     const int err = errno;
     close(fd);
     return FileError(err, "cannot stat --admin-token-file", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--admin-token-file '", path, "' is not a regular file (",
+        S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket",
+        "); give the file that holds the token"));
   }
   if ((st.st_mode & 077) != 0) {
     close(fd);

@@ -410,6 +410,19 @@ TEST(CoordinatorBinaryTest, AdminTokenRules) {
   EXPECT_THAT(err, HasSubstr("has mode 0644"));
   EXPECT_THAT(err, HasSubstr("chmod 600"));
 
+  // A directory or a FIFO is refused at once (a FIFO used to hang the start).
+  const std::string fifo = TempDir() + "/admin-token-fifo";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::tie(code, err) = RunToExit(
+      {"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token-file", fifo});
+  EXPECT_EQ(code, 2) << err;
+  EXPECT_THAT(err, HasSubstr("is not a regular file (a FIFO)"));
+  std::tie(code, err) = RunToExit(
+      {"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token-file", TempDir()});
+  EXPECT_EQ(code, 2) << err;
+  EXPECT_THAT(err, HasSubstr("is not a regular file (a directory)"));
+
   ASSERT_EQ(::chmod(file.c_str(), 0600), 0);
   Process process({"--listen", "127.0.0.1:0", "--state", "memory", "--admin-token-file", file});
   ASSERT_FALSE(process.address().empty());
