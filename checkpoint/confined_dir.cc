@@ -282,35 +282,7 @@ absl::StatusOr<ConfinedDir::Type> ConfinedDir::TypeOf(absl::string_view rel) con
 absl::Status ConfinedDir::WriteFileAtomically(absl::string_view name, absl::string_view contents,
                                               int mode) const {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
-  static std::atomic<uint64_t> counter{0};
-  const std::string target = Join(path_, name);
-  const std::string temp_name =
-      absl::StrCat(".", name, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
-  const std::string temp = Join(path_, temp_name);
-  const int fd =
-      ::openat(fd_, temp_name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0) return FileError(errno, "cannot create", temp);
-  auto fail = [&](absl::string_view what, int err, bool close_fd) {
-    if (close_fd) ::close(fd);
-    ::unlinkat(fd_, temp_name.c_str(), 0);
-    return FileError(err, what, temp);
-  };
-  size_t done = 0;
-  while (done < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return fail("cannot write", errno, true);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) return fail("cannot fsync", errno, true);
-  if (::close(fd) != 0) return fail("cannot close", errno, false);
-  if (::renameat(fd_, temp_name.c_str(), fd_, std::string(name).c_str()) != 0) {
-    return fail(absl::StrCat("cannot rename to '", target, "'"), errno, false);
-  }
-  if (::fsync(fd_) != 0) return FileError(errno, "cannot fsync directory", path_);
-  return absl::OkStatus();
+  return ::shardline::WriteFileAtomicallyAt(fd_, path_, name, contents, mode);
 }
 
 absl::Status ConfinedDir::Remove(absl::string_view name) const {

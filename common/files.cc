@@ -40,15 +40,26 @@ absl::Status WriteFileAtomically(const std::string& directory, absl::string_view
   std::error_code ec;
   std::filesystem::create_directories(directory, ec);
   if (ec) return FileError(ec.value(), "cannot create directory", directory);
+  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return FileError(errno, "cannot open directory", directory);
+  absl::Status s = WriteFileAtomicallyAt(dir_fd, directory, name, contents, mode);
+  ::close(dir_fd);
+  return s;
+}
+
+absl::Status WriteFileAtomicallyAt(int dir_fd, const std::string& dir_path,
+                                   absl::string_view name, absl::string_view contents, int mode) {
   static std::atomic<uint64_t> counter{0};
-  const std::string target = absl::StrCat(directory, "/", name);
-  const std::string temp =
-      absl::StrCat(directory, "/.", name, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  const std::string target = absl::StrCat(dir_path, "/", name);
+  const std::string temp_name =
+      absl::StrCat(".", name, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
+  const std::string temp = absl::StrCat(dir_path, "/", temp_name);
+  const int fd = ::openat(dir_fd, temp_name.c_str(),
+                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return FileError(errno, "cannot create", temp);
-  auto fail = [&](absl::string_view what, int err) {
-    ::close(fd);
-    ::unlink(temp.c_str());
+  auto fail = [&](absl::string_view what, int err, bool close_fd) {
+    if (close_fd) ::close(fd);
+    ::unlinkat(dir_fd, temp_name.c_str(), 0);
     return FileError(err, what, temp);
   };
   size_t done = 0;
@@ -56,22 +67,17 @@ absl::Status WriteFileAtomically(const std::string& directory, absl::string_view
     const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return fail("cannot write", errno);
+      return fail("cannot write", errno, true);
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) return fail("cannot fsync", errno);
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return FileError(err, "cannot close", temp);
+  if (::fsync(fd) != 0) return fail("cannot fsync", errno, true);
+  if (::close(fd) != 0) return fail("cannot close", errno, false);
+  if (::renameat(dir_fd, temp_name.c_str(), dir_fd, std::string(name).c_str()) != 0) {
+    return fail(absl::StrCat("cannot rename to '", target, "'"), errno, false);
   }
-  if (::rename(temp.c_str(), target.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return FileError(err, absl::StrCat("cannot rename to '", target, "'"), temp);
-  }
-  return FsyncDirectory(directory);
+  if (::fsync(dir_fd) != 0) return FileError(errno, "cannot fsync directory", dir_path);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {

@@ -39,6 +39,16 @@ absl::Status FsyncDirectory(const std::string& directory);
 absl::Status WriteFileAtomically(const std::string& directory, absl::string_view name,
                                  absl::string_view contents, int mode = 0644);
 
+// WriteFileAtomically relative to an open directory: every step (create
+// the temp file with O_EXCL | O_NOFOLLOW, write, fsync, renameat over
+// `name`, fsync of the directory) goes through `dir_fd`, so no path is
+// resolved again (checkpoint/confined_dir.h builds on it). `dir_path` only
+// names the directory in messages; `name` is one path component. Errors:
+// FileError of the failing call (the path it names).
+absl::Status WriteFileAtomicallyAt(int dir_fd, const std::string& dir_path,
+                                   absl::string_view name, absl::string_view contents,
+                                   int mode = 0644);
+
 // The whole file. Errors: NotFound "no file '<path>'" when it does not
 // exist; FileError of open(2)/read(2) otherwise.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
