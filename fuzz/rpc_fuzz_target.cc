@@ -11,15 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/clock.h"
 #include "fuzz/check.h"
 #include "grpcpp/grpcpp.h"
-#include "server/checkpoint_registry.h"
-#include "server/coordinator.h"
-#include "server/rendezvous.h"
-#include "server/rpc/coordinator_server.h"
-#include "server/state_store.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
+#include "testing/worker_harness.h"
 
 namespace shardline::fuzz {
 namespace {
@@ -144,51 +139,22 @@ std::string Confine(const std::string& bytes) {
   return req.SerializeAsString();
 }
 
-// The coordinator's components and a server over them, as server/main.cc
-// wires them (no metrics).
+// The stubs of one CoordinatorHarness (testing/worker_harness.h: the real
+// components over a memory store, served on loopback, no metrics).
 class Coordinator {
  public:
-  Coordinator() {
-    store_ = server::NewMemoryStore();
-    coordinator_ = std::make_unique<server::Coordinator>(&clock_, store_.get());
-    CheckOrDie(coordinator_->Recover().ok(), "Recover on an empty store failed");
-    rendezvous_ = std::make_unique<server::Rendezvous>(&clock_);
-    absl::StatusOr<std::unique_ptr<server::CheckpointRegistry>> registry =
-        server::CheckpointRegistry::Create(store_.get(), &clock_);
-    CheckOrDie(registry.ok(), "CheckpointRegistry::Create failed");
-    checkpoints_ = *std::move(registry);
-    server::ServerOptions options;
-    options.listen_address = "127.0.0.1:0";
-    options.admin_token = kAdminToken;
-    absl::StatusOr<std::unique_ptr<server::CoordinatorServer>> server =
-        server::CoordinatorServer::Start(
-            {coordinator_.get(), rendezvous_.get(), checkpoints_.get(), nullptr}, options);
-    CheckOrDie(server.ok(), "CoordinatorServer::Start failed", server.status().ToString());
-    server_ = *std::move(server);
-    std::shared_ptr<grpc::Channel> channel =
-        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  explicit Coordinator(const std::string& admin_token) : harness_(admin_token) {
+    std::shared_ptr<grpc::Channel> channel = harness_.Channel();
     stubs_.jobs = v1::JobService::NewStub(channel);
     stubs_.workers = v1::WorkerService::NewStub(channel);
     stubs_.rendezvous = v1::RendezvousService::NewStub(channel);
     stubs_.checkpoints = v1::CheckpointService::NewStub(channel);
   }
-  ~Coordinator() {
-    server_.reset();
-    checkpoints_.reset();
-    rendezvous_.reset();
-    coordinator_.reset();
-    store_.reset();
-  }
 
   Stubs& stubs() { return stubs_; }
 
  private:
-  RealClock clock_;
-  std::unique_ptr<server::StateStore> store_;
-  std::unique_ptr<server::Coordinator> coordinator_;
-  std::unique_ptr<server::Rendezvous> rendezvous_;
-  std::unique_ptr<server::CheckpointRegistry> checkpoints_;
-  std::unique_ptr<server::CoordinatorServer> server_;
+  worker::testing::CoordinatorHarness harness_;
   Stubs stubs_;
 };
 
@@ -234,7 +200,7 @@ std::string EncodeCall(int method, int credential, const std::string& request) {
 int FuzzCoordinatorRpcs(const uint8_t* data, size_t size) {
   const std::vector<Method>& methods = Methods();
   const size_t n = methods.size();
-  Coordinator coordinator;
+  Coordinator coordinator(kAdminToken);
   size_t pos = 0;
   for (int calls = 0; calls < kMaxCallsPerInput && pos + 3 <= size; ++calls) {
     const size_t method = data[pos] % n;

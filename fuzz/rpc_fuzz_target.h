@@ -1,8 +1,8 @@
 // The coordinator's request validation, fuzzed through its real gRPC API:
 // every unary RPC and the first messages of both streams, sent by a real
 // client over loopback to a real in-process CoordinatorServer (memory state
-// store, real clock), fresh for every input so a crash reproduces from its
-// input alone.
+// store, real clock; testing/worker_harness.h), fresh for every input so a
+// crash reproduces from its input alone.
 //
 // Input: a sequence of calls, each
 //   byte 0     method (modulo the number of methods, fuzz/rpc_fuzz_target.cc
