@@ -82,7 +82,8 @@ fi
 FUZZ_SECONDS="${SHARDLINE_FUZZ_SECONDS:-30}"
 if [ "$FUZZ_SECONDS" != 0 ] && [ "$*" = "" ]; then
   if bazel --batch build "${CONFIG[@]}" --config=fuzz --symlink_prefix=/ -- //fuzz:spec_fuzzer //fuzz:rpc_fuzzer; then
-    fuzz_bin="$(bazel --batch info "${CONFIG[@]}" --config=fuzz bazel-bin 2>/dev/null)/fuzz"
+    # The fuzz configuration's output directory (.bazelrc: --platform_suffix=fuzz).
+    fuzz_bin="bazel-out/k8-optfuzz/bin/fuzz"
     scratch=$(mktemp -d /tmp/shardline-fuzz.XXXXXX)
     for target in spec rpc; do
       mkdir -p "$scratch/$target/corpus" "$scratch/$target/artifacts"
