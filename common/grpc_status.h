@@ -27,6 +27,11 @@ inline constexpr size_t kMaxStatusMessageBytes = 2048;
 // "... (message truncated, N bytes)".
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// Trailing metadata of a coordinator replica's UNAVAILABLE "not the
+// leader" answer: the leader's HOST:PORT (proto/shardline/v1/
+// coordinator.proto "Replicas"). gRPC metadata keys are lower case.
+inline constexpr char kLeaderMetadataKey[] = "shardline-leader";
+
 // The code and message as they came. Callers that can say more about a
 // transport failure (which address, TLS or not) add it: see
 // client/connection.h's FromGrpcStatus.

@@ -24,6 +24,8 @@ PACKAGES=(
   iproute2                 # ip netns: deploy/netns/, tests/netns_test.sh
   shellcheck               # tests/deploy_files_test.sh lints deploy/ scripts
   python3-yaml             # tests/deploy_files_test.sh parses deploy/k8s/
+  etcd-server etcd-client  # etcd 3.4: the coordinator's replicated state (--state etcd://),
+                           # which its tests start as 3-member clusters on loopback
 )
 
 # Only for bench/run.sh (the tools users would pick instead, and plotting);
@@ -32,7 +34,6 @@ BENCH_PACKAGES=(
   python3-torch            # torch 1.13: torch.distributed gloo, TCPStore, torchrun, the CPU GPT
   python3-numpy
   python3-matplotlib       # docs/plots/*.png
-  etcd-server              # etcd 3.4, the coordinator's key-value peer
 )
 # Only for checking the code (tests/run.sh, CI): clang 14 for the
 # thread-safety build (bazel build --config=clang, .bazelrc), its libFuzzer
