@@ -5,10 +5,12 @@
 #
 #   coordinator [FLAGS]  shardline-coordinator --listen $SHARDLINE_LISTEN
 #                        --state $SHARDLINE_STATE --metrics-port $SHARDLINE_METRICS_PORT
-#                        (admin token: $SHARDLINE_ADMIN_TOKEN)
+#                        (admin token: $SHARDLINE_ADMIN_TOKEN; a replica: state
+#                        etcd://..., --advertise and --etcd-* among FLAGS)
 #   worker [FLAGS]       shardline-worker --job $SHARDLINE_JOB --worker-id ID
 #                        --interface ADDR --device $SHARDLINE_DEVICE (default cpu)
-#                        (coordinator: $SHARDLINE_COORDINATOR, token: $SHARDLINE_TOKEN)
+#                        (coordinator: $SHARDLINE_COORDINATOR, HOST:PORT or every
+#                        replica's, comma-separated; token: $SHARDLINE_TOKEN)
 #   shardctl ARGS        shardctl
 #   anything else        run as given (e.g. sh)
 #
