@@ -1,0 +1,353 @@
+#!/usr/bin/env bash
+# Shardline with a highly available coordinator over three "hosts" made of
+# network namespaces (hosts.sh): one etcd member and one coordinator replica
+# on each, workers on all three, and the leader's host cut off mid-training.
+#
+#   h0  10.77.0.10  etcd m0, coordinator replica (the first leader), worker h0-w0
+#   h1  10.77.0.11  etcd m1, coordinator replica, workers h1-w0, h1-w1
+#   h2  10.77.0.12  etcd m2, coordinator replica, workers h2-w0, h2-w1
+#
+# The replicas share the state prefix etcd://m0,m1,m2/netns and elect a
+# leader on an etcd lease (--lease-ttl 2s); h0's replica starts first and
+# leads. Every worker and shardctl is given all three replica addresses. The
+# job (deploy/netns/job.yaml, with --steps training steps) forms world 4 =
+# pp 2 x dp 2 with one spare. Once step --cut-at-step is done, h0's switch
+# port goes down: its etcd member, its replica (the leader) and its worker
+# fall silent. etcd keeps a quorum (2 of 3); the leader's lease expires; a
+# replica on h1 or h2 wins the election, loads the state from etcd and
+# serves; the workers' calls move to it. h0's worker is declared LOST by
+# heartbeat timeout and, if it held a rank, the job re-forms without it.
+# Training goes on and checkpoints are committed by the new leader. Then the
+# link comes back: h0's etcd member catches up, its replica finds another
+# leader's key and stays a follower, and the job trains to the end.
+#
+#   sudo deploy/netns/ha-demo.sh [--out DIR] [--prefix NAME] [--steps N]
+#       [--bin-dir DIR | --coordinator-bin F --worker-bin F --shardctl-bin F]
+#       [--data FILE] [--cut-at-step N] [--lease-ttl D] [--tls] [--keep]
+#
+# --tls: TLS with client certificates between etcd members and to etcd, and
+# TLS from clients to the replicas (certificates from deploy/k8s/ha/certs.sh
+# in OUT/tls). Without it everything is plaintext, as in demo.sh: the
+# namespaces' network is private to this machine; a real deployment uses
+# TLS (deploy/k8s/ha, deploy/systemd, docs/SECURITY.md).
+#
+# Without binaries given it builds them with Bazel. Everything goes to --out
+# (default /tmp/shardline-netns-ha): spec, etcd data, checkpoints, one log
+# per process, summary.txt. It checks what it shows and exits non-zero if
+# no new leader took over or the job did not complete. Needs root and etcd
+# (Debian's etcd-server, etcd-client); every namespace and process it made
+# is removed on exit (--keep leaves the namespaces).
+set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"  # ip(8), also from a minimal PATH
+REPO="$(cd "$(dirname "$0")/../.." && pwd)"
+HOSTS="$REPO/deploy/netns/hosts.sh"
+OUT=/tmp/shardline-netns-ha
+PREFIX=shardline-ha
+COORDINATOR_BIN="" WORKER_BIN="" SHARDCTL_BIN="" DATA="$REPO/data/tinyshakespeare.txt"
+STEPS=200
+CUT_AT_STEP=20
+LEASE_TTL=2s
+TLS=0
+KEEP=0
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --prefix) PREFIX="$2"; shift 2 ;;
+    --steps) STEPS="$2"; shift 2 ;;
+    --bin-dir)
+      COORDINATOR_BIN="$2/shardline-coordinator" WORKER_BIN="$2/shardline-worker" SHARDCTL_BIN="$2/shardctl"
+      shift 2 ;;
+    --coordinator-bin) COORDINATOR_BIN="$2"; shift 2 ;;
+    --worker-bin) WORKER_BIN="$2"; shift 2 ;;
+    --shardctl-bin) SHARDCTL_BIN="$2"; shift 2 ;;
+    --data) DATA="$2"; shift 2 ;;
+    --cut-at-step) CUT_AT_STEP="$2"; shift 2 ;;
+    --lease-ttl) LEASE_TTL="$2"; shift 2 ;;
+    --tls) TLS=1; shift ;;
+    --keep) KEEP=1; shift ;;
+    *) usage ;;
+  esac
+done
+if ! [[ "$STEPS" =~ ^[0-9]+$ ]] || ! [[ "$CUT_AT_STEP" =~ ^[0-9]+$ ]] || [ "$CUT_AT_STEP" -lt 11 ] ||
+  [ "$STEPS" -lt $((CUT_AT_STEP + 30)) ]; then
+  echo "ha-demo.sh: want --cut-at-step >= 11 (after the first checkpoint) and --steps >= cut + 30" >&2
+  exit 2
+fi
+[ "$(id -u)" -eq 0 ] || { echo "ha-demo.sh: needs root (network namespaces)" >&2; exit 1; }
+for p in etcd etcdctl python3; do
+  command -v "$p" >/dev/null || { echo "ha-demo.sh: needs $p (deploy/install_deps.sh installs it)" >&2; exit 1; }
+done
+absolute() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
+
+if [ -z "$COORDINATOR_BIN" ]; then
+  cd "$REPO"
+  mkdir -p "$OUT"
+  CONFIG=(--config=ci)
+  [ -x /usr/local/cuda/bin/nvcc ] || CONFIG+=(--config=nocuda)
+  bazel --batch build "${CONFIG[@]}" //client/shardctl //server:shardline-coordinator \
+    //worker:shardline-worker 2>"$OUT/build.log" || { cat "$OUT/build.log" >&2; exit 1; }
+  COORDINATOR_BIN=bazel-bin/server/shardline-coordinator
+  WORKER_BIN=bazel-bin/worker/shardline-worker
+  SHARDCTL_BIN=bazel-bin/client/shardctl/shardctl
+fi
+COORDINATOR_BIN=$(absolute "$COORDINATOR_BIN")
+WORKER_BIN=$(absolute "$WORKER_BIN")
+SHARDCTL_BIN=$(absolute "$SHARDCTL_BIN")
+DATA=$(absolute "$DATA")
+for f in "$COORDINATOR_BIN" "$WORKER_BIN" "$SHARDCTL_BIN" "$DATA"; do
+  [ -e "$f" ] || { echo "ha-demo.sh: $f not found" >&2; exit 1; }
+done
+
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+rm -rf "$OUT/ckpt" "$OUT/etcd" "$OUT/tls" "$OUT"/*.log "$OUT"/*.out "$OUT/summary.txt"
+SUMMARY="$OUT/summary.txt"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+fail() {
+  say "FAILED: $*"
+  for f in "$OUT"/etcd-m*.log "$OUT"/coordinator-h*.log "$OUT"/h*-w*.log; do
+    [ -e "$f" ] && { echo "--- $(basename "$f") (last 25 lines)"; tail -25 "$f"; }
+  done >&2
+  exit 1
+}
+
+# The job spec: absolute paths, --steps training steps.
+sed -e "s|^\(  dataset_path:\).*|\1 $DATA|" -e "s|^\(  directory:\).*|\1 $OUT/ckpt|" \
+  -e "s|^\(  train_steps:\).*|\1 $STEPS|" "$REPO/deploy/netns/job.yaml" >"$OUT/job.yaml"
+
+PIDS=()
+cleanup() {
+  local pid alive
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for _ in $(seq 50); do
+    alive=0
+    for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ $alive -eq 0 ] && break
+    sleep 0.1
+  done
+  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [ "$KEEP" -eq 0 ]; then "$HOSTS" down "$PREFIX" || true; fi
+}
+trap cleanup EXIT
+trap 'fail "line $LINENO: a command failed"' ERR
+"$HOSTS" down "$PREFIX" 2>/dev/null || true
+"$HOSTS" up "$PREFIX" 3
+IP=()
+for i in 0 1 2; do IP+=("$("$HOSTS" addr "$PREFIX" "h$i")"); done
+unset SHARDLINE_TOKEN SHARDLINE_ADMIN_TOKEN SHARDLINE_COORDINATOR
+
+# TLS material (--tls): one CA; the member certificate names the three
+# addresses, the replicas' certificate too.
+SCHEME=http
+ETCD_TLS=() ETCD_CLIENT_TLS=() ETCDCTL_TLS=() COORD_TLS=() CLIENT_TLS=()
+if [ "$TLS" -eq 1 ]; then
+  names="${IP[0]},${IP[1]},${IP[2]},127.0.0.1"
+  bash "$REPO/deploy/k8s/ha/certs.sh" "$OUT/tls" "$names" "$names" 2 >"$OUT/certs.log" 2>&1 ||
+    fail "certs.sh: $(cat "$OUT/certs.log")"
+  T="$OUT/tls"
+  SCHEME=https
+  ETCD_TLS=(--cert-file "$T/etcd-member.pem" --key-file "$T/etcd-member.key" --trusted-ca-file "$T/ca.pem"
+    --client-cert-auth --peer-cert-file "$T/etcd-member.pem" --peer-key-file "$T/etcd-member.key"
+    --peer-trusted-ca-file "$T/ca.pem" --peer-client-cert-auth)
+  ETCDCTL_TLS=(--cacert "$T/ca.pem" --cert "$T/etcd-client.pem" --key "$T/etcd-client.key")
+  ETCD_CLIENT_TLS=(--etcd-ca "$T/ca.pem" --etcd-cert "$T/etcd-client.pem" --etcd-key "$T/etcd-client.key")
+  COORD_TLS=(--tls-cert "$T/coordinator.pem" --tls-key "$T/coordinator.key")
+  CLIENT_TLS=(--tls-ca "$T/ca.pem")
+fi
+
+say "== 3 hosts (namespaces $PREFIX-h0..h2 on switch $PREFIX-sw): ${IP[*]}"
+cluster="m0=$SCHEME://${IP[0]}:2380,m1=$SCHEME://${IP[1]}:2380,m2=$SCHEME://${IP[2]}:2380"
+for i in 0 1 2; do
+  "$HOSTS" exec "$PREFIX" "h$i" etcd --name "m$i" --data-dir "$OUT/etcd/m$i" \
+    --listen-client-urls "$SCHEME://${IP[$i]}:2379" --advertise-client-urls "$SCHEME://${IP[$i]}:2379" \
+    --listen-peer-urls "$SCHEME://${IP[$i]}:2380" --initial-advertise-peer-urls "$SCHEME://${IP[$i]}:2380" \
+    --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "$PREFIX" \
+    "${ETCD_TLS[@]}" >"$OUT/etcd-m$i.log" 2>&1 &
+  PIDS+=($!)
+done
+ENDPOINTS="${IP[0]}:2379,${IP[1]}:2379,${IP[2]}:2379"
+# etcd_health HOST: "healthy" members as HOST sees them, e.g. "3/3".
+etcd_health() {
+  local urls="$SCHEME://${IP[0]}:2379,$SCHEME://${IP[1]}:2379,$SCHEME://${IP[2]}:2379" n
+  n=$(ETCDCTL_API=3 timeout 10 "$HOSTS" exec "$PREFIX" "$1" etcdctl --endpoints "$urls" \
+    "${ETCDCTL_TLS[@]}" --dial-timeout 1s --command-timeout 2s endpoint health 2>&1 |
+    grep -c "is healthy" || true)
+  echo "$n/3"
+}
+for _ in $(seq 100); do [ "$(etcd_health h0)" = 3/3 ] && break; sleep 0.2; done
+[ "$(etcd_health h0)" = 3/3 ] || fail "the etcd cluster did not become healthy"
+say "== etcd: m0 m1 m2 healthy (--state etcd://$ENDPOINTS/netns)"
+
+# sctl HOST [ARGS...]: shardctl run on HOST against $ASK: every replica,
+# except while h0 is cut off, when the demo's own polls ask only h1's and
+# h2's (so that each answer is timely: a call to a host whose link is down
+# waits for its deadline). The workers are always given all three.
+REPLICAS="${IP[0]}:7070,${IP[1]}:7070,${IP[2]}:7070"
+SURVIVORS="${IP[1]}:7070,${IP[2]}:7070"
+ASK="$REPLICAS"
+sctl() {
+  local h="$1"; shift
+  timeout 20 "$HOSTS" exec "$PREFIX" "$h" env SHARDLINE_COORDINATOR="$ASK" \
+    "$SHARDCTL_BIN" "${CLIENT_TLS[@]}" "$@"
+}
+# status_field HOST FIELD [REPLICA]: from `shardctl status --json` on HOST
+# (asking REPLICA, default $ASK): leader (its address), roles
+# ("ADDRESS=ROLE ..." of every replica) or etcd (healthy members, e.g. 2/3).
+status_field() {
+  local ask="${3:-$ASK}"
+  ASK="$ask" sctl "$1" status --json 2>/dev/null | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+what = sys.argv[1]
+if what == "leader":
+    print(s.get("leader_address", ""))
+elif what == "roles":
+    print(" ".join("%s=%s" % (r.get("address"), r.get("role", "").replace("REPLICA_ROLE_", ""))
+                   for r in s.get("replicas", [])))
+elif what == "etcd":
+    e = s.get("etcd", [])
+    print("%d/%d" % (sum(1 for m in e if m.get("healthy")), len(e)))
+' "$2" 2>/dev/null || true
+}
+start_replica() {  # start_replica I
+  local i="$1"
+  "$HOSTS" exec "$PREFIX" "h$i" "$COORDINATOR_BIN" --listen "${IP[$i]}:7070" --advertise "${IP[$i]}:7070" \
+    --state "etcd://$ENDPOINTS/netns" --lease-ttl "$LEASE_TTL" --metrics-port 9464 \
+    "${ETCD_CLIENT_TLS[@]}" "${COORD_TLS[@]}" >"$OUT/coordinator-h$i.out" 2>"$OUT/coordinator-h$i.log" &
+  PIDS+=($!)
+  REPLICA_PID[$i]=$!
+}
+declare -A REPLICA_PID
+replica_alive() {  # replica_alive I: fails (with its log) when replica I exited
+  kill -0 "${REPLICA_PID[$1]}" 2>/dev/null ||
+    fail "h$1's replica exited: $(head -n 2 "$OUT/coordinator-h$1.log" 2>/dev/null)"
+}
+# h0's replica first, so that it is the first leader; then the other two.
+start_replica 0
+for _ in $(seq 150); do
+  replica_alive 0
+  [ "$(status_field h0 leader)" = "${IP[0]}:7070" ] && break
+  sleep 0.2
+done
+[ "$(status_field h0 leader)" = "${IP[0]}:7070" ] || fail "h0's replica did not become the leader"
+start_replica 1
+start_replica 2
+for _ in $(seq 150); do
+  replica_alive 1
+  replica_alive 2
+  [ "$(status_field h1 roles | wc -w)" -eq 3 ] && break
+  sleep 0.2
+done
+say "== replicas (address=role): $(status_field h1 roles)"
+[ "$(status_field h1 roles | wc -w)" -eq 3 ] || fail "not every replica registered"
+sctl h1 status | tee -a "$SUMMARY" || true
+
+created=0
+for _ in 1 2 3 4 5; do
+  if sctl h1 job create "$OUT/job.yaml" --id netns >/dev/null 2>"$OUT/create.err"; then created=1; break; fi
+  grep -q "already exists" "$OUT/create.err" && { created=1; break; }
+  sleep 1
+done
+[ $created -eq 1 ] || fail "job create: $(cat "$OUT/create.err")"
+
+job_now() {  # "PHASE GENERATION WORLD" from the leader, asked from HOST
+  sctl "$1" job get netns --json 2>/dev/null |
+    python3 -c 'import json, sys; j = json.load(sys.stdin); print(j.get("phase", ""), j.get("generation", ""), j.get("world_size", ""))' 2>/dev/null || true
+}
+max_step() {  # max_step HOST...: the highest step the workers of those hosts logged
+  local f h
+  for h in "$@"; do
+    for f in "$OUT/$h"-w*.log; do
+      if [ -f "$f" ]; then sed -n 's/.* step \([0-9]*\)\/.*/\1/p' "$f"; fi
+    done
+  done | sort -n | tail -1
+}
+
+WORKERS=(h0-w0 h1-w0 h1-w1 h2-w0 h2-w1)
+for w in "${WORKERS[@]}"; do
+  h=${w%%-*}
+  "$HOSTS" exec "$PREFIX" "$h" env SHARDLINE_COORDINATOR="$REPLICAS" "$WORKER_BIN" --job netns \
+    --worker-id "$w" --host "$h" --interface "$("$HOSTS" addr "$PREFIX" "$h")" "${CLIENT_TLS[@]}" \
+    --log-interval 1 --connect-timeout 30s >"$OUT/$w.log" 2>&1 &
+  PIDS+=($!)
+done
+say "== 5 workers: h0-w0 on h0, h1-w0 h1-w1 on h1, h2-w0 h2-w1 on h2; each is given all three replicas"
+for _ in $(seq 1200); do
+  s=$(max_step h0 h1 h2)
+  [ -n "$s" ] && [ "$s" -ge "$CUT_AT_STEP" ] && break
+  sleep 0.05
+done
+if [ -z "$s" ] || [ "$s" -lt "$CUT_AT_STEP" ]; then fail "training did not reach step $CUT_AT_STEP"; fi
+read -r _ gen1 world1 <<<"$(job_now h1)"
+leader=$(status_field h1 leader)
+[ "$leader" = "${IP[0]}:7070" ] || fail "the leader before the cut is $leader, not h0's replica"
+h0_role="a rank"
+if grep -q ": spare (world" "$OUT/h0-w0.log"; then h0_role=spare; fi
+
+CUT_AT=$(date +%s.%N)
+"$HOSTS" cut "$PREFIX" h0
+ASK="$SURVIVORS"
+say "== step $s (generation $gen1, world $world1): cut h0's link; h0 held the leader, etcd m0 and h0-w0 ($h0_role)"
+
+# A new leader: h1's or h2's replica, as h1's replica sees it.
+new_leader=""
+for _ in $(seq 300); do
+  new_leader=$(status_field h1 leader "${IP[1]}:7070")
+  case "$new_leader" in "${IP[1]}:7070" | "${IP[2]}:7070") break ;; esac
+  new_leader=""
+  sleep 0.1
+done
+[ -n "$new_leader" ] || fail "no replica on h1 or h2 took over within 30 s"
+LED_AT=$(date +%s.%N)
+FAILOVER=$(awk -v a="$CUT_AT" -v b="$LED_AT" 'BEGIN{printf "%.1f", b-a}')
+say "new leader $new_leader ${FAILOVER} s after the cut (lease TTL $LEASE_TTL); etcd healthy as h1 sees it: $(status_field h1 etcd)"
+sctl h1 status | tee -a "$SUMMARY" || true
+
+# Training goes on under the new leader: steps and a committed checkpoint
+# beyond the step of the cut, on h1's and h2's workers.
+target=$((s + 20))
+for _ in $(seq 1200); do
+  t=$(max_step h1 h2)
+  [ -n "$t" ] && [ "$t" -ge "$target" ] && break
+  sleep 0.1
+done
+if [ -z "$t" ] || [ "$t" -lt "$target" ]; then
+  fail "training did not go on past step $target under the new leader (at ${t:-none})"
+fi
+read -r phase2 gen2 world2 <<<"$(job_now h1)"
+say "training goes on: step $t, $phase2 generation $gen2, world $world2"
+grep -h "generation [2-9] rank .* communicators ready" "$OUT"/h[12]-w*.log | sed 's/^/  /' | tee -a "$SUMMARY" || true
+sctl h1 members netns | tee -a "$SUMMARY" || true
+
+say "== healing h0's link: its etcd member catches up, its replica stays a follower"
+"$HOSTS" heal "$PREFIX" h0
+for _ in $(seq 300); do
+  roles=$(status_field h0 roles "${IP[0]}:7070")
+  grep -q "${IP[0]}:7070=FOLLOWER" <<<"$roles" && [ "$(etcd_health h0)" = 3/3 ] && break
+  sleep 0.1
+done
+say "replicas (address=role): $roles; etcd $(etcd_health h0) healthy"
+grep -q "${IP[0]}:7070=FOLLOWER" <<<"$roles" || fail "h0's replica is not a follower after the heal"
+ASK="$REPLICAS"
+[ "$(status_field h0 leader)" = "$new_leader" ] || fail "the leader changed again after the heal"
+
+deadline=$((SECONDS + 300))
+while [ $SECONDS -lt $deadline ]; do
+  read -r phase _ _ <<<"$(job_now h1)"
+  [ "$phase" = JOB_PHASE_COMPLETED ] && break
+  sleep 0.5
+done
+read -r phase gen world <<<"$(job_now h1)"
+[ "$phase" = JOB_PHASE_COMPLETED ] || fail "the job did not complete (phase $phase)"
+say "== job COMPLETED at generation $gen, world $world, under leader $new_leader"
+grep -h " step $STEPS/$STEPS " "$OUT"/h*-w*.log | head -1 | sed 's/^/  /' | tee -a "$SUMMARY" || true
+sctl h1 members netns | tee -a "$SUMMARY" || true
+sctl h1 checkpoints netns | tee -a "$SUMMARY" || true
+sctl h1 status | tee -a "$SUMMARY" || true
+say "events:"
+timeout 20 "$HOSTS" exec "$PREFIX" h1 env SHARDLINE_COORDINATOR="$REPLICAS" "$SHARDCTL_BIN" "${CLIENT_TLS[@]}" \
+  watch netns --after 0 2>"$OUT/watch.err" |
+  grep -E "lost|formed|phase|fenc|grow|ended|leader" | sed 's/^/  /' | tee -a "$SUMMARY" || true
+say "OK: leader on h0 cut off at step $s, $new_leader led ${FAILOVER} s later, training went on, job completed"
