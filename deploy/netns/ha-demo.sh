@@ -176,6 +176,18 @@ etcd_health() {
     grep -c "is healthy" || true)
   echo "$n/3"
 }
+# etcd_raft_leader HOST: the endpoint of etcd's raft leader, as HOST sees it.
+etcd_raft_leader() {
+  local urls="$SCHEME://${IP[0]}:2379,$SCHEME://${IP[1]}:2379,$SCHEME://${IP[2]}:2379"
+  ETCDCTL_API=3 timeout 10 "$HOSTS" exec "$PREFIX" "$1" etcdctl --endpoints "$urls" \
+    "${ETCDCTL_TLS[@]}" --dial-timeout 1s --command-timeout 2s endpoint status -w json 2>/dev/null |
+    python3 -c '
+import json, sys
+for e in json.load(sys.stdin):
+    if e["Status"]["header"]["member_id"] == e["Status"]["leader"]:
+        print(e["Endpoint"])
+' 2>/dev/null || true
+}
 for _ in $(seq 100); do [ "$(etcd_health h0)" = 3/3 ] && break; sleep 0.2; done
 [ "$(etcd_health h0)" = 3/3 ] || fail "the etcd cluster did not become healthy"
 say "== etcd: m0 m1 m2 healthy (--state etcd://$ENDPOINTS/netns)"
@@ -286,10 +298,15 @@ leader=$(status_field h1 leader)
 h0_role="a rank"
 if grep -q ": spare (world" "$OUT/h0-w0.log"; then h0_role=spare; fi
 
+raft_leader=$(etcd_raft_leader h1)
 CUT_AT=$(date +%s.%N)
 "$HOSTS" cut "$PREFIX" h0
 ASK="$SURVIVORS"
 say "== step $s (generation $gen1, world $world1): cut h0's link; h0 held the leader, etcd m0 and h0-w0 ($h0_role)"
+case "$raft_leader" in
+  *"//${IP[0]}:"*) say "   m0 was also etcd's raft leader: etcd elects another first, which renews every lease" ;;
+  *) say "   etcd's raft leader was ${raft_leader:-unknown}, not on h0" ;;
+esac
 
 # A new leader: h1's or h2's replica, as h1's replica sees it.
 new_leader=""
