@@ -18,7 +18,11 @@
 // Only calls that are safe to repeat are retried that way (Range, Status,
 // LeaseKeepAliveOnce, LeaseRevoke, LeaseTimeToLive; a Txn or LeaseGrant
 // only when the connection was never established, i.e. the request cannot
-// have reached a server).
+// have reached a server, or when the member refused it for want of a raft
+// leader, which etcd does before the request reaches raft). Each endpoint
+// still untried gets an equal share of the time left, so a member that
+// accepts connections but does not answer (paused) does not use it all; a
+// Txn or LeaseGrant, once sent, has all the time left.
 //
 // Errors (every method): Unavailable when no endpoint answered (the message
 // names each endpoint and its error, e.g. "etcd at 127.0.0.1:2379:
@@ -105,10 +109,14 @@ class Client {
   // raises a TTL below its minimum, 2 s with etcd's default election
   // timeout, to that minimum). Returns the lease ID.
   absl::StatusOr<int64_t> LeaseGrant(absl::Duration ttl);
-  // One keep-alive of lease `id` (on a LeaseKeepAlive stream this client
-  // keeps open, one per endpoint). Returns the TTL the lease has now.
-  // NotFound: the lease expired or was revoked (etcd answers TTL 0).
+  // One keep-alive of lease `id`: a LeaseKeepAlive stream opened on the
+  // endpoint's connection for this one request and answer (so the call's
+  // timeout bounds it; etcd/client.cc says why). Returns the TTL the lease
+  // has now. NotFound: the lease expired or was revoked (etcd answers TTL 0).
   absl::StatusOr<absl::Duration> LeaseKeepAliveOnce(int64_t id);
+  // Lease.LeaseTimeToLive: the time lease `id` has left (whole seconds,
+  // rounded down by etcd). NotFound: it expired or was revoked.
+  absl::StatusOr<absl::Duration> LeaseTimeToLive(int64_t id);
   // Lease.LeaseRevoke: deletes the lease and every key attached to it.
   // Revoking a lease that does not exist is OK.
   absl::Status LeaseRevoke(int64_t id);

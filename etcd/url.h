@@ -37,6 +37,11 @@ struct EtcdUrl {
 // kMaxPrefixBytes; a query or fragment ("?", "#").
 absl::StatusOr<EtcdUrl> ParseEtcdUrl(absl::string_view url, absl::string_view flag = "--state");
 
+// One endpoint, HOST:PORT: HOST a DNS name or IPv4 address ([A-Za-z0-9.-])
+// or an IPv6 address in brackets; PORT 1..65535. InvalidArgument naming
+// `what` (e.g. "endpoint 2 of --state") otherwise.
+absl::Status CheckEndpoint(absl::string_view endpoint, absl::string_view what);
+
 }  // namespace shardline::etcd
 
 #endif  // SHARDLINE_ETCD_URL_H_

@@ -9,16 +9,22 @@
 //   absl::StatusOr<std::unique_ptr<StateStore>> store = OpenEtcdStore(etcd, options);
 //
 // Keys: record (kind, key) is PREFIX "state/" kind "/" key; its value the
-// record's bytes. PREFIX "format" holds kFormat, written by the first
-// coordinator on an empty prefix and checked by every later one.
+// record's bytes (a '%' or '/' in kind is written %25 / %2F, so one kind's
+// keys never fall under another's). PREFIX "format" holds kEtcdStateFormat,
+// written by the first coordinator on an empty prefix and checked by every
+// later one; PREFIX "leader" and PREFIX "replicas/..." are the election's
+// (server/leader_election.h).
 //
 // Fencing: Write is one etcd Txn whose compare says that fence_key's
 // create_revision is still fence_revision, i.e. the leader key this replica
 // created is still there; a replica that lost the election (its lease
 // expired while it was paused or cut off, and another created the key)
 // can no longer change the state. A batch with more mutations than
-// max_txn_ops - 1 is split into several fenced Txns, applied in order; the
-// coordinator's batches stay below that (each holds one job's records).
+// max_txn_ops - 1, or with more than max_txn_bytes of keys and values, is
+// split into several fenced Txns, applied in order; the coordinator's
+// batches stay below that (each holds one job's records). Within a batch,
+// only the last mutation of a record counts (etcd refuses a Txn that
+// changes one key twice; the result is the same). Writes are serialized.
 //
 // Thread-safety: thread-safe.
 #ifndef SHARDLINE_SERVER_ETCD_STATE_STORE_H_
@@ -45,6 +51,9 @@ struct EtcdStoreOptions {
   int64_t fence_revision = 0;
   // etcd's --max-txn-ops (128 by default): the most operations of one Txn.
   int max_txn_ops = 128;
+  // The most bytes of keys and values in one Txn: below etcd's
+  // --max-request-bytes (1.5 MiB by default) with room for the framing.
+  int64_t max_txn_bytes = 1 << 20;
   // Called (outside any lock of the store) when a Write failed: `fenced`
   // true when the fence compare failed (another replica leads), false when
   // etcd could not be written (unreachable, no quorum). The coordinator's
@@ -58,11 +67,16 @@ inline constexpr char kEtcdStateFormat[] = "shardline-state-v1";
 
 // Checks (or, on an empty prefix, writes) PREFIX "format". `etcd` is not
 // owned and must outlive the store. Errors:
-//   InvalidArgument: prefix empty or not ending with '/';
+//   InvalidArgument: prefix empty or not ending with '/'; fence_revision
+//     negative, or positive with no fence_key; max_txn_ops below 2 or
+//     max_txn_bytes below 1;
 //   FailedPrecondition: PREFIX "format" holds another value (another
 //     version's data, or not Shardline's: the message shows the value and
-//     says to use another prefix), or keys exist under the prefix without
-//     it (not Shardline's);
+//     says to use another prefix), or keys other than PREFIX "leader" and
+//     PREFIX "replicas/..." exist under the prefix without it (not
+//     Shardline's);
+//   FailedPrecondition "fenced: ..." when the format is to be written and
+//     the fence compare fails;
 //   Unavailable / DeadlineExceeded: etcd unreachable (the client's message).
 absl::StatusOr<std::unique_ptr<StateStore>> OpenEtcdStore(etcd::Client* etcd,
                                                           EtcdStoreOptions options);

@@ -41,6 +41,8 @@ constexpr char kFormat[] = "shardline-state/1";
 // How long a write waits for another connection's write lock.
 constexpr int kBusyTimeoutMs = 5000;
 
+}  // namespace
+
 absl::Status ValidateMutations(const std::vector<Mutation>& mutations) {
   for (size_t i = 0; i < mutations.size(); ++i) {
     const Mutation& m = mutations[i];
@@ -53,6 +55,8 @@ absl::Status ValidateMutations(const std::vector<Mutation>& mutations) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------
 // Memory store.

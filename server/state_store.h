@@ -58,6 +58,10 @@ class StateStore {
   virtual absl::StatusOr<std::vector<Record>> Scan(absl::string_view kind) const = 0;
 };
 
+// InvalidArgument naming the first mutation with an empty kind or key
+// ("... nothing was applied"); what every StateStore's Write checks first.
+absl::Status ValidateMutations(const std::vector<Mutation>& mutations);
+
 struct SqliteStoreOptions {
   // Hold an exclusive flock(2) on the database file itself (its inode, so
   // whatever path, symlink or hard link reaches it) for the life of the

@@ -78,6 +78,7 @@ struct HarnessOptions {
   bool metrics = true;                    // false: the server gets no metrics::Metrics
   int max_waiting_gets = ServerOptions().max_waiting_gets;
   rpc::WatchLimits watch_limits;
+  std::function<absl::Status()> gate;  // ServerOptions::gate
 };
 
 // The coordinator's components and a server over them.
@@ -108,6 +109,7 @@ class Harness {
     server_options.credentials = std::move(options.credentials);
     server_options.max_waiting_gets = options.max_waiting_gets;
     server_options.watch_limits = options.watch_limits;
+    server_options.gate = std::move(options.gate);
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(
         {coordinator_.get(), rendezvous_.get(), checkpoints_.get(), metrics_.get()},
         server_options);

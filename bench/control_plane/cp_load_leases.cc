@@ -16,7 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/control_plane/cp_load.h"
-#include "etcdlite/v3/rpc.grpc.pb.h"
+#include "etcd/v3/rpc.grpc.pb.h"
 
 namespace shardline::bench {
 

@@ -36,7 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "etcdlite/v3/rpc.grpc.pb.h"
+#include "etcd/v3/rpc.grpc.pb.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 #include "bench/control_plane/cp_load.h"
 

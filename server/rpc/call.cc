@@ -54,22 +54,28 @@ void HandlerPool::Loop() {
 // CallRunner.
 
 CallRunner::CallRunner(Coordinator* coordinator, const std::string& admin_token,
-                       metrics::Metrics* metrics)
+                       metrics::Metrics* metrics, std::function<absl::Status()> gate)
     : coordinator_(coordinator),
       metrics_(metrics),
       auth_(std::make_unique<Authenticator>(admin_token, &clock_)),
+      gate_(std::move(gate)),
       pool_(std::make_shared<HandlerPool>(kHandlerPoolThreads)) {
   coordinator_->UseCredentials(auth_.get());
 }
 
 CallRunner::~CallRunner() { coordinator_->UseCredentials(nullptr); }
 
+absl::Status CallRunner::Admit() const {
+  if (shutting_down()) {
+    return absl::UnavailableError("the coordinator is shutting down; retry with backoff");
+  }
+  return gate_ ? gate_() : absl::OkStatus();
+}
+
 grpc::Status CallRunner::Run(absl::string_view method, absl::FunctionRef<absl::Status()> body) {
   const absl::Time start = absl::Now();
-  absl::Status status;
-  if (shutting_down()) {
-    status = absl::UnavailableError("the coordinator is shutting down; retry with backoff");
-  } else {
+  absl::Status status = Admit();
+  if (status.ok()) {
     status = body();
     // A call that failed because the server is going away (its waits were
     // ended) should be retried, not acted upon.

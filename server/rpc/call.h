@@ -118,8 +118,12 @@ class CallRunner {
   // is attached here and detached in the destructor, so the coordinator
   // must outlive the runner); `admin_token` empty turns authentication off;
   // `metrics` may be null.
+  // `gate` (may be null) is asked before every handler body and every
+  // stream opened: a non-OK answer (a coordinator replica whose lease is
+  // not confirmed, server/replica.h) is the call's answer and the body does
+  // not run.
   CallRunner(Coordinator* coordinator, const std::string& admin_token,
-             metrics::Metrics* metrics);
+             metrics::Metrics* metrics, std::function<absl::Status()> gate = nullptr);
   ~CallRunner();
   CallRunner(const CallRunner&) = delete;
   CallRunner& operator=(const CallRunner&) = delete;
@@ -196,6 +200,9 @@ class CallRunner {
   // From now on every handler answers UNAVAILABLE. Idempotent.
   void BeginShutdown() { shutting_down_.store(true); }
   bool shutting_down() const { return shutting_down_.load(); }
+  // OK when calls may be served: not shutting down and the gate (if any)
+  // says OK; else the UNAVAILABLE (or the gate's) status to answer.
+  absl::Status Admit() const;
 
   // Shared with the session wakers the coordinator holds.
   const std::shared_ptr<HandlerPool>& pool() const { return pool_; }
@@ -207,6 +214,7 @@ class CallRunner {
   RealClock clock_;  // paces the Authenticator's FailureLimiter
   const std::unique_ptr<Authenticator> auth_;
   std::atomic<bool> shutting_down_{false};
+  const std::function<absl::Status()> gate_;
   const std::shared_ptr<HandlerPool> pool_;
 };
 

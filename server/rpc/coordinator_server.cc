@@ -12,7 +12,9 @@
 #include "common/log.h"
 #include "common/tls_files.h"
 #include "server/all_jobs.h"
+#include "google/protobuf/util/time_util.h"
 #include "server/rpc/checkpoint_service.h"
+#include "server/rpc/coordinator_service.h"
 #include "server/rpc/job_service.h"
 #include "server/rpc/rendezvous_service.h"
 #include "server/rpc/session_stream.h"
@@ -85,8 +87,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   const CheckpointFlow::PassOnFn pass_on = [raw](const std::vector<GenerationEnded>& ended) {
     raw->PassOn(ended);
   };
-  server->calls_ =
-      std::make_unique<rpc::CallRunner>(deps.coordinator, options.admin_token, deps.metrics);
+  server->calls_ = std::make_unique<rpc::CallRunner>(deps.coordinator, options.admin_token,
+                                                     deps.metrics, options.gate);
   server->flow_ = std::make_unique<CheckpointFlow>(deps.coordinator, deps.checkpoints, pass_on);
   server->sessions_ =
       std::make_unique<rpc::SessionStreams>(server->calls_.get(), deps.coordinator, pass_on);
@@ -102,6 +104,26 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       server->calls_.get(), deps.coordinator, deps.rendezvous, options.max_waiting_gets);
   server->checkpoint_service_ = std::make_unique<rpc::CheckpointServiceImpl>(
       server->calls_.get(), deps.coordinator, server->flow_.get());
+  rpc::CoordinatorServiceImpl::StatusFn status = options.status;
+  if (status == nullptr) {
+    const std::string state = options.state;
+    status = [raw, state] {
+      v1::CoordinatorStatus out;
+      out.set_state(state);
+      out.set_replica_id(raw->address());
+      v1::Replica* self = out.add_replicas();
+      self->set_replica_id(raw->address());
+      self->set_address(raw->address());
+      self->set_role(v1::REPLICA_ROLE_LEADER);
+      *self->mutable_start_time() = raw->start_time_;
+      *self->mutable_leader_since() = raw->start_time_;
+      out.set_leader_address(raw->address());
+      return out;
+    };
+  }
+  server->coordinator_service_ =
+      std::make_unique<rpc::CoordinatorServiceImpl>(options.admin_token, std::move(status));
+  server->start_time_ = google::protobuf::util::TimeUtil::GetCurrentTime();
   server->flow_->RecoverCheckpointFiles();
 
   grpc::ServerBuilder builder;
@@ -134,6 +156,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.RegisterService(server->worker_service_.get());
   builder.RegisterService(server->rendezvous_service_.get());
   builder.RegisterService(server->checkpoint_service_.get());
+  builder.RegisterService(server->coordinator_service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     return absl::UnavailableError(
@@ -151,7 +174,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->address_ = absl::StrCat(host, ":", port);
   if (options.tick_interval > absl::ZeroDuration()) {
     const absl::Duration interval = options.tick_interval;
-    server->tick_thread_ = std::thread([raw, interval] { raw->TickLoop(interval); });
+    server->tick_thread_ =
+        std::thread([raw, interval, gate = options.gate] { raw->TickLoop(interval, gate); });
   }
   LogLine(absl::StrCat("serving address=", server->address_,
                    " tls=", options.credentials != nullptr ? "on" : "off",
@@ -159,9 +183,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   return server;
 }
 
-void CoordinatorServer::TickLoop(absl::Duration interval) {
+void CoordinatorServer::TickLoop(absl::Duration interval, std::function<absl::Status()> gate) {
   absl::Time next_sweep = absl::Now();
   while (!stop_tick_.WaitForNotificationWithTimeout(interval)) {
+    // A replica that cannot confirm its lease judges nobody: its view of
+    // heartbeats may be stale (it was paused, or cut off).
+    if (gate != nullptr && !gate().ok()) continue;
     PassOn(deps_.coordinator->Tick());
     PruneFinishedJobs();
     if (absl::Now() >= next_sweep) {

@@ -46,6 +46,8 @@
 //     the coordinator no longer knows is forgotten.
 //
 // What the server adds to the components:
+//   * CoordinatorService.GetStatus (server/rpc/coordinator_service.h).
+//   * ServerOptions::gate before every call and Tick.
 //   * The request's limits first on every call (server/limits.h:
 //     INVALID_ARGUMENT naming an over-long field), then authentication
 //     (UNAUTHENTICATED / PERMISSION_DENIED), then INVALID_ARGUMENT for an
@@ -81,6 +83,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -98,6 +101,7 @@
 #include "server/rendezvous.h"
 #include "server/rpc/call.h"
 #include "server/rpc/watch_stream.h"
+#include "shardline/v1/replica.pb.h"
 #include "spec/job_spec.h"
 
 namespace shardline::server {
@@ -108,6 +112,7 @@ class JobServiceImpl;
 class WorkerServiceImpl;
 class RendezvousServiceImpl;
 class CheckpointServiceImpl;
+class CoordinatorServiceImpl;
 }  // namespace rpc
 
 // The components the services adapt. Not owned; all must outlive the server.
@@ -144,6 +149,14 @@ struct ServerOptions {
   // Most KvGet calls waiting for a key at once (each holds a thread);
   // beyond, KvGet with wait is RESOURCE_EXHAUSTED at once.
   int max_waiting_gets = 4096;
+  // Asked before every call of the four v1 services and every Tick; a
+  // non-OK answer is the call's answer and the Tick is skipped (a replica
+  // whose lease is not confirmed, server/replica.h). Null: always serve.
+  std::function<absl::Status()> gate;
+  // CoordinatorService.GetStatus's answer. Null: this process alone, as
+  // the LEADER, with `state` as the state backend and listen address.
+  std::function<v1::CoordinatorStatus()> status;
+  std::string state = "memory";  // "memory", "sqlite:PATH", "etcd://..."
 };
 
 // TLS for the server from PEM files (the coordinator's --tls-cert,
@@ -209,7 +222,7 @@ class CoordinatorServer {
 
  private:
   explicit CoordinatorServer(ServiceDeps deps);
-  void TickLoop(absl::Duration interval);
+  void TickLoop(absl::Duration interval, std::function<absl::Status()> gate);
 
   const ServiceDeps deps_;
   // Declared in the order they are built; destroyed in reverse (the gRPC
@@ -222,9 +235,11 @@ class CoordinatorServer {
   std::unique_ptr<rpc::WorkerServiceImpl> worker_service_;
   std::unique_ptr<rpc::RendezvousServiceImpl> rendezvous_service_;
   std::unique_ptr<rpc::CheckpointServiceImpl> checkpoint_service_;
+  std::unique_ptr<rpc::CoordinatorServiceImpl> coordinator_service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   int port_ = 0;
+  google::protobuf::Timestamp start_time_;
   absl::Notification stop_tick_;
   std::thread tick_thread_;
   std::once_flag shutdown_once_;

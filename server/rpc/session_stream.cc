@@ -221,8 +221,8 @@ grpc::ServerWriteReactor<v1::SessionMessage>* SessionStreams::Start(
   auto* reactor = new SessionReactor(this, request.worker());
   SessionStream& stream = reactor->stream();
   const v1::WorkerIdentity& w = request.worker();
-  if (calls_->shutting_down()) {
-    stream.FinishEarly(absl::UnavailableError("the coordinator is shutting down; retry"));
+  if (absl::Status admit = calls_->Admit(); !admit.ok()) {
+    stream.FinishEarly(admit);
     return reactor;
   }
   if (absl::Status st = CheckRequestLimits(request); !st.ok()) {

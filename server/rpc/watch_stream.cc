@@ -250,9 +250,7 @@ grpc::ServerWriteReactor<v1::JobEvent>* WatchStreams::Start(grpc::CallbackServer
   std::shared_ptr<WatchStream> keep = reactor->stream();
   WatchStream& stream = *keep;
   absl::Status st = CheckRequestLimits(request);
-  if (st.ok() && calls_->shutting_down()) {
-    st = absl::UnavailableError("the coordinator is shutting down");
-  }
+  if (st.ok()) st = calls_->Admit();
   if (st.ok()) st = calls_->AuthorizeRead(*ctx, request.job_id(), "job_id");
   if (st.ok()) st = stream.Open(request);
   if (!st.ok()) stream.FinishEarly(st);
