@@ -39,7 +39,11 @@
 #include "server/rpc/coordinator_server.h"
 #include "metrics/metrics.h"
 #include "server/rendezvous.h"
+#include "server/replica.h"
 #include "server/state_store.h"
+#include "etcd/client.h"
+#include "etcd/url.h"
+#include "absl/strings/match.h"
 
 namespace shardline::server {
 namespace {
@@ -47,6 +51,91 @@ namespace {
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "shardline-coordinator: %s\n", status.ToString().c_str());
   return 1;
+}
+
+// HOST:PORT with a port in 1..65535.
+bool IsHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  return colon != std::string::npos && colon > 0 &&
+         address.substr(colon + 1).find_first_not_of("0123456789") == std::string::npos &&
+         absl::SimpleAtoi(address.substr(colon + 1), &port) && port >= 1 && port <= 65535;
+}
+
+// What a replica (--state etcd://) is started with, beyond ServerOptions.
+struct ReplicaFlags {
+  etcd::EtcdUrl url;
+  absl::Duration lease_ttl = absl::Seconds(2);
+  std::string replica_id, advertise;
+  int max_txn_ops = 128;
+  std::string etcd_ca, etcd_cert, etcd_key;
+};
+
+// One coordinator replica on etcd until SIGTERM/SIGINT (server/replica.h).
+int ServeReplica(const ReplicaFlags& flags, ServerOptions server_options,
+                 const CoordinatorOptions& coordinator_options, int metrics_port,
+                 const std::string& metrics_host, sigset_t signals) {
+  etcd::ClientOptions etcd_options;
+  etcd_options.endpoints = flags.url.endpoints;
+  if (!flags.etcd_ca.empty() || !flags.etcd_cert.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        etcd::MakeEtcdCredentials(flags.etcd_ca, flags.etcd_cert, flags.etcd_key);
+    if (!credentials.ok()) return Fail(credentials.status());
+    etcd_options.credentials = *std::move(credentials);
+  }
+  // State writes wait up to 2 s for etcd; the election's keep-alives a
+  // quarter of the lease, so that one cannot outlast the lease.
+  etcd_options.timeout = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<etcd::Client>> etcd = etcd::Client::Connect(etcd_options);
+  if (!etcd.ok()) return Fail(etcd.status());
+  etcd::ClientOptions election_options = etcd_options;
+  election_options.timeout = flags.lease_ttl / 4;
+  absl::StatusOr<std::unique_ptr<etcd::Client>> election_etcd =
+      etcd::Client::Connect(election_options);
+  if (!election_etcd.ok()) return Fail(election_etcd.status());
+
+  ReplicaOptions options;
+  options.prefix = flags.url.prefix;
+  options.state = flags.url.ToString();
+  options.lease_ttl = flags.lease_ttl;
+  options.max_txn_ops = flags.max_txn_ops;
+  const std::string listen = server_options.listen_address;
+  const std::string listen_host = listen.substr(0, listen.rfind(':'));
+  if (flags.advertise.empty() &&
+      (listen_host == "0.0.0.0" || listen_host == "[::]" || listen_host.empty())) {
+    std::fprintf(stderr,
+                 "shardline-coordinator: --listen=%s is a wildcard address; give --advertise "
+                 "HOST:PORT, the address clients reach this replica at\n",
+                 listen.c_str());
+    return 2;
+  }
+  options.self.set_address(flags.advertise);
+  options.self.set_replica_id(flags.replica_id.empty() ? flags.advertise : flags.replica_id);
+  options.server = std::move(server_options);
+  options.coordinator = coordinator_options;
+  options.checkpoints.verify_files = checkpoint::VerifyShardFiles;
+  absl::StatusOr<std::unique_ptr<Replica>> replica =
+      Replica::Start(etcd->get(), election_etcd->get(), std::move(options));
+  if (!replica.ok()) return Fail(replica.status());
+  std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
+  if (metrics_port > 0) {
+    const std::string& address = (*replica)->address();
+    const std::string host =
+        !metrics_host.empty() ? metrics_host : address.substr(0, address.rfind(':'));
+    absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> started =
+        metrics::MetricsHttpServer::Start(host, metrics_port, (*replica)->metrics());
+    if (!started.ok()) return Fail(started.status());
+    metrics_server = *std::move(started);
+    std::fprintf(stdout, "metrics on %s\n", metrics_server->address().c_str());
+  }
+  std::fprintf(stdout, "listening on %s\n", (*replica)->address().c_str());
+  std::fflush(stdout);
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  std::fprintf(stderr, "shardline-coordinator: signal %d, shutting down\n", signal_number);
+  if (metrics_server != nullptr) metrics_server->Stop();
+  (*replica)->Shutdown();
+  return 0;
 }
 
 int Main(int argc, char** argv) {
@@ -61,7 +150,27 @@ int Main(int argc, char** argv) {
   bool help = false;
   ArgParser args("shardline-coordinator");
   args.AddString("listen", &listen, "HOST:PORT to serve gRPC on (port 0: any free port)");
-  args.AddString("state", &state, "SQLite state file, or 'memory' (nothing survives a restart)");
+  args.AddString("state", &state,
+                 "SQLite state file, 'memory' (nothing survives a restart), or "
+                 "etcd://HOST:PORT[,HOST:PORT...]/PREFIX: state in etcd, several replicas on one "
+                 "prefix elect a leader");
+  std::string etcd_ca, etcd_cert, etcd_key, lease_ttl_flag = "2s", replica_id, advertise;
+  int64_t etcd_max_txn_ops = 128;
+  args.AddString("etcd-ca", &etcd_ca, "PEM CA bundle that signs the etcd members' certificates "
+                                      "(TLS to etcd; with --state etcd:// only)");
+  args.AddString("etcd-cert", &etcd_cert, "PEM client certificate for etcd (mutual TLS)");
+  args.AddString("etcd-key", &etcd_key, "PEM private key of --etcd-cert");
+  args.AddString("lease-ttl", &lease_ttl_flag,
+                 "leader lease TTL, whole seconds in 2s..60s (etcd's minimum is 2s): a dead "
+                 "leader is replaced within about this time");
+  args.AddString("replica-id", &replica_id,
+                 "this replica's name on the prefix, 1..128 of [A-Za-z0-9._:-] (default: the "
+                 "--advertise address)");
+  args.AddString("advertise", &advertise,
+                 "HOST:PORT clients reach this replica at, named to them by followers "
+                 "(default: the --listen address, which must then not be a wildcard)");
+  args.AddInt("etcd-max-txn-ops", &etcd_max_txn_ops,
+              "the etcd cluster's --max-txn-ops (operations per transaction), 16..100000");
   args.AddBool("init-state", &init_state,
                "accept an existing empty (0-byte) --state file as new, empty state (without it "
                "such a file is refused: it was truncated or is not a state file)");
@@ -202,6 +311,78 @@ int Main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  const bool on_etcd = absl::StartsWith(state, "etcd://");
+  for (const char* flag : {"etcd-ca", "etcd-cert", "etcd-key", "lease-ttl", "replica-id",
+                           "advertise", "etcd-max-txn-ops"}) {
+    if (!on_etcd && args.WasSet(flag)) {
+      std::fprintf(stderr,
+                   "shardline-coordinator: --%s is only for replicas with --state etcd://...\n",
+                   flag);
+      return 2;
+    }
+  }
+  if (on_etcd) {
+    ReplicaFlags r;
+    absl::StatusOr<etcd::EtcdUrl> url = etcd::ParseEtcdUrl(state, "--state");
+    if (!url.ok()) {
+      std::fprintf(stderr, "shardline-coordinator: %s\n", std::string(url.status().message()).c_str());
+      return 2;
+    }
+    r.url = *std::move(url);
+    absl::Duration ttl;
+    if (!absl::ParseDuration(lease_ttl_flag, &ttl) || ttl < absl::Seconds(2) ||
+        ttl > absl::Seconds(60) || ttl != absl::Seconds(absl::ToInt64Seconds(ttl))) {
+      std::fprintf(stderr,
+                   "shardline-coordinator: --lease-ttl='%s' is not a whole number of seconds in "
+                   "2s..60s (etcd grants no lease under 2s with its default election timeout)\n",
+                   lease_ttl_flag.c_str());
+      return 2;
+    }
+    r.lease_ttl = ttl;
+    if (args.WasSet("replica-id") &&
+        (replica_id.empty() || replica_id.size() > 128 ||
+         replica_id.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                      "0123456789._:-") != std::string::npos)) {
+      std::fprintf(stderr,
+                   "shardline-coordinator: --replica-id='%s' must be 1..128 of [A-Za-z0-9._:-]\n",
+                   replica_id.c_str());
+      return 2;
+    }
+    r.replica_id = replica_id;
+    if (args.WasSet("advertise") && !IsHostPort(advertise)) {
+      std::fprintf(stderr,
+                   "shardline-coordinator: --advertise='%s' is not HOST:PORT with a port in "
+                   "1..65535 (the address clients reach this replica at)\n",
+                   advertise.c_str());
+      return 2;
+    }
+    r.advertise = advertise;
+    if (etcd_max_txn_ops < 16 || etcd_max_txn_ops > 100000) {
+      std::fprintf(stderr, "shardline-coordinator: --etcd-max-txn-ops=%lld is not in 16..100000\n",
+                   static_cast<long long>(etcd_max_txn_ops));
+      return 2;
+    }
+    r.max_txn_ops = static_cast<int>(etcd_max_txn_ops);
+    if (etcd_cert.empty() != etcd_key.empty()) {
+      std::fprintf(stderr, "shardline-coordinator: --etcd-cert and --etcd-key go together\n");
+      return 2;
+    }
+    r.etcd_ca = etcd_ca;
+    r.etcd_cert = etcd_cert;
+    r.etcd_key = etcd_key;
+    ServerOptions options;
+    options.listen_address = listen;
+    options.admin_token = admin_token;
+    if (!tls_cert.empty()) {
+      absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+          MakeServerCredentials(tls_cert, tls_key, tls_client_ca);
+      if (!credentials.ok()) return Fail(credentials.status());
+      options.credentials = *std::move(credentials);
+    }
+    const std::string host = args.WasSet("metrics-host") ? metrics_host : "";
+    return ServeReplica(r, std::move(options), coordinator_options, static_cast<int>(metrics_port),
+                        host, signals);
+  }
   std::unique_ptr<StateStore> store;
   if (state == "memory") {
     store = NewMemoryStore();
@@ -233,6 +414,7 @@ int Main(int argc, char** argv) {
   metrics::Metrics metrics([&coordinator] { return SnapshotJobs(coordinator); });
 
   ServerOptions options;
+  options.state = state == "memory" ? state : absl::StrCat("sqlite:", state);
   options.listen_address = listen;
   options.admin_token = admin_token;
   if (!tls_cert.empty()) {

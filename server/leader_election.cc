@@ -1,0 +1,340 @@
+#include "server/leader_election.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace shardline::server {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+google::protobuf::Timestamp ToProto(absl::Time t) {
+  return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+}  // namespace
+
+LeaderElection::LeaderElection(etcd::Client* etcd, ElectionOptions options)
+    : etcd_(etcd), options_(std::move(options)) {
+  self_ = options_.self;
+  self_.set_role(v1::REPLICA_ROLE_CANDIDATE);
+}
+
+LeaderElection::~LeaderElection() { Stop(); }
+
+void LeaderElection::Start(ElectionCallbacks callbacks) {
+  callbacks_ = std::move(callbacks);
+  {
+    absl::MutexLock lock(&mu_);
+    *self_.mutable_start_time() = ToProto(absl::Now());
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void LeaderElection::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void LeaderElection::Resign(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (leading_ && resign_.empty()) resign_ = reason.empty() ? "resigned" : reason;
+}
+
+std::optional<v1::Replica> LeaderElection::Leader() const {
+  absl::MutexLock lock(&mu_);
+  return leader_;
+}
+
+bool LeaderElection::leading() const {
+  absl::MutexLock lock(&mu_);
+  return leading_;
+}
+
+bool LeaderElection::LeaseValid() const {
+  absl::MutexLock lock(&mu_);
+  return leading_ && absl::Now() < valid_until_;
+}
+
+v1::Replica LeaderElection::Self() const {
+  absl::MutexLock lock(&mu_);
+  return self_;
+}
+
+std::string LeaderElection::LastError() const {
+  absl::MutexLock lock(&mu_);
+  return last_error_;
+}
+
+void LeaderElection::SetError(const absl::Status& s) {
+  absl::MutexLock lock(&mu_);
+  last_error_ = s.ok() ? "" : std::string(s.message());
+}
+
+bool LeaderElection::SleepUntil(absl::Time until) {
+  absl::MutexLock lock(&mu_);
+  auto woken = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !resign_.empty();
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&woken), until);
+  return stopping_ || !resign_.empty();
+}
+
+absl::StatusOr<std::vector<v1::Replica>> LeaderElection::Replicas() const {
+  absl::StatusOr<std::vector<etcdserverpb::KeyValue>> kvs =
+      etcd_->RangePrefix(options_.prefix + "replicas/");
+  if (!kvs.ok()) return kvs.status();
+  std::optional<v1::Replica> leader = Leader();
+  std::vector<v1::Replica> out;
+  for (const etcdserverpb::KeyValue& kv : *kvs) {
+    v1::Replica r;
+    if (!r.ParseFromString(kv.value())) continue;  // not ours: skipped
+    out.push_back(std::move(r));
+  }
+  std::sort(out.begin(), out.end(), [](const v1::Replica& a, const v1::Replica& b) {
+    const bool al = a.role() == v1::REPLICA_ROLE_LEADER, bl = b.role() == v1::REPLICA_ROLE_LEADER;
+    if (al != bl) return al;
+    return a.replica_id() < b.replica_id();
+  });
+  return out;
+}
+
+absl::Status LeaderElection::EnsureLease() {
+  if (lease_ != 0) return absl::OkStatus();
+  const absl::Time sent = absl::Now();
+  absl::StatusOr<int64_t> lease = etcd_->LeaseGrant(options_.lease_ttl);
+  if (!lease.ok()) return lease.status();
+  lease_ = *lease;
+  last_keepalive_sent_ = sent;
+  {
+    absl::MutexLock lock(&mu_);
+    valid_until_ = sent + options_.lease_ttl;
+  }
+  return Register();
+}
+
+absl::Status LeaderElection::KeepAlive() {
+  const absl::Time sent = absl::Now();
+  absl::StatusOr<absl::Duration> ttl = etcd_->LeaseKeepAliveOnce(lease_);
+  if (!ttl.ok()) return ttl.status();
+  last_keepalive_sent_ = sent;
+  absl::MutexLock lock(&mu_);
+  valid_until_ = sent + options_.lease_ttl;
+  return absl::OkStatus();
+}
+
+absl::Status LeaderElection::Register() {
+  v1::Replica self = Self();
+  etcdserverpb::PutRequest put;
+  put.set_key(options_.prefix + "replicas/" + self.replica_id());
+  put.set_value(self.SerializeAsString());
+  put.set_lease(lease_);
+  etcdserverpb::TxnRequest txn;
+  *txn.add_success()->mutable_request_put() = put;
+  absl::StatusOr<etcdserverpb::TxnResponse> r = etcd_->Txn(txn);
+  return r.ok() ? absl::OkStatus() : r.status();
+}
+
+std::optional<LeaderTerm> LeaderElection::Campaign() {
+  if (absl::Status s = EnsureLease(); !s.ok()) {
+    SetError(s);
+    return std::nullopt;
+  }
+  if (absl::Now() - last_keepalive_sent_ >= options_.lease_ttl / 3) {
+    absl::Status s = KeepAlive();
+    if (absl::IsNotFound(s)) {
+      lease_ = 0;  // expired while etcd was out of reach: a new one next round
+      SetError(s);
+      return std::nullopt;
+    }
+    if (!s.ok()) {
+      SetError(s);
+      return std::nullopt;
+    }
+  }
+  const std::string key = leader_key();
+  if (absl::Now() < campaign_after_) {
+    // Just deposed: follow whoever is elected, without standing.
+    etcdserverpb::RangeRequest get;
+    get.set_key(key);
+    absl::StatusOr<etcdserverpb::RangeResponse> r = etcd_->Range(get);
+    if (!r.ok()) {
+      SetError(r.status());
+      return std::nullopt;
+    }
+    std::optional<v1::Replica> leader;
+    v1::Replica l;
+    if (r->kvs_size() > 0 && l.ParseFromString(r->kvs(0).value())) leader = l;
+    Follow(leader);
+    return std::nullopt;
+  }
+  // If nobody holds the leader key, create it on our lease; else read it.
+  etcdserverpb::TxnRequest txn;
+  etcdserverpb::Compare* free = txn.add_compare();
+  free->set_key(key);
+  free->set_target(etcdserverpb::Compare::CREATE);
+  free->set_result(etcdserverpb::Compare::EQUAL);
+  free->set_create_revision(0);
+  v1::Replica candidate = Self();
+  candidate.set_role(v1::REPLICA_ROLE_LEADER);
+  const absl::Time now = absl::Now();
+  *candidate.mutable_leader_since() = ToProto(now);
+  etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(candidate.SerializeAsString());
+  put->set_lease(lease_);
+  txn.add_failure()->mutable_request_range()->set_key(key);
+  absl::StatusOr<etcdserverpb::TxnResponse> r = etcd_->Txn(txn);
+  if (!r.ok()) {
+    SetError(r.status());
+    return std::nullopt;
+  }
+  SetError(absl::OkStatus());
+  if (r->succeeded()) {
+    LeaderTerm term;
+    term.leader_key = key;
+    term.revision = r->header().revision();
+    term.lease = lease_;
+    term.since = now;
+    absl::MutexLock lock(&mu_);
+    leader_ = candidate;
+    return term;
+  }
+  std::optional<v1::Replica> leader;
+  if (r->responses_size() > 0 && r->responses(0).response_range().kvs_size() > 0) {
+    const etcdserverpb::KeyValue& kv = r->responses(0).response_range().kvs(0);
+    v1::Replica l;
+    if (l.ParseFromString(kv.value())) leader = l;
+    if (kv.lease() == lease_ && leader.has_value()) {
+      // Our own key (a Txn whose answer was lost and that we repeated):
+      // we lead since it was created.
+      LeaderTerm term{key, kv.create_revision(), lease_, now};
+      absl::MutexLock lock(&mu_);
+      leader_ = leader;
+      return term;
+    }
+  }
+  Follow(leader);
+  return std::nullopt;
+}
+
+void LeaderElection::Follow(const std::optional<v1::Replica>& leader) {
+  bool changed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string before = leader_.has_value() ? leader_->replica_id() : "";
+    const std::string now = leader.has_value() ? leader->replica_id() : "";
+    changed = before != now;
+    leader_ = leader;
+    const v1::ReplicaRole role =
+        leader.has_value() ? v1::REPLICA_ROLE_FOLLOWER : v1::REPLICA_ROLE_CANDIDATE;
+    if (self_.role() != role) {
+      self_.set_role(role);
+      changed = true;
+    }
+  }
+  if (changed) {
+    if (leader.has_value()) {
+      LogLine(absl::StrCat("replica ", options_.self.replica_id(), ": following ",
+                           leader->replica_id(), " at ", leader->address()));
+    }
+    Register().IgnoreError();  // the role shown by Replicas(); retried on change
+  }
+}
+
+std::string LeaderElection::Lead(const LeaderTerm& term) {
+  const absl::Duration interval = options_.lease_ttl / 3;
+  absl::Time next = last_keepalive_sent_ + interval;
+  while (true) {
+    if (SleepUntil(next)) {
+      absl::MutexLock lock(&mu_);
+      return stopping_ ? std::string("shutting down") : resign_;
+    }
+    // Leading is safe only until lease_ttl after the last keep-alive that
+    // succeeded was sent: after that etcd may have expired the lease and
+    // elected another replica.
+    const absl::Time valid_until = last_keepalive_sent_ + options_.lease_ttl;
+    absl::Status s = KeepAlive();
+    if (absl::IsNotFound(s)) return "the lease expired (etcd answered TTL 0)";
+    const absl::Time now = absl::Now();
+    if (!s.ok()) {
+      SetError(s);
+      if (now + interval / 2 >= valid_until) {
+        return absl::StrCat("the lease was not renewed for ",
+                            absl::FormatDuration(now - (valid_until - options_.lease_ttl)),
+                            " (lease TTL ", absl::FormatDuration(options_.lease_ttl),
+                            "): ", s.message());
+      }
+      next = now + absl::Milliseconds(50);  // try again soon, before the lease runs out
+      continue;
+    }
+    // Still our key? (An operator may have deleted it, or etcd's state was
+    // restored from a backup.)
+    etcdserverpb::RangeRequest get;
+    get.set_key(term.leader_key);
+    absl::StatusOr<etcdserverpb::RangeResponse> leader = etcd_->Range(get);
+    if (leader.ok() &&
+        (leader->kvs_size() == 0 || leader->kvs(0).create_revision() != term.revision)) {
+      return "the leader key is no longer this replica's";
+    }
+    next = last_keepalive_sent_ + interval;
+  }
+}
+
+void LeaderElection::Loop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+    }
+    std::optional<LeaderTerm> term = Campaign();
+    if (!term.has_value()) {
+      if (SleepUntil(absl::Now() + options_.poll_interval)) {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) break;
+      }
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      leading_ = true;
+      resign_.clear();
+      self_.set_role(v1::REPLICA_ROLE_LEADER);
+      *self_.mutable_leader_since() = ToProto(term->since);
+    }
+    Register().IgnoreError();
+    LogLine(absl::StrCat("replica ", options_.self.replica_id(), ": elected leader (term ",
+                         term->revision, ", lease TTL ", absl::FormatDuration(options_.lease_ttl),
+                         ")"));
+    if (callbacks_.elected) callbacks_.elected(*term);
+    const std::string why = Lead(*term);
+    {
+      absl::MutexLock lock(&mu_);
+      leading_ = false;
+      resign_.clear();
+      leader_.reset();
+      self_.set_role(v1::REPLICA_ROLE_CANDIDATE);
+      self_.clear_leader_since();
+    }
+    LogLine(absl::StrCat("replica ", options_.self.replica_id(), ": no longer the leader: ", why));
+    if (callbacks_.deposed) callbacks_.deposed(why);
+    // Deletes the leader key (and our registration) so that another replica
+    // is elected now rather than at the lease's expiry.
+    etcd_->LeaseRevoke(lease_).IgnoreError();
+    lease_ = 0;
+    // The others get the first chance: for a lease TTL this replica only
+    // follows.
+    campaign_after_ = absl::Now() + options_.lease_ttl;
+  }
+  if (lease_ != 0) etcd_->LeaseRevoke(lease_).IgnoreError();
+  lease_ = 0;
+}
+
+}  // namespace shardline::server
