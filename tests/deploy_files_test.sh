@@ -219,6 +219,7 @@ etcd_default_cluster() {
       *) echo "ETCD_LISTEN_METRICS_URLS beyond loopback: $ETCD_LISTEN_METRICS_URLS"; exit 1 ;; esac
     [ "$ETCD_CLIENT_CERT_AUTH" = true ] && [ "$ETCD_PEER_CLIENT_CERT_AUTH" = true ] ||
       { echo "client or peer certificates are not required"; exit 1; }
+    [ "${ETCD_PRE_VOTE:-}" = true ] || { echo "ETCD_PRE_VOTE is not true (a returning member deposes the raft leader)"; exit 1; }
     [ -n "$ETCD_TRUSTED_CA_FILE" ] && [ -n "$ETCD_PEER_TRUSTED_CA_FILE" ] && [ -n "$ETCD_CERT_FILE" ] &&
       [ -n "$ETCD_KEY_FILE" ] && [ -n "$ETCD_PEER_CERT_FILE" ] && [ -n "$ETCD_PEER_KEY_FILE" ] ||
       { echo "a TLS file is not set"; exit 1; }
@@ -230,7 +231,7 @@ etcd_default_cluster() {
   ) || rc=1
   return $rc
 }
-check "etcd.default: one of three members, TLS with client certificates, metrics on loopback" etcd_default_cluster
+check "etcd.default: one of three members, pre-vote, TLS with client certificates, metrics on loopback" etcd_default_cluster
 
 echo "== container"
 DF=deploy/container/Dockerfile
@@ -482,6 +483,7 @@ if mode == "ha":
             "ETCD_INITIAL_CLUSTER_STATE": "new",
             "ETCD_CLIENT_CERT_AUTH": "true",
             "ETCD_PEER_CLIENT_CERT_AUTH": "true",
+            "ETCD_PRE_VOTE": "true",
         }
         for k, v in want.items():
             if env.get(k) != v:

@@ -164,6 +164,7 @@ for i in 0 1 2; do
     --listen-client-urls "$SCHEME://${IP[$i]}:2379" --advertise-client-urls "$SCHEME://${IP[$i]}:2379" \
     --listen-peer-urls "$SCHEME://${IP[$i]}:2380" --initial-advertise-peer-urls "$SCHEME://${IP[$i]}:2380" \
     --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "$PREFIX" \
+    --pre-vote \
     "${ETCD_TLS[@]}" >"$OUT/etcd-m$i.log" 2>&1 &
   PIDS+=($!)
 done
@@ -204,24 +205,24 @@ sctl() {
   timeout 20 "$HOSTS" exec "$PREFIX" "$h" env SHARDLINE_COORDINATOR="$ASK" \
     "$SHARDCTL_BIN" "${CLIENT_TLS[@]}" "$@"
 }
-# status_field HOST FIELD [REPLICA]: from `shardctl status --json` on HOST
-# (asking REPLICA, default $ASK): leader (its address), roles
-# ("ADDRESS=ROLE ..." of every replica) or etcd (healthy members, e.g. 2/3).
-status_field() {
-  local ask="${3:-$ASK}"
-  ASK="$ask" sctl "$1" status --json 2>/dev/null | python3 -c '
-import json, sys
-s = json.load(sys.stdin)
-what = sys.argv[1]
-if what == "leader":
-    print(s.get("leader_address", ""))
-elif what == "roles":
-    print(" ".join("%s=%s" % (r.get("address"), r.get("role", "").replace("REPLICA_ROLE_", ""))
-                   for r in s.get("replicas", [])))
-elif what == "etcd":
-    e = s.get("etcd", [])
-    print("%d/%d" % (sum(1 for m in e if m.get("healthy")), len(e)))
-' "$2" 2>/dev/null || true
+# role I: replica I's role from its log's last election line: LEADER
+# ("elected leader"), FOLLOWER ("following ..."), CANDIDATE ("no longer the
+# leader", or nothing yet).
+role() {
+  local last
+  last=$(grep -E ": (elected leader|no longer the leader|following )" "$OUT/coordinator-h$1.log" 2>/dev/null | tail -n 1)
+  case "$last" in
+    *": elected leader"*) echo LEADER ;;
+    *": following "*) echo FOLLOWER ;;
+    *) echo CANDIDATE ;;
+  esac
+}
+roles() { echo "h0=$(role 0) h1=$(role 1) h2=$(role 2)"; }
+# served_at I: when replica I last logged "serving as the leader" (epoch s).
+served_at() {
+  local t
+  t=$(grep ": serving as the leader" "$OUT/coordinator-h$1.log" | tail -n 1 | cut -d' ' -f1)
+  [ -n "$t" ] && date -d "$t" +%s.%N
 }
 start_replica() {  # start_replica I
   local i="$1"
@@ -240,21 +241,22 @@ replica_alive() {  # replica_alive I: fails (with its log) when replica I exited
 start_replica 0
 for _ in $(seq 150); do
   replica_alive 0
-  [ "$(status_field h0 leader)" = "${IP[0]}:7070" ] && break
+  grep -q ": serving as the leader" "$OUT/coordinator-h0.log" && break
   sleep 0.2
 done
-[ "$(status_field h0 leader)" = "${IP[0]}:7070" ] || fail "h0's replica did not become the leader"
+[ "$(role 0)" = LEADER ] || fail "h0's replica did not become the leader"
 start_replica 1
 start_replica 2
 for _ in $(seq 150); do
   replica_alive 1
   replica_alive 2
-  [ "$(status_field h1 roles | wc -w)" -eq 3 ] && break
+  [ "$(roles)" = "h0=LEADER h1=FOLLOWER h2=FOLLOWER" ] && break
   sleep 0.2
 done
-say "== replicas (address=role): $(status_field h1 roles)"
-[ "$(status_field h1 roles | wc -w)" -eq 3 ] || fail "not every replica registered"
-sctl h1 status | tee -a "$SUMMARY" || true
+say "== replicas: $(roles)"
+[ "$(roles)" = "h0=LEADER h1=FOLLOWER h2=FOLLOWER" ] || fail "not h0 leading and h1, h2 following"
+# shardctl's view, for the record (GetStatus, served by every replica).
+sctl h1 status 2>&1 | tee -a "$SUMMARY" || true
 
 created=0
 for _ in 1 2 3 4 5; do
@@ -293,8 +295,7 @@ for _ in $(seq 1200); do
 done
 if [ -z "$s" ] || [ "$s" -lt "$CUT_AT_STEP" ]; then fail "training did not reach step $CUT_AT_STEP"; fi
 read -r _ gen1 world1 <<<"$(job_now h1)"
-leader=$(status_field h1 leader)
-[ "$leader" = "${IP[0]}:7070" ] || fail "the leader before the cut is $leader, not h0's replica"
+[ "$(role 0)" = LEADER ] || fail "h0's replica is not the leader before the cut: $(roles)"
 h0_role="a rank"
 if grep -q ": spare (world" "$OUT/h0-w0.log"; then h0_role=spare; fi
 
@@ -308,19 +309,24 @@ case "$raft_leader" in
   *) say "   etcd's raft leader was ${raft_leader:-unknown}, not on h0" ;;
 esac
 
-# A new leader: h1's or h2's replica, as h1's replica sees it.
-new_leader=""
+# A new leader: h1's or h2's replica (its log says when it began serving).
+new=""
 for _ in $(seq 300); do
-  new_leader=$(status_field h1 leader "${IP[1]}:7070")
-  case "$new_leader" in "${IP[1]}:7070" | "${IP[2]}:7070") break ;; esac
-  new_leader=""
+  for i in 1 2; do
+    # (h1's and h2's replicas never led before the cut.)
+    if [ "$(role "$i")" = LEADER ] && grep -q ": serving as the leader" "$OUT/coordinator-h$i.log"; then
+      new=$i
+    fi
+  done
+  [ -n "$new" ] && break
   sleep 0.1
 done
-[ -n "$new_leader" ] || fail "no replica on h1 or h2 took over within 30 s"
-LED_AT=$(date +%s.%N)
-FAILOVER=$(awk -v a="$CUT_AT" -v b="$LED_AT" 'BEGIN{printf "%.1f", b-a}')
-say "new leader $new_leader ${FAILOVER} s after the cut (lease TTL $LEASE_TTL); etcd healthy as h1 sees it: $(status_field h1 etcd)"
-sctl h1 status | tee -a "$SUMMARY" || true
+[ -n "$new" ] || fail "no replica on h1 or h2 took over within 30 s: $(roles)"
+new_leader="${IP[$new]}:7070"
+FAILOVER=$(awk -v a="$CUT_AT" -v b="$(served_at "$new")" 'BEGIN{printf "%.2f", b-a}')
+say "new leader: h$new's replica ($new_leader), serving ${FAILOVER} s after the cut (lease TTL $LEASE_TTL); etcd $(etcd_health h1) healthy as h1 sees it"
+grep -h ": no longer the leader" "$OUT/coordinator-h0.log" | tail -n 1 | sed 's/^/  h0: /' | tee -a "$SUMMARY" || true
+sctl h1 status 2>&1 | tee -a "$SUMMARY" || true
 
 # Training goes on under the new leader: steps and a committed checkpoint
 # beyond the step of the cut, on h1's and h2's workers.
@@ -341,14 +347,14 @@ sctl h1 members netns | tee -a "$SUMMARY" || true
 say "== healing h0's link: its etcd member catches up, its replica stays a follower"
 "$HOSTS" heal "$PREFIX" h0
 for _ in $(seq 300); do
-  roles=$(status_field h0 roles "${IP[0]}:7070")
-  grep -q "${IP[0]}:7070=FOLLOWER" <<<"$roles" && [ "$(etcd_health h0)" = 3/3 ] && break
+  [ "$(role 0)" = FOLLOWER ] && [ "$(etcd_health h0)" = 3/3 ] && break
   sleep 0.1
 done
-say "replicas (address=role): $roles; etcd $(etcd_health h0) healthy"
-grep -q "${IP[0]}:7070=FOLLOWER" <<<"$roles" || fail "h0's replica is not a follower after the heal"
+say "replicas: $(roles); etcd $(etcd_health h0) healthy"
+[ "$(role 0)" = FOLLOWER ] || fail "h0's replica is not a follower after the heal: $(roles)"
+grep -h ": following " "$OUT/coordinator-h0.log" | tail -n 1 | sed 's/^/  h0: /' | tee -a "$SUMMARY" || true
+[ "$(role "$new")" = LEADER ] || fail "the leader changed again after the heal: $(roles)"
 ASK="$REPLICAS"
-[ "$(status_field h0 leader)" = "$new_leader" ] || fail "the leader changed again after the heal"
 
 deadline=$((SECONDS + 300))
 while [ $SECONDS -lt $deadline ]; do
@@ -362,7 +368,7 @@ say "== job COMPLETED at generation $gen, world $world, under leader $new_leader
 grep -h " step $STEPS/$STEPS " "$OUT"/h*-w*.log | head -1 | sed 's/^/  /' | tee -a "$SUMMARY" || true
 sctl h1 members netns | tee -a "$SUMMARY" || true
 sctl h1 checkpoints netns | tee -a "$SUMMARY" || true
-sctl h1 status | tee -a "$SUMMARY" || true
+sctl h1 status 2>&1 | tee -a "$SUMMARY" || true
 say "events:"
 timeout 20 "$HOSTS" exec "$PREFIX" h1 env SHARDLINE_COORDINATOR="$REPLICAS" "$SHARDCTL_BIN" "${CLIENT_TLS[@]}" \
   watch netns --after 0 2>"$OUT/watch.err" |
