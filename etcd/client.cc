@@ -57,8 +57,8 @@ std::string ShortReason(const grpc::Status& s) {
   if (absl::StrContains(lower, "connection refused")) return "connection refused";
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return "deadline exceeded";
   if (s.error_message().empty()) {
-    return absl::StrCat("gRPC ", absl::StatusCodeToString(
-                                     static_cast<absl::StatusCode>(s.error_code())));
+    return absl::StrCat("gRPC ",
+                        absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())));
   }
   return AbbreviateValue(s.error_message(), 300);
 }
@@ -70,10 +70,10 @@ std::string DurationText(absl::Duration d) { return absl::FormatDuration(d); }
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeEtcdCredentials(
     const std::string& ca_file, const std::string& cert_file, const std::string& key_file) {
   if (cert_file.empty() != key_file.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        cert_file.empty() ? "--etcd-key" : "--etcd-cert", " is set without ",
-        cert_file.empty() ? "--etcd-cert" : "--etcd-key",
-        "; give both (a client certificate and its key) or neither"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(cert_file.empty() ? "--etcd-key" : "--etcd-cert", " is set without ",
+                     cert_file.empty() ? "--etcd-cert" : "--etcd-key",
+                     "; give both (a client certificate and its key) or neither"));
   }
   grpc::SslCredentialsOptions ssl;
   if (!ca_file.empty()) {
@@ -87,9 +87,9 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeEtcdCredentials(
     if (!cert.ok()) return cert.status();
     absl::StatusOr<std::string> key = ReadPemFile(key_file, "--etcd-key", PemKind::kPrivateKey);
     if (!key.ok()) return key.status();
-    if (absl::Status s = CheckKeyMatchesCertificate(
-            *cert, absl::StrCat("--etcd-cert file '", cert_file, "'"), *key,
-            absl::StrCat("--etcd-key file '", key_file, "'"));
+    if (absl::Status s =
+            CheckKeyMatchesCertificate(*cert, absl::StrCat("--etcd-cert file '", cert_file, "'"),
+                                       *key, absl::StrCat("--etcd-key file '", key_file, "'"));
         !s.ok()) {
       return s;
     }
@@ -214,17 +214,17 @@ class Client::Impl {
       errors.push_back(absl::StrCat(e.address, ": ", ShortReason(s)));
       absl::StatusCode code = static_cast<absl::StatusCode>(s.error_code());
       if (transport) Advance(index);
-      return absl::Status(code, absl::StrCat("etcd at ", absl::StrJoin(errors, "; "), " (",
-                                             method, ")"));
+      return absl::Status(code,
+                          absl::StrCat("etcd at ", absl::StrJoin(errors, "; "), " (", method, ")"));
     }
     if (timed_out || absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "etcd ", method, " did not complete within ", DurationText(timeout_),
-          errors.empty() ? "" : ": ", absl::StrJoin(errors, "; ")));
+      return absl::DeadlineExceededError(
+          absl::StrCat("etcd ", method, " did not complete within ", DurationText(timeout_),
+                       errors.empty() ? "" : ": ", absl::StrJoin(errors, "; ")));
     }
-    return absl::UnavailableError(absl::StrCat(
-        "etcd at ", absl::StrJoin(errors, "; "), " (", method,
-        "; no member answered: check that etcd is running and has a quorum)"));
+    return absl::UnavailableError(
+        absl::StrCat("etcd at ", absl::StrJoin(errors, "; "), " (", method,
+                     "; no member answered: check that etcd is running and has a quorum)"));
   }
 
  private:
@@ -279,9 +279,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
     }
   }
   if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("etcd client: timeout ",
-                                                   DurationText(options.timeout),
-                                                   " is not positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd client: timeout ", DurationText(options.timeout), " is not positive"));
   }
   auto impl = std::make_unique<Impl>(options);
   return std::unique_ptr<Client>(new Client(std::move(options), std::move(impl)));
@@ -305,8 +304,8 @@ absl::StatusOr<etcdserverpb::RangeResponse> Client::Range(
 }
 
 absl::StatusOr<std::vector<etcdserverpb::KeyValue>> Client::RangePrefix(const std::string& prefix,
-                                                                      int64_t* revision,
-                                                                      int64_t page) {
+                                                                        int64_t* revision,
+                                                                        int64_t page) {
   if (page <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("etcd RangePrefix: page ", page, " is not positive"));
@@ -333,11 +332,11 @@ absl::StatusOr<std::vector<etcdserverpb::KeyValue>> Client::RangePrefix(const st
 
 absl::StatusOr<etcdserverpb::TxnResponse> Client::Txn(const etcdserverpb::TxnRequest& request) {
   etcdserverpb::TxnResponse response;
-  absl::Status s = impl_->Run("Txn", /*idempotent=*/false,
-                              [&](Impl::Endpoint& e, grpc::ClientContext& context) {
-                                response.Clear();
-                                return e.kv->Txn(&context, request, &response);
-                              });
+  absl::Status s =
+      impl_->Run("Txn", /*idempotent=*/false, [&](Impl::Endpoint& e, grpc::ClientContext& context) {
+        response.Clear();
+        return e.kv->Txn(&context, request, &response);
+      });
   if (!s.ok()) return s;
   return response;
 }
@@ -366,8 +365,7 @@ absl::StatusOr<int64_t> Client::LeaseGrant(absl::Duration ttl) {
 absl::StatusOr<absl::Duration> Client::LeaseKeepAliveOnce(int64_t id) {
   etcdserverpb::LeaseKeepAliveResponse response;
   absl::Status s = impl_->Run(
-      "LeaseKeepAlive", /*idempotent=*/true,
-      [&](Impl::Endpoint& e, grpc::ClientContext& context) {
+      "LeaseKeepAlive", /*idempotent=*/true, [&](Impl::Endpoint& e, grpc::ClientContext& context) {
         response.Clear();
         std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
                                                  etcdserverpb::LeaseKeepAliveResponse>>
@@ -393,8 +391,8 @@ absl::StatusOr<absl::Duration> Client::LeaseKeepAliveOnce(int64_t id) {
       });
   if (!s.ok()) return s;
   if (response.ttl() <= 0) {
-    return absl::NotFoundError(absl::StrCat("etcd lease ", id,
-                                            " does not exist (it expired or was revoked)"));
+    return absl::NotFoundError(
+        absl::StrCat("etcd lease ", id, " does not exist (it expired or was revoked)"));
   }
   return absl::Seconds(response.ttl());
 }
@@ -409,8 +407,8 @@ absl::StatusOr<absl::Duration> Client::LeaseTimeToLive(int64_t id) {
                                 return e.lease->LeaseTimeToLive(&context, request, &response);
                               });
   if (absl::IsNotFound(s) || (s.ok() && response.ttl() < 0)) {
-    return absl::NotFoundError(absl::StrCat("etcd lease ", id,
-                                            " does not exist (it expired or was revoked)"));
+    return absl::NotFoundError(
+        absl::StrCat("etcd lease ", id, " does not exist (it expired or was revoked)"));
   }
   if (!s.ok()) return s;
   return absl::Seconds(response.ttl());
@@ -445,9 +443,9 @@ std::vector<MemberStatus> Client::Status(absl::Duration timeout) {
       etcdserverpb::StatusResponse response;
       const grpc::Status s = e.maintenance->Status(&context, request, &response);
       if (!s.ok()) {
-        m.status = absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                                absl::StrCat("etcd at ", e.address, ": ", ShortReason(s),
-                                             " (Status)"));
+        m.status =
+            absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                         absl::StrCat("etcd at ", e.address, ": ", ShortReason(s), " (Status)"));
         return;
       }
       m.status = absl::OkStatus();
