@@ -200,10 +200,18 @@ class Client::Impl {
         return absl::OkStatus();
       }
       const bool no_leader = IsNoLeader(s);
-      const bool transport = s.error_code() == grpc::StatusCode::UNAVAILABLE && !no_leader &&
+      // UNAVAILABLE: the transport, or etcd's own "request timed out",
+      // "too many requests"; a repeatable call tries the next member.
+      const bool unavailable = s.error_code() == grpc::StatusCode::UNAVAILABLE;
+      const bool transport = unavailable && !no_leader &&
                              !absl::StartsWith(s.error_message(), "etcdserver:");
-      const bool attempt_timed_out = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-      if (no_leader || (idempotent && (transport || attempt_timed_out))) {
+      // Our deadline, seen by gRPC or by etcd (which stops a request when
+      // the client's deadline passes and answers UNKNOWN "context deadline
+      // exceeded").
+      const bool attempt_timed_out =
+          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+          absl::StrContains(s.error_message(), "context deadline exceeded");
+      if (no_leader || (idempotent && (unavailable || attempt_timed_out))) {
         errors.push_back(absl::StrCat(e.address, ": ", ShortReason(s)));
         if (attempt_timed_out && absl::Now() >= deadline) timed_out = true;
         Advance(index);
@@ -212,7 +220,9 @@ class Client::Impl {
       // An answer etcd means (or an ambiguous failure of a write): no
       // other member would answer differently.
       errors.push_back(absl::StrCat(e.address, ": ", ShortReason(s)));
-      absl::StatusCode code = static_cast<absl::StatusCode>(s.error_code());
+      const absl::StatusCode code = attempt_timed_out
+                                        ? absl::StatusCode::kDeadlineExceeded
+                                        : static_cast<absl::StatusCode>(s.error_code());
       if (transport) Advance(index);
       return absl::Status(code,
                           absl::StrCat("etcd at ", absl::StrJoin(errors, "; "), " (", method, ")"));
