@@ -1,7 +1,8 @@
 // etcd v3 client: one gRPC channel per endpoint, synchronous calls, and the
 // endpoint failover etcd/client.h describes.
 //
-// Every call but Status carries etcd's "hasleader: true" metadata, so a
+// Every call but Status and a serializable Range (a member-local read,
+// which needs no leader) carries etcd's "hasleader: true" metadata, so a
 // member that has lost its raft leader refuses at once with "etcdserver: no
 // leader" (UNAVAILABLE) instead of holding the request until it times out;
 // etcd refuses such a request in its gRPC interceptor, before the request
@@ -165,7 +166,8 @@ class Client::Impl {
   // connected (the request cannot have left this process) or that refused
   // for want of a leader is passed over.
   using Attempt = std::function<grpc::Status(Endpoint&, grpc::ClientContext&)>;
-  absl::Status Run(absl::string_view method, bool idempotent, const Attempt& attempt) {
+  absl::Status Run(absl::string_view method, bool idempotent, const Attempt& attempt,
+                   bool require_leader = true) {
     const absl::Time start = absl::Now();
     const absl::Time deadline = start + timeout_;
     const size_t n = endpoints_.size();
@@ -193,7 +195,7 @@ class Client::Impl {
       grpc::ClientContext context;
       // A write, once sent, has the whole time: it is not tried elsewhere.
       context.set_deadline(absl::ToChronoTime(idempotent ? attempt_deadline : deadline));
-      context.AddMetadata("hasleader", "true");
+      if (require_leader) context.AddMetadata("hasleader", "true");
       const grpc::Status s = attempt(e, context);
       if (s.ok()) {
         current_.store(index);
@@ -203,8 +205,8 @@ class Client::Impl {
       // UNAVAILABLE: the transport, or etcd's own "request timed out",
       // "too many requests"; a repeatable call tries the next member.
       const bool unavailable = s.error_code() == grpc::StatusCode::UNAVAILABLE;
-      const bool transport = unavailable && !no_leader &&
-                             !absl::StartsWith(s.error_message(), "etcdserver:");
+      const bool transport =
+          unavailable && !no_leader && !absl::StartsWith(s.error_message(), "etcdserver:");
       // Our deadline, seen by gRPC or by etcd (which stops a request when
       // the client's deadline passes and answers UNKNOWN "context deadline
       // exceeded").
@@ -304,11 +306,13 @@ Client::~Client() = default;
 absl::StatusOr<etcdserverpb::RangeResponse> Client::Range(
     const etcdserverpb::RangeRequest& request) {
   etcdserverpb::RangeResponse response;
-  absl::Status s = impl_->Run("Range", /*idempotent=*/true,
-                              [&](Impl::Endpoint& e, grpc::ClientContext& context) {
-                                response.Clear();
-                                return e.kv->Range(&context, request, &response);
-                              });
+  absl::Status s = impl_->Run(
+      "Range", /*idempotent=*/true,
+      [&](Impl::Endpoint& e, grpc::ClientContext& context) {
+        response.Clear();
+        return e.kv->Range(&context, request, &response);
+      },
+      /*require_leader=*/!request.serializable());
   if (!s.ok()) return s;
   return response;
 }

@@ -296,6 +296,15 @@ TEST(EtcdClientTest, NoQuorumIsUnavailableWithinTheTimeoutThenRecovers) {
   EXPECT_THAT(s.message(), HasSubstr(cluster->endpoint(2) + ": etcdserver: no leader"));
   EXPECT_THAT(s.message(), HasSubstr("quorum"));
 
+  // A serializable read is the member's own copy: it needs no leader.
+  etcdserverpb::RangeRequest local;
+  local.set_key("/k");
+  local.set_serializable(true);
+  absl::StatusOr<etcdserverpb::RangeResponse> stale = etcd->Range(local);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  ASSERT_EQ(stale->kvs_size(), 1);
+  EXPECT_EQ(stale->kvs(0).value(), "v1");
+
   // Writes too, quickly now.
   const absl::Time start = absl::Now();
   absl::Status txn = etcd->Txn(PutTxn("/k", "v2")).status();
