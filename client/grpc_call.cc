@@ -31,6 +31,12 @@ bool NeverSent(const std::string& lower) {
          absl::StrContains(lower, "no connection within");
 }
 
+constexpr char kUnconnected[] = "connection timed out (no connection within ";
+
+bool IsUnconnected(const grpc::Status& status) {
+  return absl::StartsWith(status.error_message(), kUnconnected);
+}
+
 }  // namespace
 
 Outcome Classify(const grpc::Status& status, const grpc::ClientContext* context) {
@@ -72,8 +78,7 @@ grpc::Status CallAttempts::AwaitConnectable() const {
   }
   if (state == GRPC_CHANNEL_IDLE || state == GRPC_CHANNEL_CONNECTING) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        absl::StrCat("connection timed out (no connection within ",
-                                     absl::FormatDuration(kConnectWait), ")"));
+                        absl::StrCat(kUnconnected, absl::FormatDuration(kConnectWait), ")"));
   }
   return grpc::Status::OK;
 }
@@ -108,6 +113,10 @@ CoordinatorChannels::Replica CallAttempts::Next(bool move_shared) {
 
 bool CallAttempts::Again(const grpc::Status& status, const grpc::ClientContext* context) {
   Tried(replica_);
+  if (!IsUnconnected(status)) {
+    last_answer_ = status;
+    last_answer_address_ = replica_.address;
+  }
   if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
   const Outcome outcome = Classify(status, context);
   if (serves_ == Serves::kLeader && !outcome.leader_hint.empty()) {
@@ -157,7 +166,11 @@ absl::Status CallAttempts::Error(const grpc::Status& last, const ConnectionOptio
   }
   ConnectionOptions shown = options;
   shown.address = replica_.address;
-  const absl::Status s = FromGrpcStatus(last, shown, rpc);
+  // A replica that did not connect before the deadline says less than what
+  // an earlier attempt got (refused, "not the leader: ...").
+  const bool earlier = IsUnconnected(last) && last_answer_.has_value();
+  if (earlier) shown.address = last_answer_address_;
+  const absl::Status s = FromGrpcStatus(earlier ? *last_answer_ : last, shown, rpc);
   if (tried_.size() <= 1) return s;
   return absl::Status(
       s.code(), absl::StrCat(s.message(), " (replicas tried: ", absl::StrJoin(tried_, ", "), ")"));

@@ -122,6 +122,9 @@ class CallAttempts {
   int hops_ = 0;                    // hint hops in a row without a wait
   std::vector<size_t> round_;       // replicas tried since the last wait
   std::vector<std::string> tried_;  // addresses tried, in order, once each
+  // The last failure a replica answered (or gRPC reported), and where.
+  std::optional<grpc::Status> last_answer_;
+  std::string last_answer_address_;
 };
 
 // One stub of `Service` per replica, made on first use (a stub registers
