@@ -24,6 +24,11 @@
 #   sudo deploy/netns/ha-demo.sh [--out DIR] [--prefix NAME] [--steps N]
 #       [--bin-dir DIR | --coordinator-bin F --worker-bin F --shardctl-bin F]
 #       [--data FILE] [--cut-at-step N] [--lease-ttl D] [--tls] [--keep]
+#       [--fault cut|kill]
+#
+# --fault kill: instead of cutting h0's link, kill -9 h0's replica (its
+# etcd member and worker stay up; its port then refuses connections), and
+# instead of the heal, start it again.
 #
 # --tls: TLS with client certificates between etcd members and to etcd, and
 # TLS from clients to the replicas (certificates from deploy/k8s/ha/certs.sh
@@ -49,6 +54,7 @@ CUT_AT_STEP=20
 LEASE_TTL=2s
 TLS=0
 KEEP=0
+FAULT="cut"
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -65,6 +71,7 @@ while [ $# -gt 0 ]; do
     --cut-at-step) CUT_AT_STEP="$2"; shift 2 ;;
     --lease-ttl) LEASE_TTL="$2"; shift 2 ;;
     --tls) TLS=1; shift ;;
+    --fault) FAULT="$2"; shift 2 ;;
     --keep) KEEP=1; shift ;;
     *) usage ;;
   esac
@@ -74,6 +81,7 @@ if ! [[ "$STEPS" =~ ^[0-9]+$ ]] || ! [[ "$CUT_AT_STEP" =~ ^[0-9]+$ ]] || [ "$CUT
   echo "ha-demo.sh: want --cut-at-step >= 11 (after the first checkpoint) and --steps >= cut + 30" >&2
   exit 2
 fi
+case "$FAULT" in cut | kill) ;; *) echo "ha-demo.sh: --fault is cut or kill, not '$FAULT'" >&2; exit 2 ;; esac
 [ "$(id -u)" -eq 0 ] || { echo "ha-demo.sh: needs root (network namespaces)" >&2; exit 1; }
 for p in etcd etcdctl python3; do
   command -v "$p" >/dev/null || { echo "ha-demo.sh: needs $p (deploy/install_deps.sh installs it)" >&2; exit 1; }
@@ -289,7 +297,7 @@ for w in "${WORKERS[@]}"; do
 done
 say "== 5 workers: h0-w0 on h0, h1-w0 h1-w1 on h1, h2-w0 h2-w1 on h2; each is given all three replicas"
 for _ in $(seq 1200); do
-  s=$(max_step h0 h1 h2)
+  s=$(max_step h0 h1 h2)  # rank 0 logs the steps, on whichever host it is
   [ -n "$s" ] && [ "$s" -ge "$CUT_AT_STEP" ] && break
   sleep 0.05
 done
@@ -301,10 +309,15 @@ if grep -q ": spare (world" "$OUT/h0-w0.log"; then h0_role=spare; fi
 
 raft_leader=$(etcd_raft_leader h1)
 CUT_AT=$(date +%s.%N)
-"$HOSTS" cut "$PREFIX" h0
 ASK="$SURVIVORS"
-say "== step $s (generation $gen1, world $world1): cut h0's link; h0 held the leader, etcd m0 and h0-w0 ($h0_role)"
-case "$raft_leader" in
+if [ "$FAULT" = kill ]; then
+  kill -9 "${REPLICA_PID[0]}"
+  say "== step $s (generation $gen1, world $world1): kill -9 of h0's replica, the leader (h0's etcd m0 and h0-w0, $h0_role, stay up)"
+else
+  "$HOSTS" cut "$PREFIX" h0
+  say "== step $s (generation $gen1, world $world1): cut h0's link; h0 held the leader, etcd m0 and h0-w0 ($h0_role)"
+fi
+[ "$FAULT" = kill ] || case "$raft_leader" in
   *"//${IP[0]}:"*) say "   m0 was also etcd's raft leader: etcd elects another first, which renews every lease" ;;
   *) say "   etcd's raft leader was ${raft_leader:-unknown}, not on h0" ;;
 esac
@@ -328,24 +341,35 @@ say "new leader: h$new's replica ($new_leader), serving ${FAILOVER} s after the 
 grep -h ": no longer the leader" "$OUT/coordinator-h0.log" | tail -n 1 | sed 's/^/  h0: /' | tee -a "$SUMMARY" || true
 sctl h1 status 2>&1 | tee -a "$SUMMARY" || true
 
-# Training goes on under the new leader: steps and a committed checkpoint
-# beyond the step of the cut, on h1's and h2's workers.
-target=$((s + 20))
+# Training goes on under the new leader: it commits a checkpoint of a
+# step past the one of the cut (a re-formed job restores an earlier one
+# first), and steps are trained.
+committed_past() {  # the highest step the new leader committed, if past $s
+  sed -n 's/.*checkpoint committed job=netns .* step=\([0-9]*\).*/\1/p' "$OUT/coordinator-h$new.log" |
+    sort -n | tail -n 1
+}
+c=""
 for _ in $(seq 1200); do
-  t=$(max_step h1 h2)
-  [ -n "$t" ] && [ "$t" -ge "$target" ] && break
+  c=$(committed_past)
+  [ -n "$c" ] && [ "$c" -gt "$s" ] && break
   sleep 0.1
 done
-if [ -z "$t" ] || [ "$t" -lt "$target" ]; then
-  fail "training did not go on past step $target under the new leader (at ${t:-none})"
+if [ -z "$c" ] || [ "$c" -le "$s" ]; then
+  fail "the new leader committed no checkpoint past step $s (last: ${c:-none})"
 fi
 read -r phase2 gen2 world2 <<<"$(job_now h1)"
-say "training goes on: step $t, $phase2 generation $gen2, world $world2"
+say "training goes on: the new leader committed the checkpoint of step $c; the job is $phase2, generation $gen2, world $world2"
+grep -h "checkpoint committed job=netns" "$OUT/coordinator-h$new.log" | head -n 1 | sed 's/^/  /' | tee -a "$SUMMARY" || true
 grep -h "generation [2-9] rank .* communicators ready" "$OUT"/h[12]-w*.log | sed 's/^/  /' | tee -a "$SUMMARY" || true
 sctl h1 members netns | tee -a "$SUMMARY" || true
 
-say "== healing h0's link: its etcd member catches up, its replica stays a follower"
-"$HOSTS" heal "$PREFIX" h0
+if [ "$FAULT" = kill ]; then
+  say "== starting h0's replica again: it follows"
+  start_replica 0
+else
+  say "== healing h0's link: its etcd member catches up, its replica stays a follower"
+  "$HOSTS" heal "$PREFIX" h0
+fi
 for _ in $(seq 300); do
   [ "$(role 0)" = FOLLOWER ] && [ "$(etcd_health h0)" = 3/3 ] && break
   sleep 0.1
@@ -373,4 +397,4 @@ say "events:"
 timeout 20 "$HOSTS" exec "$PREFIX" h1 env SHARDLINE_COORDINATOR="$REPLICAS" "$SHARDCTL_BIN" "${CLIENT_TLS[@]}" \
   watch netns --after 0 2>"$OUT/watch.err" |
   grep -E "lost|formed|phase|fenc|grow|ended|leader" | sed 's/^/  /' | tee -a "$SUMMARY" || true
-say "OK: leader on h0 cut off at step $s, $new_leader led ${FAILOVER} s later, training went on, job completed"
+say "OK: leader on h0 lost ($FAULT) at step $s, $new_leader led ${FAILOVER} s later, training went on, job completed"
