@@ -106,9 +106,10 @@ TEST(ConnectionFlagsTest, ListFromTheEnvironmentIsCheckedAndKept) {
       return std::string(name) == kCoordinatorEnv ? list : nullptr;
     };
   };
-  absl::StatusOr<ConnectionOptions> ok = flags.Resolve(parser, env("a:1,b:2"));
+  absl::StatusOr<ConnectionOptions> ok = flags.Resolve(parser, env(" a:1, b:2"));
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->address, "a:1,b:2");
+  EXPECT_EQ(ok->address_source, "SHARDLINE_COORDINATOR");
   absl::Status bad = flags.Resolve(parser, env("a:1,a:1")).status();
   EXPECT_THAT(bad.message(), HasSubstr("SHARDLINE_COORDINATOR lists a:1 twice"));
 }
