@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
@@ -123,10 +124,10 @@ absl::StatusOr<ConnectionOptions> ConnectionFlags::Resolve(
     o.address = a;
     o.address_source = kCoordinatorEnv;
   }
-  if (absl::Status s = ParseCoordinatorAddresses(o.address, o.address_source).status();
-      !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<std::vector<std::string>> addresses =
+      ParseCoordinatorAddresses(o.address, o.address_source);
+  if (!addresses.ok()) return addresses.status();
+  o.address = absl::StrJoin(*addresses, ",");  // as messages will name it
 
   const char* token_source = "--token";
   if (parser.WasSet("token") && parser.WasSet("token-file")) {

@@ -3,6 +3,7 @@
 // follower's leader hint, moving on past a dead replica, no retry of a
 // non-idempotent call after an ambiguous failure, the error at the deadline,
 // GetStatus from any replica; and that one address keeps one attempt.
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -106,9 +107,10 @@ TEST(ConnectionFlagsTest, ListFromTheEnvironmentIsCheckedAndKept) {
       return std::string(name) == kCoordinatorEnv ? list : nullptr;
     };
   };
-  absl::StatusOr<ConnectionOptions> ok = flags.Resolve(parser, env("a:1,b:2"));
+  absl::StatusOr<ConnectionOptions> ok = flags.Resolve(parser, env(" a:1, b:2"));
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->address, "a:1,b:2");
+  EXPECT_EQ(ok->address_source, "SHARDLINE_COORDINATOR");
   absl::Status bad = flags.Resolve(parser, env("a:1,a:1")).status();
   EXPECT_THAT(bad.message(), HasSubstr("SHARDLINE_COORDINATOR lists a:1 twice"));
 }
@@ -228,6 +230,51 @@ TEST(ReplicaFailoverTest, FailoverWithinTheDeadlineIsBridged) {
   elect.join();
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->phase_reason(), "b");
+}
+
+// Many callers of one bundle while the leadership moves around three
+// replicas (with moments where the hints point at each other): every call
+// reaches a leader within its deadline.
+TEST(ReplicaFailoverTest, ConcurrentCallsFollowTheLeaderAsItMoves) {
+  FakeReplica a("a"), b("b"), c("c");
+  FakeReplica* replicas[] = {&a, &b, &c};
+  a.Lead();
+  b.Follow(a.address());
+  c.Follow(a.address());
+  CoordinatorClients clients =
+      Connect(Options({a.address(), b.address(), c.address()}, absl::Seconds(10)));
+  std::atomic<bool> done{false};
+  std::thread mover([&] {
+    for (int turn = 1; !done.load(); ++turn) {
+      FakeReplica* next = replicas[turn % 3];
+      for (FakeReplica* r : replicas) {
+        if (r != next) r->Follow(next->address());
+      }
+      next->Lead();
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  std::vector<std::thread> callers;
+  std::atomic<int> ok{0};
+  std::vector<std::string> failures(8);
+  for (int t = 0; t < 8; ++t) {
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < 40; ++i) {
+        absl::StatusOr<v1::Job> job = GetJob(clients);
+        if (!job.ok()) {
+          failures[t] = std::string(job.status().message());
+          return;
+        }
+        ++ok;
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  done = true;
+  mover.join();
+  EXPECT_EQ(ok.load(), 8 * 40);
+  EXPECT_THAT(failures, ::testing::Each(""));
+  EXPECT_GT(a.Calls("GetJob") + b.Calls("GetJob") + c.Calls("GetJob"), 8 * 40);
 }
 
 TEST(ReplicaFailoverTest, NonIdempotentCallIsNotRetriedAfterAnAmbiguousFailure) {

@@ -27,14 +27,8 @@
 extern char** environ;
 
 namespace shardline::testing {
-namespace {
 
-constexpr int kStartTries = 3;
-
-// `count` distinct free loopback ports: each bound to port 0 (the kernel
-// picks), all held open until every one is picked, then closed. A port can
-// still be taken before etcd binds it; Start retries on that.
-absl::StatusOr<std::vector<int>> FreePorts(int count) {
+absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int count) {
   std::vector<int> fds;
   std::vector<int> ports;
   absl::Status error;
@@ -60,6 +54,10 @@ absl::StatusOr<std::vector<int>> FreePorts(int count) {
   if (!error.ok()) return error;
   return ports;
 }
+
+namespace {
+
+constexpr int kStartTries = 3;
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);
@@ -92,7 +90,7 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(EtcdClusterOptio
     if (ec) {
       return absl::UnavailableError(absl::StrCat("mkdir ", cluster->dir_, ": ", ec.message()));
     }
-    absl::StatusOr<std::vector<int>> ports = FreePorts(2 * options.members);
+    absl::StatusOr<std::vector<int>> ports = FreeLoopbackPorts(2 * options.members);
     if (!ports.ok()) return ports.status();
     for (int i = 0; i < options.members; ++i) {
       Member m;

@@ -30,6 +30,12 @@
 
 namespace shardline::testing {
 
+// `count` distinct free loopback ports: each bound to port 0 (the kernel
+// picks), all held open until every one is picked, then closed. A port can
+// still be taken before the caller binds it (EtcdCluster::Start retries on
+// that). Unavailable when a socket cannot be bound.
+absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int count);
+
 struct EtcdClusterOptions {
   int members = 3;
   // Where the members' data directories and logs go; empty: a new

@@ -13,8 +13,10 @@
 //   * stepping down mid-call (StepDownAfterWrites): a write is done, then
 //     answered UNAVAILABLE without metadata, as a leader whose lease ran out
 //     while answering: the client cannot tell whether it was done;
-//   * CoordinatorService.GetStatus in every role: the status Status() set.
-// Other RPCs are UNIMPLEMENTED.
+//   * CoordinatorService.GetStatus in every role: the status SetStatus set;
+//   * every other RPC (WorkerService, CheckpointService, the rest), through a
+//     generic fallback: the follower's or no-leader answer above when not
+//     leading, UNIMPLEMENTED when leading.
 //
 //   FakeReplica a("a"), b("b");
 //   a.Follow(b.address());
@@ -26,6 +28,7 @@
 #ifndef SHARDLINE_TESTING_FAKE_REPLICA_H_
 #define SHARDLINE_TESTING_FAKE_REPLICA_H_
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 
 #include <map>
@@ -55,6 +58,7 @@ class FakeReplica final : public v1::JobService::Service,
     builder.RegisterService(static_cast<v1::JobService::Service*>(this));
     builder.RegisterService(static_cast<v1::RendezvousService::Service*>(this));
     builder.RegisterService(static_cast<v1::CoordinatorService::Service*>(this));
+    builder.RegisterCallbackGenericService(&fallback_);
     server_ = builder.BuildAndStart();
     address_ = absl::StrCat("127.0.0.1:", port);
   }
@@ -140,6 +144,31 @@ class FakeReplica final : public v1::JobService::Service,
  private:
   enum class Role { kLeader, kFollower, kNoLeader, kStepsDown };
 
+  // Every method no service above registers: counted under its name
+  // ("JoinJob"), answered as Admit says (UNIMPLEMENTED when leading).
+  class Fallback final : public grpc::CallbackGenericService {
+   public:
+    explicit Fallback(FakeReplica* replica) : replica_(replica) {}
+    grpc::ServerGenericBidiReactor* CreateReactor(
+        grpc::GenericCallbackServerContext* context) override {
+      class Reactor final : public grpc::ServerGenericBidiReactor {
+       public:
+        explicit Reactor(const grpc::Status& status) { Finish(status); }
+        void OnDone() override { delete this; }
+      };
+      const std::string& full = context->method();  // "/shardline.v1.WorkerService/JoinJob"
+      grpc::Status status = replica_->Admit(full.substr(full.rfind('/') + 1), context);
+      if (status.ok()) {
+        status = grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                              absl::StrCat("the fake replica does not serve ", full));
+      }
+      return new Reactor(status);
+    }
+
+   private:
+    FakeReplica* const replica_;
+  };
+
   void SetRole(Role role, std::string leader) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     role_ = role;
@@ -148,7 +177,7 @@ class FakeReplica final : public v1::JobService::Service,
 
   // Counts the call; the follower's answer when not leading (a write of a
   // replica stepping down is done first: AfterWriteLocked).
-  grpc::Status Admit(const std::string& method, grpc::ServerContext* context)
+  grpc::Status Admit(const std::string& method, grpc::ServerContextBase* context)
       ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     ++calls_[method];
@@ -175,6 +204,7 @@ class FakeReplica final : public v1::JobService::Service,
   }
 
   const std::string name_;
+  Fallback fallback_{this};
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   mutable absl::Mutex mu_;

@@ -15,6 +15,8 @@
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "client/coordinator_client.h"
+#include "testing/fake_replica.h"
 #include "testing/worker_harness.h"
 #include "worker/agent.h"
 
@@ -98,6 +100,34 @@ TEST(WorkerAgentTest, AgentsJoinAndGetUniqueRanks) {
   }
   EXPECT_EQ(incarnations.size(), 3u);
   for (const auto& a : agents) EXPECT_TRUE(a->Leave("test done").ok());
+}
+
+// Given every replica's address, a follower first: the agent's first call
+// follows the follower's leader hint, and its Session stream, heartbeats and
+// assignment all go to the leader (client/coordinator_channels.h).
+TEST(WorkerAgentTest, AgentGivenReplicasFollowsTheLeaderHint) {
+  CoordinatorHarness h;
+  h.CreateJob("job", SmallSpec(1, 1, 1));
+  client::testing::FakeReplica follower("follower");
+  follower.Follow(h.address());
+  WorkerAgentOptions o = Options(h, "job", "node0:cpu");
+  o.connection.address = absl::StrCat(follower.address(), ",", h.address());
+  absl::StatusOr<client::CoordinatorClients> clients = client::ConnectCoordinator(o.connection);
+  ASSERT_TRUE(clients.ok()) << clients.status();
+  absl::StatusOr<std::unique_ptr<WorkerAgent>> agent =
+      WorkerAgent::Create(o, *clients, &RealTime());
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  absl::Status connected = (*agent)->Connect();
+  ASSERT_TRUE(connected.ok()) << connected;
+  std::vector<absl::StatusOr<v1::Assignment>> assignment = Assignments({agent->get()});
+  ASSERT_TRUE(assignment[0].ok()) << assignment[0].status();
+  EXPECT_EQ(assignment[0]->generation(), 1u);
+  EXPECT_EQ(assignment[0]->world_size(), 1u);
+  EXPECT_EQ(follower.Calls("JoinJob"), 1);
+  EXPECT_EQ(follower.Calls("Session"), 0);
+  EXPECT_EQ(follower.Calls("GetAssignment"), 0);
+  EXPECT_TRUE((*agent)->Leave("test done").ok());
+  EXPECT_EQ(follower.Calls("LeaveJob"), 0);
 }
 
 // Destroying an agent breaks its stream: the survivors are told to restart,

@@ -30,8 +30,9 @@
 //                                                (client/shardctl/status_command.h)
 //
 // Every command takes the connection flags of ConnectionFlags (--coordinator
-// HOST:PORT or every replica's HOST:PORT comma-separated, --token, --tls-ca, --tls-cert, --tls-key, --timeout), --json (the response
-// as protobuf JSON with the proto's field names and zero values printed;
+// HOST:PORT, or every replica's HOST:PORT comma-separated; --token,
+// --tls-ca, --tls-cert, --tls-key, --timeout), --json (the response as
+// protobuf JSON with the proto's field names and zero values printed;
 // `watch --json` prints one JSON object per line) and --help.
 //
 // Thread-compatible: writes only to the given stream.
