@@ -628,13 +628,20 @@ replicas_probe_healthz() {
     --listen-peer-urls "http://127.0.0.1:$((base + 1))" --initial-advertise-peer-urls "http://127.0.0.1:$((base + 1))" \
     --initial-cluster "m0=http://127.0.0.1:$((base + 1))" >"$TMP/etcd-replicas.log" 2>&1 &
   pids+=($!)
+  # A replica that cannot reach etcd at start exits: wait for etcd first.
+  for _ in $(seq 200); do
+    "$PY" -c 'import sys, urllib.request; sys.exit(b"true" not in urllib.request.urlopen(sys.argv[1], timeout=2).read())' \
+      "http://127.0.0.1:$base/health" 2>/dev/null && break
+    sleep 0.1
+  done
   for i in 0 1; do
     "$COORDINATOR" --listen "127.0.0.1:$((base + 2 + i))" --state "etcd://127.0.0.1:$base/deploytest" \
       --metrics-port "$((base + 4 + i))" >"$TMP/replica$i.out" 2>"$TMP/replica$i.err" &
     pids+=($!)
   done
   # Each replica logs "elected leader" or "following".
-  for _ in $(seq 150); do
+  for _ in $(seq 300); do
+    kill -0 "${pids[1]}" 2>/dev/null && kill -0 "${pids[2]}" 2>/dev/null || break
     leader="" follower=""
     for i in 0 1; do
       grep -q ": elected leader" "$TMP/replica$i.err" && leader=$i
