@@ -395,6 +395,6 @@ sctl h1 checkpoints netns | tee -a "$SUMMARY" || true
 sctl h1 status 2>&1 | tee -a "$SUMMARY" || true
 say "events:"
 timeout 20 "$HOSTS" exec "$PREFIX" h1 env SHARDLINE_COORDINATOR="$REPLICAS" "$SHARDCTL_BIN" "${CLIENT_TLS[@]}" \
-  watch netns --after 0 2>"$OUT/watch.err" |
+  watch netns --after 0 2>"$OUT/watch.err" | tee "$OUT/watch.out" |
   grep -E "lost|formed|phase|fenc|grow|ended|leader" | sed 's/^/  /' | tee -a "$SUMMARY" || true
 say "OK: leader on h0 lost ($FAULT) at step $s, $new_leader led ${FAILOVER} s later, training went on, job completed"
