@@ -159,9 +159,9 @@ class Client::Impl {
   Endpoint& endpoint(size_t i) { return *endpoints_[i]; }
   absl::Duration timeout() const { return timeout_; }
 
-  // Runs `attempt` on the current endpoint, then on the next ones while an
-  // attempt says kNextEndpoint, each endpoint at most once, all before the
-  // deadline. `idempotent`: a transport failure after the request may have
+  // Runs `attempt` on the current endpoint, then on the next ones while
+  // the member could not serve it, each endpoint at most once, all before
+  // the deadline. `idempotent`: a transport failure after the request may have
   // been sent moves on too; otherwise only a member that was never
   // connected (the request cannot have left this process) or that refused
   // for want of a leader is passed over.

@@ -271,7 +271,7 @@ TEST(EtcdClientTest, NoQuorumIsUnavailableWithinTheTimeoutThenRecovers) {
   ASSERT_TRUE(etcd->Txn(PutTxn("/k", "v1")).ok());
 
   cluster->Kill(0);
-  cluster->Kill(1);
+  cluster->Stop(1);  // SIGTERM: etcd's own shutdown
   // Member 2 notices within an election timeout (1 s) that it has no
   // leader (a leader steps down, etcd's check-quorum); from then on every
   // call is refused at once. Until then a call may time out instead.

@@ -62,7 +62,7 @@ void AddFence(const EtcdStoreOptions& o, etcdserverpb::TxnRequest& txn) {
 // The message of a failed fence compare, from the failure branch's Range.
 absl::Status FencedError(const EtcdStoreOptions& o, const etcdserverpb::TxnResponse& r,
                          absl::string_view what) {
-  std::string now = "no longer exists (our lease expired)";
+  std::string now = "no longer exists (this replica's lease expired or was revoked)";
   if (r.responses_size() > 0 && r.responses(0).has_response_range() &&
       r.responses(0).response_range().kvs_size() > 0) {
     const etcdserverpb::KeyValue& kv = r.responses(0).response_range().kvs(0);
@@ -72,7 +72,7 @@ absl::Status FencedError(const EtcdStoreOptions& o, const etcdserverpb::TxnRespo
   return absl::FailedPreconditionError(absl::StrCat(
       "fenced: ", what, " refused: the leader key ", o.fence_key, " this replica created at ",
       "revision ", o.fence_revision, " ", now,
-      "; another replica leads, so this one must not change the state; nothing of this "
+      "; this replica no longer leads, so it must not change the state; nothing of this "
       "transaction was applied"));
 }
 
