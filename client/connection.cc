@@ -321,7 +321,8 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCoordinatorCredent
 }
 
 std::shared_ptr<grpc::Channel> MakeCoordinatorChannel(
-    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    bool replicas) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -333,6 +334,18 @@ std::shared_ptr<grpc::Channel> MakeCoordinatorChannel(
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (replicas) {
+    // A replica that stops answering without closing its connections (a
+    // paused process, a cut-off host) must not hold a worker's heartbeats
+    // or Session stream for a whole deadline while another replica leads:
+    // keepalive pings every 2 s, answered within 2 s, or the connection
+    // fails (UNAVAILABLE) and the calls move on (client/grpc_call.h). The
+    // coordinator accepts pings every second (server/rpc/coordinator_server.cc).
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
   return grpc::CreateCustomChannel(address, credentials, args);
 }
 

@@ -164,9 +164,13 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCoordinatorCredent
 // A channel to one coordinator address with `credentials` and a 64 MiB
 // message limit; gRPC's transparent retries are off, so a refused connection
 // is reported at once rather than retried for the whole deadline. Lazy:
-// nothing is sent before the first call.
+// nothing is sent before the first call. `replicas`: the address is one of
+// several coordinator replicas; the channel then sends keepalive pings (2 s,
+// answered within 2 s), so a replica that stops answering (paused, cut off)
+// fails its calls and streams in seconds and they move to another replica.
 std::shared_ptr<grpc::Channel> MakeCoordinatorChannel(
-    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials);
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    bool replicas = false);
 
 // MakeCoordinatorChannel to options.address (the first address of a list:
 // several replicas need client/coordinator_channels.h) with

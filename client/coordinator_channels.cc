@@ -23,7 +23,7 @@ absl::StatusOr<std::shared_ptr<CoordinatorChannels>> CoordinatorChannels::Create
   absl::MutexLock lock(&out->mu_);
   for (const std::string& address : out->configured_) {
     out->replicas_.push_back(
-        {out->replicas_.size(), address, MakeCoordinatorChannel(address, out->credentials_)});
+        {out->replicas_.size(), address, MakeCoordinatorChannel(address, out->credentials_, out->configured_.size() > 1)});
   }
   return out;
 }
@@ -42,7 +42,7 @@ std::shared_ptr<CoordinatorChannels> CoordinatorChannels::ForChannel(
   if (out->credentials_ != nullptr) {
     for (size_t i = 1; i < out->configured_.size(); ++i) {
       out->replicas_.push_back(
-          {i, out->configured_[i], MakeCoordinatorChannel(out->configured_[i], out->credentials_)});
+          {i, out->configured_[i], MakeCoordinatorChannel(out->configured_[i], out->credentials_, true)});
     }
   }
   return out;
@@ -80,7 +80,7 @@ std::optional<CoordinatorChannels::Replica> CoordinatorChannels::FollowHint(
   if (credentials_ == nullptr || replicas_.size() >= configured_.size() + kMaxLearnedAddresses) {
     return std::nullopt;
   }
-  replicas_.push_back({replicas_.size(), address, MakeCoordinatorChannel(address, credentials_)});
+  replicas_.push_back({replicas_.size(), address, MakeCoordinatorChannel(address, credentials_, true)});
   leader_ = replicas_.back().index;
   return replicas_.back();
 }

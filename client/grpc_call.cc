@@ -117,6 +117,13 @@ bool CallAttempts::Again(const grpc::Status& status, const grpc::ClientContext* 
     last_answer_ = status;
     last_answer_address_ = replica_.address;
   }
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && serves_ == Serves::kLeader &&
+      channels_.size() > 1) {
+    // The replica held the call for its whole deadline (paused, cut off):
+    // the next call tries the next one.
+    channels_.MoveOn(replica_.index);
+    return false;
+  }
   if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
   const Outcome outcome = Classify(status, context);
   if (serves_ == Serves::kLeader && !outcome.leader_hint.empty()) {
@@ -147,6 +154,11 @@ bool CallAttempts::Again(const grpc::Status& status, const grpc::ClientContext* 
 
 void CallAttempts::Observe(const grpc::Status& status, const grpc::ClientContext* context) {
   Tried(replica_);
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && serves_ == Serves::kLeader &&
+      channels_.size() > 1) {
+    channels_.MoveOn(replica_.index);
+    return;
+  }
   if (status.error_code() != grpc::StatusCode::UNAVAILABLE || serves_ != Serves::kLeader) return;
   const Outcome outcome = Classify(status, context);
   if (!outcome.leader_hint.empty() && channels_.FollowHint(outcome.leader_hint).has_value()) {

@@ -20,6 +20,9 @@
 //   * With several replicas, an attempt first waits up to kConnectWait for
 //     a channel that is still connecting (a host that does not answer), and
 //     moves on when it does not connect.
+//   * DEADLINE_EXCEEDED with several replicas known: the call ends, and the
+//     next replica becomes the guess for the next call (the replica held
+//     the call without answering: paused or cut off).
 //   * With one replica and no hint: one attempt, as before replicas existed.
 //   * Anything else ends the call.
 #ifndef SHARDLINE_CLIENT_GRPC_CALL_H_

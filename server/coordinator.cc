@@ -33,6 +33,14 @@ Coordinator::Coordinator(Clock* clock, StateStore* store, CoordinatorOptions opt
 
 Coordinator::~Coordinator() = default;
 
+void Coordinator::RestartHeartbeatClocks() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  for (auto& [id, job] : jobs_) {
+    for (auto& [worker_id, m] : job->members) m.last_heartbeat = now;
+  }
+}
+
 absl::Status Coordinator::Recover() {
   absl::StatusOr<std::vector<Record>> jobs = store_->Scan("job");
   if (!jobs.ok()) return jobs.status();

@@ -155,6 +155,12 @@ class Coordinator {
   // Errors: Unavailable / DataLoss from the store.
   absl::Status Recover();
 
+  // Gives every member a fresh heartbeat clock, as Recover does: for a
+  // coordinator replica that could not serve for a while (its lease was not
+  // confirmed, server/replica.h), during which the workers' heartbeats were
+  // refused, not missing.
+  void RestartHeartbeatClocks();
+
   // Credentials (server/auth.h). The coordinator stores only SHA-256 hashes
   // of worker tokens and member tokens. UseCredentials registers every
   // job's and member's hash with `auth` (not owned; null detaches) and keeps

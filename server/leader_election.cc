@@ -252,28 +252,40 @@ void LeaderElection::Follow(const std::optional<v1::Replica>& leader) {
 std::string LeaderElection::Lead(const LeaderTerm& term) {
   const absl::Duration interval = options_.lease_ttl / 3;
   absl::Time next = last_keepalive_sent_ + interval;
+  // Since when keep-alives fail (InfinitePast: they do not).
+  absl::Time failing_since = absl::InfinitePast();
   while (true) {
     if (SleepUntil(next)) {
       absl::MutexLock lock(&mu_);
       return stopping_ ? std::string("shutting down") : resign_;
     }
-    // Leading is safe only until lease_ttl after the last keep-alive that
-    // succeeded was sent: after that etcd may have expired the lease and
-    // elected another replica.
-    const absl::Time valid_until = last_keepalive_sent_ + options_.lease_ttl;
     absl::Status s = KeepAlive();
+    // The lease is gone: another replica may lead by now.
     if (absl::IsNotFound(s)) return "the lease expired (etcd answered TTL 0)";
     const absl::Time now = absl::Now();
     if (!s.ok()) {
       SetError(s);
-      if (now + interval / 2 >= valid_until) {
-        return absl::StrCat("the lease was not renewed for ",
-                            absl::FormatDuration(now - (valid_until - options_.lease_ttl)),
-                            " (lease TTL ", absl::FormatDuration(options_.lease_ttl),
-                            "): ", s.message());
+      if (failing_since == absl::InfinitePast()) {
+        failing_since = now;
+        LogLine(absl::StrCat("replica ", options_.self.replica_id(),
+                             ": lease keep-alive failed: ", s.message(),
+                             "; not serving from ", absl::FormatDuration(options_.lease_ttl),
+                             " after the last one that succeeded until etcd answers"));
       }
-      next = now + absl::Milliseconds(50);  // try again soon, before the lease runs out
+      // Not deposed yet: LeaseValid() stops serving once lease_ttl has
+      // passed since the last keep-alive that succeeded. etcd keeps (and,
+      // with a new raft leader, renews) the lease while it has no quorum,
+      // so a keep-alive that succeeds later, on a lease that is still
+      // there, resumes this same term: nobody else can have been elected.
+      next = now + absl::Milliseconds(100);
       continue;
+    }
+    if (failing_since != absl::InfinitePast()) {
+      LogLine(absl::StrCat("replica ", options_.self.replica_id(),
+                           ": lease keep-alive succeeded again after ",
+                           absl::FormatDuration(now - failing_since), "; still the leader"));
+      failing_since = absl::InfinitePast();
+      SetError(absl::OkStatus());
     }
     // Still our key? (An operator may have deleted it, or etcd's state was
     // restored from a backup.)

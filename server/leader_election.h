@@ -24,13 +24,17 @@
 //   * A follower reads the leader key every poll_interval (a linearizable
 //     Range) and campaigns as soon as it is gone: when the leader's lease
 //     expires (it died, paused or lost etcd) or it resigned (LeaseRevoke).
-//   * A leader stops leading, and `deposed` is called, when: a keep-alive
-//     says its lease is gone; no keep-alive has succeeded for lease_ttl
-//     since the last successful one was sent (etcd may then have expired
-//     the lease: stopping at that time, before any other replica can be
-//     elected, is what keeps two leaders from serving at once, given clocks
-//     that run at the same rate); the leader key is no longer ours; or
-//     Resign() (a state write failed). It then revokes its lease (so that
+//   * A leader stops serving (LeaseValid() turns false) once lease_ttl has
+//     passed since the last keep-alive that succeeded was sent: etcd may
+//     then have expired the lease, and stopping at that time, before any
+//     other replica can be elected, is what keeps two leaders from serving
+//     at once (given clocks that run at the same rate). It is not deposed
+//     for that alone: etcd keeps a lease while it has no raft leader (and
+//     renews every lease when a new one is elected), so when a keep-alive
+//     succeeds again the lease never expired, nobody else was elected, and
+//     the same term serves on. It is deposed, and `deposed` is called,
+//     when: a keep-alive says its lease is gone (TTL 0); the leader key is
+//     no longer ours; or Resign() (a state write failed). It then revokes its lease (so that
 //     another replica is elected at once, not after the TTL), takes a new
 //     one and for lease_ttl only follows, giving the others the first
 //     chance, before it stands again.

@@ -105,6 +105,8 @@ absl::Status Replica::StartFollowerServer() {
   int port = 0;
   builder.AddListeningPort(listen, credentials, &port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Clients given several replicas ping every 2 s (client/connection.h).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   // gRPC binds a service to one server for good: fresh ones each time.
   status_service_ = std::make_unique<rpc::CoordinatorServiceImpl>(
       options_.server.admin_token, [this] { return Status(); });
@@ -138,22 +140,28 @@ void Replica::StopFollowerServer() {
 absl::Status Replica::NotLeader(std::string* leader) const {
   leader->clear();
   if (election_ == nullptr) {
-    return absl::UnavailableError("this coordinator replica is starting; retry with backoff");
+    return absl::UnavailableError("not the leader yet: this coordinator replica is starting; retry with backoff");
   }
+  const std::string error = election_->LastError();
+  // What etcd last said, when it did not answer: the leader named may be
+  // out of date then.
+  const std::string etcd_said =
+      error.empty() ? "" : absl::StrCat("; etcd does not answer this replica: ", error);
   std::optional<v1::Replica> l = election_->Leader();
   if (l.has_value() && l->replica_id() != election_->options().self.replica_id()) {
     *leader = l->address();
     return absl::UnavailableError(absl::StrCat(
         "not the leader: the leader is ", l->address(), " (replica ", l->replica_id(),
         "); send the call there (clients given every replica's address follow the \"",
-        kLeaderMetadataKey, "\" metadata)"));
+        kLeaderMetadataKey, "\" metadata)", etcd_said));
   }
   if (election_->leading()) {
-    return absl::UnavailableError(
-        "this replica's lease is not confirmed (etcd did not answer in time); it stops leading "
-        "unless etcd answers: retry with backoff");
+    return absl::UnavailableError(absl::StrCat(
+        "not the leader now: this replica's lease is not confirmed (etcd has not answered its "
+        "keep-alives for the lease TTL, ",
+        absl::FormatDuration(options_.lease_ttl), "); it serves again once etcd answers",
+        etcd_said, "; retry with backoff"));
   }
-  const std::string error = election_->LastError();
   return absl::UnavailableError(absl::StrCat(
       "not the leader, and no leader is known: ",
       error.empty() ? "an election is in progress" : absl::StrCat("etcd: ", error),

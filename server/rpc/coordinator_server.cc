@@ -185,10 +185,21 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 
 void CoordinatorServer::TickLoop(absl::Duration interval, std::function<absl::Status()> gate) {
   absl::Time next_sweep = absl::Now();
+  bool gate_closed = false;
   while (!stop_tick_.WaitForNotificationWithTimeout(interval)) {
     // A replica that cannot confirm its lease judges nobody: its view of
-    // heartbeats may be stale (it was paused, or cut off).
-    if (gate != nullptr && !gate().ok()) continue;
+    // heartbeats may be stale (it was paused, or cut off). When it serves
+    // again, the heartbeats it refused meanwhile do not count as missed.
+    if (gate != nullptr) {
+      if (!gate().ok()) {
+        gate_closed = true;
+        continue;
+      }
+      if (gate_closed) {
+        deps_.coordinator->RestartHeartbeatClocks();
+        gate_closed = false;
+      }
+    }
     PassOn(deps_.coordinator->Tick());
     PruneFinishedJobs();
     if (absl::Now() >= next_sweep) {

@@ -151,7 +151,9 @@ struct ServerOptions {
   int max_waiting_gets = 4096;
   // Asked before every call of the four v1 services and every Tick; a
   // non-OK answer is the call's answer and the Tick is skipped (a replica
-  // whose lease is not confirmed, server/replica.h). Null: always serve.
+  // whose lease is not confirmed, server/replica.h); once it is OK again,
+  // every member gets a fresh heartbeat clock before the next Tick
+  // (Coordinator::RestartHeartbeatClocks). Null: always serve.
   std::function<absl::Status()> gate;
   // CoordinatorService.GetStatus's answer. Null: this process alone, as
   // the LEADER, with `state` as the state backend and listen address.
