@@ -18,7 +18,9 @@
 // FAILED_PRECONDITION (the job is finished).
 //
 // Retries: every call is safe to repeat (ReportShard with identical
-// content). No method retries by itself.
+// content). The gRPC implementation retries only between coordinator
+// replicas, within the call's deadline (client/grpc_call.h); with one
+// address it makes one attempt.
 //
 // Thread-safety: implementations are thread-safe.
 #ifndef SHARDLINE_CLIENT_CHECKPOINT_CLIENT_H_

@@ -183,7 +183,8 @@ absl::Status CallAttempts::Error(const grpc::Status& last, const ConnectionOptio
   const bool earlier = IsUnconnected(last) && last_answer_.has_value();
   if (earlier) shown.address = last_answer_address_;
   const absl::Status s = FromGrpcStatus(earlier ? *last_answer_ : last, shown, rpc);
-  if (tried_.size() <= 1) return s;
+  // Which replicas were tried matters when none could serve the call.
+  if (tried_.size() <= 1 || (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s))) return s;
   return absl::Status(
       s.code(), absl::StrCat(s.message(), " (replicas tried: ", absl::StrJoin(tried_, ", "), ")"));
 }

@@ -101,7 +101,8 @@ class CallAttempts {
   void Succeeded();
 
   // FromGrpcStatus(last) for `rpc`, naming the replica of the last attempt
-  // and, when there were several, every replica tried.
+  // and, for UNAVAILABLE and DEADLINE_EXCEEDED after several, every replica
+  // tried. CANCELLED when `cancel` ended a backoff wait.
   absl::Status Error(const grpc::Status& last, const ConnectionOptions& options,
                      absl::string_view rpc) const;
 

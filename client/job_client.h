@@ -15,7 +15,11 @@
 // empty or malformed) and NOT_FOUND (no such job).
 //
 // Retries: every call but DrainWorker is safe to repeat (CreateJob with the
-// same job_id and spec). No method retries by itself.
+// same job_id and spec). The gRPC implementation retries only between
+// coordinator replicas, within the call's deadline (client/grpc_call.h:
+// a follower's leader hint for every call; an ambiguous failure for all but
+// DrainWorker); with one address it makes one attempt. WatchJob opens on the
+// leader and, until its first event, follows a follower's hint.
 //
 // Deadlines: --timeout on every unary call; WatchJob has none.
 //

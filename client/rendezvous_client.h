@@ -25,7 +25,10 @@
 // job is finished).
 //
 // Retries: KvSet, KvGet, KvWait, KvDelete and Barrier are safe to repeat;
-// KvAdd and KvCompareAndSet are not. No method retries by itself.
+// KvAdd and KvCompareAndSet are not. The gRPC implementation retries only
+// between coordinator replicas, within the call's deadline
+// (client/grpc_call.h: a follower's leader hint for every call, an ambiguous
+// failure only for the safe ones); with one address it makes one attempt.
 //
 // Deadlines: --timeout, except the calls that wait (KvGet with `wait`,
 // KvWait, Barrier): request.timeout + kWaitDeadlineSlack.

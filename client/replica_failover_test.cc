@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/cancel_token.h"
 #include "client/coordinator_channels.h"
 #include "client/coordinator_client.h"
 #include "client/grpc_call.h"
@@ -275,6 +276,41 @@ TEST(ReplicaFailoverTest, ConcurrentCallsFollowTheLeaderAsItMoves) {
   EXPECT_EQ(ok.load(), 8 * 40);
   EXPECT_THAT(failures, ::testing::Each(""));
   EXPECT_GT(a.Calls("GetJob") + b.Calls("GetJob") + c.Calls("GetJob"), 8 * 40);
+}
+
+TEST(ReplicaFailoverTest, LeadersOwnErrorComesBackAsItIs) {
+  FakeReplica follower("follower"), leader("leader");
+  leader.Lead();
+  follower.Follow(leader.address());
+  CoordinatorClients clients = Connect(Options({follower.address(), leader.address()}));
+  v1::GetJobRequest req;
+  req.set_job_id("missing");
+  absl::Status s = clients.jobs->GetJob(req).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "no job missing");
+  EXPECT_EQ(leader.Calls("GetJob"), 1);
+}
+
+TEST(ReplicaFailoverTest, CancelTokenEndsTheWaitBetweenReplicas) {
+  FakeReplica a("a"), b("b");
+  a.NoLeader();
+  b.NoLeader();
+  CoordinatorClients clients = Connect(Options({a.address(), b.address()}, absl::Seconds(30)));
+  CancelToken cancel;
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    cancel.Cancel("the generation ended");
+  });
+  const absl::Time start = absl::Now();
+  v1::KvSetRequest set;
+  set.set_key("k");
+  absl::Status s = clients.rendezvous->KvSet(set, &cancel).status();
+  canceller.join();
+  // (The message names the reason when the cancel came during a wait, as
+  // it almost always does here; gRPC's when it came during an attempt.)
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_GE(a.Calls("KvSet"), 2);  // it was retrying until then
 }
 
 TEST(ReplicaFailoverTest, NonIdempotentCallIsNotRetriedAfterAnAmbiguousFailure) {

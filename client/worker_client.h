@@ -21,8 +21,13 @@
 //
 // Retries: JoinJob, Heartbeat, GetAssignment and LeaveJob are safe to
 // repeat; ReportError is not (a repeat after the generation changed is
-// ABORTED, which asks for the same action). No method retries by itself:
-// callers decide (common/backoff.h).
+// ABORTED, which asks for the same action). The gRPC implementation retries
+// only between coordinator replicas, within the call's deadline
+// (client/grpc_call.h: a follower's leader hint for every call, an ambiguous
+// failure only for the safe ones); with one address it makes one attempt.
+// Beyond that callers decide (common/backoff.h). A Session stream opens on
+// the replica believed to lead; how it ends (a hint, or UNAVAILABLE) moves
+// the guess, so the caller's next stream goes to the new leader.
 //
 // Thread-safety: implementations are thread-safe; a SessionStream is read
 // by one thread, and Cancel may be called from any thread.

@@ -3,8 +3,8 @@
 // real replica server (server/replica.h). It plays the part of
 // proto/shardline/v1/coordinator.proto "Replicas" that clients see:
 //   * leading: serves JobService.GetJob (the job named, phase RUNNING,
-//     phase_reason = this replica's name), JobService.WatchJob (one event,
-//     then OK), RendezvousService.KvAdd / KvSet (one in-memory table);
+//     phase_reason = this replica's name; NOT_FOUND for job "missing"), JobService.WatchJob (one
+//     event, then OK), RendezvousService.KvAdd / KvSet (one in-memory table);
 //   * following a leader: every one of those answers UNAVAILABLE "not the
 //     leader: the leader is HOST:PORT; ..." with trailing metadata
 //     kLeaderMetadataKey (common/grpc_status.h) = HOST:PORT;
@@ -101,6 +101,9 @@ class FakeReplica final : public v1::JobService::Service,
   grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                       v1::Job* out) override {
     if (grpc::Status s = Admit("GetJob", context); !s.ok()) return s;
+    if (request->job_id() == "missing") {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "no job missing");
+    }
     out->set_job_id(request->job_id());
     out->set_phase(v1::JOB_PHASE_RUNNING);
     out->set_phase_reason(name_);
