@@ -218,11 +218,12 @@ def etcd_healthy(address, timeout=2):
 
 class EtcdCluster:
     """etcd 3.4 with `size` members on loopback (as testing/etcd_cluster.cc starts
-    it), data directories on tmpfs when there is one; url(prefix) is the
+    it), data directories on tmpfs when there is one (on_disk: under $BENCH_TMP,
+    where etcd's fsyncs cost what they would); url(prefix) is the
     coordinator's --state etcd://A,B,C/PREFIX."""
 
-    def __init__(self, name="etcd3", size=3):
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else benchlib.bench_tmp()
+    def __init__(self, name="etcd3", size=3, on_disk=False):
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and not on_disk else benchlib.bench_tmp()
         self.data = os.path.join(base, "shardline-bench-%s-%d" % (name, os.getpid()))
         subprocess.run(["rm", "-rf", self.data])
         ports = [(free_port(), free_port()) for _ in range(size)]
