@@ -238,7 +238,7 @@ def torch_store_host_lost(d, data):
     port = _common.free_port()
     env = dict(os.environ, BENCH_CKPT=os.path.join(d, "ckpt.pt"), BENCH_DATA=data,
                OMP_NUM_THREADS="1")
-    version = subprocess.run([_common.PYTHON, "-c", "import torch; print(torch.__version__)"],
+    version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "python3-torch"],
                              stdout=subprocess.PIPE, text=True).stdout.strip() or "?"
     agents = []
     try:
@@ -308,6 +308,7 @@ def main():
 
     ha = sq = train = torch = None
     follows = False
+    train_errors = []  # (c) and (d): their rows only
     benchlib.log("%s: 3-member etcd, 3 replicas, lease TTL %d s; %d kills" % (NAME, TTL_S, reps))
     cluster = attempt("etcd", lambda: _common.EtcdCluster("failover-etcd", 3))
     if cluster is not None:
@@ -321,11 +322,14 @@ def main():
                         ha, follows = got
                     if follows:
                         benchlib.log("%s: training, %d kills of the leader" % (NAME, kills))
+                        n = len(errors)
                         train = attempt("shardline training",
                                         lambda: ha_training(replicas, kills, d, data))
+                        train_errors.extend(errors[n:])
+                        del errors[n:]
                     else:
-                        errors.append("training: the workers take one --coordinator address in "
-                                      "this build (no replica list)")
+                        train_errors.append("the workers take one --coordinator address in "
+                                            "this build (no replica list)")
                 finally:
                     replicas.stop()
         finally:
@@ -333,7 +337,10 @@ def main():
     benchlib.log("%s: single SQLite coordinator under a supervisor; %d kills" % (NAME, reps))
     sq = attempt("SQLite + supervisor", lambda: sqlite_failover(reps, d, data))
     benchlib.log("%s: torchrun, the c10d store host killed" % NAME)
+    n = len(errors)
     torch = attempt("torchrun", lambda: torch_store_host_lost(d, data))
+    train_errors.extend(errors[n:])
+    del errors[n:]
 
     err = "; ".join(errors)
     how = ("shardctl given all 3 addresses" if follows else
@@ -353,21 +360,27 @@ def main():
         rows.add("%s (%s)" % (case, label), param, hs[k], "goal", GOAL_S, "s", False, note)
     tcase = "kill -9 the leader during training -> next completed step"
     tparam = "workers=%d" % WORKERS
-    tnote = err
+    terr = "; ".join(train_errors)
+    tnote = terr
     if train is not None:
         to_next, longest, step_s, reformed, alive = train
         tnote = ("median of %d kills; longest gap between steps around a kill %.3f s (median); "
                  "step time before %.3f s; %d re-formations; %d of %d workers alive after" % (
                      kills, statistics.median(longest), step_s, reformed, alive, WORKERS))
+        if terr:
+            tnote += "; " + terr
     tval = statistics.median(train[0]) if train else None
     if torch is not None:
         t_end, codes, after, version = torch
-        tpeer_note = ("outcome: job lost (torch %s): the surviving agent exited with code %s %s "
-                      "after the store host was killed; %d steps after the kill" % (
-                          version, "/".join(str(c) for c in codes),
-                          "%.1f s" % t_end if t_end is not None else "not within 120 s", after))
+        if t_end is not None:
+            tpeer_note = ("outcome: job lost (python3-torch %s): the surviving agent exited with "
+                          "code %s %.1f s after the store host was killed; %d steps after the "
+                          "kill" % (version, "/".join(str(c) for c in codes), t_end, after))
+        else:
+            tpeer_note = ("outcome: the surviving agent still ran 120 s after the store host was "
+                          "killed (python3-torch %s); %d steps after the kill" % (version, after))
     else:
-        tpeer_note = "torchrun: " + err
+        tpeer_note = terr
     rows.add(tcase, tparam, tval, "goal", GOAL_S, "s", False, tnote)
     rows.add(tcase, tparam, tval, "torchrun c10d (store host killed)", None, "s", False,
              tpeer_note.replace(",", ";"))
