@@ -283,6 +283,7 @@ class Replicas:
 
     def __init__(self, cluster, prefix, n=3, lease_ttl_s=2, name="replica"):
         self.argv = []
+        self.cluster, self.prefix = cluster, prefix.strip("/")
         self.addresses = ["127.0.0.1:%d" % free_port() for _ in range(n)]
         self.name = name
         self.starts = 0
@@ -306,12 +307,18 @@ class Replicas:
             raise RuntimeError("replica %d did not start: %s" % (i, self.procs[i].tail()))
 
     def leader(self, timeout=30):
-        """The index of the replica that answers `shardctl job list`, or raises."""
+        """The index of the replica that PREFIX/leader in etcd names and that answers
+        `shardctl job list` (a client that follows the leader hint would get an
+        answer from any replica, so the answer alone does not tell), or raises."""
         deadline = time.time() + timeout
         while time.time() < deadline:
+            value = subprocess.run(
+                ["etcdctl", "--endpoints=" + ",".join(self.cluster.addresses), "get",
+                 "/" + self.prefix + "/leader", "--print-value-only"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=etcd_env()).stdout
             for i, a in enumerate(self.addresses):
-                if self.procs[i] is not None and self.procs[i].alive() and \
-                        shardctl(["job", "list"], a, 1)[0] == 0:
+                if a.encode() in value and self.procs[i] is not None and \
+                        self.procs[i].alive() and shardctl(["job", "list"], a, 1)[0] == 0:
                     return i
             time.sleep(0.05)
         raise RuntimeError("no replica leads after %d s: %s" % (
