@@ -29,12 +29,18 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/connection.h"
+#include "client/coordinator_channels.h"
 #include "grpcpp/grpcpp.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 
 namespace shardline::client {
 
 namespace v1 = ::shardline::v1;
+
+namespace internal {
+template <typename Service>
+class ReplicaStubs;
+}  // namespace internal
 
 class CheckpointClient {
  public:
@@ -86,8 +92,13 @@ class CheckpointClient {
 // manifests can be large.
 class GrpcCheckpointClient final : public CheckpointClient {
  public:
+  // One channel (one coordinator, or the first replica of options.address).
   GrpcCheckpointClient(std::shared_ptr<grpc::Channel> channel, ConnectionOptions options,
                        absl::Duration min_timeout = absl::ZeroDuration());
+  // Every call to the leader of `channels` (client/coordinator_channels.h).
+  GrpcCheckpointClient(std::shared_ptr<CoordinatorChannels> channels, ConnectionOptions options,
+                       absl::Duration min_timeout = absl::ZeroDuration());
+  ~GrpcCheckpointClient() override;
 
   absl::StatusOr<v1::BeginCheckpointResponse> BeginCheckpoint(
       const v1::BeginCheckpointRequest& request) override;
@@ -103,7 +114,7 @@ class GrpcCheckpointClient final : public CheckpointClient {
 
  private:
   const ConnectionOptions options_;  // timeout: at least min_timeout
-  const std::unique_ptr<v1::CheckpointService::Stub> stub_;
+  const std::unique_ptr<internal::ReplicaStubs<v1::CheckpointService>> stubs_;
 };
 
 }  // namespace shardline::client

@@ -6,10 +6,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/tls_files.h"
@@ -20,7 +22,7 @@ namespace {
 std::string FormatTimeout(absl::Duration d) { return absl::FormatDuration(d); }
 
 // "HOST:PORT" with a port in 1..65535, "[v6]:PORT", or a gRPC URI target.
-absl::Status CheckAddress(const std::string& address, const std::string& source) {
+absl::Status CheckAddress(const std::string& address, absl::string_view source) {
   if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "dns:") ||
       absl::StartsWith(address, "ipv4:") || absl::StartsWith(address, "ipv6:")) {
     return absl::OkStatus();
@@ -94,8 +96,8 @@ std::string TransportReason(const std::string& message, const ConnectionOptions&
 
 void ConnectionFlags::Register(ArgParser& parser) {
   parser.AddString("coordinator", &coordinator_,
-                   "coordinator address HOST:PORT (default $SHARDLINE_COORDINATOR, else "
-                   "127.0.0.1:7070)");
+                   "coordinator address HOST:PORT, or every replica's, comma-separated "
+                   "(default $SHARDLINE_COORDINATOR, else 127.0.0.1:7070)");
   parser.AddString("token", &token_,
                    "bearer token (default $SHARDLINE_TOKEN; prefer the variable: flags show "
                    "in ps)");
@@ -121,7 +123,10 @@ absl::StatusOr<ConnectionOptions> ConnectionFlags::Resolve(
     o.address = a;
     o.address_source = kCoordinatorEnv;
   }
-  if (absl::Status s = CheckAddress(o.address, o.address_source); !s.ok()) return s;
+  if (absl::Status s = ParseCoordinatorAddresses(o.address, o.address_source).status();
+      !s.ok()) {
+    return s;
+  }
 
   const char* token_source = "--token";
   if (parser.WasSet("token") && parser.WasSet("token-file")) {
@@ -179,6 +184,40 @@ absl::StatusOr<ConnectionOptions> ConnectionFlags::Resolve(
     o.timeout = d;
   }
   return o;
+}
+
+absl::StatusOr<std::vector<std::string>> ParseCoordinatorAddresses(absl::string_view list,
+                                                                   absl::string_view source) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(list, ',');
+  if (parts.size() > kMaxCoordinatorAddresses) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " lists ", parts.size(), " addresses; at most ", kMaxCoordinatorAddresses,
+        " coordinator replicas are supported"));
+  }
+  std::vector<std::string> out;
+  absl::flat_hash_set<std::string> seen;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string address(absl::StripAsciiWhitespace(parts[i]));
+    if (address.empty()) {
+      if (parts.size() == 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, " is empty; give the coordinator's HOST:PORT, e.g. 127.0.0.1:7070, or every "
+            "replica's, comma-separated"));
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, "='", list, "' has an empty address at position ", i + 1,
+          "; give HOST:PORT,HOST:PORT,... without empty entries"));
+    }
+    const std::string what = parts.size() == 1 ? std::string(source)
+                                               : absl::StrCat(source, " address ", i + 1);
+    if (absl::Status s = CheckAddress(address, what); !s.ok()) return s;
+    if (!seen.insert(address).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, " lists ", address, " twice; give each coordinator replica once"));
+    }
+    out.push_back(address);
+  }
+  return out;
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions& o,
@@ -251,37 +290,37 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions&
   }
 }
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCoordinatorCredentials(
     const ConnectionOptions& options) {
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  if (options.tls()) {
-    grpc::SslCredentialsOptions ssl;
-    if (!options.tls_ca_file.empty()) {
-      absl::StatusOr<std::string> pem =
-          ReadPem(options.tls_ca_file, "--tls-ca", PemKind::kCertificates);
-      if (!pem.ok()) return pem.status();
-      ssl.pem_root_certs = *pem;
-    }
-    if (!options.tls_cert_file.empty()) {
-      absl::StatusOr<std::string> cert =
-          ReadPem(options.tls_cert_file, "--tls-cert", PemKind::kCertificates);
-      if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key =
-          ReadPem(options.tls_key_file, "--tls-key", PemKind::kPrivateKey);
-      if (!key.ok()) return key.status();
-      if (absl::Status s = CheckKeyMatchesCertificate(
-              *cert, absl::StrCat("--tls-cert file '", options.tls_cert_file, "'"), *key,
-              absl::StrCat("--tls-key file '", options.tls_key_file, "'"));
-          !s.ok()) {
-        return s;
-      }
-      ssl.pem_cert_chain = *cert;
-      ssl.pem_private_key = *key;
-    }
-    credentials = grpc::SslCredentials(ssl);
-  } else {
-    credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  if (!options.tls_ca_file.empty()) {
+    absl::StatusOr<std::string> pem =
+        ReadPem(options.tls_ca_file, "--tls-ca", PemKind::kCertificates);
+    if (!pem.ok()) return pem.status();
+    ssl.pem_root_certs = *pem;
   }
+  if (!options.tls_cert_file.empty()) {
+    absl::StatusOr<std::string> cert =
+        ReadPem(options.tls_cert_file, "--tls-cert", PemKind::kCertificates);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key =
+        ReadPem(options.tls_key_file, "--tls-key", PemKind::kPrivateKey);
+    if (!key.ok()) return key.status();
+    if (absl::Status s = CheckKeyMatchesCertificate(
+            *cert, absl::StrCat("--tls-cert file '", options.tls_cert_file, "'"), *key,
+            absl::StrCat("--tls-key file '", options.tls_key_file, "'"));
+        !s.ok()) {
+      return s;
+    }
+    ssl.pem_cert_chain = *cert;
+    ssl.pem_private_key = *key;
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+std::shared_ptr<grpc::Channel> MakeCoordinatorChannel(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -293,19 +332,34 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(options.address, credentials, args);
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
+    const ConnectionOptions& options) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeCoordinatorCredentials(options);
+  if (!credentials.ok()) return credentials.status();
+  const std::string first(
+      absl::StripAsciiWhitespace(absl::string_view(options.address).substr(
+          0, options.address.find(','))));
+  return MakeCoordinatorChannel(first, *credentials);
 }
 
 void Prepare(grpc::ClientContext* context, const ConnectionOptions& options,
              absl::Duration timeout) {
+  Prepare(context, options,
+          timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout);
+}
+
+void Prepare(grpc::ClientContext* context, const ConnectionOptions& options,
+             absl::Time deadline) {
   std::string token =
       options.member_credential != nullptr ? options.member_credential->Get() : std::string();
   if (token.empty()) token = options.token;
   if (!token.empty()) context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
   // gRPC deadlines are real time, whatever clock the caller waits on.
-  if (timeout != absl::InfiniteDuration()) {
-    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  }
+  if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
 }
 
 }  // namespace shardline::client

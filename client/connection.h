@@ -11,7 +11,11 @@
 //   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeCoordinatorChannel(*options);
 //
 // Where:  --coordinator HOST:PORT, else $SHARDLINE_COORDINATOR, else
-//         127.0.0.1:7070.
+//         127.0.0.1:7070. With several coordinator replicas (high
+//         availability, proto/shardline/v1/coordinator.proto "Replicas"):
+//         every replica's address, comma-separated, e.g.
+//         --coordinator c1:7070,c2:7070,c3:7070; the clients find the leader
+//         (client/coordinator_channels.h).
 // Auth:   --token, else --token-file FILE (its first line), else
 //         $SHARDLINE_TOKEN, sent as "authorization: Bearer <token>"
 //         (coordinator.proto); no token sends no metadata. A worker's
@@ -27,10 +31,12 @@
 #ifndef SHARDLINE_CLIENT_CONNECTION_H_
 #define SHARDLINE_CLIENT_CONNECTION_H_
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -49,6 +55,8 @@ inline constexpr char kTokenEnv[] = "SHARDLINE_TOKEN";
 inline constexpr absl::Duration kDefaultTimeout = absl::Seconds(10);
 // coordinator.proto's kMaxMessageBytes: the largest request or response.
 inline constexpr int kMaxMessageBytes = 64 << 20;
+// The most replica addresses --coordinator / $SHARDLINE_COORDINATOR takes.
+inline constexpr size_t kMaxCoordinatorAddresses = 16;
 
 // The member token of one worker incarnation (coordinator.proto
 // "Authentication"): GrpcWorkerClient::JoinJob stores the one a first join
@@ -77,7 +85,8 @@ class MemberCredential {
 // Where and how to reach the coordinator.
 struct ConnectionOptions {
   // "HOST:PORT" (IPv6 as "[::1]:7070"), or a gRPC target such as
-  // "unix:/run/shardline.sock".
+  // "unix:/run/shardline.sock"; or a comma-separated list of such
+  // addresses, one per coordinator replica (ParseCoordinatorAddresses).
   std::string address = kDefaultCoordinator;
   // Where `address` came from, for messages: "--coordinator",
   // "SHARDLINE_COORDINATOR" or "the default".
@@ -109,7 +118,7 @@ class ConnectionFlags {
 
   // Applies flags, then the environment (`getenv`, injectable for tests),
   // then defaults. Errors (InvalidArgument, naming the flag or variable):
-  // an address that is not HOST:PORT; --tls-cert without --tls-key or the
+  // an address list ParseCoordinatorAddresses refuses; --tls-cert without --tls-key or the
   // reverse; a --timeout that is not a positive duration; a token with
   // whitespace or control characters inside; both --token and
   // --token-file; a --token-file that cannot be read or is empty.
@@ -121,6 +130,15 @@ class ConnectionFlags {
   std::string coordinator_, token_, token_file_, tls_ca_, tls_cert_, tls_key_, timeout_;
 };
 
+// The replica addresses of a --coordinator / $SHARDLINE_COORDINATOR value:
+// "A" or "A,B,C" (spaces around each are ignored), each HOST:PORT, "[v6]:PORT"
+// or a gRPC URI target (unix:, dns:, ipv4:, ipv6:), in the order given.
+// InvalidArgument starting with `source` (e.g. "--coordinator"): an empty
+// list or entry ("a,,b"), an entry that is not HOST:PORT, the same address
+// twice, more than kMaxCoordinatorAddresses.
+absl::StatusOr<std::vector<std::string>> ParseCoordinatorAddresses(absl::string_view list,
+                                                                   absl::string_view source);
+
 // grpc::Status → absl::Status (same code) with a message for operators:
 //   UNAVAILABLE from the transport → "cannot reach the coordinator at
 //     127.0.0.1:7070: connection refused; start shardline-coordinator or set
@@ -130,16 +148,29 @@ class ConnectionFlags {
 //   UNAUTHENTICATED / PERMISSION_DENIED → the server's message plus what
 //     token to pass;
 //   anything else → the server's message (it names the field and the fix).
-// `rpc` names the call, e.g. "GetJob".
+// `rpc` names the call, e.g. "GetJob". The messages name options.address
+// (the client library's calls pass the replica they talked to last and add
+// the others they tried).
 absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions& options,
                             absl::string_view rpc);
 
-// A channel to the coordinator with the options' TLS settings and a 64 MiB
+// The channel credentials of the options' TLS settings (insecure without
+// TLS). InvalidArgument: a TLS file is missing, unreadable, not PEM of its
+// kind or unparsable, or --tls-key is not the key of --tls-cert
+// (common/tls_files.h; the message names the flag and the file).
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCoordinatorCredentials(
+    const ConnectionOptions& options);
+
+// A channel to one coordinator address with `credentials` and a 64 MiB
 // message limit; gRPC's transparent retries are off, so a refused connection
-// is reported at once rather than retried for the whole deadline.
-// InvalidArgument: a TLS file is missing, unreadable, not PEM of its kind or
-// unparsable, or --tls-key is not the key of --tls-cert (common/tls_files.h;
-// the message names the flag and the file).
+// is reported at once rather than retried for the whole deadline. Lazy:
+// nothing is sent before the first call.
+std::shared_ptr<grpc::Channel> MakeCoordinatorChannel(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials);
+
+// MakeCoordinatorChannel to options.address (the first address of a list:
+// several replicas need client/coordinator_channels.h) with
+// MakeCoordinatorCredentials(options) and its errors.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
     const ConnectionOptions& options);
 
@@ -150,6 +181,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
 // the process).
 void Prepare(grpc::ClientContext* context, const ConnectionOptions& options,
              absl::Duration timeout);
+// The same with an absolute deadline (absl::InfiniteFuture(): none): the
+// attempts of one call that moves between replicas share one deadline.
+void Prepare(grpc::ClientContext* context, const ConnectionOptions& options,
+             absl::Time deadline);
 
 // Extra gRPC deadline of a call that waits on the coordinator (a
 // GetAssignment, KvGet, KvWait or Barrier with a wait timeout) beyond the

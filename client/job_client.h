@@ -29,12 +29,18 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/connection.h"
+#include "client/coordinator_channels.h"
 #include "grpcpp/grpcpp.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 
 namespace shardline::client {
 
 namespace v1 = ::shardline::v1;
+
+namespace internal {
+template <typename Service>
+class ReplicaStubs;
+}  // namespace internal
 
 class JobClient {
  public:
@@ -84,7 +90,11 @@ class JobClient {
 // (client::Prepare); errors are client::FromGrpcStatus's.
 class GrpcJobClient final : public JobClient {
  public:
+  // One channel (one coordinator, or the first replica of options.address).
   GrpcJobClient(std::shared_ptr<grpc::Channel> channel, ConnectionOptions options);
+  // Every call to the leader of `channels` (client/coordinator_channels.h).
+  GrpcJobClient(std::shared_ptr<CoordinatorChannels> channels, ConnectionOptions options);
+  ~GrpcJobClient() override;
 
   absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::CreateJobRequest& request) override;
   absl::StatusOr<v1::Job> GetJob(const v1::GetJobRequest& request) override;
@@ -101,7 +111,7 @@ class GrpcJobClient final : public JobClient {
 
  private:
   const ConnectionOptions options_;
-  const std::unique_ptr<v1::JobService::Stub> stub_;
+  const std::unique_ptr<internal::ReplicaStubs<v1::JobService>> stubs_;
 };
 
 }  // namespace shardline::client

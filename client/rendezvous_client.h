@@ -39,12 +39,18 @@
 #include "absl/status/statusor.h"
 #include "client/cancel_token.h"
 #include "client/connection.h"
+#include "client/coordinator_channels.h"
 #include "grpcpp/grpcpp.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 
 namespace shardline::client {
 
 namespace v1 = ::shardline::v1;
+
+namespace internal {
+template <typename Service>
+class ReplicaStubs;
+}  // namespace internal
 
 class RendezvousClient {
  public:
@@ -89,7 +95,11 @@ class RendezvousClient {
 // deadline (client::Prepare); errors are client::FromGrpcStatus's.
 class GrpcRendezvousClient final : public RendezvousClient {
  public:
+  // One channel (one coordinator, or the first replica of options.address).
   GrpcRendezvousClient(std::shared_ptr<grpc::Channel> channel, ConnectionOptions options);
+  // Every call to the leader of `channels` (client/coordinator_channels.h).
+  GrpcRendezvousClient(std::shared_ptr<CoordinatorChannels> channels, ConnectionOptions options);
+  ~GrpcRendezvousClient() override;
 
   absl::StatusOr<v1::KvSetResponse> KvSet(const v1::KvSetRequest& request,
                                           CancelToken* cancel) override;
@@ -108,7 +118,7 @@ class GrpcRendezvousClient final : public RendezvousClient {
 
  private:
   const ConnectionOptions options_;
-  const std::unique_ptr<v1::RendezvousService::Stub> stub_;
+  const std::unique_ptr<internal::ReplicaStubs<v1::RendezvousService>> stubs_;
 };
 
 }  // namespace shardline::client

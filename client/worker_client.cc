@@ -2,29 +2,40 @@
 
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "client/grpc_call.h"
 
 namespace shardline::client {
 namespace {
 
 // A Session call: the context exists from the start so Cancel works before
-// the call does; the call starts at the first Read.
+// the call does; the call starts at the first Read, on the replica that
+// led when the stream was made. How it ended updates the leader guess (a
+// follower's hint, or the next replica), so the caller's next stream goes
+// to the new leader.
 class GrpcSessionStream final : public SessionStream {
  public:
-  GrpcSessionStream(v1::WorkerService::Stub* stub, const ConnectionOptions& options,
-                    v1::SessionRequest request)
-      : stub_(stub), options_(options), request_(std::move(request)) {
+  GrpcSessionStream(internal::ReplicaStubs<v1::WorkerService>* stubs,
+                    const ConnectionOptions& options, v1::SessionRequest request)
+      : stubs_(stubs),
+        options_(options),
+        request_(std::move(request)),
+        attempts_(stubs->channels(), internal::Retry::kIdempotent, internal::Serves::kLeader,
+                  absl::Now() + options.timeout, nullptr) {
     Prepare(&context_, options_, absl::InfiniteDuration());
   }
 
   bool Read(v1::SessionMessage* message) override {
-    if (reader_ == nullptr) reader_ = stub_->Session(&context_, request_);
+    Start();
     return reader_->Read(message);
   }
 
   absl::Status Finish() override {
-    if (reader_ == nullptr) reader_ = stub_->Session(&context_, request_);
-    return FromGrpcStatus(reader_->Finish(), options_, "Session");
+    Start();
+    const grpc::Status status = reader_->Finish();
+    if (status.ok()) return absl::OkStatus();
+    attempts_.Observe(status, &context_);
+    return attempts_.Error(status, options_, "Session");
   }
 
   // grpc::ClientContext::TryCancel is thread-safe, and before the call
@@ -32,9 +43,16 @@ class GrpcSessionStream final : public SessionStream {
   void Cancel() override { context_.TryCancel(); }
 
  private:
-  v1::WorkerService::Stub* const stub_;
+  void Start() {
+    if (reader_ == nullptr) {
+      reader_ = stubs_->For(attempts_.replica())->Session(&context_, request_);
+    }
+  }
+
+  internal::ReplicaStubs<v1::WorkerService>* const stubs_;
   const ConnectionOptions options_;
   const v1::SessionRequest request_;
+  internal::CallAttempts attempts_;
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReader<v1::SessionMessage>> reader_;
 };
@@ -43,8 +61,14 @@ class GrpcSessionStream final : public SessionStream {
 
 GrpcWorkerClient::GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel,
                                    ConnectionOptions options)
+    : GrpcWorkerClient(CoordinatorChannels::ForChannel(std::move(channel), options), options) {}
+
+GrpcWorkerClient::GrpcWorkerClient(std::shared_ptr<CoordinatorChannels> channels,
+                                   ConnectionOptions options)
     : options_(WithMemberCredential(std::move(options))),
-      stub_(v1::WorkerService::NewStub(std::move(channel))) {}
+      stubs_(std::make_unique<internal::ReplicaStubs<v1::WorkerService>>(std::move(channels))) {}
+
+GrpcWorkerClient::~GrpcWorkerClient() = default;
 
 ConnectionOptions GrpcWorkerClient::WithMemberCredential(ConnectionOptions options) {
   if (options.member_credential == nullptr) {
@@ -57,8 +81,10 @@ absl::StatusOr<v1::JoinJobResponse> GrpcWorkerClient::JoinJob(const v1::JoinJobR
   // The first join goes with the job token, a re-join with the member token
   // (Prepare picks whichever the credential holds).
   absl::StatusOr<v1::JoinJobResponse> joined = internal::UnaryCall<v1::JoinJobResponse>(
-      options_, "JoinJob", options_.timeout, nullptr,
-      [&](auto* context, auto* response) { return stub_->JoinJob(context, request, response); });
+      *stubs_, options_, "JoinJob", options_.timeout, nullptr, internal::Retry::kIdempotent,
+      [&](auto* stub, auto* context, auto* response) {
+        return stub->JoinJob(context, request, response);
+      });
   if (joined.ok() && !joined->member_token().empty()) {
     options_.member_credential->Set(joined->member_token());
   }
@@ -66,14 +92,16 @@ absl::StatusOr<v1::JoinJobResponse> GrpcWorkerClient::JoinJob(const v1::JoinJobR
 }
 
 std::unique_ptr<SessionStream> GrpcWorkerClient::Session(const v1::SessionRequest& request) {
-  return std::make_unique<GrpcSessionStream>(stub_.get(), options_, request);
+  return std::make_unique<GrpcSessionStream>(stubs_.get(), options_, request);
 }
 
 absl::StatusOr<v1::HeartbeatResponse> GrpcWorkerClient::Heartbeat(
     const v1::HeartbeatRequest& request, absl::Duration timeout) {
   return internal::UnaryCall<v1::HeartbeatResponse>(
-      options_, "Heartbeat", timeout, nullptr,
-      [&](auto* context, auto* response) { return stub_->Heartbeat(context, request, response); });
+      *stubs_, options_, "Heartbeat", timeout, nullptr, internal::Retry::kIdempotent,
+      [&](auto* stub, auto* context, auto* response) {
+        return stub->Heartbeat(context, request, response);
+      });
 }
 
 absl::StatusOr<v1::Assignment> GrpcWorkerClient::GetAssignment(
@@ -81,24 +109,28 @@ absl::StatusOr<v1::Assignment> GrpcWorkerClient::GetAssignment(
   const absl::Duration timeout =
       internal::WaitingTimeout(options_, request.wait(), request.timeout());
   return internal::UnaryCall<v1::Assignment>(
-      options_, "GetAssignment", timeout, nullptr, [&](auto* context, auto* response) {
-        return stub_->GetAssignment(context, request, response);
+      *stubs_, options_, "GetAssignment", timeout, nullptr, internal::Retry::kIdempotent,
+      [&](auto* stub, auto* context, auto* response) {
+        return stub->GetAssignment(context, request, response);
       });
 }
 
 absl::StatusOr<v1::ReportErrorResponse> GrpcWorkerClient::ReportError(
     const v1::ReportErrorRequest& request) {
   return internal::UnaryCall<v1::ReportErrorResponse>(
-      options_, "ReportError", options_.timeout, nullptr, [&](auto* context, auto* response) {
-        return stub_->ReportError(context, request, response);
+      *stubs_, options_, "ReportError", options_.timeout, nullptr, internal::Retry::kNotIdempotent,
+      [&](auto* stub, auto* context, auto* response) {
+        return stub->ReportError(context, request, response);
       });
 }
 
 absl::StatusOr<v1::LeaveJobResponse> GrpcWorkerClient::LeaveJob(
     const v1::LeaveJobRequest& request) {
   return internal::UnaryCall<v1::LeaveJobResponse>(
-      options_, "LeaveJob", options_.timeout, nullptr,
-      [&](auto* context, auto* response) { return stub_->LeaveJob(context, request, response); });
+      *stubs_, options_, "LeaveJob", options_.timeout, nullptr, internal::Retry::kIdempotent,
+      [&](auto* stub, auto* context, auto* response) {
+        return stub->LeaveJob(context, request, response);
+      });
 }
 
 }  // namespace shardline::client

@@ -35,12 +35,18 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/connection.h"
+#include "client/coordinator_channels.h"
 #include "grpcpp/grpcpp.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
 
 namespace shardline::client {
 
 namespace v1 = ::shardline::v1;
+
+namespace internal {
+template <typename Service>
+class ReplicaStubs;
+}  // namespace internal
 
 // One Session stream (WorkerService.Session).
 class SessionStream {
@@ -121,7 +127,11 @@ class WorkerClient {
 // sharing that credential, carry it instead of options.token.
 class GrpcWorkerClient final : public WorkerClient {
  public:
+  // One channel (one coordinator, or the first replica of options.address).
   GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel, ConnectionOptions options);
+  // Every call to the leader of `channels` (client/coordinator_channels.h).
+  GrpcWorkerClient(std::shared_ptr<CoordinatorChannels> channels, ConnectionOptions options);
+  ~GrpcWorkerClient() override;
 
   absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& request) override;
   std::unique_ptr<SessionStream> Session(const v1::SessionRequest& request) override;
@@ -136,7 +146,7 @@ class GrpcWorkerClient final : public WorkerClient {
   static ConnectionOptions WithMemberCredential(ConnectionOptions options);
 
   const ConnectionOptions options_;
-  const std::unique_ptr<v1::WorkerService::Stub> stub_;
+  const std::unique_ptr<internal::ReplicaStubs<v1::WorkerService>> stubs_;
 };
 
 }  // namespace shardline::client

@@ -1,7 +1,8 @@
 // etcd v3 client: one gRPC channel per endpoint, synchronous calls, and the
 // endpoint failover etcd/client.h describes.
 //
-// Every call but Status carries etcd's "hasleader: true" metadata, so a
+// Every call but Status and a serializable Range (a member-local read,
+// which needs no leader) carries etcd's "hasleader: true" metadata, so a
 // member that has lost its raft leader refuses at once with "etcdserver: no
 // leader" (UNAVAILABLE) instead of holding the request until it times out;
 // etcd refuses such a request in its gRPC interceptor, before the request
@@ -57,8 +58,8 @@ std::string ShortReason(const grpc::Status& s) {
   if (absl::StrContains(lower, "connection refused")) return "connection refused";
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return "deadline exceeded";
   if (s.error_message().empty()) {
-    return absl::StrCat("gRPC ", absl::StatusCodeToString(
-                                     static_cast<absl::StatusCode>(s.error_code())));
+    return absl::StrCat("gRPC ",
+                        absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())));
   }
   return AbbreviateValue(s.error_message(), 300);
 }
@@ -70,10 +71,10 @@ std::string DurationText(absl::Duration d) { return absl::FormatDuration(d); }
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeEtcdCredentials(
     const std::string& ca_file, const std::string& cert_file, const std::string& key_file) {
   if (cert_file.empty() != key_file.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        cert_file.empty() ? "--etcd-key" : "--etcd-cert", " is set without ",
-        cert_file.empty() ? "--etcd-cert" : "--etcd-key",
-        "; give both (a client certificate and its key) or neither"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(cert_file.empty() ? "--etcd-key" : "--etcd-cert", " is set without ",
+                     cert_file.empty() ? "--etcd-cert" : "--etcd-key",
+                     "; give both (a client certificate and its key) or neither"));
   }
   grpc::SslCredentialsOptions ssl;
   if (!ca_file.empty()) {
@@ -87,9 +88,9 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeEtcdCredentials(
     if (!cert.ok()) return cert.status();
     absl::StatusOr<std::string> key = ReadPemFile(key_file, "--etcd-key", PemKind::kPrivateKey);
     if (!key.ok()) return key.status();
-    if (absl::Status s = CheckKeyMatchesCertificate(
-            *cert, absl::StrCat("--etcd-cert file '", cert_file, "'"), *key,
-            absl::StrCat("--etcd-key file '", key_file, "'"));
+    if (absl::Status s =
+            CheckKeyMatchesCertificate(*cert, absl::StrCat("--etcd-cert file '", cert_file, "'"),
+                                       *key, absl::StrCat("--etcd-key file '", key_file, "'"));
         !s.ok()) {
       return s;
     }
@@ -165,7 +166,8 @@ class Client::Impl {
   // connected (the request cannot have left this process) or that refused
   // for want of a leader is passed over.
   using Attempt = std::function<grpc::Status(Endpoint&, grpc::ClientContext&)>;
-  absl::Status Run(absl::string_view method, bool idempotent, const Attempt& attempt) {
+  absl::Status Run(absl::string_view method, bool idempotent, const Attempt& attempt,
+                   bool require_leader = true) {
     const absl::Time start = absl::Now();
     const absl::Time deadline = start + timeout_;
     const size_t n = endpoints_.size();
@@ -193,17 +195,25 @@ class Client::Impl {
       grpc::ClientContext context;
       // A write, once sent, has the whole time: it is not tried elsewhere.
       context.set_deadline(absl::ToChronoTime(idempotent ? attempt_deadline : deadline));
-      context.AddMetadata("hasleader", "true");
+      if (require_leader) context.AddMetadata("hasleader", "true");
       const grpc::Status s = attempt(e, context);
       if (s.ok()) {
         current_.store(index);
         return absl::OkStatus();
       }
       const bool no_leader = IsNoLeader(s);
-      const bool transport = s.error_code() == grpc::StatusCode::UNAVAILABLE && !no_leader &&
-                             !absl::StartsWith(s.error_message(), "etcdserver:");
-      const bool attempt_timed_out = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-      if (no_leader || (idempotent && (transport || attempt_timed_out))) {
+      // UNAVAILABLE: the transport, or etcd's own "request timed out",
+      // "too many requests"; a repeatable call tries the next member.
+      const bool unavailable = s.error_code() == grpc::StatusCode::UNAVAILABLE;
+      const bool transport =
+          unavailable && !no_leader && !absl::StartsWith(s.error_message(), "etcdserver:");
+      // Our deadline, seen by gRPC or by etcd (which stops a request when
+      // the client's deadline passes and answers UNKNOWN "context deadline
+      // exceeded").
+      const bool attempt_timed_out =
+          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+          absl::StrContains(s.error_message(), "context deadline exceeded");
+      if (no_leader || (idempotent && (unavailable || attempt_timed_out))) {
         errors.push_back(absl::StrCat(e.address, ": ", ShortReason(s)));
         if (attempt_timed_out && absl::Now() >= deadline) timed_out = true;
         Advance(index);
@@ -212,19 +222,21 @@ class Client::Impl {
       // An answer etcd means (or an ambiguous failure of a write): no
       // other member would answer differently.
       errors.push_back(absl::StrCat(e.address, ": ", ShortReason(s)));
-      absl::StatusCode code = static_cast<absl::StatusCode>(s.error_code());
+      const absl::StatusCode code = attempt_timed_out
+                                        ? absl::StatusCode::kDeadlineExceeded
+                                        : static_cast<absl::StatusCode>(s.error_code());
       if (transport) Advance(index);
-      return absl::Status(code, absl::StrCat("etcd at ", absl::StrJoin(errors, "; "), " (",
-                                             method, ")"));
+      return absl::Status(code,
+                          absl::StrCat("etcd at ", absl::StrJoin(errors, "; "), " (", method, ")"));
     }
     if (timed_out || absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "etcd ", method, " did not complete within ", DurationText(timeout_),
-          errors.empty() ? "" : ": ", absl::StrJoin(errors, "; ")));
+      return absl::DeadlineExceededError(
+          absl::StrCat("etcd ", method, " did not complete within ", DurationText(timeout_),
+                       errors.empty() ? "" : ": ", absl::StrJoin(errors, "; ")));
     }
-    return absl::UnavailableError(absl::StrCat(
-        "etcd at ", absl::StrJoin(errors, "; "), " (", method,
-        "; no member answered: check that etcd is running and has a quorum)"));
+    return absl::UnavailableError(
+        absl::StrCat("etcd at ", absl::StrJoin(errors, "; "), " (", method,
+                     "; no member answered: check that etcd is running and has a quorum)"));
   }
 
  private:
@@ -279,9 +291,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
     }
   }
   if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("etcd client: timeout ",
-                                                   DurationText(options.timeout),
-                                                   " is not positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd client: timeout ", DurationText(options.timeout), " is not positive"));
   }
   auto impl = std::make_unique<Impl>(options);
   return std::unique_ptr<Client>(new Client(std::move(options), std::move(impl)));
@@ -295,18 +306,20 @@ Client::~Client() = default;
 absl::StatusOr<etcdserverpb::RangeResponse> Client::Range(
     const etcdserverpb::RangeRequest& request) {
   etcdserverpb::RangeResponse response;
-  absl::Status s = impl_->Run("Range", /*idempotent=*/true,
-                              [&](Impl::Endpoint& e, grpc::ClientContext& context) {
-                                response.Clear();
-                                return e.kv->Range(&context, request, &response);
-                              });
+  absl::Status s = impl_->Run(
+      "Range", /*idempotent=*/true,
+      [&](Impl::Endpoint& e, grpc::ClientContext& context) {
+        response.Clear();
+        return e.kv->Range(&context, request, &response);
+      },
+      /*require_leader=*/!request.serializable());
   if (!s.ok()) return s;
   return response;
 }
 
 absl::StatusOr<std::vector<etcdserverpb::KeyValue>> Client::RangePrefix(const std::string& prefix,
-                                                                      int64_t* revision,
-                                                                      int64_t page) {
+                                                                        int64_t* revision,
+                                                                        int64_t page) {
   if (page <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("etcd RangePrefix: page ", page, " is not positive"));
@@ -333,11 +346,11 @@ absl::StatusOr<std::vector<etcdserverpb::KeyValue>> Client::RangePrefix(const st
 
 absl::StatusOr<etcdserverpb::TxnResponse> Client::Txn(const etcdserverpb::TxnRequest& request) {
   etcdserverpb::TxnResponse response;
-  absl::Status s = impl_->Run("Txn", /*idempotent=*/false,
-                              [&](Impl::Endpoint& e, grpc::ClientContext& context) {
-                                response.Clear();
-                                return e.kv->Txn(&context, request, &response);
-                              });
+  absl::Status s =
+      impl_->Run("Txn", /*idempotent=*/false, [&](Impl::Endpoint& e, grpc::ClientContext& context) {
+        response.Clear();
+        return e.kv->Txn(&context, request, &response);
+      });
   if (!s.ok()) return s;
   return response;
 }
@@ -366,8 +379,7 @@ absl::StatusOr<int64_t> Client::LeaseGrant(absl::Duration ttl) {
 absl::StatusOr<absl::Duration> Client::LeaseKeepAliveOnce(int64_t id) {
   etcdserverpb::LeaseKeepAliveResponse response;
   absl::Status s = impl_->Run(
-      "LeaseKeepAlive", /*idempotent=*/true,
-      [&](Impl::Endpoint& e, grpc::ClientContext& context) {
+      "LeaseKeepAlive", /*idempotent=*/true, [&](Impl::Endpoint& e, grpc::ClientContext& context) {
         response.Clear();
         std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
                                                  etcdserverpb::LeaseKeepAliveResponse>>
@@ -393,8 +405,8 @@ absl::StatusOr<absl::Duration> Client::LeaseKeepAliveOnce(int64_t id) {
       });
   if (!s.ok()) return s;
   if (response.ttl() <= 0) {
-    return absl::NotFoundError(absl::StrCat("etcd lease ", id,
-                                            " does not exist (it expired or was revoked)"));
+    return absl::NotFoundError(
+        absl::StrCat("etcd lease ", id, " does not exist (it expired or was revoked)"));
   }
   return absl::Seconds(response.ttl());
 }
@@ -409,8 +421,8 @@ absl::StatusOr<absl::Duration> Client::LeaseTimeToLive(int64_t id) {
                                 return e.lease->LeaseTimeToLive(&context, request, &response);
                               });
   if (absl::IsNotFound(s) || (s.ok() && response.ttl() < 0)) {
-    return absl::NotFoundError(absl::StrCat("etcd lease ", id,
-                                            " does not exist (it expired or was revoked)"));
+    return absl::NotFoundError(
+        absl::StrCat("etcd lease ", id, " does not exist (it expired or was revoked)"));
   }
   if (!s.ok()) return s;
   return absl::Seconds(response.ttl());
@@ -445,9 +457,9 @@ std::vector<MemberStatus> Client::Status(absl::Duration timeout) {
       etcdserverpb::StatusResponse response;
       const grpc::Status s = e.maintenance->Status(&context, request, &response);
       if (!s.ok()) {
-        m.status = absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                                absl::StrCat("etcd at ", e.address, ": ", ShortReason(s),
-                                             " (Status)"));
+        m.status =
+            absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                         absl::StrCat("etcd at ", e.address, ": ", ShortReason(s), " (Status)"));
         return;
       }
       m.status = absl::OkStatus();

@@ -86,7 +86,8 @@ class Client {
  public:
   // Builds the channels; connects lazily (so an unreachable etcd is an
   // error of the first call, not of Connect). InvalidArgument: no
-  // endpoints, or an endpoint that is not HOST:PORT with a port in 1..65535.
+  // endpoints, an endpoint that is not HOST:PORT with a port in 1..65535,
+  // or a timeout that is not positive.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
   ~Client();
 

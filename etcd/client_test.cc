@@ -228,6 +228,40 @@ TEST(EtcdClientTest, OneMemberDownCallsStillSucceed) {
   EXPECT_EQ(Get(*restarted, "/k"), "after");
 }
 
+TEST(EtcdClientTest, PausedMemberCostsOneShareOfTheTimeout) {
+  std::unique_ptr<EtcdCluster> cluster = StartCluster();
+  ASSERT_NE(cluster, nullptr);
+  std::unique_ptr<Client> probe = ConnectTo(cluster->endpoints());
+  ASSERT_NE(probe, nullptr);
+  const int leader = LeaderIndex(*probe);
+  ASSERT_GE(leader, 0);
+  // A follower first, so the rest keeps its leader while it is paused.
+  const int follower = (leader + 1) % 3;
+  std::vector<std::string> order = {cluster->endpoint(follower)};
+  for (int i = 0; i < 3; ++i) {
+    if (i != follower) order.push_back(cluster->endpoint(i));
+  }
+  const absl::Duration timeout = absl::Seconds(3);
+  std::unique_ptr<Client> etcd = ConnectTo(order, timeout);
+  ASSERT_NE(etcd, nullptr);
+  ASSERT_TRUE(etcd->Txn(PutTxn("/k", "v1")).ok());  // connected to the follower
+
+  // Paused, it holds the connection and answers nothing: the Range waits
+  // its share (a third of the timeout), then the next member answers.
+  cluster->Pause(follower);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Get(*etcd, "/k"), "v1");
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, timeout / 3 - absl::Milliseconds(50));
+  EXPECT_LT(took, timeout);
+  // The next member is current now: a Txn goes there at once.
+  const absl::Time txn_start = absl::Now();
+  ASSERT_TRUE(etcd->Txn(PutTxn("/k", "v2")).ok());
+  EXPECT_LT(absl::Now() - txn_start, timeout / 3);
+  cluster->Resume(follower);
+  EXPECT_EQ(Get(*etcd, "/k"), "v2");
+}
+
 TEST(EtcdClientTest, NoQuorumIsUnavailableWithinTheTimeoutThenRecovers) {
   std::unique_ptr<EtcdCluster> cluster = StartCluster();
   ASSERT_NE(cluster, nullptr);
@@ -261,6 +295,15 @@ TEST(EtcdClientTest, NoQuorumIsUnavailableWithinTheTimeoutThenRecovers) {
   EXPECT_THAT(s.message(), HasSubstr(cluster->endpoint(1) + ": connection refused"));
   EXPECT_THAT(s.message(), HasSubstr(cluster->endpoint(2) + ": etcdserver: no leader"));
   EXPECT_THAT(s.message(), HasSubstr("quorum"));
+
+  // A serializable read is the member's own copy: it needs no leader.
+  etcdserverpb::RangeRequest local;
+  local.set_key("/k");
+  local.set_serializable(true);
+  absl::StatusOr<etcdserverpb::RangeResponse> stale = etcd->Range(local);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  ASSERT_EQ(stale->kvs_size(), 1);
+  EXPECT_EQ(stale->kvs(0).value(), "v1");
 
   // Writes too, quickly now.
   const absl::Time start = absl::Now();

@@ -86,9 +86,11 @@ std::string EtcdUrl::ToString() const {
 
 absl::StatusOr<EtcdUrl> ParseEtcdUrl(absl::string_view url, absl::string_view flag) {
   absl::string_view rest = url;
-  if (!absl::ConsumePrefix(&rest, kScheme)) return UrlError(flag, url, "does not start with etcd://");
+  if (!absl::ConsumePrefix(&rest, kScheme))
+    return UrlError(flag, url, "does not start with etcd://");
   if (rest.find_first_of("?#") != absl::string_view::npos) {
-    return UrlError(flag, url, "has a query or fragment ('?' or '#'), which etcd:// URLs do not take");
+    return UrlError(flag, url,
+                    "has a query or fragment ('?' or '#'), which etcd:// URLs do not take");
   }
   const size_t slash = rest.find('/');
   const absl::string_view authority = rest.substr(0, slash);
@@ -103,14 +105,15 @@ absl::StatusOr<EtcdUrl> ParseEtcdUrl(absl::string_view url, absl::string_view fl
   }
   std::set<std::string> seen;
   for (size_t i = 0; i < endpoints.size(); ++i) {
-    if (absl::Status s = CheckEndpoint(endpoints[i], absl::StrCat("endpoint ", i + 1, " of ", flag));
+    if (absl::Status s =
+            CheckEndpoint(endpoints[i], absl::StrCat("endpoint ", i + 1, " of ", flag));
         !s.ok()) {
       return s;
     }
     if (!seen.insert(absl::AsciiStrToLower(endpoints[i])).second) {
-      return UrlError(flag, url,
-                      absl::StrCat("names endpoint '", endpoints[i],
-                                   "' twice; list each etcd member once"));
+      return UrlError(
+          flag, url,
+          absl::StrCat("names endpoint '", endpoints[i], "' twice; list each etcd member once"));
     }
     out.endpoints.emplace_back(endpoints[i]);
   }
@@ -128,8 +131,7 @@ absl::StatusOr<EtcdUrl> ParseEtcdUrl(absl::string_view url, absl::string_view fl
   }
   for (char c : path) {
     if (!IsPathChar(c)) {
-      return UrlError(flag, url,
-                      "has a PREFIX with a character outside [A-Za-z0-9._-/]");
+      return UrlError(flag, url, "has a PREFIX with a character outside [A-Za-z0-9._-/]");
     }
   }
   for (absl::string_view segment : absl::StrSplit(path, '/')) {
@@ -137,10 +139,10 @@ absl::StatusOr<EtcdUrl> ParseEtcdUrl(absl::string_view url, absl::string_view fl
   }
   out.prefix = absl::StrCat("/", path, "/");
   if (out.prefix.size() > static_cast<size_t>(kMaxPrefixBytes)) {
-    return UrlError(flag, url,
-                    absl::StrCat("has a PREFIX of ", out.prefix.size(),
-                                 " bytes with its slashes, more than the ", kMaxPrefixBytes,
-                                 " allowed"));
+    return UrlError(
+        flag, url,
+        absl::StrCat("has a PREFIX of ", out.prefix.size(),
+                     " bytes with its slashes, more than the ", kMaxPrefixBytes, " allowed"));
   }
   return out;
 }

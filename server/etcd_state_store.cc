@@ -164,11 +164,10 @@ class EtcdStore final : public StateStore {
         *txn.add_success() = std::move(ops[i]);
       }
       const std::string what =
-          chunks.size() == 1
-              ? absl::StrCat("state write of ", mutations.size(), " mutations")
-              : absl::StrCat("state write of ", mutations.size(), " mutations, part ", c + 1,
-                             " of ", chunks.size(),
-                             c == 0 ? "" : " (the parts before it were applied)");
+          chunks.size() == 1 ? absl::StrCat("state write of ", mutations.size(), " mutations")
+                             : absl::StrCat("state write of ", mutations.size(),
+                                            " mutations, part ", c + 1, " of ", chunks.size(),
+                                            c == 0 ? "" : " (the parts before it were applied)");
       absl::StatusOr<etcdserverpb::TxnResponse> r = etcd_->Txn(txn);
       if (!r.ok()) return AsStoreError(r.status(), what);
       if (!r->succeeded()) {
@@ -193,17 +192,17 @@ absl::Status CheckOptions(const EtcdStoreOptions& o) {
         "' must be non-empty and end with '/' (etcd/url.h EtcdUrl::prefix, e.g. \"/shardline/\")"));
   }
   if (o.fence_revision < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("etcd state store: fence_revision ",
-                                                   o.fence_revision, " is negative"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd state store: fence_revision ", o.fence_revision, " is negative"));
   }
   if (o.fence_revision > 0 && o.fence_key.empty()) {
     return absl::InvalidArgumentError(
         "etcd state store: fence_revision is set without a fence_key (the leader key)");
   }
   if (o.max_txn_ops < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "etcd state store: max_txn_ops ", o.max_txn_ops,
-        " is below 2 (a Txn needs room for one mutation and the fence's read)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd state store: max_txn_ops ", o.max_txn_ops,
+                     " is below 2 (a Txn needs room for one mutation and the fence's read)"));
   }
   if (o.max_txn_bytes < 1) {
     return absl::InvalidArgumentError(
@@ -261,8 +260,8 @@ absl::Status CheckNoForeignKeys(etcd::Client* etcd, const std::string& prefix) {
   if (!records.ok()) return AsStoreError(records.status(), "etcd state store: checking the prefix");
   if (*records) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "etcd state store: prefix ", prefix, " holds state records (e.g. '",
-        AbbreviateValue(first), "') but no ", prefix,
+        "etcd state store: prefix ", prefix, " holds state records (e.g. '", AbbreviateValue(first),
+        "') but no ", prefix,
         "format key: it was not written by a Shardline coordinator, or was damaged; give the "
         "coordinator another prefix (--state etcd://.../OTHER)"));
   }
@@ -315,16 +314,15 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenEtcdStore(etcd::Client* etcd,
     // Either the fence failed or the format appeared meanwhile: the
     // failure branch's Range (of the fence key) tells which.
     if (options.fence_revision != 0) {
-      const bool fence_holds = r->responses_size() > 0 &&
-                               r->responses(0).response_range().kvs_size() > 0 &&
-                               r->responses(0).response_range().kvs(0).create_revision() ==
-                                   options.fence_revision;
+      const bool fence_holds =
+          r->responses_size() > 0 && r->responses(0).response_range().kvs_size() > 0 &&
+          r->responses(0).response_range().kvs(0).create_revision() == options.fence_revision;
       if (!fence_holds) return FencedError(options, *r, "writing the format key");
     }
     // The format was written by someone else meanwhile: read it again.
   }
-  return absl::UnavailableError(absl::StrCat("etcd state store: ", format,
-                                             " changed while it was being written; retry"));
+  return absl::UnavailableError(
+      absl::StrCat("etcd state store: ", format, " changed while it was being written; retry"));
 }
 
 }  // namespace shardline::server

@@ -132,8 +132,8 @@ TEST_F(EtcdStoreTest, WritesAndScansLikeTheMemoryStore) {
       {Mutation::Delete("member", "j1/w1"), Mutation::Put("event", "j1/000001", "e1")},
       {},
   };
-  const std::vector<std::string> kinds = {"job", "member", "a", "a/b", "a%2Fb", "kv",
-                                          "event", "none"};
+  const std::vector<std::string> kinds = {"job",   "member", "a",     "a/b",
+                                          "a%2Fb", "kv",     "event", "none"};
   for (size_t b = 0; b < batches.size(); ++b) {
     ASSERT_TRUE(memory->Write(batches[b]).ok());
     absl::Status s = etcd_store->Write(batches[b]);
@@ -150,8 +150,8 @@ TEST_F(EtcdStoreTest, WritesAndScansLikeTheMemoryStore) {
   // The order, spelled out.
   std::vector<std::string> job_keys;
   for (const auto& [key, value] : KeyValues(etcd_store->Scan("job"))) job_keys.push_back(key);
-  EXPECT_EQ(job_keys, (std::vector<std::string>{"J0", "j1", std::string("j1\0x", 4), "j1\xff",
-                                                "j2"}));
+  EXPECT_EQ(job_keys,
+            (std::vector<std::string>{"J0", "j1", std::string("j1\0x", 4), "j1\xff", "j2"}));
 
   // The layout of the keys (server/etcd_state_store.h).
   EXPECT_EQ(Get("/rt/state/job/j2"), "job two v2");
@@ -160,7 +160,8 @@ TEST_F(EtcdStoreTest, WritesAndScansLikeTheMemoryStore) {
   EXPECT_EQ(Get("/rt/state/kv/k"), "3");
 
   // An empty kind or key: refused by both, nothing applied.
-  const std::vector<Mutation> bad = {Mutation::Put("job", "j9", "x"), Mutation::Put("job", "", "y")};
+  const std::vector<Mutation> bad = {Mutation::Put("job", "j9", "x"),
+                                     Mutation::Put("job", "", "y")};
   absl::Status want = memory->Write(bad);
   absl::Status got = etcd_store->Write(bad);
   EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
@@ -197,7 +198,8 @@ TEST_F(EtcdStoreTest, SplitsBatchesBeyondMaxTxnOpsAndBytes) {
     EXPECT_EQ((*all)[i].value, absl::StrCat("v", i));
   }
   std::vector<Mutation> deletes;
-  for (int i = 0; i < 100; i += 2) deletes.push_back(Mutation::Delete("member", absl::StrFormat("w%03d", i)));
+  for (int i = 0; i < 100; i += 2)
+    deletes.push_back(Mutation::Delete("member", absl::StrFormat("w%03d", i)));
   ASSERT_TRUE(store->Write(deletes).ok());
   EXPECT_EQ(store->Scan("member")->size(), 50u);
 
@@ -217,8 +219,9 @@ TEST_F(EtcdStoreTest, SplitsBatchesBeyondMaxTxnOpsAndBytes) {
   // Three values of 700 KiB: over etcd's 1.5 MiB request limit together,
   // so one Txn each (max_txn_bytes 1 MiB).
   const std::string big(700 << 10, 'b');
-  ASSERT_TRUE(store->Write({Mutation::Put("blob", "1", big), Mutation::Put("blob", "2", big),
-                            Mutation::Put("blob", "3", big)})
+  ASSERT_TRUE(store
+                  ->Write({Mutation::Put("blob", "1", big), Mutation::Put("blob", "2", big),
+                           Mutation::Put("blob", "3", big)})
                   .ok());
   absl::StatusOr<std::vector<Record>> blobs = store->Scan("blob");
   ASSERT_TRUE(blobs.ok()) << blobs.status();
@@ -288,7 +291,8 @@ TEST_F(EtcdStoreTest, FencedWritesAreRefusedWhenAnotherReplicaLeads) {
   cluster_->Kill(1);
   absl::Status down = third->Write({Mutation::Put("job", "j1", "no quorum")});
   EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
-  EXPECT_THAT(std::string(down.message()), ::testing::StartsWith("state write of 1 mutations: etcd"));
+  EXPECT_THAT(std::string(down.message()),
+              ::testing::StartsWith("state write of 1 mutations: etcd"));
   ASSERT_EQ(failures_.size(), 1u);
   EXPECT_FALSE(failures_[0].fenced);
   EXPECT_EQ(third->Scan("job").status().code(), absl::StatusCode::kUnavailable);
@@ -308,7 +312,8 @@ TEST_F(EtcdStoreTest, FormatKeyAndForeignKeys) {
   Put("/foreign/config/x", "not ours");
   absl::StatusOr<std::unique_ptr<StateStore>> foreign = Open("/foreign/");
   EXPECT_EQ(foreign.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(foreign.status().message(), HasSubstr("'/foreign/config/x', which is not Shardline's"));
+  EXPECT_THAT(foreign.status().message(),
+              HasSubstr("'/foreign/config/x', which is not Shardline's"));
   EXPECT_EQ(Get("/foreign/format"), "");
   Put("/foreign2/zzz", "after state/ in key order");
   EXPECT_EQ(Open("/foreign2/").status().code(), absl::StatusCode::kFailedPrecondition);
@@ -369,10 +374,11 @@ TEST_F(EtcdStoreTest, WriteLatencyAgainstSqlite) {
   const absl::Duration etcd_write = measure(*on_etcd);
   const absl::Duration sqlite_write = measure(**on_sqlite);
   const double ratio = absl::FDivDuration(etcd_write, sqlite_write);
-  std::printf("state store write latency (%d writes of 2 records): etcd 3 members %s, "
-              "SQLite %s, etcd/SQLite %.2f\n",
-              kWrites, absl::FormatDuration(etcd_write).c_str(),
-              absl::FormatDuration(sqlite_write).c_str(), ratio);
+  std::printf(
+      "state store write latency (%d writes of 2 records): etcd 3 members %s, "
+      "SQLite %s, etcd/SQLite %.2f\n",
+      kWrites, absl::FormatDuration(etcd_write).c_str(), absl::FormatDuration(sqlite_write).c_str(),
+      ratio);
   RecordProperty("etcd_write_us", static_cast<int>(absl::ToInt64Microseconds(etcd_write)));
   RecordProperty("sqlite_write_us", static_cast<int>(absl::ToInt64Microseconds(sqlite_write)));
   EXPECT_EQ(on_etcd->Scan("member")->size(), 8u);

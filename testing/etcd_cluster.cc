@@ -83,11 +83,10 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(EtcdClusterOptio
   for (int attempt = 1; attempt <= kStartTries; ++attempt) {
     std::unique_ptr<EtcdCluster> cluster(new EtcdCluster(options));
     absl::BitGen gen;
-    cluster->token_ = absl::StrCat("shardline-test-", ::getpid(), "-",
-                                   absl::Uniform<uint64_t>(gen), "-", attempt);
-    cluster->dir_ = options.dir.empty()
-                        ? absl::StrCat(TempRoot(), "/etcd-", cluster->token_)
-                        : absl::StrCat(options.dir, "/try-", attempt);
+    cluster->token_ = absl::StrCat("shardline-test-", ::getpid(), "-", absl::Uniform<uint64_t>(gen),
+                                   "-", attempt);
+    cluster->dir_ = options.dir.empty() ? absl::StrCat(TempRoot(), "/etcd-", cluster->token_)
+                                        : absl::StrCat(options.dir, "/try-", attempt);
     std::error_code ec;
     std::filesystem::create_directories(cluster->dir_, ec);
     if (ec) {
@@ -116,9 +115,8 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(EtcdClusterOptio
     for (const Member& m : cluster->members_) {
       port_taken = port_taken || absl::StrContains(ReadAll(m.log), "address already in use");
     }
-    last = absl::Status(s.code(), absl::StrCat("etcd cluster in ", cluster->dir_, " (try ",
-                                               attempt, "): ", s.message(), "\n",
-                                               cluster->LogTails(30)));
+    last = absl::Status(s.code(), absl::StrCat("etcd cluster in ", cluster->dir_, " (try ", attempt,
+                                               "): ", s.message(), "\n", cluster->LogTails(30)));
     if (!port_taken) break;
     // The destructor kills the members; the next try uses new ports.
   }
@@ -235,11 +233,11 @@ absl::Status EtcdCluster::WaitServing(const std::vector<int>& members, absl::Dur
       int status = 0;
       if (m.pid > 0 && ::waitpid(m.pid, &status, WNOHANG) == m.pid) {
         m.pid = -1;
-        return absl::UnavailableError(absl::StrCat(
-            "etcd member ", m.name, " exited (",
-            WIFEXITED(status) ? absl::StrCat("status ", WEXITSTATUS(status))
-                              : absl::StrCat("signal ", WTERMSIG(status)),
-            ") before it served"));
+        return absl::UnavailableError(
+            absl::StrCat("etcd member ", m.name, " exited (",
+                         WIFEXITED(status) ? absl::StrCat("status ", WEXITSTATUS(status))
+                                           : absl::StrCat("signal ", WTERMSIG(status)),
+                         ") before it served"));
       }
       // A linearizable read needs the member to know a leader and to have
       // caught up with it.
@@ -300,8 +298,8 @@ absl::Status EtcdCluster::Restart(int i) {
   if (absl::Status s = Spawn(m); !s.ok()) return s;
   absl::Status s = WaitServing({i}, options_.start_timeout);
   if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("restart of etcd member ", m.name, ": ",
-                                               s.message(), "\n", LogTail(i, 30)));
+    return absl::Status(s.code(), absl::StrCat("restart of etcd member ", m.name, ": ", s.message(),
+                                               "\n", LogTail(i, 30)));
   }
   return absl::OkStatus();
 }

@@ -5,11 +5,15 @@
 // train_steps, saving checkpoints; on a generation change it aborts its
 // communicators, re-joins and continues in the same process.
 //
-//   shardline-worker --coordinator HOST:PORT --job ID [--worker-id ID]
+//   shardline-worker --coordinator HOST:PORT[,HOST:PORT...] --job ID [--worker-id ID]
 //       [--device cpu|cuda:N] [--backend auto|gloo|nccl] [--token T]
 //       [--host NAME] [--interface IPV4] [--tls-ca F] [--tls-cert F --tls-key F]
 //       [--timeout D] [--connect-timeout D] [--log-interval N]
 //       [--sample-length N] [--blas-threads N] [--metrics-port N [--metrics-host ADDR]]
+//
+// --coordinator (else $SHARDLINE_COORDINATOR) names one coordinator, or every
+// replica of a highly available one, comma-separated: the worker's calls go
+// to the leader and follow it when it changes (client/coordinator_channels.h).
 //
 // Exit status: 0 after STOP (job COMPLETED or CANCELLED, or this worker
 // drained) or SIGINT/SIGTERM (after LeaveJob); 1 when the job FAILED, when

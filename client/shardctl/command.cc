@@ -8,7 +8,8 @@
 namespace shardline::shardctl {
 
 const char kConnectionHelp[] =
-    "Connection: --coordinator HOST:PORT (else $SHARDLINE_COORDINATOR, else 127.0.0.1:7070),\n"
+    "Connection: --coordinator HOST:PORT, or every replica's HOST:PORT comma-separated\n"
+    "  (else $SHARDLINE_COORDINATOR, else 127.0.0.1:7070),\n"
     "  --token T (else $SHARDLINE_TOKEN), --tls-ca FILE, --tls-cert FILE --tls-key FILE,\n"
     "  --timeout D (default 10s). --json prints the response as JSON.\n";
 

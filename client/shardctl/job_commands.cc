@@ -13,6 +13,7 @@
 #include "client/shardctl/command.h"
 #include "client/coordinator_client.h"
 #include "client/shardctl/job_format.h"
+#include "client/shardctl/status_command.h"
 #include "spec/spec_file.h"
 #include "client/shardctl/table.h"
 
@@ -819,7 +820,7 @@ absl::Status Kv(const std::vector<std::string>& args, std::ostream& out) {
 bool IsCoordinatorCommand(const std::string& command) {
   return command == "job" || command == "members" || command == "drain" || command == "topology" ||
          command == "owner" || command == "checkpoints" || command == "checkpoint" ||
-         command == "watch" || command == "kv";
+         command == "watch" || command == "kv" || command == "status";
 }
 
 absl::Status RunCoordinatorCommand(const std::string& command,
@@ -833,6 +834,7 @@ absl::Status RunCoordinatorCommand(const std::string& command,
   if (command == "checkpoint") return Checkpoint(args, out);
   if (command == "watch") return Watch(args, out);
   if (command == "kv") return Kv(args, out);
+  if (command == "status") return RunStatusCommand(args, out);
   return absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'"));
 }
 

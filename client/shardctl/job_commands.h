@@ -25,9 +25,12 @@
 //                                                and a line with its final phase)
 //   shardctl kv get JOB --generation G [--scope S] KEY
 //                                                KvGet through a live member's fence
+//   shardctl status                              CoordinatorService.GetStatus from any
+//                                                replica: replicas, leader, etcd health
+//                                                (client/shardctl/status_command.h)
 //
-// Every command takes the connection flags of ConnectionFlags (--coordinator,
-// --token, --tls-ca, --tls-cert, --tls-key, --timeout), --json (the response
+// Every command takes the connection flags of ConnectionFlags (--coordinator
+// HOST:PORT or every replica's HOST:PORT comma-separated, --token, --tls-ca, --tls-cert, --tls-key, --timeout), --json (the response
 // as protobuf JSON with the proto's field names and zero values printed;
 // `watch --json` prints one JSON object per line) and --help.
 //
@@ -43,8 +46,8 @@
 
 namespace shardline::shardctl {
 
-// True for the words above (job, members, topology, owner, checkpoint,
-// checkpoints, watch, kv).
+// True for the words above (job, members, drain, topology, owner,
+// checkpoint, checkpoints, watch, kv, status).
 bool IsCoordinatorCommand(const std::string& command);
 
 // Runs `command` with `args` (everything after the command word) and writes

@@ -4,6 +4,8 @@
 //   job, members, topology, owner, checkpoint (checkpoints), watch, kv
 //                a running coordinator's jobs, over the v1 API
 //                (client/shardctl/job_commands.h).
+//   status       the coordinator's replicas and state backend
+//                (client/shardctl/status_command.h).
 // Exit codes: 0 success; 2 bad input (usage, a flag, a value, an unknown
 // name); 1 any other failure (e.g. the coordinator cannot be reached).
 // Messages go to stderr.
@@ -57,9 +59,12 @@ constexpr char kUsage[] =
     "  watch JOB [--after SEQ] [--count N] stream the job's events, one line each\n"
     "  kv get JOB --generation G [--scope S] KEY\n"
     "                                      read a rendezvous key (debugging)\n"
+    "  status                              the coordinator's replicas, which one leads,\n"
+    "                                      and the health of each etcd member\n"
     "\n"
-    "Connection flags, before or after the command: --coordinator HOST:PORT (else\n"
-    "$SHARDLINE_COORDINATOR, else 127.0.0.1:7070), --token T (else $SHARDLINE_TOKEN),\n"
+    "Connection flags, before or after the command: --coordinator HOST:PORT, or every\n"
+    "replica's HOST:PORT comma-separated (else $SHARDLINE_COORDINATOR, else\n"
+    "127.0.0.1:7070), --token T (else $SHARDLINE_TOKEN),\n"
     "--tls-ca FILE, --tls-cert FILE, --tls-key FILE, --timeout D (default 10s); --json\n"
     "prints responses as JSON.\n";
 
