@@ -397,7 +397,7 @@ def main():
     benchlib.write_notes(out, """
 **How measured.** A 3-member etcd 3.4 cluster on loopback (data on tmpfs) and 3 `shardline-coordinator`
 replicas on one prefix (`--state etcd://A,B,C/failover --lease-ttl %ds`, the default). The script finds the
-leader (the replica that answers `shardctl job list`), SIGKILLs it and runs `shardctl job get` (%s, each
+leader (the replica that etcd's PREFIX/leader key names and that answers `shardctl job list`), SIGKILLs it and runs `shardctl job get` (%s, each
 call a new process, 1 s timeout) until one succeeds: the time from the kill to that answer, over %d kills
 (the killed replica is restarted at its address after each). Peer: one `shardline-coordinator` on SQLite,
 SIGKILLed and restarted at once by a supervisor loop in the script, as systemd's `Restart=always` with

@@ -124,9 +124,11 @@ def main():
             # Best of `rounds` per backend, in ABBA order: other load on the
             # machine (builds) moves a single closed-loop figure by +-20%.
             res = {"etcd": None, "sqlite": None}
+            runs = {"etcd": [], "sqlite": []}  # closed-loop heartbeats/s and load average
             order = ("etcd", "sqlite") if rounds == 1 else ("etcd", "sqlite", "sqlite", "etcd")
             for r, kind in enumerate(order):
                 benchlib.log("%s: heartbeats, %d workers, coordinator on %s" % (NAME, n, kind))
+                load = os.getloadavg()[0]
                 got = attempt(errors, "heartbeats on %s" % kind, lambda: on(
                     kind, cluster, "hb%d-%d" % (n, r), lambda a: _common.cp_load(
                         "heartbeats", address=a, workers=n, interval_ms=INTERVAL_MS,
@@ -136,6 +138,7 @@ def main():
                     errors.append("%s: the job did not form" % kind)
                     got = None
                 if got is not None:
+                    runs[kind].append("%.0f/s at load %.1f" % (got["closed"]["per_s"], load))
                     best = res[kind]
                     res[kind] = got if best is None else {
                         ph: max(best[ph], got[ph], key=lambda x: x["per_s"])
@@ -154,6 +157,9 @@ def main():
                 if e and s:
                     note += ": %s" % ("met" if e["per_s"] / s["per_s"] >= HB_GOAL else "NOT met")
                     note += "; lost etcd=%d sqlite=%d" % (e["lost"], s["lost"])
+                if phase == "closed":
+                    note += "; runs (1-min load average before each): etcd %s; sqlite %s" % (
+                        " ".join(runs["etcd"]) or "-", " ".join(runs["sqlite"]) or "-")
                 if errors:
                     note += "; " + "; ".join(errors)
                 param = "workers=%d" % n
