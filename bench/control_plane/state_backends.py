@@ -121,6 +121,7 @@ def main():
         return 0
     try:
         for n, paced_s, closed_s in sizes:
+            del errors[:]  # each case's notes name its own failures
             # Best of `rounds` per backend, in ABBA order: other load on the
             # machine (builds) moves a single closed-loop figure by +-20%.
             res = {"etcd": None, "sqlite": None}
@@ -171,6 +172,7 @@ def main():
                 rows.add("heartbeat latency p99 " + case, param, e["p99_us"] / 1000 if e else None,
                          SQLITE, s["p99_us"] / 1000 if s else None, "ms", False, note)
         res = {}
+        del errors[:]
         for kind in ("etcd", "sqlite"):
             benchlib.log("%s: %d jobs created then cancelled, %d clients, on %s" % (
                 NAME, jobs, clients, kind))
@@ -190,6 +192,7 @@ def main():
             rows.add("%s latency p99" % rpc, param, e["p99_us"] / 1000 if e else None, SQLITE,
                      s["p99_us"] / 1000 if s else None, "ms", False, note)
         res = {}
+        del errors[:]
         for kind in ("etcd", "sqlite"):
             benchlib.log("%s: checkpoint every step for %d s, 1 worker, on %s" % (
                 NAME, ckpt_s, kind))
