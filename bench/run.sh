@@ -123,6 +123,6 @@ ELAPSED="$(( $(date +%s) - START )) s"
 IFS=, FAILED_LIST="${FAILED[*]:-}"; unset IFS
 $PY bench/report.py --out-dir bench/out --docs "$DOCS" \
     --mode "$([ "$QUICK" = 1 ] && echo quick || echo full)" --failed "$FAILED_LIST" \
-    --elapsed "$ELAPSED" || exit 1
+    --elapsed "$ELAPSED" --only "$ONLY" || exit 1
 log "all done in $ELAPSED; see $DOCS/benchmarks.md"
 [ ${#FAILED[@]} -eq 0 ]

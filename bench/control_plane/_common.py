@@ -201,3 +201,138 @@ def run_json(argv, timeout):
     if "error" in res:
         raise RuntimeError(res["error"])
     return res
+
+
+def etcd_env():
+    """The environment without ETCD_* variables (etcd reads them as flags)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+
+
+def etcd_healthy(address, timeout=2):
+    try:
+        with urllib.request.urlopen("http://%s/health" % address, timeout=timeout) as r:
+            return b'"health":"true"' in r.read().replace(b" ", b"")
+    except OSError:
+        return False
+
+
+class EtcdCluster:
+    """etcd 3.4 with `size` members on loopback (as testing/etcd_cluster.cc starts
+    it), data directories on tmpfs when there is one (on_disk: under $BENCH_TMP,
+    where etcd's fsyncs cost what they would); url(prefix) is the
+    coordinator's --state etcd://A,B,C/PREFIX."""
+
+    def __init__(self, name="etcd3", size=3, on_disk=False):
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and not on_disk else benchlib.bench_tmp()
+        self.data = os.path.join(base, "shardline-bench-%s-%d" % (name, os.getpid()))
+        subprocess.run(["rm", "-rf", self.data])
+        ports = [(free_port(), free_port()) for _ in range(size)]
+        self.addresses = ["127.0.0.1:%d" % c for c, _ in ports]
+        cluster = ",".join("m%d=http://127.0.0.1:%d" % (i, p) for i, (_, p) in enumerate(ports))
+        self.members = []
+        try:
+            for i, (client, peer) in enumerate(ports):
+                self.members.append(Server(
+                    ["etcd", "--name", "m%d" % i, "--data-dir", os.path.join(self.data, "m%d" % i),
+                     "--listen-client-urls", "http://127.0.0.1:%d" % client,
+                     "--advertise-client-urls", "http://127.0.0.1:%d" % client,
+                     "--listen-peer-urls", "http://127.0.0.1:%d" % peer,
+                     "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % peer,
+                     "--initial-cluster", cluster, "--initial-cluster-state", "new",
+                     "--initial-cluster-token", "bench-%d" % os.getpid(),
+                     "--log-level", "warn", "--quota-backend-bytes", str(4 << 30)],
+                    os.path.join(tmpdir("logs"), "%s-m%d.log" % (name, i)), env=etcd_env()))
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                if all(etcd_healthy(a) for a in self.addresses):
+                    return
+                time.sleep(0.2)
+            raise RuntimeError("etcd cluster did not become healthy: " +
+                               " | ".join(m.tail(3) for m in self.members))
+        except BaseException:
+            self.stop()
+            raise
+
+    def url(self, prefix):
+        return "etcd://%s/%s" % (",".join(self.addresses), prefix.lstrip("/"))
+
+    def stop(self):
+        for m in self.members:
+            m.stop()
+        subprocess.run(["rm", "-rf", self.data])
+
+
+def shardctl(args, coordinator, timeout_s=2):
+    """shardctl --coordinator C --timeout Ns ARGS...; returns (exit code, output)."""
+    env = dict(os.environ)
+    env.pop("SHARDLINE_TOKEN", None)
+    env.pop("SHARDLINE_COORDINATOR", None)
+    argv = [bin_path("client/shardctl/shardctl"), "--coordinator", coordinator,
+            "--timeout", "%gs" % timeout_s] + list(args)
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                           timeout=timeout_s + 10)
+    except subprocess.TimeoutExpired:
+        return 124, "timed out"
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+class Replicas:
+    """`n` shardline-coordinator replicas on one etcd prefix, each on a fixed
+    port (a restarted one comes back at its address)."""
+
+    def __init__(self, cluster, prefix, n=3, lease_ttl_s=2, name="replica"):
+        self.argv = []
+        self.cluster, self.prefix = cluster, prefix.strip("/")
+        self.addresses = ["127.0.0.1:%d" % free_port() for _ in range(n)]
+        self.name = name
+        self.starts = 0
+        self.procs = [None] * n
+        for i, a in enumerate(self.addresses):
+            self.argv.append([bin_path("server/shardline-coordinator"), "--listen", a,
+                              "--state", cluster.url(prefix), "--replica-id", "r%d" % i,
+                              "--lease-ttl", "%ds" % lease_ttl_s])
+        try:
+            for i in range(n):
+                self.start(i)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start(self, i):
+        self.starts += 1
+        self.procs[i] = Server(self.argv[i], os.path.join(
+            tmpdir("logs"), "%s%d-%d.log" % (self.name, i, self.starts)))
+        if not wait_port(int(self.addresses[i].rsplit(":", 1)[1]), 30):
+            raise RuntimeError("replica %d did not start: %s" % (i, self.procs[i].tail()))
+
+    def leader(self, timeout=30):
+        """The index of the replica that PREFIX/leader in etcd names and that answers
+        `shardctl job list` (a client that follows the leader hint would get an
+        answer from any replica, so the answer alone does not tell), or raises."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            value = subprocess.run(
+                ["etcdctl", "--endpoints=" + ",".join(self.cluster.addresses), "get",
+                 "/" + self.prefix + "/leader", "--print-value-only"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=etcd_env()).stdout
+            for i, a in enumerate(self.addresses):
+                if a.encode() in value and self.procs[i] is not None and \
+                        self.procs[i].alive() and shardctl(["job", "list"], a, 1)[0] == 0:
+                    return i
+            time.sleep(0.05)
+        raise RuntimeError("no replica leads after %d s: %s" % (
+            timeout, " | ".join(p.tail(3) for p in self.procs if p is not None)))
+
+    def kill(self, i):
+        """SIGKILL replica i (its process group); returns the time just after."""
+        os.killpg(self.procs[i].proc.pid, signal.SIGKILL)
+        t = time.time()
+        self.procs[i].proc.wait()
+        self.procs[i].stop()
+        return t
+
+    def stop(self):
+        for p in self.procs:
+            if p is not None:
+                p.stop()

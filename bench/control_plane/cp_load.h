@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/duration.pb.h"
+#include "shardline/v1/job.pb.h"
 
 namespace shardline::bench {
 
@@ -109,8 +110,16 @@ inline google::protobuf::Duration ProtoDuration(absl::Duration d) {
   return p;
 }
 
+// The job of the fleet modes (cp_load_main.cc): a tiny GPT whose dp is
+// `workers` exactly (every worker gets a rank), never trained.
+::shardline::v1::JobSpec FleetSpec(int workers, absl::Duration heartbeat_interval,
+                                   absl::Duration heartbeat_timeout);
+
 // Mode "leases": etcd's own liveness (cp_load_leases.cc).
 int RunLeases(const Flags& f);
+
+// Mode "jobs": the rate of state writes through the job API (cp_load_jobs.cc).
+int RunJobs(const Flags& f);
 
 }  // namespace shardline::bench
 

@@ -8,6 +8,7 @@
 //   cp_load rendezvous --address A --workers N
 //   cp_load heartbeats --address A --workers N --seconds S --interval-ms I --timeout-ms T
 //   cp_load leases     --address A --workers N --seconds S --interval-ms I --ttl-s T   (etcd)
+//   cp_load jobs       --address A --jobs N --clients C   (CreateJob, then CancelJob, of N jobs)
 //
 // Every simulated worker or client has its own gRPC channel and TCP
 // connection, as separate processes would. Shardline workers do what a real
@@ -41,17 +42,8 @@
 #include "bench/control_plane/cp_load.h"
 
 namespace shardline::bench {
-namespace {
 
 namespace v1 = ::shardline::v1;
-namespace etcd = ::etcdserverpb;
-
-// --- Shardline: a job and a fleet of simulated workers ----------------------
-
-// The coordinator's defaults (spec/job_spec.h): workers not under test
-// heartbeat at this pace.
-constexpr absl::Duration kDefaultInterval = absl::Seconds(5);
-constexpr absl::Duration kDefaultTimeout = absl::Seconds(30);
 
 // L=2, h=8, 2 heads, V=256 (bytes), s=4, tp=pp=1, dp = `workers` exactly (global batch
 // = workers, micro-batch 1), so every worker gets a rank.
@@ -80,6 +72,17 @@ v1::JobSpec FleetSpec(int workers, absl::Duration heartbeat_interval,
   e->mutable_join_timeout()->set_seconds(1800);
   return spec;
 }
+
+namespace {
+
+namespace etcd = ::etcdserverpb;
+
+// --- Shardline: a job and a fleet of simulated workers ----------------------
+
+// The coordinator's defaults (spec/job_spec.h): workers not under test
+// heartbeat at this pace.
+constexpr absl::Duration kDefaultInterval = absl::Seconds(5);
+constexpr absl::Duration kDefaultTimeout = absl::Seconds(30);
 
 bool CreateJob(const std::string& address, const std::string& job_id, const v1::JobSpec& spec) {
   auto jobs = v1::JobService::NewStub(NewChannel(address, -1));
@@ -731,7 +734,7 @@ int RunHeartbeats(const Flags& f) {
 
 int Main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: cp_load kv|barrier|rendezvous|heartbeats|leases --flag value ...\n");
+    std::fprintf(stderr, "usage: cp_load kv|barrier|rendezvous|heartbeats|leases|jobs --flag value ...\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -741,6 +744,7 @@ int Main(int argc, char** argv) {
   if (mode == "rendezvous") return RunRendezvous(flags);
   if (mode == "heartbeats") return RunHeartbeats(flags);
   if (mode == "leases") return RunLeases(flags);
+  if (mode == "jobs") return RunJobs(flags);
   std::fprintf(stderr, "cp_load: unknown mode '%s'\n", mode.c_str());
   return 2;
 }
