@@ -80,9 +80,7 @@ void LeaderElection::SetError(const absl::Status& s) {
 
 bool LeaderElection::SleepUntil(absl::Time until) {
   absl::MutexLock lock(&mu_);
-  auto woken = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return stopping_ || !resign_.empty();
-  };
+  auto woken = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !resign_.empty(); };
   mu_.AwaitWithDeadline(absl::Condition(&woken), until);
   return stopping_ || !resign_.empty();
 }
@@ -268,8 +266,8 @@ std::string LeaderElection::Lead(const LeaderTerm& term) {
       if (failing_since == absl::InfinitePast()) {
         failing_since = now;
         LogLine(absl::StrCat("replica ", options_.self.replica_id(),
-                             ": lease keep-alive failed: ", s.message(),
-                             "; not serving from ", absl::FormatDuration(options_.lease_ttl),
+                             ": lease keep-alive failed: ", s.message(), "; not serving from ",
+                             absl::FormatDuration(options_.lease_ttl),
                              " after the last one that succeeded until etcd answers"));
       }
       // Not deposed yet: LeaseValid() stops serving once lease_ttl has

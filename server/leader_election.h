@@ -166,7 +166,7 @@ class LeaderElection {
 
   // Only the election thread touches these.
   int64_t lease_ = 0;
-  absl::Time last_keepalive_sent_;  // of the last keep-alive that succeeded
+  absl::Time last_keepalive_sent_;                    // of the last keep-alive that succeeded
   absl::Time campaign_after_ = absl::InfinitePast();  // deposed: stand again from then
 };
 

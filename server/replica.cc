@@ -66,8 +66,7 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Start(etcd::Client* etcd,
   EtcdStoreOptions check;
   check.prefix = options.prefix;
   check.max_txn_ops = options.max_txn_ops;
-  if (absl::StatusOr<std::unique_ptr<StateStore>> store = OpenEtcdStore(etcd, check);
-      !store.ok()) {
+  if (absl::StatusOr<std::unique_ptr<StateStore>> store = OpenEtcdStore(etcd, check); !store.ok()) {
     return store.status();
   }
   std::unique_ptr<Replica> replica(new Replica(etcd, std::move(options)));
@@ -87,8 +86,8 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Start(etcd::Client* etcd,
   replica->election_->Start({[raw](const LeaderTerm& t) { raw->OnElected(t); },
                              [raw](const std::string& why) { raw->OnDeposed(why); }});
   LogLine(absl::StrCat("replica ", election.self.replica_id(), " on ", replica->address_,
-                       " state=", replica->options_.state, " lease_ttl=",
-                       absl::FormatDuration(replica->options_.lease_ttl)));
+                       " state=", replica->options_.state,
+                       " lease_ttl=", absl::FormatDuration(replica->options_.lease_ttl)));
   return replica;
 }
 
@@ -96,9 +95,9 @@ Replica::~Replica() { Shutdown(); }
 
 absl::Status Replica::StartFollowerServer() {
   grpc::ServerBuilder builder;
-  std::shared_ptr<grpc::ServerCredentials> credentials =
-      options_.server.credentials != nullptr ? options_.server.credentials
-                                             : grpc::InsecureServerCredentials();
+  std::shared_ptr<grpc::ServerCredentials> credentials = options_.server.credentials != nullptr
+                                                             ? options_.server.credentials
+                                                             : grpc::InsecureServerCredentials();
   // The first bind takes the listen address as given (port 0: any free
   // port); later ones (after a term) the port it got.
   const std::string listen = address_.empty() ? options_.server.listen_address : address_;
@@ -108,21 +107,21 @@ absl::Status Replica::StartFollowerServer() {
   // Clients given several replicas ping every 2 s (client/connection.h).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   // gRPC binds a service to one server for good: fresh ones each time.
-  status_service_ = std::make_unique<rpc::CoordinatorServiceImpl>(
-      options_.server.admin_token, [this] { return Status(); });
+  status_service_ = std::make_unique<rpc::CoordinatorServiceImpl>(options_.server.admin_token,
+                                                                  [this] { return Status(); });
   not_leader_ = std::make_unique<NotLeaderService>(this);
   builder.RegisterService(status_service_.get());
   builder.RegisterCallbackGenericService(not_leader_.get());
   follower_server_ = builder.BuildAndStart();
   if (follower_server_ == nullptr || port == 0) {
     follower_server_.reset();
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on '", listen, "': the address is in use or not a local address"));
+    return absl::UnavailableError(absl::StrCat("cannot listen on '", listen,
+                                               "': the address is in use or not a local address"));
   }
   if (address_.empty()) {
     const size_t colon = listen.rfind(':');
-    address_ = absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":",
-                            port);
+    address_ =
+        absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
   }
   return absl::OkStatus();
 }
@@ -140,7 +139,8 @@ void Replica::StopFollowerServer() {
 absl::Status Replica::NotLeader(std::string* leader) const {
   leader->clear();
   if (election_ == nullptr) {
-    return absl::UnavailableError("not the leader yet: this coordinator replica is starting; retry with backoff");
+    return absl::UnavailableError(
+        "not the leader yet: this coordinator replica is starting; retry with backoff");
   }
   const std::string error = election_->LastError();
   // What etcd last said, when it did not answer: the leader named may be
@@ -150,22 +150,22 @@ absl::Status Replica::NotLeader(std::string* leader) const {
   std::optional<v1::Replica> l = election_->Leader();
   if (l.has_value() && l->replica_id() != election_->options().self.replica_id()) {
     *leader = l->address();
-    return absl::UnavailableError(absl::StrCat(
-        "not the leader: the leader is ", l->address(), " (replica ", l->replica_id(),
-        "); send the call there (clients given every replica's address follow the \"",
-        kLeaderMetadataKey, "\" metadata)", etcd_said));
+    return absl::UnavailableError(
+        absl::StrCat("not the leader: the leader is ", l->address(), " (replica ", l->replica_id(),
+                     "); send the call there (clients given every replica's address follow the \"",
+                     kLeaderMetadataKey, "\" metadata)", etcd_said));
   }
   if (election_->leading()) {
     return absl::UnavailableError(absl::StrCat(
         "not the leader now: this replica's lease is not confirmed (etcd has not answered its "
         "keep-alives for the lease TTL, ",
-        absl::FormatDuration(options_.lease_ttl), "); it serves again once etcd answers",
-        etcd_said, "; retry with backoff"));
+        absl::FormatDuration(options_.lease_ttl), "); it serves again once etcd answers", etcd_said,
+        "; retry with backoff"));
   }
-  return absl::UnavailableError(absl::StrCat(
-      "not the leader, and no leader is known: ",
-      error.empty() ? "an election is in progress" : absl::StrCat("etcd: ", error),
-      "; retry with backoff"));
+  return absl::UnavailableError(
+      absl::StrCat("not the leader, and no leader is known: ",
+                   error.empty() ? "an election is in progress" : absl::StrCat("etcd: ", error),
+                   "; retry with backoff"));
 }
 
 void Replica::OnElected(const LeaderTerm& elected) {
@@ -177,9 +177,9 @@ void Replica::OnElected(const LeaderTerm& elected) {
   store_options.fence_revision = elected.revision;
   store_options.max_txn_ops = options_.max_txn_ops;
   store_options.on_write_failed = [election](const absl::Status& error, bool fenced) {
-    election->Resign(absl::StrCat(fenced ? "fenced: another replica leads"
-                                         : "a state write to etcd failed",
-                                  " (", error.message(), ")"));
+    election->Resign(
+        absl::StrCat(fenced ? "fenced: another replica leads" : "a state write to etcd failed",
+                     " (", error.message(), ")"));
   };
   absl::StatusOr<std::unique_ptr<StateStore>> store = OpenEtcdStore(etcd_, store_options);
   const absl::Time start = absl::Now();
@@ -221,8 +221,8 @@ void Replica::OnElected(const LeaderTerm& elected) {
     if (server.ok()) {
       term->server = *std::move(server);
       term_ = std::move(term);
-      LogLine(absl::StrCat("replica ", election_->options().self.replica_id(), ": serving as the leader (",
-                           "state loaded and serving ",
+      LogLine(absl::StrCat("replica ", election_->options().self.replica_id(),
+                           ": serving as the leader (", "state loaded and serving ",
                            absl::FormatDuration(absl::Now() - start), " after the election)"));
       return;
     }

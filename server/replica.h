@@ -6,7 +6,8 @@
 //   options.prefix = url.prefix;  options.state = url.ToString();
 //   options.self.set_replica_id("coord-a");  options.self.set_address("10.0.0.1:7070");
 //   options.server.listen_address = "0.0.0.0:7070";
-//   absl::StatusOr<std::unique_ptr<Replica>> replica = Replica::Start(etcd, election_etcd, options);
+//   absl::StatusOr<std::unique_ptr<Replica>> replica = Replica::Start(etcd, election_etcd,
+//   options);
 //   ... until SIGTERM ...
 //   (*replica)->Shutdown();
 //
@@ -38,8 +39,8 @@
 #ifndef SHARDLINE_SERVER_REPLICA_H_
 #define SHARDLINE_SERVER_REPLICA_H_
 
-#include <grpcpp/grpcpp.h>
 #include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
 
 #include <memory>
 #include <string>

@@ -164,6 +164,10 @@ std::vector<std::string> EtcdCluster::Flags(const Member& m) const {
       // Ignored by a member that restarts on its data directory.
       "--initial-cluster-state=new",
       "--initial-cluster-token=" + token_,
+      // As every deploy file sets it (deploy/systemd/etcd.default): a
+      // member that comes back cannot depose the raft leader with a higher
+      // term (etcd 3.4 has it off by default).
+      "--pre-vote",
       "--logger=zap",
       "--log-outputs=stderr",
   };

@@ -10,7 +10,8 @@
 //   (*cluster)->Restart(0);  // same data directory and ports
 //
 // Members run with etcd's default heartbeat (100 ms) and election timeout
-// (1 s), so the shortest lease is 2 s. Their logs (etcd's zap JSON lines)
+// (1 s), so the shortest lease is 2 s, and with --pre-vote, as the deploy
+// files run them. Their logs (etcd's zap JSON lines)
 // go to DIR/mI.log; errors of Start and Restart end with the tail of each
 // member's log, and LogTails() gives them for a test's failure message.
 //

@@ -26,9 +26,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "etcd/client.h"
 #include "gtest/gtest.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
-#include "etcd/client.h"
 #include "testing/etcd_cluster.h"
 #include "testing/process_harness.h"
 #include "testing/training_job_harness.h"
@@ -465,8 +465,8 @@ TEST(ReplicaFlagsTest, BadValuesExitWithTwoNamingTheFlag) {
     EXPECT_TRUE(absl::StrContains(out, c.says)) << absl::StrJoin(c.args, " ") << ": " << out;
   }
   // A wildcard --listen needs --advertise: followers name it to clients.
-  auto [code, out] = RunCoordinator(
-      {"--listen", "0.0.0.0:0", "--state", "etcd://127.0.0.1:2379/x"}, "wildcard");
+  auto [code, out] =
+      RunCoordinator({"--listen", "0.0.0.0:0", "--state", "etcd://127.0.0.1:2379/x"}, "wildcard");
   EXPECT_EQ(code, 2) << out;
   EXPECT_TRUE(absl::StrContains(out, "--advertise")) << out;
 }
@@ -508,13 +508,13 @@ TEST(ReplicaFlagsTest, PrefixOfAnotherVersionIsRefused) {
     return (*client)->Txn(txn).status();
   };
   ASSERT_TRUE(put("/old/format", "shardline-state-v0").ok());
-  auto [code, out] = RunCoordinator(
-      {"--listen", "127.0.0.1:0", "--state", (*etcd)->Url("/old")}, "old-format");
+  auto [code, out] =
+      RunCoordinator({"--listen", "127.0.0.1:0", "--state", (*etcd)->Url("/old")}, "old-format");
   EXPECT_EQ(code, 1) << out;
   EXPECT_TRUE(absl::StrContains(out, "shardline-state-v0")) << out;
   ASSERT_TRUE(put("/foreign/some/key", "x").ok());
-  std::tie(code, out) = RunCoordinator(
-      {"--listen", "127.0.0.1:0", "--state", (*etcd)->Url("/foreign")}, "foreign");
+  std::tie(code, out) =
+      RunCoordinator({"--listen", "127.0.0.1:0", "--state", (*etcd)->Url("/foreign")}, "foreign");
   EXPECT_EQ(code, 1) << out;
   EXPECT_TRUE(absl::StrContains(out, "/foreign/")) << out;
 }
