@@ -1,10 +1,12 @@
 #include "server/leader_election.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "etcd/url.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace shardline::server {
@@ -17,6 +19,27 @@ google::protobuf::Timestamp ToProto(absl::Time t) {
 }
 
 }  // namespace
+
+std::optional<v1::Replica> LeaderElection::ParseLeader(const etcdserverpb::KeyValue& kv) {
+  v1::Replica r;
+  if (r.ParseFromString(kv.value()) && !r.replica_id().empty() &&
+      etcd::CheckEndpoint(r.address(), "the leader's address").ok()) {
+    return r;
+  }
+  // Not a replica's record (another program's key, or damaged): nobody can
+  // be elected while it is there, and its address must not reach clients.
+  const absl::Status s = absl::FailedPreconditionError(absl::StrCat(
+      kv.key(), " holds ", kv.value().size(),
+      " bytes that are not a Shardline replica's record (or name no valid HOST:PORT): no replica "
+      "can be elected while it is there; delete it (etcdctl del ",
+      kv.key(), ") or use another prefix"));
+  if (!foreign_leader_logged_) {
+    LogLine(absl::StrCat("replica ", options_.self.replica_id(), ": ", s.message()));
+    foreign_leader_logged_ = true;
+  }
+  SetError(s);
+  return std::nullopt;
+}
 
 LeaderElection::LeaderElection(etcd::Client* etcd, ElectionOptions options)
     : etcd_(etcd), options_(std::move(options)) {
@@ -50,7 +73,15 @@ void LeaderElection::Resign(const std::string& reason) {
 
 std::optional<v1::Replica> LeaderElection::Leader() const {
   absl::MutexLock lock(&mu_);
+  // A follower that has not read etcd for a lease TTL does not know: that
+  // leader's lease may have run out meanwhile.
+  if (!leading_ && absl::Now() - last_read_ > options_.lease_ttl) return std::nullopt;
   return leader_;
+}
+
+void LeaderElection::NoteRead() {
+  absl::MutexLock lock(&mu_);
+  last_read_ = absl::Now();
 }
 
 bool LeaderElection::leading() const {
@@ -59,8 +90,13 @@ bool LeaderElection::leading() const {
 }
 
 bool LeaderElection::LeaseValid() const {
-  absl::MutexLock lock(&mu_);
-  return leading_ && absl::Now() < valid_until_;
+  return absl::ToUnixNanos(absl::Now()) < serving_until_ns_.load(std::memory_order_acquire);
+}
+
+void LeaderElection::UpdateServingUntil() {
+  serving_until_ns_.store(leading_ ? absl::ToUnixNanos(valid_until_)
+                                   : std::numeric_limits<int64_t>::min(),
+                          std::memory_order_release);
 }
 
 v1::Replica LeaderElection::Self() const {
@@ -114,6 +150,7 @@ absl::Status LeaderElection::EnsureLease() {
   {
     absl::MutexLock lock(&mu_);
     valid_until_ = sent + options_.lease_ttl;
+    UpdateServingUntil();
   }
   return Register();
 }
@@ -125,6 +162,7 @@ absl::Status LeaderElection::KeepAlive() {
   last_keepalive_sent_ = sent;
   absl::MutexLock lock(&mu_);
   valid_until_ = sent + options_.lease_ttl;
+  UpdateServingUntil();
   return absl::OkStatus();
 }
 
@@ -167,9 +205,9 @@ std::optional<LeaderTerm> LeaderElection::Campaign() {
       SetError(r.status());
       return std::nullopt;
     }
+    NoteRead();
     std::optional<v1::Replica> leader;
-    v1::Replica l;
-    if (r->kvs_size() > 0 && l.ParseFromString(r->kvs(0).value())) leader = l;
+    if (r->kvs_size() > 0) leader = ParseLeader(r->kvs(0));
     Follow(leader);
     return std::nullopt;
   }
@@ -195,6 +233,7 @@ std::optional<LeaderTerm> LeaderElection::Campaign() {
     return std::nullopt;
   }
   SetError(absl::OkStatus());
+  NoteRead();
   if (r->succeeded()) {
     LeaderTerm term;
     term.leader_key = key;
@@ -208,8 +247,7 @@ std::optional<LeaderTerm> LeaderElection::Campaign() {
   std::optional<v1::Replica> leader;
   if (r->responses_size() > 0 && r->responses(0).response_range().kvs_size() > 0) {
     const etcdserverpb::KeyValue& kv = r->responses(0).response_range().kvs(0);
-    v1::Replica l;
-    if (l.ParseFromString(kv.value())) leader = l;
+    leader = ParseLeader(kv);
     if (kv.lease() == lease_ && leader.has_value()) {
       // Our own key (a Txn whose answer was lost and that we repeated):
       // we lead since it was created.
@@ -315,6 +353,7 @@ void LeaderElection::Loop() {
     {
       absl::MutexLock lock(&mu_);
       leading_ = true;
+      UpdateServingUntil();
       resign_.clear();
       self_.set_role(v1::REPLICA_ROLE_LEADER);
       *self_.mutable_leader_since() = ToProto(term->since);
@@ -328,6 +367,7 @@ void LeaderElection::Loop() {
     {
       absl::MutexLock lock(&mu_);
       leading_ = false;
+      UpdateServingUntil();
       resign_.clear();
       leader_.reset();
       self_.set_role(v1::REPLICA_ROLE_CANDIDATE);

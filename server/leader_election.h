@@ -48,7 +48,9 @@
 #ifndef SHARDLINE_SERVER_LEADER_ELECTION_H_
 #define SHARDLINE_SERVER_LEADER_ELECTION_H_
 
+#include <atomic>
 #include <cstdint>
+#include <limits>
 #include <functional>
 #include <optional>
 #include <string>
@@ -112,8 +114,8 @@ class LeaderElection {
   // any lock held. No effect unless leading.
   void Resign(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The leader as last read (nullopt: none known), and whether it is this
-  // replica.
+  // The leader as last read (nullopt: none known, or a follower that could
+  // not read etcd for lease_ttl), and whether it is this replica.
   std::optional<v1::Replica> Leader() const ABSL_LOCKS_EXCLUDED(mu_);
   bool leading() const ABSL_LOCKS_EXCLUDED(mu_);
   // Leading, and less than lease_ttl since the last successful keep-alive
@@ -141,6 +143,10 @@ class LeaderElection {
   std::optional<LeaderTerm> Campaign();
   // Keeps the term alive until it ends; returns why it ended.
   std::string Lead(const LeaderTerm& term);
+  // The leader key's record, when it is a replica's with a valid address;
+  // else nullopt, logged once, and LastError says so.
+  std::optional<v1::Replica> ParseLeader(const etcdserverpb::KeyValue& kv);
+  void NoteRead() ABSL_LOCKS_EXCLUDED(mu_);
   // Notes the leader read from etcd (nullopt: none) as a follower.
   void Follow(const std::optional<v1::Replica>& leader) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EnsureLease();
@@ -163,11 +169,17 @@ class LeaderElection {
   v1::Replica self_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   absl::Time valid_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_read_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // of the leader key
+  // valid_until_ while leading, else the minimum (Unix nanoseconds): what
+  // LeaseValid() reads without the lock, on every call the replica serves.
+  std::atomic<int64_t> serving_until_ns_{std::numeric_limits<int64_t>::min()};
+  void UpdateServingUntil() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Only the election thread touches these.
   int64_t lease_ = 0;
   absl::Time last_keepalive_sent_;                    // of the last keep-alive that succeeded
   absl::Time campaign_after_ = absl::InfinitePast();  // deposed: stand again from then
+  bool foreign_leader_logged_ = false;
 };
 
 }  // namespace shardline::server

@@ -53,15 +53,6 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-// HOST:PORT with a port in 1..65535.
-bool IsHostPort(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  return colon != std::string::npos && colon > 0 &&
-         address.substr(colon + 1).find_first_not_of("0123456789") == std::string::npos &&
-         absl::SimpleAtoi(address.substr(colon + 1), &port) && port >= 1 && port <= 65535;
-}
-
 // What a replica (--state etcd://) is started with, beyond ServerOptions.
 struct ReplicaFlags {
   etcd::EtcdUrl url;
@@ -349,12 +340,19 @@ int Main(int argc, char** argv) {
       return 2;
     }
     r.replica_id = replica_id;
-    if (args.WasSet("advertise") && !IsHostPort(advertise)) {
-      std::fprintf(stderr,
-                   "shardline-coordinator: --advertise='%s' is not HOST:PORT with a port in "
-                   "1..65535 (the address clients reach this replica at)\n",
-                   advertise.c_str());
-      return 2;
+    if (args.WasSet("advertise")) {
+      // Followers hand it to clients as gRPC metadata: plain HOST:PORT only.
+      absl::Status s = etcd::CheckEndpoint(advertise, "--advertise");
+      const std::string host = advertise.substr(0, advertise.rfind(':'));
+      if (s.ok() && (host == "0.0.0.0" || host == "[::]")) {
+        s = absl::InvalidArgumentError(
+            "--advertise is a wildcard address; give the address clients reach this replica at");
+      }
+      if (!s.ok()) {
+        std::fprintf(stderr, "shardline-coordinator: %s (the address clients reach this replica at)\n",
+                     std::string(s.message()).c_str());
+        return 2;
+      }
     }
     r.advertise = advertise;
     if (etcd_max_txn_ops < 16 || etcd_max_txn_ops > 100000) {

@@ -80,6 +80,24 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Start(etcd::Client* etcd,
   election.self = replica->options_.self;
   if (election.self.address().empty()) election.self.set_address(replica->address_);
   if (election.self.replica_id().empty()) election.self.set_replica_id(replica->address_);
+  // Two processes under one replica id would share one registration (and
+  // confuse operators): a live registration of the id at another address
+  // is refused. The same address is this replica restarted (its old
+  // registration lives until its lease runs out).
+  {
+    etcdserverpb::RangeRequest get;
+    get.set_key(election.prefix + "replicas/" + election.self.replica_id());
+    absl::StatusOr<etcdserverpb::RangeResponse> r = etcd->Range(get);
+    v1::Replica other;
+    if (r.ok() && r->kvs_size() > 0 && r->kvs(0).lease() != 0 &&
+        other.ParseFromString(r->kvs(0).value()) && other.address() != election.self.address()) {
+      absl::MutexLock lock(&replica->mu_);
+      replica->StopFollowerServer();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--replica-id '", election.self.replica_id(), "' is in use by the replica at ",
+          other.address(), " on this prefix; give each replica its own id"));
+    }
+  }
   election.lease_ttl = replica->options_.lease_ttl;
   election.poll_interval = replica->options_.poll_interval;
   replica->election_ = std::make_unique<LeaderElection>(election_etcd, election);
@@ -265,6 +283,8 @@ v1::CoordinatorStatus Replica::Status() const {
     for (v1::Replica& r : *replicas) *out.add_replicas() = std::move(r);
   } else {
     *out.add_replicas() = self;
+    out.set_replicas_error(replicas.ok() ? "this replica is not registered yet"
+                                         : std::string(replicas.status().message()));
   }
   if (std::optional<v1::Replica> leader = election_->Leader(); leader.has_value()) {
     out.set_leader_address(leader->address());

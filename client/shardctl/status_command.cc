@@ -54,6 +54,10 @@ std::string FormatCoordinatorStatus(const v1::CoordinatorStatus& status) {
     }
     out += replicas.Render();
   }
+  if (!status.replicas_error().empty()) {
+    out += "Only the answering replica is listed: " + Printable(status.replicas_error(), 512) +
+           "\n";
+  }
 
   if (!status.etcd().empty()) {
     out += "\n";

@@ -106,6 +106,19 @@ TEST(FormatCoordinatorStatusTest, NoLeaderKnownAndEscapedText) {
   EXPECT_THAT(text, HasSubstr("No replicas registered."));
 }
 
+TEST(FormatCoordinatorStatusTest, SaysWhyOnlyTheAnsweringReplicaIsListed) {
+  v1::CoordinatorStatus s;
+  s.set_replica_id("r1");
+  v1::Replica* r = s.add_replicas();
+  r->set_replica_id("r1");
+  r->set_address("127.0.0.1:7070");
+  r->set_role(v1::REPLICA_ROLE_CANDIDATE);
+  s.set_replicas_error("etcd at 127.0.0.1:2379: connection refused");
+  EXPECT_THAT(FormatCoordinatorStatus(s),
+              HasSubstr("Only the answering replica is listed: etcd at 127.0.0.1:2379: "
+                        "connection refused\n"));
+}
+
 TEST(PrintCoordinatorStatusTest, JsonHasTheProtoFieldNames) {
   client::testing::FakeCoordinatorServiceClient fake;
   fake.status = EtcdStatus();
