@@ -451,6 +451,10 @@ TEST(ReplicaFlagsTest, BadValuesExitWithTwoNamingTheFlag) {
       {{"--state", "etcd://127.0.0.1:2379/x", "--lease-ttl", "2500ms"}, "--lease-ttl"},
       {{"--state", "etcd://127.0.0.1:2379/x", "--replica-id", "a/b"}, "--replica-id"},
       {{"--state", "etcd://127.0.0.1:2379/x", "--advertise", "nohost"}, "--advertise"},
+      // Followers pass it to clients as gRPC metadata: plain HOST:PORT only.
+      {{"--state", "etcd://127.0.0.1:2379/x", "--advertise", "\xc3\xbc:1"}, "--advertise"},
+      {{"--state", "etcd://127.0.0.1:2379/x", "--advertise", "a,b:1"}, "--advertise"},
+      {{"--state", "etcd://127.0.0.1:2379/x", "--advertise", "0.0.0.0:7070"}, "--advertise"},
       {{"--state", "etcd://127.0.0.1:2379/x", "--etcd-cert", "c.pem"}, "--etcd-key"},
       {{"--state", "etcd://127.0.0.1:2379/x", "--etcd-max-txn-ops", "3"}, "--etcd-max-txn-ops"},
       {{"--state", "memory", "--lease-ttl", "3s"}, "--lease-ttl is only for replicas"},
@@ -517,6 +521,17 @@ TEST(ReplicaFlagsTest, PrefixOfAnotherVersionIsRefused) {
       RunCoordinator({"--listen", "127.0.0.1:0", "--state", (*etcd)->Url("/foreign")}, "foreign");
   EXPECT_EQ(code, 1) << out;
   EXPECT_TRUE(absl::StrContains(out, "/foreign/")) << out;
+  // A second process under a replica id that a live replica at another
+  // address holds is refused; the first one keeps leading.
+  Child first(Runfile("server/shardline-coordinator"),
+              {"--listen", "127.0.0.1:0", "--state", (*etcd)->Url("/dup"), "--replica-id", "same"},
+              TempDir() + "/dup-first.log");
+  ASSERT_TRUE(first.WaitFor("serving as the leader", absl::Seconds(20))) << first.Log();
+  std::tie(code, out) = RunCoordinator(
+      {"--listen", "127.0.0.1:0", "--state", (*etcd)->Url("/dup"), "--replica-id", "same"},
+      "dup-second");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_TRUE(absl::StrContains(out, "--replica-id 'same' is in use by the replica at")) << out;
 }
 
 }  // namespace
