@@ -169,7 +169,16 @@ class EtcdStore final : public StateStore {
                                             " mutations, part ", c + 1, " of ", chunks.size(),
                                             c == 0 ? "" : " (the parts before it were applied)");
       absl::StatusOr<etcdserverpb::TxnResponse> r = etcd_->Txn(txn);
-      if (!r.ok()) return AsStoreError(r.status(), what);
+      if (!r.ok()) {
+        // A Txn that timed out once sent may still be applied when etcd
+        // gets a quorum back: say so, since the caller's answer is then
+        // unknown (e.g. a CreateJob whose worker token it never saw).
+        const absl::Status e = AsStoreError(r.status(), what);
+        if (!absl::IsDeadlineExceeded(r.status())) return e;
+        return absl::Status(e.code(), absl::StrCat(e.message(),
+                                                   "; the write may still be applied once etcd "
+                                                   "has a quorum: check before repeating it"));
+      }
       if (!r->succeeded()) {
         *fenced = true;
         return FencedError(options_, *r, what);
