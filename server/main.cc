@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <cstring>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,32 @@ namespace {
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "shardline-coordinator: %s\n", status.ToString().c_str());
   return 1;
+}
+
+// Serves the metrics port (when metrics_port > 0, on metrics_host or else
+// the host of `address`), prints "listening on ADDRESS", waits for SIGTERM
+// or SIGINT, then stops the metrics and calls `shutdown`. The exit code.
+int ServeUntilSignal(const std::string& address, metrics::Metrics* metrics, int metrics_port,
+                     const std::string& metrics_host, sigset_t signals,
+                     const std::function<void()>& shutdown) {
+  std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
+  if (metrics_port > 0) {
+    const std::string host =
+        !metrics_host.empty() ? metrics_host : address.substr(0, address.rfind(':'));
+    absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> started =
+        metrics::MetricsHttpServer::Start(host, metrics_port, metrics);
+    if (!started.ok()) return Fail(started.status());
+    metrics_server = *std::move(started);
+    std::fprintf(stdout, "metrics on %s\n", metrics_server->address().c_str());
+  }
+  std::fprintf(stdout, "listening on %s\n", address.c_str());
+  std::fflush(stdout);
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  std::fprintf(stderr, "shardline-coordinator: signal %d, shutting down\n", signal_number);
+  if (metrics_server != nullptr) metrics_server->Stop();
+  shutdown();
+  return 0;
 }
 
 // What a replica (--state etcd://) is started with, beyond ServerOptions.
@@ -108,25 +135,8 @@ int ServeReplica(const ReplicaFlags& flags, ServerOptions server_options,
   absl::StatusOr<std::unique_ptr<Replica>> replica =
       Replica::Start(etcd->get(), election_etcd->get(), std::move(options));
   if (!replica.ok()) return Fail(replica.status());
-  std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
-  if (metrics_port > 0) {
-    const std::string& address = (*replica)->address();
-    const std::string host =
-        !metrics_host.empty() ? metrics_host : address.substr(0, address.rfind(':'));
-    absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> started =
-        metrics::MetricsHttpServer::Start(host, metrics_port, (*replica)->metrics());
-    if (!started.ok()) return Fail(started.status());
-    metrics_server = *std::move(started);
-    std::fprintf(stdout, "metrics on %s\n", metrics_server->address().c_str());
-  }
-  std::fprintf(stdout, "listening on %s\n", (*replica)->address().c_str());
-  std::fflush(stdout);
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  std::fprintf(stderr, "shardline-coordinator: signal %d, shutting down\n", signal_number);
-  if (metrics_server != nullptr) metrics_server->Stop();
-  (*replica)->Shutdown();
-  return 0;
+  return ServeUntilSignal((*replica)->address(), (*replica)->metrics(), metrics_port, metrics_host,
+                          signals, [&replica] { (*replica)->Shutdown(); });
 }
 
 int Main(int argc, char** argv) {
@@ -302,6 +312,16 @@ int Main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // The server's address, token and TLS, for either kind of state.
+  ServerOptions options;
+  options.listen_address = listen;
+  options.admin_token = admin_token;
+  if (!tls_cert.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        MakeServerCredentials(tls_cert, tls_key, tls_client_ca);
+    if (!credentials.ok()) return Fail(credentials.status());
+    options.credentials = *std::move(credentials);
+  }
   const bool on_etcd = absl::StartsWith(state, "etcd://");
   for (const char* flag : {"etcd-ca", "etcd-cert", "etcd-key", "lease-ttl", "replica-id",
                            "advertise", "etcd-max-txn-ops"}) {
@@ -368,15 +388,6 @@ int Main(int argc, char** argv) {
     r.etcd_ca = etcd_ca;
     r.etcd_cert = etcd_cert;
     r.etcd_key = etcd_key;
-    ServerOptions options;
-    options.listen_address = listen;
-    options.admin_token = admin_token;
-    if (!tls_cert.empty()) {
-      absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-          MakeServerCredentials(tls_cert, tls_key, tls_client_ca);
-      if (!credentials.ok()) return Fail(credentials.status());
-      options.credentials = *std::move(credentials);
-    }
     const std::string host = args.WasSet("metrics-host") ? metrics_host : "";
     return ServeReplica(r, std::move(options), coordinator_options, static_cast<int>(metrics_port),
                         host, signals);
@@ -411,40 +422,14 @@ int Main(int argc, char** argv) {
   Rendezvous rendezvous(&clock);
   metrics::Metrics metrics([&coordinator] { return SnapshotJobs(coordinator); });
 
-  ServerOptions options;
   options.state = state == "memory" ? state : absl::StrCat("sqlite:", state);
-  options.listen_address = listen;
-  options.admin_token = admin_token;
-  if (!tls_cert.empty()) {
-    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-        MakeServerCredentials(tls_cert, tls_key, tls_client_ca);
-    if (!credentials.ok()) return Fail(credentials.status());
-    options.credentials = *std::move(credentials);
-  }
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(
       {&coordinator, &rendezvous, checkpoints->get(), &metrics}, options);
   if (!server.ok()) return Fail(server.status());
 
-  std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
-  if (metrics_port > 0) {
-    const std::string& address = (*server)->address();
-    const std::string host =
-        args.WasSet("metrics-host") ? metrics_host : address.substr(0, address.rfind(':'));
-    absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> started =
-        metrics::MetricsHttpServer::Start(host, static_cast<int>(metrics_port), &metrics);
-    if (!started.ok()) return Fail(started.status());
-    metrics_server = *std::move(started);
-    std::fprintf(stdout, "metrics on %s\n", metrics_server->address().c_str());
-  }
-  std::fprintf(stdout, "listening on %s\n", (*server)->address().c_str());
-  std::fflush(stdout);
-
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  std::fprintf(stderr, "shardline-coordinator: signal %d, shutting down\n", signal_number);
-  if (metrics_server != nullptr) metrics_server->Stop();
-  (*server)->Shutdown();
-  return 0;
+  return ServeUntilSignal((*server)->address(), &metrics, static_cast<int>(metrics_port),
+                          args.WasSet("metrics-host") ? metrics_host : "", signals,
+                          [&server] { (*server)->Shutdown(); });
 }
 
 }  // namespace

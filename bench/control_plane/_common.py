@@ -336,3 +336,53 @@ class Replicas:
         for p in self.procs:
             if p is not None:
                 p.stop()
+
+
+# The tiny GPT job of node_loss and failover (a 2-layer model of hidden size
+# 16 on the repository's corpus, a checkpoint every 5 steps, as good as
+# endless): its spec file's text.
+_TINY_GPT_SPEC = """\
+name: {name}
+model:
+  num_layers: 2
+  hidden_size: 16
+  num_heads: 2
+  vocab_size: 256
+  seq_length: 16
+parallel:
+  tp: 1
+  pp: 1
+  zero_stage: 0
+training:
+  global_batch: 24
+  micro_batch: 2
+  train_steps: 1000000
+  learning_rate: 3.0e-3
+  min_learning_rate: 3.0e-4
+  warmup_steps: 4
+  weight_decay: 0.1
+  grad_clip: 1.0
+  seed: 7
+data:
+  dataset_path: {data}
+  validation_fraction: 0.1
+checkpoint:
+  directory: {ckpt}
+  interval_steps: 5
+  keep_last: 2
+elastic:
+  min_workers: {min_workers}
+  max_workers: {max_workers}
+  heartbeat_interval: {heartbeat_interval}
+  heartbeat_timeout: {heartbeat_timeout}
+  last_call: 500ms
+  join_timeout: 60s
+  collective_timeout: 20s
+"""
+
+
+def tiny_gpt_spec(name, data, ckpt, min_workers, max_workers, heartbeat_interval,
+                  heartbeat_timeout):
+    return _TINY_GPT_SPEC.format(name=name, data=data, ckpt=ckpt, min_workers=min_workers,
+                                 max_workers=max_workers, heartbeat_interval=heartbeat_interval,
+                                 heartbeat_timeout=heartbeat_timeout)

@@ -27,44 +27,6 @@ TTL_S = 2  # shardline-coordinator's default --lease-ttl
 GOAL_S = 3.0
 WORKERS = 2
 
-SPEC = """\
-name: failover
-model:
-  num_layers: 2
-  hidden_size: 16
-  num_heads: 2
-  vocab_size: 256
-  seq_length: 16
-parallel:
-  tp: 1
-  pp: 1
-  zero_stage: 0
-training:
-  global_batch: 24
-  micro_batch: 2
-  train_steps: 1000000
-  learning_rate: 3.0e-3
-  min_learning_rate: 3.0e-4
-  warmup_steps: 4
-  weight_decay: 0.1
-  grad_clip: 1.0
-  seed: 7
-data:
-  dataset_path: {data}
-  validation_fraction: 0.1
-checkpoint:
-  directory: {ckpt}
-  interval_steps: 5
-  keep_last: 2
-elastic:
-  min_workers: 1
-  max_workers: 2
-  heartbeat_interval: 1s
-  heartbeat_timeout: 10s
-  last_call: 500ms
-  join_timeout: 60s
-  collective_timeout: 20s
-"""
 
 
 def stats(xs):
@@ -87,7 +49,8 @@ def first_answer(targets, t0, args, limit=30):
 def create_job(coordinator, job_id, d, data):
     spec = os.path.join(d, "%s.yaml" % job_id)
     with open(spec, "w") as f:
-        f.write(SPEC.format(data=data, ckpt=os.path.join(d, "ckpt-" + job_id)))
+        f.write(_common.tiny_gpt_spec("failover", data, os.path.join(d, "ckpt-" + job_id), 1, 2, "1s",
+                                     "10s"))
     rc, out = _common.shardctl(["job", "create", spec, "--id", job_id], coordinator, 10)
     if rc != 0:
         raise RuntimeError("shardctl job create %s: %s" % (job_id, out.strip()[-300:]))

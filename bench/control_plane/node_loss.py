@@ -23,44 +23,6 @@ NAME = "node_loss"
 WORKERS = 4
 KILL_AFTER_STEP = 12
 
-SPEC = """\
-name: node-loss
-model:
-  num_layers: 2
-  hidden_size: 16
-  num_heads: 2
-  vocab_size: 256
-  seq_length: 16
-parallel:
-  tp: 1
-  pp: 1
-  zero_stage: 0
-training:
-  global_batch: 24
-  micro_batch: 2
-  train_steps: 1000000
-  learning_rate: 3.0e-3
-  min_learning_rate: 3.0e-4
-  warmup_steps: 4
-  weight_decay: 0.1
-  grad_clip: 1.0
-  seed: 7
-data:
-  dataset_path: {data}
-  validation_fraction: 0.1
-checkpoint:
-  directory: {ckpt}
-  interval_steps: 5
-  keep_last: 2
-elastic:
-  min_workers: 2
-  max_workers: 4
-  heartbeat_interval: 200ms
-  heartbeat_timeout: 2s
-  last_call: 500ms
-  join_timeout: 60s
-  collective_timeout: 20s
-"""
 
 
 def read(path):
@@ -107,7 +69,7 @@ def shardline_once(rep, data):
     os.makedirs(d)
     spec = os.path.join(d, "job.yaml")
     with open(spec, "w") as f:
-        f.write(SPEC.format(data=data, ckpt=os.path.join(d, "ckpt")))
+        f.write(_common.tiny_gpt_spec("node-loss", data, os.path.join(d, "ckpt"), 2, 4, "200ms", "2s"))
     coord = _common.Coordinator("node-loss-coordinator-%d" % rep, state=os.path.join(d, "state.db"))
     workers = []
     try:

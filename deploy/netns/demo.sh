@@ -54,27 +54,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ "$(id -u)" -eq 0 ] || { echo "demo.sh: needs root (network namespaces)" >&2; exit 1; }
-absolute() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
-
-if [ -z "$COORDINATOR_BIN" ]; then
-  cd "$REPO"
-  bash deploy/install_deps.sh
-  mkdir -p "$OUT"
-  CONFIG=(--config=ci)
-  [ -x /usr/local/cuda/bin/nvcc ] || CONFIG+=(--config=nocuda)
-  bazel --batch build "${CONFIG[@]}" //client/shardctl //server:shardline-coordinator \
-    //worker:shardline-worker 2>"$OUT/build.log" || { cat "$OUT/build.log" >&2; exit 1; }
-  COORDINATOR_BIN=bazel-bin/server/shardline-coordinator
-  WORKER_BIN=bazel-bin/worker/shardline-worker
-  SHARDCTL_BIN=bazel-bin/client/shardctl/shardctl
-fi
-COORDINATOR_BIN=$(absolute "$COORDINATOR_BIN")
-WORKER_BIN=$(absolute "$WORKER_BIN")
-SHARDCTL_BIN=$(absolute "$SHARDCTL_BIN")
-DATA=$(absolute "$DATA")
-for f in "$COORDINATOR_BIN" "$WORKER_BIN" "$SHARDCTL_BIN" "$DATA"; do
-  [ -e "$f" ] || { echo "demo.sh: $f not found" >&2; exit 1; }
-done
+# shellcheck source=deploy/netns/programs.sh
+. "$REPO/deploy/netns/programs.sh"
+if [ -z "$COORDINATOR_BIN" ]; then (cd "$REPO" && bash deploy/install_deps.sh) || exit 1; fi
+resolve_programs demo.sh
 
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)

@@ -86,26 +86,9 @@ case "$FAULT" in cut | kill) ;; *) echo "ha-demo.sh: --fault is cut or kill, not
 for p in etcd etcdctl python3; do
   command -v "$p" >/dev/null || { echo "ha-demo.sh: needs $p (deploy/install_deps.sh installs it)" >&2; exit 1; }
 done
-absolute() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
-
-if [ -z "$COORDINATOR_BIN" ]; then
-  cd "$REPO"
-  mkdir -p "$OUT"
-  CONFIG=(--config=ci)
-  [ -x /usr/local/cuda/bin/nvcc ] || CONFIG+=(--config=nocuda)
-  bazel --batch build "${CONFIG[@]}" //client/shardctl //server:shardline-coordinator \
-    //worker:shardline-worker 2>"$OUT/build.log" || { cat "$OUT/build.log" >&2; exit 1; }
-  COORDINATOR_BIN=bazel-bin/server/shardline-coordinator
-  WORKER_BIN=bazel-bin/worker/shardline-worker
-  SHARDCTL_BIN=bazel-bin/client/shardctl/shardctl
-fi
-COORDINATOR_BIN=$(absolute "$COORDINATOR_BIN")
-WORKER_BIN=$(absolute "$WORKER_BIN")
-SHARDCTL_BIN=$(absolute "$SHARDCTL_BIN")
-DATA=$(absolute "$DATA")
-for f in "$COORDINATOR_BIN" "$WORKER_BIN" "$SHARDCTL_BIN" "$DATA"; do
-  [ -e "$f" ] || { echo "ha-demo.sh: $f not found" >&2; exit 1; }
-done
+# shellcheck source=deploy/netns/programs.sh
+. "$REPO/deploy/netns/programs.sh"
+resolve_programs ha-demo.sh
 
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
