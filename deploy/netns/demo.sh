@@ -77,19 +77,6 @@ sed -e "s|^\(  dataset_path:\).*|\1 $DATA|" -e "s|^\(  directory:\).*|\1 $OUT/ck
   "$REPO/deploy/netns/job.yaml" >"$OUT/job.yaml"
 
 PIDS=()
-cleanup() {
-  local pid alive
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for _ in $(seq 50); do
-    alive=0
-    for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [ $alive -eq 0 ] && break
-    sleep 0.1
-  done
-  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  if [ "$KEEP" -eq 0 ]; then "$HOSTS" down "$PREFIX" || true; fi
-}
 trap cleanup EXIT
 trap 'fail "line $LINENO: a command failed"' ERR
 "$HOSTS" down "$PREFIX" 2>/dev/null || true
