@@ -153,6 +153,7 @@ inline std::map<int, double> StepLosses(const std::string& log) {
 class TrainingJobTest : public ::testing::Test {
  protected:
   explicit TrainingJobTest(std::string job_id) : job_id_(std::move(job_id)) {}
+  ~TrainingJobTest() override = default;
 
   // On `listen` (an ephemeral port by default; a restart passes address_)
   // with the state file of the test.
@@ -166,7 +167,9 @@ class TrainingJobTest : public ::testing::Test {
     ASSERT_FALSE(address_.empty());
   }
 
-  std::unique_ptr<::shardline::v1::JobService::Stub> Jobs() {
+  // The coordinator's JobService (a fixture with several replicas points
+  // it at the leader).
+  virtual std::unique_ptr<::shardline::v1::JobService::Stub> Jobs() {
     return ::shardline::v1::JobService::NewStub(
         grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   }
@@ -274,7 +277,7 @@ class TrainingJobTest : public ::testing::Test {
     return loss;
   }
 
-  std::string Logs() {
+  virtual std::string Logs() {
     std::string out;
     for (size_t i = 0; i < workers_.size(); ++i) {
       if (workers_[i] != nullptr) absl::StrAppend(&out, "\n--- worker ", i, ":\n", workers_[i]->Log());

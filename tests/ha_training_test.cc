@@ -40,8 +40,10 @@ namespace v1 = ::shardline::v1;
 
 constexpr absl::Duration kLeaseTtl = absl::Seconds(2);
 
-class HaTrainingTest : public ::testing::Test {
+class HaTrainingTest : public TrainingJobTest {
  protected:
+  HaTrainingTest() : TrainingJobTest("ha") {}
+
   void SetUp() override {
     ::shardline::testing::EtcdClusterOptions options;
     options.dir = dir_ + "/etcd";
@@ -53,6 +55,8 @@ class HaTrainingTest : public ::testing::Test {
     absl::StatusOr<std::vector<int>> ports = ::shardline::testing::FreeLoopbackPorts(3);
     ASSERT_TRUE(ports.ok()) << ports.status();
     for (int port : *ports) addresses_.push_back(absl::StrCat("127.0.0.1:", port));
+    // The workers (TrainingJobTest::StartWorker) are given every replica.
+    address_ = absl::StrJoin(addresses_, ",");
     replicas_.resize(3);
     for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartReplica(i));
     ASSERT_GE(WaitForLeader(absl::Seconds(15)), 0) << Logs();
@@ -66,6 +70,11 @@ class HaTrainingTest : public ::testing::Test {
                                  absl::FormatDuration(kLeaseTtl)},
         absl::StrCat(dir_, "/replica", i, "-", ++starts_, ".log"));
     ASSERT_TRUE(replicas_[i]->WaitFor("listening on ", absl::Seconds(20))) << replicas_[i]->Log();
+  }
+
+  // The leader's (replica 0's when none serves: the call then fails).
+  std::unique_ptr<v1::JobService::Stub> Jobs() override {
+    return Jobs(std::max(WaitForLeader(absl::Seconds(20)), 0));
   }
 
   std::unique_ptr<v1::JobService::Stub> Jobs(int i) {
@@ -107,20 +116,6 @@ class HaTrainingTest : public ::testing::Test {
     return -1;
   }
 
-  v1::Job GetJob() {
-    const int leader = WaitForLeader(absl::Seconds(20));
-    EXPECT_GE(leader, 0) << "no replica serves";
-    v1::GetJobRequest req;
-    req.set_job_id("ha");
-    v1::Job job;
-    if (leader < 0) return job;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    grpc::Status s = Jobs(leader)->GetJob(&ctx, req, &job);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return job;
-  }
-
   std::vector<v1::Member> Members() {
     const int leader = WaitForLeader(absl::Seconds(20));
     v1::ListMembersRequest req;
@@ -151,29 +146,6 @@ class HaTrainingTest : public ::testing::Test {
     return out;
   }
 
-  void CreateJob(const v1::JobSpec& spec) {
-    spec_ = spec;
-    v1::CreateJobRequest req;
-    req.set_job_id("ha");
-    *req.mutable_spec() = spec;
-    v1::CreateJobResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    const int leader = WaitForLeader(absl::Seconds(10));
-    ASSERT_GE(leader, 0);
-    grpc::Status s = Jobs(leader)->CreateJob(&ctx, req, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
-
-  void StartWorker(int i) {
-    workers_.push_back(std::make_unique<Child>(
-        Runfile("worker/shardline-worker"),
-        std::vector<std::string>{"--coordinator", absl::StrJoin(addresses_, ","), "--job", "ha",
-                                 "--worker-id", absl::StrCat("w", i), "--log-interval", "1",
-                                 "--connect-timeout", "30s"},
-        absl::StrCat(dir_, "/worker", i, ".log")));
-  }
-
   // The highest step some worker logged.
   int LastStep() {
     int last = 0;
@@ -182,35 +154,6 @@ class HaTrainingTest : public ::testing::Test {
       if (!losses.empty()) last = std::max(last, losses.rbegin()->first);
     }
     return last;
-  }
-
-  bool WaitForStep(int step, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      if (LastStep() >= step) return true;
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return false;
-  }
-
-  double FinalLoss() {
-    const int steps = static_cast<int>(spec_.training().train_steps());
-    for (const auto& w : workers_) {
-      std::map<int, double> losses = StepLosses(w->Log());
-      if (losses.count(steps)) return losses[steps];
-    }
-    return -1;
-  }
-
-  v1::Job WaitForJobEnd(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    v1::Job job;
-    while (absl::Now() < deadline) {
-      job = GetJob();
-      if (job.phase() == v1::JOB_PHASE_COMPLETED || job.phase() == v1::JOB_PHASE_FAILED) break;
-      absl::SleepFor(absl::Milliseconds(200));
-    }
-    return job;
   }
 
   // A job long enough to outlive the test's interruptions: the tiny GPT of
@@ -224,11 +167,8 @@ class HaTrainingTest : public ::testing::Test {
     return TinyGptSpec(job);
   }
 
-  std::string Logs() {
-    std::string out;
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      absl::StrAppend(&out, "\n--- worker ", i, ":\n", workers_[i]->Log());
-    }
+  std::string Logs() override {
+    std::string out = TrainingJobTest::Logs();
     for (size_t i = 0; i < replicas_.size(); ++i) {
       if (replicas_[i] != nullptr) {
         absl::StrAppend(&out, "\n--- replica ", i, ":\n", replicas_[i]->Log());
@@ -238,23 +178,15 @@ class HaTrainingTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    std::cout << Logs() << std::flush;
+    TrainingJobTest::TearDown();
     workers_.clear();
     replicas_.clear();
     etcd_.reset();
   }
 
-  const std::string dir_ = [] {
-    const std::string d =
-        TempDir() + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    ::mkdir(d.c_str(), 0755);
-    return d;
-  }();
   std::unique_ptr<::shardline::testing::EtcdCluster> etcd_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<Child>> replicas_;
-  std::vector<std::unique_ptr<Child>> workers_;
-  v1::JobSpec spec_;
   int starts_ = 0;
 };
 
