@@ -236,8 +236,11 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const ConnectionOptions&
                                "; start shardline-coordinator or set --coordinator / ",
                                kCoordinatorEnv));
       }
-      return absl::Status(code, absl::StrCat("the coordinator at ", o.address,
-                                             " is unavailable: ", message, "; retry shortly"));
+      // The server's message may say how to retry already (a replica's
+      // "...; retry with backoff"): then once is enough.
+      return absl::Status(
+          code, absl::StrCat("the coordinator at ", o.address, " is unavailable: ", message,
+                             absl::StrContains(message, "retry") ? "" : "; retry shortly"));
     }
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       if (message.empty() || message == "Deadline Exceeded") {
