@@ -136,11 +136,7 @@ absl::Status Replica::StartFollowerServer() {
     return absl::UnavailableError(absl::StrCat("cannot listen on '", listen,
                                                "': the address is in use or not a local address"));
   }
-  if (address_.empty()) {
-    const size_t colon = listen.rfind(':');
-    address_ =
-        absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
-  }
+  if (address_.empty()) address_ = BoundAddress(listen, port);
   return absl::OkStatus();
 }
 

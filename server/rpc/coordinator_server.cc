@@ -54,6 +54,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   return grpc::SslServerCredentials(options);
 }
 
+std::string BoundAddress(const std::string& listen_address, int port) {
+  const size_t colon = listen_address.rfind(':');
+  return absl::StrCat(
+      colon == std::string::npos ? listen_address : listen_address.substr(0, colon), ":", port);
+}
+
 std::vector<metrics::JobSnapshot> SnapshotJobs(const Coordinator& coordinator) {
   std::vector<metrics::JobSnapshot> out;
   for (const v1::Job& job : AllJobs(coordinator)) {
@@ -168,10 +174,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                          : ""));
   }
   server->port_ = port;
-  const size_t colon = options.listen_address.rfind(':');
-  const std::string host =
-      colon == std::string::npos ? options.listen_address : options.listen_address.substr(0, colon);
-  server->address_ = absl::StrCat(host, ":", port);
+  server->address_ = BoundAddress(options.listen_address, port);
   if (options.tick_interval > absl::ZeroDuration()) {
     const absl::Duration interval = options.tick_interval;
     server->tick_thread_ =

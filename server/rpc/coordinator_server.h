@@ -174,6 +174,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const std::string& cert_file, const std::string& key_file,
     const std::string& client_ca_file);
 
+// "HOST:PORT" of a server that listens on `listen_address` and got `port`
+// (the real one when the address asked for port 0).
+std::string BoundAddress(const std::string& listen_address, int port);
+
 // The gauges of every job for Metrics (generation, members by state).
 std::vector<metrics::JobSnapshot> SnapshotJobs(const Coordinator& coordinator);
 
