@@ -344,8 +344,9 @@ int Main(int argc, char** argv) {
     if (!absl::ParseDuration(lease_ttl_flag, &ttl) || ttl < absl::Seconds(2) ||
         ttl > absl::Seconds(60) || ttl != absl::Seconds(absl::ToInt64Seconds(ttl))) {
       std::fprintf(stderr,
-                   "shardline-coordinator: --lease-ttl='%s' is not a whole number of seconds in "
-                   "2s..60s (etcd grants no lease under 2s with its default election timeout)\n",
+                   "shardline-coordinator: --lease-ttl='%s' is not a duration of whole seconds, "
+                   "with its unit, in 2s..60s, e.g. 2s or 5s (etcd grants no lease under 2s "
+                   "with its default election timeout)\n",
                    lease_ttl_flag.c_str());
       return 2;
     }
