@@ -1,0 +1,181 @@
+"""The real shardline-coordinator for Python tests, on a free loopback port.
+
+    from coordinator import Coordinator
+    with Coordinator() as c:                       # no auth, --state memory
+        client = shardline.Client(c.address)
+    with Coordinator(admin_token=Coordinator.ADMIN_TOKEN, state_dir=tmp) as c:
+        ...                                        # auth on, SQLite state in tmp
+        c.restart()                                # same port, same state
+
+The binary: $SHARDLINE_COORDINATOR_BINARY (the Bazel tests set it to
+//server:shardline-coordinator), else bazel-bin/server/shardline-coordinator
+of the source tree (run `bazel build //server:shardline-coordinator`).
+(Not $SHARDLINE_COORDINATOR: that one is the coordinator's address for
+shardctl and the workers.)
+
+The coordinator is started with --listen 127.0.0.1:0 (the kernel picks a free
+port) and its "listening on HOST:PORT" line is waited for; its stdout and
+stderr go to files in `log_dir` (a temporary folder by default), shown by
+`logs()` when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from typing import List, Optional, Sequence
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# python/tests -> the repository root
+_SOURCE_ROOT = os.path.dirname(os.path.dirname(_HERE))
+
+BINARY_ENV = "SHARDLINE_COORDINATOR_BINARY"
+
+
+def coordinator_binary() -> str:
+    """The coordinator binary's path; RuntimeError saying how to build it when there is none."""
+    path = os.environ.get(BINARY_ENV)
+    if path:
+        if not os.path.isabs(path):
+            # Bazel's $(rootpath): relative to the runfiles' workspace folder.
+            srcdir = os.environ.get("TEST_SRCDIR")
+            workspace = os.environ.get("TEST_WORKSPACE", "")
+            if srcdir:
+                path = os.path.join(srcdir, workspace, path)
+        if not os.access(path, os.X_OK):
+            raise RuntimeError("$%s=%s is not an executable" % (BINARY_ENV, path))
+        return path
+    path = os.path.join(_SOURCE_ROOT, "bazel-bin", "server", "shardline-coordinator")
+    if os.access(path, os.X_OK):
+        return path
+    raise RuntimeError("no coordinator binary: set $%s, or run `bazel build "
+                       "//server:shardline-coordinator` in %s" % (BINARY_ENV, _SOURCE_ROOT))
+
+
+class Coordinator:
+    """One shardline-coordinator process (a context manager: started on enter, killed on exit).
+
+    Args:
+        admin_token: turns authentication on with this admin token (>= 16
+            bytes; passed in a 0600 file, --admin-token-file); None: no auth.
+        state_dir: keep the state in SQLite at state_dir/coordinator.db
+            (survives restart()); None: --state memory.
+        args: more coordinator flags.
+        start_timeout: seconds to wait for "listening on".
+
+    Attributes (after start): address ("127.0.0.1:PORT"), port, process.
+    """
+
+    #: An admin token for tests that turn auth on.
+    ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
+
+    def __init__(self, *, admin_token: Optional[str] = None, state_dir: Optional[str] = None,
+                 args: Sequence[str] = (), start_timeout: float = 20.0,
+                 log_dir: Optional[str] = None) -> None:
+        self.admin_token = admin_token
+        self.state_dir = state_dir
+        self.extra_args = list(args)
+        self.start_timeout = start_timeout
+        self._own_log_dir = log_dir is None
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="shardline-coordinator-",
+                                                   dir=os.environ.get("TEST_TMPDIR"))
+        self.address: Optional[str] = None
+        self.port = 0
+        self.process: Optional[subprocess.Popen] = None
+        self._starts = 0
+
+    def _command(self) -> List[str]:
+        listen = "127.0.0.1:%d" % self.port
+        state = "memory"
+        if self.state_dir is not None:
+            os.makedirs(self.state_dir, exist_ok=True)
+            state = os.path.join(self.state_dir, "coordinator.db")
+        cmd = [coordinator_binary(), "--listen", listen, "--state", state]
+        if self.admin_token is not None:
+            token_file = os.path.join(self.log_dir, "admin-token")
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.admin_token + "\n")
+            cmd += ["--admin-token-file", token_file]
+        return cmd + self.extra_args
+
+    def start(self) -> "Coordinator":
+        """Starts the process (on the port of the first start, after a stop) and waits until it serves."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError("the coordinator is running already")
+        self._starts += 1
+        out_path = os.path.join(self.log_dir, "coordinator.%d.out" % self._starts)
+        err_path = os.path.join(self.log_dir, "coordinator.%d.err" % self._starts)
+        env = dict(os.environ)
+        for name in ("SHARDLINE_ADMIN_TOKEN", "SHARDLINE_COORDINATOR", "SHARDLINE_TOKEN"):
+            env.pop(name, None)
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            self.process = subprocess.Popen(self._command(), stdout=out, stderr=err, env=env,
+                                            stdin=subprocess.DEVNULL)
+        self._out_path, self._err_path = out_path, err_path
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            with open(out_path, "rb") as f:
+                for line in f.read().decode("utf-8", "replace").splitlines():
+                    if line.startswith("listening on "):
+                        self.address = line[len("listening on "):].strip()
+                        self.port = int(self.address.rsplit(":", 1)[1])
+                        return self
+            if self.process.poll() is not None:
+                raise RuntimeError("the coordinator exited with %s before serving:\n%s"
+                                   % (self.process.returncode, self.logs()))
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError("the coordinator printed no 'listening on' line within %gs:\n%s"
+                           % (self.start_timeout, self.logs()))
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> Optional[int]:
+        """Sends `sig` and waits for the exit (SIGKILL after `timeout`); returns the exit status."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def kill(self) -> Optional[int]:
+        """SIGKILL (a crash): nothing is flushed or closed."""
+        return self.stop(signal.SIGKILL)
+
+    def restart(self) -> "Coordinator":
+        """stop() then start() on the same port (the state survives with state_dir)."""
+        self.stop()
+        return self.start()
+
+    def logs(self) -> str:
+        """The current process's stdout and stderr."""
+        text = []
+        for path in (getattr(self, "_out_path", None), getattr(self, "_err_path", None)):
+            if path and os.path.exists(path):
+                with open(path, "rb") as f:
+                    text.append(f.read().decode("utf-8", "replace"))
+        return "\n".join(text)
+
+    def __enter__(self) -> "Coordinator":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        if self._own_log_dir and exc[0] is None:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
