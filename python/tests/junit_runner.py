@@ -29,14 +29,14 @@ class _Result(unittest.TextTestResult):
         super().startTest(test)
 
     def _record(self, test, kind, message="", text=""):
-        seconds = time.monotonic() - self._started.get(test.id(), time.monotonic())
         test_id = test.id()
+        seconds = max(0.0, time.monotonic() - self._started.get(test_id, time.monotonic()))
         cls, _, name = test_id.rpartition(".")
         if isinstance(test, unittest.case._SubTest):
             cls, _, name = test.test_case.id().rpartition(".")
             name = "%s %s" % (name, test._subDescription())
-        if not cls:  # an _ErrorHolder: "setUpClass (module.Class)"
-            cls, name = "setup", test_id
+        elif isinstance(test, unittest.suite._ErrorHolder):  # "setUpClass (module.Class)"
+            cls, name = "setup", test.description
         self.cases.append((cls, name, seconds, kind, message, text))
 
     def addSuccess(self, test):
