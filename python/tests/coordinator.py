@@ -64,6 +64,8 @@ class Coordinator:
             bytes; passed in a 0600 file, --admin-token-file); None: no auth.
         state_dir: keep the state in SQLite at state_dir/coordinator.db
             (survives restart()); None: --state memory.
+        state: the --state value itself (e.g. Etcd.url(prefix) for a
+            replica); overrides state_dir.
         args: more coordinator flags.
         start_timeout: seconds to wait for "listening on".
 
@@ -74,10 +76,11 @@ class Coordinator:
     ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 
     def __init__(self, *, admin_token: Optional[str] = None, state_dir: Optional[str] = None,
-                 args: Sequence[str] = (), start_timeout: float = 20.0,
+                 state: Optional[str] = None, args: Sequence[str] = (), start_timeout: float = 20.0,
                  log_dir: Optional[str] = None) -> None:
         self.admin_token = admin_token
         self.state_dir = state_dir
+        self.state = state
         self.extra_args = list(args)
         self.start_timeout = start_timeout
         self._own_log_dir = log_dir is None
@@ -91,7 +94,9 @@ class Coordinator:
     def _command(self) -> List[str]:
         listen = "127.0.0.1:%d" % self.port
         state = "memory"
-        if self.state_dir is not None:
+        if self.state is not None:
+            state = self.state
+        elif self.state_dir is not None:
             os.makedirs(self.state_dir, exist_ok=True)
             state = os.path.join(self.state_dir, "coordinator.db")
         cmd = [coordinator_binary(), "--listen", listen, "--state", state]
@@ -179,3 +184,72 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class Etcd:
+    """A one-member etcd 3.4 (Debian's /usr/bin/etcd) on free loopback ports, for replicated coordinators.
+
+        with Etcd() as etcd:
+            a = Coordinator(state=etcd.url("/t1"), args=["--lease-ttl", "2s"]).start()
+    """
+
+    def __init__(self, binary: str = "/usr/bin/etcd", start_timeout: float = 20.0) -> None:
+        self.binary = binary
+        self.start_timeout = start_timeout
+        self.dir = tempfile.mkdtemp(prefix="shardline-etcd-", dir=os.environ.get("TEST_TMPDIR"))
+        self.process: Optional[subprocess.Popen] = None
+        self.endpoint = ""
+
+    def url(self, prefix: str) -> str:
+        """The coordinator's --state for keys under `prefix` ("/name")."""
+        return "etcd://%s%s" % (self.endpoint, prefix)
+
+    def start(self) -> "Etcd":
+        import socket
+        client, peer = closed_port(), closed_port()
+        self.endpoint = "127.0.0.1:%d" % client
+        client_url, peer_url = "http://" + self.endpoint, "http://127.0.0.1:%d" % peer
+        cmd = [self.binary, "--name=e0", "--data-dir=" + os.path.join(self.dir, "data"),
+               "--listen-client-urls=" + client_url, "--advertise-client-urls=" + client_url,
+               "--listen-peer-urls=" + peer_url, "--initial-advertise-peer-urls=" + peer_url,
+               "--initial-cluster=e0=" + peer_url, "--initial-cluster-state=new",
+               "--logger=zap", "--log-outputs=stderr"]
+        # etcd reads ETCD_* variables as flags: none may leak in.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+        self._log = os.path.join(self.dir, "etcd.log")
+        with open(self._log, "wb") as log:
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=log, env=env,
+                                            stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("etcd exited with %s:\n%s" % (self.process.returncode,
+                                                                  self.logs()))
+            try:
+                with socket.create_connection(("127.0.0.1", client), timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("etcd did not listen on %s within %gs:\n%s"
+                           % (self.endpoint, self.start_timeout, self.logs()))
+
+    def logs(self) -> str:
+        with open(self._log, "rb") as f:
+            return f.read().decode("utf-8", "replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> "Etcd":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
