@@ -401,7 +401,8 @@ class Stream:
     def __iter__(self) -> "Stream":
         return self
 
-    def _open(self) -> None:
+    def _open(self):
+        """The call of the next attempt (None: cancelled); raises when no attempt is left."""
         if self._attempts is None:
             self._attempts = _Attempts(self._conn, self._method,
                                        time.monotonic() + self._conn.timeout, self._cancelled)
@@ -410,25 +411,28 @@ class Stream:
             if unconnected is not None:
                 if self._attempts.again(unconnected):
                     continue
+                self._done = True
                 raise self._attempts.error(unconnected, None, self._token)
             callable_ = self._attempts.replica.method(*self._method.split("."))
             with self._lock:
                 if self._cancelled.is_set():
-                    return
+                    return None
                 self._call = callable_(self._request, metadata=self._conn._metadata(self._token))
-            return
+                return self._call
 
     def __next__(self):
         while True:
             if self._done or self._cancelled.is_set():
                 self._finish()
                 raise StopIteration
-            if self._call is None:
-                self._open()
-                if self._call is None:
+            with self._lock:
+                call = self._call
+            if call is None:
+                call = self._open()
+                if call is None:
                     continue
             try:
-                message = next(self._call)
+                message = next(call)
             except StopIteration:
                 self._attempts.succeeded()
                 self._done = True

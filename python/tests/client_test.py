@@ -122,6 +122,25 @@ class JobLifecycleTest(unittest.TestCase):
         self.assertTrue(status.replica_id)
         self.assertGreaterEqual(len(status.replicas), 1)
 
+    def test_one_client_from_many_threads(self):
+        self.client.create_job(SPEC, job_id="threads")
+        results, errors = [], []
+
+        def work():
+            try:
+                for _ in range(20):
+                    results.append(self.client.get_job("threads").job_id)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(results, ["threads"] * 160)
+
     def test_connection_call_by_name(self):
         conn = self.client.connection
         with self.assertRaises(ValueError) as cm:
@@ -384,6 +403,48 @@ class ReplicaListTest(unittest.TestCase):
             with self.assertRaises(shardline.UnavailableError) as cm:
                 client.get_job("x")
         self.assertIn("replicas tried: %s, %s" % (a, b), cm.exception.message)
+
+
+class RetryRulesTest(unittest.TestCase):
+    """Which failures a call may be sent again after (coordinator.proto "Retries"), on the real
+    attempt logic of shardline._connection with two replica addresses (nothing is sent)."""
+
+    def again(self, method, code, details, hint=""):
+        from shardline import _connection
+        conn = shardline.Connection("127.0.0.1:1,127.0.0.1:2")
+        try:
+            attempts = _connection._Attempts(conn, method, time.monotonic() + 10)
+            return attempts.again(_connection._Status(code, details, hint)), conn.leader
+        finally:
+            conn.close()
+
+    def test_ambiguous_failures_retry_only_idempotent_rpcs(self):
+        closed = (grpc.StatusCode.UNAVAILABLE, "Socket closed")
+        self.assertEqual(self.again("RendezvousService.KvSet", *closed), (True, "127.0.0.1:2"))
+        # Not idempotent: not sent again, but the next call starts at the next replica.
+        for method in ("RendezvousService.KvAdd", "RendezvousService.KvCompareAndSet",
+                       "WorkerService.ReportError"):
+            self.assertEqual(self.again(method, *closed), (False, "127.0.0.1:2"), method)
+
+    def test_nothing_done_retries_every_rpc(self):
+        for details in ("failed to connect to all addresses; last error: UNKNOWN: "
+                        "ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused",
+                        "not the leader: no leader is known (election in progress)"):
+            self.assertEqual(self.again("RendezvousService.KvAdd", grpc.StatusCode.UNAVAILABLE,
+                                        details), (True, "127.0.0.1:2"))
+
+    def test_a_hint_is_followed_and_other_codes_end_the_call(self):
+        self.assertEqual(self.again("RendezvousService.KvAdd", grpc.StatusCode.UNAVAILABLE,
+                                    "not the leader: the leader is 127.0.0.1:9", "127.0.0.1:9"),
+                         (True, "127.0.0.1:9"))
+        self.assertEqual(self.again("JobService.GetJob", grpc.StatusCode.NOT_FOUND, "no job"),
+                         (False, "127.0.0.1:1"))
+        # A replica that held the call for the whole deadline: later calls start elsewhere.
+        self.assertEqual(self.again("JobService.GetJob", grpc.StatusCode.DEADLINE_EXCEEDED, ""),
+                         (False, "127.0.0.1:2"))
+        # CoordinatorService is served by every replica: the leader guess stays.
+        self.assertEqual(self.again("CoordinatorService.GetStatus", grpc.StatusCode.UNAVAILABLE,
+                                    "Socket closed"), (True, "127.0.0.1:1"))
 
 
 class OptionsTest(unittest.TestCase):
