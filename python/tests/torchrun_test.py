@@ -146,24 +146,26 @@ class TorchrunTest(unittest.TestCase):
         self.assertEqual(len(lost), 1, members)
         self.assertEqual(lost[0].loss_reason, session_pb2.LOSS_REASON_STREAM_BROKEN)
 
-    def test_a_late_agent_is_admitted_at_the_next_round(self):
-        for i in range(2):
-            self.agent("grow", "agent%d" % i, "2:3", 60)
+    def test_a_fourth_agent_is_admitted_at_the_next_round(self):
+        for i in range(3):
+            self.agent("grow", "agent%d" % i, "2:4", 60)
         wait_for(lambda: [s for s in all_steps(self.agents) if s[0] >= 10], 240,
-                 "step 10 with 2 agents\n" + self.describe())
-        self.assertTrue(all(s[2] == 2 for s in all_steps(self.agents)))
-        self.agent("grow", "agent-late", "2:3", 60)
-        wait_for(lambda: [s for s in all_steps(self.agents) if s[2] == 3], 240,
-                 "a step with world 3\n" + self.describe())
+                 "step 10 with 3 agents\n" + self.describe())
+        self.assertTrue(all(s[2] == 3 for s in all_steps(self.agents)))
+        self.agent("grow", "agent-late", "2:4", 60)
+        wait_for(lambda: [s for s in all_steps(self.agents) if s[2] == 4], 240,
+                 "a step with world 4\n" + self.describe())
         for a in self.agents:
             a.proc.wait(240)
-        self.assertEqual([a.proc.returncode for a in self.agents], [0, 0, 0], self.describe())
+        self.assertEqual([a.proc.returncode for a in self.agents], [0] * 4, self.describe())
         self.assertEqual(max(s[0] for s in all_steps(self.agents)), 60)
         with shardline.Client(self.coord.address) as c:
-            self.assertEqual(c.get_job("grow").phase, job_pb2.JOB_PHASE_COMPLETED)
+            job = c.get_job("grow")
             members = c.members("grow").members
-        # Three agents, each of which left when its workers finished.
-        self.assertEqual(len(members), 3, members)
+        self.assertEqual(job.phase, job_pb2.JOB_PHASE_COMPLETED, job.phase_reason)
+        self.assertEqual(job.world_size, 4)
+        # Four agents, each of which left when its workers finished.
+        self.assertEqual(len(members), 4, members)
         self.assertTrue(all(m.state == session_pb2.MEMBER_STATE_LEFT for m in members), members)
 
     def test_a_node_declared_lost_is_fenced_and_rejoins_a_later_round(self):
