@@ -328,7 +328,7 @@ class Coordinator {
       UnusableCheckpointMarks* marks = nullptr);
 
   // Drains `worker_id` (coordinator.proto DrainWorker): a rank of a RUNNING
-  // job with a checkpoint directory is marked draining and every rank is
+  // GPT job with a checkpoint directory is marked draining and every rank is
   // pushed CheckpointAtStep(job step + 1); the next checkpoint that commits
   // (NoteCheckpointCommitted) then takes it out. Anything else is taken out
   // at once: LEFT with detail "drained: <reason>", STOP pushed to it, and,

@@ -263,8 +263,10 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
     }
   }
   m.member.set_drain_reason(reason.empty() ? std::string("operator request") : reason);
+  // An external job saves by itself (no BeginCheckpoint): drained at once.
   const bool graceful = m.member.state() == v1::MEMBER_STATE_ACTIVE &&
                         job->job.phase() == v1::JOB_PHASE_RUNNING &&
+                        !spec::IsExternalJob(job->job.spec()) &&
                         !job->job.spec().checkpoint().directory().empty();
   if (!graceful) {
     RemoveDrainedLocked(*job, m, ended);

@@ -432,6 +432,25 @@ TEST_F(ExternalJobTest, CompleteJobRefusals) {
   EXPECT_THAT(std::string(on_cancelled.status().message()), HasSubstr("CANCELLED"));
 }
 
+// An external job saves by itself: a drain takes the rank out at once
+// (no checkpoint to wait for), even with a checkpoint directory.
+TEST_F(ExternalJobTest, DrainTakesARankOutAtOnce) {
+  v1::JobSpec spec = ExternalSpec(1, 2);
+  spec.mutable_checkpoint()->set_directory("/shared/ckpt");
+  Create(spec);
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  std::vector<GenerationEnded> ended;
+  auto drained = coordinator_->DrainWorker("job", "b", "host maintenance", false, &ended);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->state(), v1::MEMBER_STATE_LEFT);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
+  ASSERT_TRUE(Join("a").ok());
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(Job().world_size(), 1u);
+}
+
 TEST_F(ExternalJobTest, JoinTimeoutMessageCountsNodes) {
   Create(ExternalSpec(3, 4));
   ASSERT_TRUE(Join("a").ok());

@@ -234,6 +234,18 @@ bool IsFrameworkChar(char c) {
 // a framework name, elastic as for GPT jobs with min_workers >= 1 nodes,
 // checkpoint without a schedule.
 absl::StatusOr<v1::JobSpec> ResolveExternalSpec(const v1::JobSpec& in) {
+  // The framework first: it is what the spec says it is.
+  const std::string& framework = in.external().framework();
+  if (framework.size() > kMaxFrameworkBytes) {
+    return Invalid(absl::StrCat("spec.external.framework='", AbbreviateValue(framework), "' is ",
+                                framework.size(), " bytes; give 0..", kMaxFrameworkBytes,
+                                " bytes of [a-z0-9._-], e.g. torchrun"));
+  }
+  if (!std::all_of(framework.begin(), framework.end(), IsFrameworkChar)) {
+    return Invalid(absl::StrCat("spec.external.framework='", AbbreviateValue(framework),
+                                "' is invalid; give 0..", kMaxFrameworkBytes,
+                                " bytes of [a-z0-9._-], e.g. torchrun"));
+  }
   const std::pair<const char*, bool> gpt_sections[] = {{"model", in.has_model()},
                                                        {"parallel", in.has_parallel()},
                                                        {"training", in.has_training()},
@@ -245,13 +257,6 @@ absl::StatusOr<v1::JobSpec> ResolveExternalSpec(const v1::JobSpec& in) {
           "workload brings its own model, layout, training loop and data; remove spec.", field,
           ", or remove spec.external for a GPT training job"));
     }
-  }
-  const std::string& framework = in.external().framework();
-  if (framework.size() > kMaxFrameworkBytes ||
-      !std::all_of(framework.begin(), framework.end(), IsFrameworkChar)) {
-    return Invalid(absl::StrCat("spec.external.framework='", AbbreviateValue(framework),
-                                "' is invalid; give 0..", kMaxFrameworkBytes,
-                                " bytes of [a-z0-9._-], e.g. torchrun"));
   }
   v1::JobSpec spec = in;
   const v1::CheckpointConfig& c = spec.checkpoint();
