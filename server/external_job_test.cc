@@ -17,8 +17,8 @@
 namespace shardline::server {
 namespace {
 
-using ::testing::HasSubstr;
 using google::protobuf::util::TimeUtil;
+using ::testing::HasSubstr;
 
 // min..max nodes, heartbeat 1 s / timeout 5 s, last call 2 s, join
 // timeout 60 s.
@@ -94,8 +94,7 @@ class ExternalJobTest : public ::testing::Test {
   }
 
   absl::StatusOr<v1::Job> Complete(const std::string& worker, uint64_t generation,
-                                   const std::string& reason,
-                                   std::vector<GenerationEnded>* ended) {
+                                   const std::string& reason, std::vector<GenerationEnded>* ended) {
     v1::CompleteJobRequest r;
     *r.mutable_fence() = Fence(worker, generation);
     r.set_reason(reason);
@@ -195,7 +194,7 @@ TEST_F(ExternalJobTest, RecoveryAfterAStreamBreakFormsAsSoonAsSurvivorsRejoin) {
   EXPECT_EQ(Job().generation(), 2u);
   ASSERT_TRUE(Join("a").ok());
   EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);  // c is still FENCED
-  ASSERT_TRUE(Join("c").ok());  // every survivor is back: no last call
+  ASSERT_TRUE(Join("c").ok());                         // every survivor is back: no last call
   const v1::Job job = Job();
   EXPECT_EQ(job.phase(), v1::JOB_PHASE_RUNNING);
   EXPECT_EQ(job.generation(), 2u);

@@ -304,7 +304,6 @@ TEST(CheckTextTest, LengthControlCharactersAndRequired) {
   EXPECT_FALSE(IsDisplayText("tab\there"));
 }
 
-
 // --- External jobs (job.proto ExternalWorkload) ---------------------------
 
 v1::JobSpec External() {
