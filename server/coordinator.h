@@ -145,7 +145,9 @@ class Coordinator {
   // its error. "Success" is a heartbeat from the worker, ACTIVE in its
   // generation, reporting a step beyond the one the generation started from
   // (it trained): it resets the count. Earlier states (READY, RESTORING)
-  // do not, since what fails every time may come after them.
+  // do not, since what fails every time may come after them. In an external
+  // job (no steps of its own to judge by) any heartbeat of the rank in its
+  // generation counts as success.
   // Generations that end for another reason neither count nor reset.
   static constexpr int kMaxConsecutiveErrorGenerations = 3;
 
