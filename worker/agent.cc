@@ -232,6 +232,22 @@ absl::Status WorkerAgent::Connect() {
     return absl::FailedPreconditionError(
         absl::StrCat("job '", options_.job_id, "' is ", v1::JobPhase_Name(joined->phase())));
   }
+  if (joined->spec().has_external()) {
+    // Not ours to train (job.proto ExternalWorkload): take the join back at
+    // once so this process never counts as one of the workload's nodes.
+    v1::LeaveJobRequest leave;
+    {
+      absl::MutexLock lock(&mu_);
+      *leave.mutable_fence() = FenceLocked();
+    }
+    leave.set_reason("shardline-worker trains GPT jobs only; this job is an external workload");
+    workers_->LeaveJob(leave).IgnoreError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", options_.job_id, "' is an external workload (spec.external, framework '",
+        joined->spec().external().framework(),
+        "'): shardline-worker trains GPT jobs only; run the workload's own launcher (for "
+        "torchrun: python3 -m shardline.torchrun, README 'PyTorch under torchrun')"));
+  }
   {
     absl::MutexLock lock(&mu_);
     connected_ = true;

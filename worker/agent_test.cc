@@ -173,6 +173,20 @@ TEST_F(AgentTest, ConnectTwiceFails) {
   EXPECT_EQ(workers_->CallCount("JoinJob"), 1);
 }
 
+TEST_F(AgentTest, AnExternalJobIsRefusedAndTheJoinTakenBack) {
+  v1::JobSpec spec;
+  spec.mutable_external()->set_framework("torchrun");
+  workers_->SetSpec(spec);
+  std::unique_ptr<WorkerAgent> agent = Agent(Options());
+  ASSERT_NE(agent, nullptr);
+  const absl::Status s = agent->Connect();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("job 'job' is an external workload (spec.external, "
+                                     "framework 'torchrun'): shardline-worker trains GPT jobs"));
+  // No session, no heartbeat: the join is left at once.
+  EXPECT_THAT(workers_->CallNames(), ElementsAre("JoinJob", "LeaveJob"));
+}
+
 TEST_F(AgentTest, CreateChecksItsOptions) {
   WorkerAgentOptions o = Options();
   o.job_id = "";
