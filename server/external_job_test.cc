@@ -12,6 +12,7 @@
 #include "google/protobuf/util/time_util.h"
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
+#include "server/coordinator_test_fixture.h"
 #include "server/state_store.h"
 
 namespace shardline::server {
@@ -36,91 +37,7 @@ v1::JobSpec ExternalSpec(uint32_t min_workers, uint32_t max_workers) {
   return spec;
 }
 
-class ExternalJobTest : public ::testing::Test {
- protected:
-  ExternalJobTest() : store_(NewMemoryStore()) { Restart(); }
-
-  void Restart() {
-    coordinator_ = std::make_unique<Coordinator>(&clock_, store_.get());
-    ASSERT_TRUE(coordinator_->Recover().ok());
-  }
-
-  void Create(const v1::JobSpec& spec) {
-    v1::CreateJobRequest r;
-    r.set_job_id("job");
-    *r.mutable_spec() = spec;
-    auto created = coordinator_->CreateJob(r);
-    ASSERT_TRUE(created.ok()) << created.status();
-  }
-
-  static v1::WorkerIdentity Id(const std::string& worker, uint64_t incarnation = 7) {
-    v1::WorkerIdentity w;
-    w.set_job_id("job");
-    w.set_worker_id(worker);
-    w.set_incarnation(incarnation);
-    return w;
-  }
-
-  static v1::Fence Fence(const std::string& worker, uint64_t generation) {
-    v1::Fence f;
-    *f.mutable_worker() = Id(worker);
-    f.set_generation(generation);
-    return f;
-  }
-
-  absl::StatusOr<v1::JoinJobResponse> Join(const std::string& worker) {
-    v1::JoinJobRequest r;
-    *r.mutable_worker() = Id(worker);
-    r.set_host("host-" + worker);
-    r.set_device("cpu");
-    return coordinator_->JoinJob(r);
-  }
-
-  absl::StatusOr<v1::HeartbeatResponse> Beat(const std::string& worker, uint64_t generation,
-                                             uint64_t step) {
-    v1::HeartbeatRequest r;
-    *r.mutable_fence() = Fence(worker, generation);
-    r.set_step(step);
-    r.set_state(v1::WORKER_STATE_TRAINING);
-    return coordinator_->Heartbeat(r);
-  }
-
-  absl::Status Leave(const std::string& worker, uint64_t generation,
-                     std::vector<GenerationEnded>* ended) {
-    v1::LeaveJobRequest r;
-    *r.mutable_fence() = Fence(worker, generation);
-    r.set_reason("workload exited 0");
-    return coordinator_->LeaveJob(r, ended);
-  }
-
-  absl::StatusOr<v1::Job> Complete(const std::string& worker, uint64_t generation,
-                                   const std::string& reason, std::vector<GenerationEnded>* ended) {
-    v1::CompleteJobRequest r;
-    *r.mutable_fence() = Fence(worker, generation);
-    r.set_reason(reason);
-    return coordinator_->CompleteJob(r, ended);
-  }
-
-  v1::Job Job() { return *coordinator_->GetJob("job"); }
-
-  std::map<std::string, v1::Member> Members() {
-    std::map<std::string, v1::Member> out;
-    const absl::StatusOr<v1::ListMembersResponse> list = coordinator_->ListMembers("job");
-    EXPECT_TRUE(list.ok()) << list.status();
-    for (const v1::Member& m : list->members()) out[m.worker_id()] = m;
-    return out;
-  }
-
-  v1::Assignment AssignmentOf(const std::string& worker, uint64_t generation) {
-    auto a = coordinator_->GetAssignment(Fence(worker, generation), false, absl::Now());
-    EXPECT_TRUE(a.ok()) << worker << ": " << a.status();
-    return a.ok() ? *a : v1::Assignment{};
-  }
-
-  FakeClock clock_;
-  std::unique_ptr<StateStore> store_;
-  std::unique_ptr<Coordinator> coordinator_;
-};
+class ExternalJobTest : public CoordinatorFixture {};
 
 TEST_F(ExternalJobTest, FormsAtMaxAtOnceAndAtMinAfterTheLastCall) {
   Create(ExternalSpec(2, 3));
