@@ -24,6 +24,9 @@ PACKAGES=(
   iproute2                 # ip netns: deploy/netns/, tests/netns_test.sh
   shellcheck               # tests/deploy_files_test.sh lints deploy/ scripts
   python3-yaml             # tests/deploy_files_test.sh parses deploy/k8s/
+  python3-grpcio python3-protobuf  # python/shardline, the Python client (stubs: protobuf-compiler-grpc)
+  python3-venv python3-pip python3-setuptools python3-wheel  # pip install ./python (python/tests/pip_install_test.sh)
+  python3-torch            # torch 1.13: the torch.distributed Store and torchrun backend (python/shardline/torch), and bench/run.sh
   etcd-server etcd-client  # etcd 3.4: the coordinator's replicated state (--state etcd://),
                            # which its tests start as 3-member clusters on loopback
 )
@@ -31,7 +34,6 @@ PACKAGES=(
 # Only for bench/run.sh (the tools users would pick instead, and plotting);
 # the build and the tests never need them.
 BENCH_PACKAGES=(
-  python3-torch            # torch 1.13: torch.distributed gloo, TCPStore, torchrun, the CPU GPT
   python3-numpy
   python3-matplotlib       # docs/plots/*.png
 )
