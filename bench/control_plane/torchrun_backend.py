@@ -72,15 +72,14 @@ def steps(logs):
 
 
 def ensure_stubs():
-    """python/shardline/v1/*_pb2*.py, generated from proto/ (python/generate_stubs.sh)."""
+    """Generates python/shardline/v1/*_pb2*.py from proto/ (python/generate_stubs.sh)."""
     gen = os.path.join(PYDIR, "generate_stubs.sh")
     if not os.path.exists(os.path.join(PYDIR, "shardline", "torchrun.py")):
         raise RuntimeError("python/shardline/torchrun.py is missing (the shardline package)")
-    if not os.path.exists(os.path.join(PYDIR, "shardline", "v1", "coordinator_pb2_grpc.py")):
-        if not os.path.exists(gen):
-            raise RuntimeError("python/generate_stubs.sh is missing")
-        subprocess.run([gen], check=True, cwd=_common.REPO, stdout=subprocess.DEVNULL,
-                       timeout=300)
+    if not os.path.exists(gen):
+        raise RuntimeError("python/generate_stubs.sh is missing")
+    # Every time: stubs left from an older proto/ would be wrong, and it takes 0.1 s.
+    subprocess.run([gen], check=True, cwd=_common.REPO, stdout=subprocess.DEVNULL, timeout=300)
 
 
 class Run:
