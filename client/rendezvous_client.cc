@@ -73,6 +73,15 @@ absl::StatusOr<v1::KvDeleteResponse> GrpcRendezvousClient::KvDelete(
       });
 }
 
+absl::StatusOr<v1::KvNumKeysResponse> GrpcRendezvousClient::KvNumKeys(
+    const v1::KvNumKeysRequest& request, CancelToken* cancel) {
+  return internal::UnaryCall<v1::KvNumKeysResponse>(
+      *stubs_, options_, "KvNumKeys", options_.timeout, cancel, internal::Retry::kIdempotent,
+      [&](auto* stub, auto* context, auto* response) {
+        return stub->KvNumKeys(context, request, response);
+      });
+}
+
 absl::StatusOr<v1::BarrierResponse> GrpcRendezvousClient::Barrier(const v1::BarrierRequest& request,
                                                                   CancelToken* cancel) {
   return internal::UnaryCall<v1::BarrierResponse>(

@@ -24,7 +24,7 @@
 // is over; also ends every wait blocked in it) and FAILED_PRECONDITION (the
 // job is finished).
 //
-// Retries: KvSet, KvGet, KvWait, KvDelete and Barrier are safe to repeat;
+// Retries: KvSet, KvGet, KvWait, KvDelete, KvNumKeys and Barrier are safe to repeat;
 // KvAdd and KvCompareAndSet are not. The gRPC implementation retries only
 // between coordinator replicas, within the call's deadline
 // (client/grpc_call.h: a follower's leader hint for every call, an ambiguous
@@ -86,6 +86,10 @@ class RendezvousClient {
   // Deletes scope/key; a missing key is not an error.
   virtual absl::StatusOr<v1::KvDeleteResponse> KvDelete(const v1::KvDeleteRequest& request,
                                                         CancelToken* cancel) = 0;
+  // Counts the keys set in (fence.generation, scope), counters included
+  // (torch's Store.num_keys). Deadline: --timeout.
+  virtual absl::StatusOr<v1::KvNumKeysResponse> KvNumKeys(const v1::KvNumKeysRequest& request,
+                                                          CancelToken* cancel) = 0;
   // Waits up to request.timeout until `participants` distinct workers have
   // arrived at barrier (scope, name). Errors: FAILED_PRECONDITION also when
   // participants differs from earlier arrivals; DEADLINE_EXCEEDED (fewer
@@ -116,6 +120,8 @@ class GrpcRendezvousClient final : public RendezvousClient {
                                             CancelToken* cancel) override;
   absl::StatusOr<v1::KvDeleteResponse> KvDelete(const v1::KvDeleteRequest& request,
                                                 CancelToken* cancel) override;
+  absl::StatusOr<v1::KvNumKeysResponse> KvNumKeys(const v1::KvNumKeysRequest& request,
+                                                  CancelToken* cancel) override;
   absl::StatusOr<v1::BarrierResponse> Barrier(const v1::BarrierRequest& request,
                                               CancelToken* cancel) override;
 

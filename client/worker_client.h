@@ -19,7 +19,7 @@
 // generation is over, re-join) and FAILED_PRECONDITION (the job is
 // COMPLETED, FAILED or CANCELLED: stop).
 //
-// Retries: JoinJob, Heartbeat, GetAssignment and LeaveJob are safe to
+// Retries: JoinJob, Heartbeat, GetAssignment, LeaveJob and CompleteJob are safe to
 // repeat; ReportError is not (a repeat after the generation changed is
 // ABORTED, which asks for the same action). The gRPC implementation retries
 // only between coordinator replicas, within the call's deadline
@@ -123,6 +123,14 @@ class WorkerClient {
   // twice is harmless; a finished job answers OK; ABORTED only for a
   // replaced incarnation.
   virtual absl::StatusOr<v1::LeaveJobResponse> LeaveJob(const v1::LeaveJobRequest& request) = 0;
+
+  // Sends CompleteJob (fence, reason): marks an external job COMPLETED
+  // (torchrun's set_closed); returns the job. Deadline: --timeout. Safe to
+  // repeat (a COMPLETED job is returned unchanged). Errors:
+  // INVALID_ARGUMENT (reason over 1024 bytes); FAILED_PRECONDITION (a GPT
+  // job, or FAILED / CANCELLED); ABORTED (this incarnation is LOST, LEFT or
+  // replaced).
+  virtual absl::StatusOr<v1::Job> CompleteJob(const v1::CompleteJobRequest& request) = 0;
 };
 
 // WorkerClient over gRPC: every call carries its token and deadline
@@ -146,6 +154,7 @@ class GrpcWorkerClient final : public WorkerClient {
   absl::StatusOr<v1::ReportErrorResponse> ReportError(
       const v1::ReportErrorRequest& request) override;
   absl::StatusOr<v1::LeaveJobResponse> LeaveJob(const v1::LeaveJobRequest& request) override;
+  absl::StatusOr<v1::Job> CompleteJob(const v1::CompleteJobRequest& request) override;
 
  private:
   static ConnectionOptions WithMemberCredential(ConnectionOptions options);

@@ -26,10 +26,10 @@ TEST(ApiTest, ServicesHaveTheDesignedRpcs) {
                                    "DrainWorker", "GetPlan", "GetShardOwner", "WatchJob"}));
   EXPECT_EQ(Methods("WorkerService"),
             (std::set<std::string>{"JoinJob", "Session", "GetAssignment", "Heartbeat",
-                                   "ReportError", "LeaveJob"}));
+                                   "ReportError", "LeaveJob", "CompleteJob"}));
   EXPECT_EQ(Methods("RendezvousService"),
             (std::set<std::string>{"KvSet", "KvGet", "KvAdd", "KvCompareAndSet", "KvWait",
-                                   "KvDelete", "Barrier"}));
+                                   "KvDelete", "KvNumKeys", "Barrier"}));
   EXPECT_EQ(Methods("CheckpointService"),
             (std::set<std::string>{"BeginCheckpoint", "ReportShard", "CommitCheckpoint",
                                    "AbortCheckpoint", "ListCheckpoints", "GetManifest"}));

@@ -154,6 +154,9 @@ absl::StatusOr<v1::BeginCheckpointResponse> CheckpointFlow::Begin(const FencedWo
   absl::StatusOr<v1::Job> job = coordinator_->GetJob(caller.job_id);
   if (!job.ok()) return job.status();
   const v1::JobSpec& spec = job->spec();
+  // An external workload saves by itself: there is no plan to check a save
+  // against (job.proto ExternalWorkload).
+  if (spec::IsExternalJob(spec)) return NoPlanOfExternalJob(caller.job_id);
   if (step > spec.training().train_steps()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step=", step, " is beyond spec.training.train_steps=", spec.training().train_steps()));

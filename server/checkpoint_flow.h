@@ -131,6 +131,7 @@ class CheckpointFlow {
   //     job's plan is not of the caller's generation.
   //   then CheckpointRegistry::Begin's, with expected_tensors the plan's
   //   (checkpoint::CheckpointTensors): the commit needs exactly those.
+  // An external job (spec.external): FailedPrecondition, NoPlanOfExternalJob.
   absl::StatusOr<v1::BeginCheckpointResponse> Begin(const FencedWorker& caller, uint64_t step);
 
   // CheckpointService.ReportShard for `caller`: records the report (the

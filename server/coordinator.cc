@@ -132,6 +132,8 @@ absl::Status Coordinator::Recover() {
     // RUNNING, and COMPLETED (which only a RUNNING job becomes): the plan of
     // the last formed generation, so topology and shard-owner queries keep
     // answering after a restart.
+    // An external job has no plan: its stored world_size is its formation.
+    if (spec::IsExternalJob(job->job.spec())) continue;
     if (job->job.phase() == v1::JOB_PHASE_RUNNING ||
         (job->job.phase() == v1::JOB_PHASE_COMPLETED && job->job.dp() > 0)) {
       absl::StatusOr<plan::Plan> p = spec::PlanGeneration(job->job.spec(), job->job.dp());
@@ -402,10 +404,17 @@ absl::StatusOr<v1::ListMembersResponse> Coordinator::ListMembers(const std::stri
   return response;
 }
 
+absl::Status NoPlanOfExternalJob(const std::string& job_id) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job ", job_id, " is an external job (spec.external): it has no plan; its ranks are "
+      "0..world_size-1 of the workload's own (see shardctl members ", job_id, ")"));
+}
+
 absl::StatusOr<v1::Plan> Coordinator::GetPlan(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   const JobRecord* job = FindJobLocked(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (spec::IsExternalJob(job->job.spec())) return NoPlanOfExternalJob(job_id);
   if (!job->plan.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job_id, "' has no formed generation (phase ", PhaseName(job->job.phase()),
@@ -419,6 +428,7 @@ absl::StatusOr<v1::GetShardOwnerResponse> Coordinator::GetShardOwner(
   absl::MutexLock lock(&mu_);
   const JobRecord* job = FindJobLocked(request.job_id());
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", request.job_id(), "'"));
+  if (spec::IsExternalJob(job->job.spec())) return NoPlanOfExternalJob(request.job_id());
   if (!job->plan.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", request.job_id(), "' has no formed generation yet; shard owners exist once it runs"));

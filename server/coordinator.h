@@ -128,6 +128,11 @@ struct GenerationEnded {
   std::string reason;
 };
 
+// FailedPrecondition "job <id> is an external job (spec.external): it has no
+// plan; ..." : GetPlan's, GetShardOwner's and BeginCheckpoint's answer for
+// an external job (job.proto ExternalWorkload).
+absl::Status NoPlanOfExternalJob(const std::string& job_id);
+
 class Coordinator {
  public:
   // A worker incarnation whose own ReportError ends this many consecutive
@@ -229,7 +234,11 @@ class Coordinator {
   // generation ends (returned by the next Tick()). A repeated join of the
   // current generation by the same incarnation changes nothing. A worker
   // joining a RUNNING job becomes a SPARE of the current generation (the job
-  // grows at the next committed checkpoint, see NoteCheckpointCommitted).
+  // grows at the next committed checkpoint, see NoteCheckpointCommitted),
+  // except in an external job whose world_size is below max_workers: the
+  // generation ends at once (FORMATION_REASON_GROW, "grow: '<worker>'
+  // joined; world N -> N+1", returned by the next Tick()) and the worker is
+  // JOINING in the next one.
   // Unavailable: the join could not be recorded in the state store.
   // Credentials (`by`, see UseCredentials): a new incarnation joining with
   // the job token gets a fresh member_token in the response (only its hash
@@ -337,7 +346,29 @@ class Coordinator {
   // Graceful leave; an ACTIVE member's leave ends the generation. The fence's
   // generation is not checked. NotFound: no job or worker; Aborted: a
   // replaced incarnation.
+  // An external job (job.proto ExternalWorkload) is different: an ACTIVE
+  // member's leave does not end the generation; once no member of the
+  // RUNNING generation is ACTIVE any more (every rank left) the job is
+  // COMPLETED ("all N ranks of generation G left"), every live member (the
+  // spares) gets STOP and the generation goes to `ended` (its rendezvous
+  // calls end). A LOST rank still ends the generation.
   absl::Status LeaveJob(const v1::LeaveJobRequest& request, std::vector<GenerationEnded>* ended);
+
+  // Completes an external job on a member's word (coordinator.proto
+  // CompleteJob, torchrun's set_closed): COMPLETED with phase_reason
+  // "completed by '<worker_id>'[: <reason>]", STOP to every live member,
+  // PhaseChanged emitted, the current generation to `ended` (the adapter
+  // ends its rendezvous calls: ABORTED). The fence's generation is not
+  // checked; the caller may be JOINING, ACTIVE, SPARE or FENCED. A
+  // COMPLETED job is returned unchanged. Errors:
+  //   InvalidArgument: fence.worker incomplete; reason over kMaxReasonBytes
+  //     or with control characters.
+  //   NotFound: no job, or the worker never joined it.
+  //   FailedPrecondition: a GPT job (it completes at train_steps), or the
+  //     job is FAILED or CANCELLED.
+  //   Aborted: the caller's incarnation was replaced, or it is LOST or LEFT.
+  absl::StatusOr<v1::Job> CompleteJob(const v1::CompleteJobRequest& request,
+                                      std::vector<GenerationEnded>* ended);
 
   // Periodic work at clock->Now(): heartbeat timeouts, last-call windows,
   // join timeouts. Call every ~100 ms (the server does; tests call it after

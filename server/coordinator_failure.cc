@@ -78,12 +78,14 @@ void Coordinator::ExcludeMemberLocked(JobRecord& job, MemberRecord& m,
   for (const auto& [id, other] : job.members) {
     if (id != worker_id && IsLive(other.member.state())) ++others;
   }
-  if (!spec::ChooseDp(job.job.spec(), others).has_value()) {
+  if (!spec::ChooseWorldSize(job.job.spec(), others).has_value()) {
     SetPhaseLocked(job, v1::JOB_PHASE_FAILED,
                    absl::StrCat("worker '", worker_id, "' was ", detail, "; the other ", others,
                                 " workers are fewer than the job needs (min_workers=",
                                 job.job.spec().elastic().min_workers(),
-                                ", tp*pp and a dp dividing the global batch)"));
+                                spec::IsExternalJob(job.job.spec())
+                                    ? ")"
+                                    : ", tp*pp and a dp dividing the global batch)"));
     StopAllLocked(job);
     PersistAllMembersLocked(job).IgnoreError();
   }

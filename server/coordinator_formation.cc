@@ -67,8 +67,8 @@ void Coordinator::MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* 
     anyone_fenced |= m.member.state() == v1::MEMBER_STATE_FENCED;
   }
   const int count = static_cast<int>(candidates.size());
-  const std::optional<int> dp = spec::ChooseDp(job.job.spec(), count);
-  if (dp.has_value()) {
+  const std::optional<int> world = spec::ChooseWorldSize(job.job.spec(), count);
+  if (world.has_value()) {
     if (!job.last_call_deadline.has_value()) {
       job.last_call_deadline = now + FromProto(elastic.last_call());
     }
@@ -83,12 +83,15 @@ void Coordinator::MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* 
   job.last_call_deadline.reset();
   if (now - job.waiting_since > FromProto(elastic.join_timeout())) {
     const uint32_t model_parallel = job.job.spec().parallel().tp() * job.job.spec().parallel().pp();
+    const bool external = spec::IsExternalJob(job.job.spec());
     SetPhaseLocked(
         job, v1::JOB_PHASE_FAILED,
-        absl::StrCat("only ", count, " workers joined within join_timeout ",
+        absl::StrCat("only ", count, external ? " nodes" : " workers", " joined within join_timeout ",
                      TimeUtil::ToString(elastic.join_timeout()), "; the job needs min_workers=",
-                     elastic.min_workers(), " (tp*pp=", model_parallel,
-                     ", and a dp dividing the global batch)",
+                     elastic.min_workers(),
+                     external ? " (nodes of the external job)"
+                              : absl::StrCat(" (tp*pp=", model_parallel,
+                                             ", and a dp dividing the global batch)"),
                      // What emptied it: e.g. a worker that left because its
                      // host could not hold its rank.
                      phase == v1::JOB_PHASE_RECOVERING && !job.last_end_reason.empty()
@@ -158,7 +161,8 @@ void Coordinator::FormGenerationLocked(JobRecord& job, std::vector<MemberRecord*
   }
   SetPhaseLocked(job, v1::JOB_PHASE_RUNNING,
                  absl::StrCat("generation ", job.job.generation(), " formed: world ", world,
-                              ", dp ", dp, ", ", job.job.num_spares(), " spares"));
+                              job.plan.has_value() ? absl::StrCat(", dp ", dp) : "",
+                              ", ", job.job.num_spares(), " spares"));
   EmitLocked(job, std::move(e));
   for (MemberRecord* m : candidates) {
     v1::SessionMessage msg;
@@ -177,11 +181,21 @@ void Coordinator::FormGenerationLocked(JobRecord& job, std::vector<MemberRecord*
 
 absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord& job,
                                                                 const MemberRecord& m) const {
-  if (!job.plan.has_value() || m.member.generation() != job.job.generation() ||
+  if (!job.formed() || m.member.generation() != job.job.generation() ||
       (m.member.state() != v1::MEMBER_STATE_ACTIVE && m.member.state() != v1::MEMBER_STATE_SPARE)) {
     return absl::FailedPreconditionError("no assignment yet");
   }
   v1::Assignment a;
+  if (!job.plan.has_value()) {  // an external job: generation, rank, world_size
+    if (m.member.state() == v1::MEMBER_STATE_ACTIVE) {
+      a.set_rank(m.member.rank());
+    } else {
+      a.set_spare(true);
+    }
+    a.set_world_size(job.job.world_size());
+    a.set_generation(job.job.generation());
+    return a;
+  }
   const v1::JobSpec& spec = job.job.spec();
   if (m.member.state() == v1::MEMBER_STATE_ACTIVE) {
     a = spec::AssignmentFor(*job.plan, job.plan_groups, static_cast<int>(m.member.rank()));
@@ -201,7 +215,8 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord&
 
 void Coordinator::MaybeGrowLocked(JobRecord& job, const v1::CheckpointRef& ref,
                                   std::vector<GenerationEnded>* ended) {
-  if (job.job.phase() != v1::JOB_PHASE_RUNNING) return;
+  // An external job grows when a member joins (JoinJob), not here.
+  if (job.job.phase() != v1::JOB_PHASE_RUNNING || !job.plan.has_value()) return;
   // The last step: the ranks are about to finish; a restart would only redo it.
   if (ref.step() >= job.job.spec().training().train_steps()) return;
   int ranks = 0;

@@ -147,9 +147,22 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   m.member.set_detail("");
   m.member.set_generation(job->job.generation());
   m.last_heartbeat = now;  // a fresh heartbeat clock
-  if (job->job.phase() == v1::JOB_PHASE_RUNNING) {
-    // The world is formed: a newcomer waits as a spare; the job grows at
-    // the next committed checkpoint (NoteCheckpointCommitted).
+  const v1::ElasticPolicy& elastic = job->job.spec().elastic();
+  if (job->job.phase() == v1::JOB_PHASE_RUNNING && spec::IsExternalJob(job->job.spec()) &&
+      job->job.world_size() < elastic.max_workers()) {
+    // An external job grows at once (job.proto ExternalWorkload): the
+    // newcomer joins the next generation, which the others re-join.
+    const uint32_t world = job->job.world_size();
+    EndGenerationLocked(*job, v1::FORMATION_REASON_GROW,
+                        absl::StrCat("grow: '", w.worker_id(), "' joined; world ", world, " -> ",
+                                     world + 1),
+                        &ended);
+    m.member.set_generation(job->job.generation());
+    m.member.set_state(v1::MEMBER_STATE_JOINING);
+  } else if (job->job.phase() == v1::JOB_PHASE_RUNNING) {
+    // The world is formed: a newcomer waits as a spare; a GPT job grows at
+    // the next committed checkpoint (NoteCheckpointCommitted), an external
+    // one at max_workers stays as it is.
     m.member.set_state(v1::MEMBER_STATE_SPARE);
     job->job.set_num_spares(job->job.num_spares() + 1);
   } else {
@@ -343,7 +356,29 @@ absl::Status Coordinator::LeaveJob(const v1::LeaveJobRequest& request,
   left->set_reason(request.reason());
   EmitLocked(*job, std::move(e));
   job->UncountSpare(was);
-  if (was == v1::MEMBER_STATE_ACTIVE && job->job.phase() == v1::JOB_PHASE_RUNNING) {
+  if (was == v1::MEMBER_STATE_ACTIVE && job->job.phase() == v1::JOB_PHASE_RUNNING &&
+      spec::IsExternalJob(job->job.spec())) {
+    // The workload ended on this node; the others go on. When the last
+    // rank of the generation has left, the workload ended everywhere.
+    bool ranks_left = false;
+    for (const auto& [id, other] : job->members) {
+      ranks_left |= other.member.state() == v1::MEMBER_STATE_ACTIVE &&
+                    other.member.generation() == job->job.generation();
+    }
+    if (ranks_left) {
+      PersistLocked(*job, {&m}).IgnoreError();
+    } else {
+      SetPhaseLocked(*job, v1::JOB_PHASE_COMPLETED,
+                     absl::StrCat("all ", job->job.world_size(), " ranks of generation ",
+                                  job->job.generation(), " left"));
+      StopAllLocked(*job);
+      PersistAllMembersLocked(*job).IgnoreError();
+      // Rendezvous calls still blocked on the generation end (ABORTED).
+      if (ended != nullptr) {
+        ended->push_back({job->job.job_id(), job->job.generation(), job->job.phase_reason()});
+      }
+    }
+  } else if (was == v1::MEMBER_STATE_ACTIVE && job->job.phase() == v1::JOB_PHASE_RUNNING) {
     EndGenerationLocked(*job, v1::FORMATION_REASON_WORKER_LEFT,
                         absl::StrCat("rank ", rank.value_or(0), " (", w.worker_id(), ") left: ",
                                      request.reason()),
@@ -353,6 +388,65 @@ absl::Status Coordinator::LeaveJob(const v1::LeaveJobRequest& request,
   }
   MaybeFormLocked(*job, ended);
   return absl::OkStatus();
+}
+
+}  // namespace shardline::server
+
+namespace shardline::server {
+
+absl::StatusOr<v1::Job> Coordinator::CompleteJob(const v1::CompleteJobRequest& request,
+                                                 std::vector<GenerationEnded>* ended) {
+  const v1::WorkerIdentity& w = request.fence().worker();
+  if (absl::Status s = ValidIdentity(w, "fence.worker"); !s.ok()) return s;
+  // The reason becomes phase_reason, which `job get` and every STOP print.
+  if (absl::Status s = CheckText("reason", request.reason(), spec::kMaxReasonBytes); !s.ok()) {
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(w.job_id());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", w.job_id(), "'"));
+  if (!spec::IsExternalJob(job->job.spec())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", w.job_id(), "' is a GPT training job: it completes when its ranks finish "
+        "spec.training.train_steps; CompleteJob is for external jobs (spec.external)"));
+  }
+  auto it = job->members.find(w.worker_id());
+  if (it == job->members.end()) {
+    return absl::NotFoundError(absl::StrCat("worker '", w.worker_id(), "' never joined job '",
+                                            w.job_id(), "'; call JoinJob first"));
+  }
+  MemberRecord& m = it->second;
+  if (m.member.incarnation() != w.incarnation()) {
+    return absl::AbortedError(absl::StrCat(
+        "incarnation ", w.incarnation(), " of worker '", w.worker_id(),
+        "' was replaced by incarnation ", m.member.incarnation(), "; this process is fenced off"));
+  }
+  const v1::JobPhase phase = job->job.phase();
+  if (phase == v1::JOB_PHASE_COMPLETED) return job->job;  // unchanged
+  if (IsTerminal(phase)) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", w.job_id(), "' is already ",
+                                                      PhaseName(phase), " (",
+                                                      job->job.phase_reason(),
+                                                      "); it cannot complete"));
+  }
+  const v1::MemberState state = m.member.state();
+  if (state == v1::MEMBER_STATE_LOST || state == v1::MEMBER_STATE_LEFT) {
+    return absl::AbortedError(absl::StrCat(
+        "worker '", w.worker_id(), "' is ", MemberStateName(state),
+        state == v1::MEMBER_STATE_LOST ? absl::StrCat(" (", m.member.detail(), ")") : "",
+        "; only a member of the job can complete it (re-join with JoinJob)"));
+  }
+  m.last_heartbeat = clock_->Now();
+  SetPhaseLocked(*job, v1::JOB_PHASE_COMPLETED,
+                 absl::StrCat("completed by '", w.worker_id(), "'",
+                              request.reason().empty() ? "" : ": ", request.reason()));
+  StopAllLocked(*job);
+  PersistAllMembersLocked(*job).IgnoreError();
+  // Rendezvous calls still blocked on the generation end (ABORTED).
+  if (ended != nullptr) {
+    ended->push_back({job->job.job_id(), job->job.generation(), job->job.phase_reason()});
+  }
+  return job->job;
 }
 
 }  // namespace shardline::server

@@ -27,6 +27,7 @@
 #include "shardline/v1/events.pb.h"
 #include "shardline/v1/job.pb.h"
 #include "shardline/v1/session.pb.h"
+#include "spec/job_spec.h"
 #include "spec/plan_proto.h"
 
 namespace shardline::server {
@@ -127,6 +128,11 @@ struct Coordinator::JobRecord {
   void SetPlan(std::optional<plan::Plan> p) {
     plan = std::move(p);
     plan_groups = plan.has_value() ? spec::GroupsOfPlan(*plan) : spec::PlanGroups{};
+  }
+  // A generation is formed (RUNNING, or a COMPLETED job's last one): a GPT
+  // job has its plan; an external job has none and its world_size says so.
+  bool formed() const {
+    return plan.has_value() || (spec::IsExternalJob(job.spec()) && job.world_size() > 0);
   }
   // A member that was a SPARE no longer is one.
   void UncountSpare(v1::MemberState was) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/coordinator_records.h"
 #include "server/coordinator_validation.h"
+#include "spec/job_spec.h"
 
 namespace shardline::server {
 
@@ -150,7 +151,7 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignment(const v1::Fence& fence
     const v1::MemberState s = member->member.state();
     return job->job.generation() != generation || IsTerminal(job->job.phase()) ||
            member->member.incarnation() != incarnation ||
-           (job->plan.has_value() &&
+           (job->formed() &&
             (s == v1::MEMBER_STATE_ACTIVE || s == v1::MEMBER_STATE_SPARE)) ||
            !IsLive(s);
   };
@@ -193,8 +194,10 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   if (request.state() == v1::WORKER_STATE_UNSPECIFIED) {
     return absl::InvalidArgumentError("state is UNSPECIFIED; say what the worker is doing");
   }
+  // An external job has no train_steps: its step is progress for listings.
+  const bool external = spec::IsExternalJob(job->job.spec());
   const uint64_t steps = job->job.spec().training().train_steps();
-  if (request.step() > steps || request.metrics().step() > steps) {
+  if (!external && (request.step() > steps || request.metrics().step() > steps)) {
     return absl::InvalidArgumentError(absl::StrCat("step=", request.step(), " (metrics.step=",
                                                    request.metrics().step(),
                                                    ") is beyond train_steps=", steps));
@@ -206,7 +209,10 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   // Success is a step done in this generation: states such as READY come
   // before the parts that can fail every time (opening the data, restoring),
   // and a heartbeat racing the worker's error report must not reset it.
-  if (member.state() == v1::MEMBER_STATE_ACTIVE && request.step() > (*m)->generation_start_step) {
+  // An external workload's steps mean nothing here: any heartbeat of a rank
+  // in its generation (the fence checked it) counts as its success.
+  if (member.state() == v1::MEMBER_STATE_ACTIVE &&
+      (external || request.step() > (*m)->generation_start_step)) {
     (*m)->error_streak = 0;
   }
   if (member.state() == v1::MEMBER_STATE_ACTIVE) {
@@ -227,7 +233,8 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   // The job completes when every rank has finished its steps. Only a rank
   // that says DONE can complete it: the O(members) check stays off the
   // ordinary heartbeat's path.
-  bool all_done = job->job.phase() == v1::JOB_PHASE_RUNNING &&
+  // An external job completes by CompleteJob or when its ranks leave.
+  bool all_done = !external && job->job.phase() == v1::JOB_PHASE_RUNNING &&
                   member.state() == v1::MEMBER_STATE_ACTIVE &&
                   member.worker_state() == v1::WORKER_STATE_DONE;
   if (all_done) {

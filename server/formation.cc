@@ -12,11 +12,24 @@ namespace shardline::server {
 
 absl::StatusOr<std::optional<Formation>> FormWorld(
     const v1::JobSpec& spec, const std::vector<FormationCandidate>& candidates) {
-  const std::optional<int> dp = spec::ChooseDp(spec, static_cast<int>(candidates.size()));
-  if (!dp.has_value()) return std::optional<Formation>();
-  absl::StatusOr<plan::Plan> p = spec::PlanGeneration(spec, *dp);
-  if (!p.ok()) {
-    return absl::InternalError(absl::StrCat("cannot plan dp=", *dp, ": ", p.status().message()));
+  std::optional<int> dp;
+  std::optional<plan::Plan> p;
+  size_t world = 0;
+  if (spec::IsExternalJob(spec)) {  // no plan: world = the candidates, capped
+    const std::optional<int> w =
+        spec::ChooseWorldSize(spec, static_cast<int>(candidates.size()));
+    if (!w.has_value()) return std::optional<Formation>();
+    world = static_cast<size_t>(*w);
+  } else {
+    dp = spec::ChooseDp(spec, static_cast<int>(candidates.size()));
+    if (!dp.has_value()) return std::optional<Formation>();
+    absl::StatusOr<plan::Plan> planned = spec::PlanGeneration(spec, *dp);
+    if (!planned.ok()) {
+      return absl::InternalError(
+          absl::StrCat("cannot plan dp=", *dp, ": ", planned.status().message()));
+    }
+    world = static_cast<size_t>(planned->parallel.world_size());
+    p = *std::move(planned);
   }
   // Survivors keep their relative order (their previous ranks), then the
   // others in the order they joined.
@@ -31,13 +44,12 @@ absl::StatusOr<std::optional<Formation>> FormWorld(
     if (a.join_time != b.join_time) return a.join_time < b.join_time;
     return a.worker_id < b.worker_id;
   });
-  const size_t world = static_cast<size_t>(p->parallel.world_size());
   if (world > candidates.size()) {  // spec::ChooseDp never picks such a dp
-    return absl::InternalError(absl::StrCat("cannot plan dp=", *dp, ": world ", world, " > ",
+    return absl::InternalError(absl::StrCat("cannot form world ", world, " of ",
                                             candidates.size(), " candidates"));
   }
   const auto first_spare = order.begin() + static_cast<std::ptrdiff_t>(world);
-  Formation f{*dp, static_cast<int>(world), *std::move(p),
+  Formation f{dp.value_or(0), static_cast<int>(world), std::move(p),
               std::vector<size_t>(order.begin(), first_spare),
               std::vector<size_t>(first_spare, order.end())};
   return std::optional<Formation>(std::move(f));

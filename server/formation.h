@@ -14,6 +14,9 @@
 //     world = dp * tp * pp <= min(candidates, max_workers), world >=
 //     min_workers, dp dividing global_batch / micro_batch, and a schedule
 //     that runs the resulting micro-batch count. No such dp: no formation.
+//   - An external job (spec.external, job.proto ExternalWorkload): no dp and
+//     no plan; world = spec::ChooseWorldSize: min(candidates, max_workers)
+//     once that is >= min_workers.
 //   - Order: candidates that held a rank before (previous_rank >= 0) come
 //     first, by previous rank (survivors keep their relative order); then
 //     the others by join_time, then worker_id. Candidates equal on these
@@ -47,9 +50,10 @@ struct FormationCandidate {
 };
 
 struct Formation {
-  int dp = 0;
-  int world_size = 0;  // dp * tp * pp
-  plan::Plan plan;     // spec::PlanGeneration(spec, dp)
+  int dp = 0;          // 0 for an external job
+  int world_size = 0;  // dp * tp * pp (an external job: its ranks)
+  // spec::PlanGeneration(spec, dp); nullopt for an external job.
+  std::optional<plan::Plan> plan;
   // ranks[r]: the index in the candidates of the one that gets rank r;
   // world_size entries.
   std::vector<size_t> ranks;

@@ -61,9 +61,9 @@ TEST_F(FormationTest, FiveCandidatesForTp1Pp2Min2Max4FormDp2WithOneSpare) {
   const Formation& formation = **f;
   EXPECT_EQ(formation.dp, 2);
   EXPECT_EQ(formation.world_size, 4);
-  EXPECT_EQ(formation.plan.parallel.world_size(), 4);
-  EXPECT_EQ(formation.plan.parallel.dp, 2);
-  EXPECT_EQ(formation.plan.parallel.pp, 2);
+  EXPECT_EQ(formation.plan->parallel.world_size(), 4);
+  EXPECT_EQ(formation.plan->parallel.dp, 2);
+  EXPECT_EQ(formation.plan->parallel.pp, 2);
   // Ranks in join order; the last to join waits as the spare.
   EXPECT_THAT(Ids(candidates, formation.ranks), ElementsAre("w2", "w1", "w4", "w0"));
   EXPECT_THAT(Ids(candidates, formation.spares), ElementsAre("w3"));

@@ -548,6 +548,15 @@ absl::StatusOr<bool> Rendezvous::Delete(absl::string_view job_id, uint64_t gener
   return true;
 }
 
+absl::StatusOr<uint64_t> Rendezvous::NumKeys(absl::string_view job_id, uint64_t generation,
+                                             absl::string_view scope) const {
+  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
+  const Scope* sc = FindScopeLocked(job_id, generation, scope);
+  return sc == nullptr ? uint64_t{0} : static_cast<uint64_t>(sc->kv.size());
+}
+
 absl::StatusOr<uint32_t> Rendezvous::Barrier(absl::string_view job_id, uint64_t generation,
                                              absl::string_view scope, absl::string_view name,
                                              absl::string_view participant_id,

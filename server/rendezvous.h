@@ -216,6 +216,13 @@ class Rendezvous {
                               absl::string_view scope, absl::string_view key)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Counts the keys set in (job_id, generation, scope) now, counters
+  // included (torch's Store.num_keys); 0 for a scope that holds none.
+  // Linearizable with the other calls (taken under the one mutex). Errors:
+  // the common ones only (InvalidArgument scope; Aborted ended generation).
+  absl::StatusOr<uint64_t> NumKeys(absl::string_view job_id, uint64_t generation,
+                                   absl::string_view scope) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Arrives at the single-use barrier `name` as `participant_id` (the
   // caller's worker_id) and blocks until `participants` distinct
   // participants have arrived; returns the caller's 0-based arrival

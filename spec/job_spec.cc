@@ -164,6 +164,122 @@ absl::Status InSpecTerms(const absl::Status& s) {
   return plan::RenameFields(s, *kNames);
 }
 
+
+// Shared by both kinds: <directory>/<job_id>/ on a filesystem the
+// coordinator and every worker see at the same path.
+absl::Status CheckCheckpointDirectory(const std::string& ckpt) {
+  if (!ckpt.empty() && (ckpt.front() != '/' || absl::StrContains(absl::StrCat(ckpt, "/"), "/../") ||
+                        ckpt.size() > kMaxPathBytes || !IsDisplayText(ckpt))) {
+    return Invalid(absl::StrCat("spec.checkpoint.directory='", AbbreviateValue(ckpt),
+                                "' must be an absolute path without '..' or control characters, "
+                                "at most ", kMaxPathBytes, " bytes (the coordinator and every "
+                                "worker use it as given), e.g. /var/lib/shardline/checkpoints"));
+  }
+  return absl::OkStatus();
+}
+
+// Shared by both kinds: elastic's durations get their defaults, then their
+// bounds (job_spec.h).
+absl::Status ResolveElasticDurations(v1::ElasticPolicy& e) {
+  SetIfUnset(e.mutable_heartbeat_interval(), kDefaultHeartbeatInterval);
+  SetIfUnset(e.mutable_heartbeat_timeout(), kDefaultHeartbeatTimeout);
+  SetIfUnset(e.mutable_join_timeout(), kDefaultJoinTimeout);
+  SetIfUnset(e.mutable_last_call(), kDefaultLastCall);
+  SetIfUnset(e.mutable_collective_timeout(), kDefaultCollectiveTimeout);
+  const std::pair<const char*, const google::protobuf::Duration*> durations[] = {
+      {"heartbeat_interval", &e.heartbeat_interval()},
+      {"heartbeat_timeout", &e.heartbeat_timeout()},
+      {"join_timeout", &e.join_timeout()},
+      {"last_call", &e.last_call()},
+      {"collective_timeout", &e.collective_timeout()}};
+  for (const auto& [field, d] : durations) {
+    if (FromProto(*d) <= absl::ZeroDuration()) {
+      return Invalid(absl::StrCat("spec.elastic.", field, "=", TimeUtil::ToString(*d),
+                                  " is invalid; give a positive duration such as \"10s\""));
+    }
+    if (FromProto(*d) < kMinSpecDuration) {
+      return Invalid(absl::StrCat("spec.elastic.", field, "=", TimeUtil::ToString(*d),
+                                  " is too short; at least ",
+                                  absl::FormatDuration(kMinSpecDuration)));
+    }
+    if (FromProto(*d) > kMaxSpecDuration) {
+      return Invalid(absl::StrCat("spec.elastic.", field, "=", TimeUtil::ToString(*d),
+                                  " is too long; at most ", absl::FormatDuration(kMaxSpecDuration)));
+    }
+  }
+  if (FromProto(e.heartbeat_timeout()) > kMaxHeartbeatTimeout) {
+    return Invalid(absl::StrCat("spec.elastic.heartbeat_timeout=",
+                                TimeUtil::ToString(e.heartbeat_timeout()), " is too long; at most ",
+                                absl::FormatDuration(kMaxHeartbeatTimeout)));
+  }
+  const absl::Duration min_timeout =
+      std::max(kMinTimeoutIntervals * FromProto(e.heartbeat_interval()), kMinHeartbeatTimeout);
+  if (FromProto(e.heartbeat_timeout()) < min_timeout) {
+    return Invalid(absl::StrCat(
+        "spec.elastic.heartbeat_timeout=", TimeUtil::ToString(e.heartbeat_timeout()),
+        " must be longer: at least ", kMinTimeoutIntervals,
+        " x spec.elastic.heartbeat_interval=", TimeUtil::ToString(e.heartbeat_interval()),
+        " and at least ", absl::FormatDuration(kMinHeartbeatTimeout), ", so ",
+        absl::FormatDuration(min_timeout), " (a few intervals, e.g. 10x: one late heartbeat "
+        "must not lose a worker)"));
+  }
+  return absl::OkStatus();
+}
+
+bool IsFrameworkChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+}
+
+// An external job (job.proto ExternalWorkload): the GPT sections unset,
+// a framework name, elastic as for GPT jobs with min_workers >= 1 nodes,
+// checkpoint without a schedule.
+absl::StatusOr<v1::JobSpec> ResolveExternalSpec(const v1::JobSpec& in) {
+  const std::pair<const char*, bool> gpt_sections[] = {{"model", in.has_model()},
+                                                       {"parallel", in.has_parallel()},
+                                                       {"training", in.has_training()},
+                                                       {"data", in.has_data()}};
+  for (const auto& [field, set] : gpt_sections) {
+    if (set) {
+      return Invalid(absl::StrCat(
+          "spec.", field, " must be unset for an external job (spec.external is set): the "
+          "workload brings its own model, layout, training loop and data; remove spec.", field,
+          ", or remove spec.external for a GPT training job"));
+    }
+  }
+  const std::string& framework = in.external().framework();
+  if (framework.size() > kMaxFrameworkBytes ||
+      !std::all_of(framework.begin(), framework.end(), IsFrameworkChar)) {
+    return Invalid(absl::StrCat("spec.external.framework='", AbbreviateValue(framework),
+                                "' is invalid; give 0..", kMaxFrameworkBytes,
+                                " bytes of [a-z0-9._-], e.g. torchrun"));
+  }
+  v1::JobSpec spec = in;
+  const v1::CheckpointConfig& c = spec.checkpoint();
+  if (c.interval_steps() != 0) {
+    return Invalid(absl::StrCat("spec.checkpoint.interval_steps=", c.interval_steps(),
+                                " must be 0 for an external job (spec.external is set): the "
+                                "workload saves when it chooses"));
+  }
+  if (c.async_save()) {
+    return Invalid("spec.checkpoint.async_save=true must be false for an external job "
+                   "(spec.external is set): the workload saves when and how it chooses");
+  }
+  if (absl::Status s = CheckCheckpointDirectory(c.directory()); !s.ok()) return s;
+  v1::ElasticPolicy& e = *spec.mutable_elastic();
+  if (e.min_workers() == 0) {
+    return Invalid("spec.elastic.min_workers=0 is invalid for an external job; give the fewest "
+                   "nodes (agents) it runs with, >= 1, e.g. min_workers: 2");
+  }
+  if (e.max_workers() == 0) e.set_max_workers(static_cast<uint32_t>(plan::kMaxWorldSize));
+  if (e.max_workers() < e.min_workers()) {
+    return Invalid(absl::StrCat("spec.elastic.max_workers=", e.max_workers(),
+                                " < spec.elastic.min_workers=", e.min_workers(),
+                                "; give 0 (no cap) or at least min_workers"));
+  }
+  if (absl::Status s = ResolveElasticDurations(e); !s.ok()) return s;
+  return spec;
+}
+
 }  // namespace
 
 absl::Status CheckEnumValue(absl::string_view field, const google::protobuf::EnumDescriptor* type,
@@ -217,6 +333,7 @@ absl::StatusOr<plan::Plan> PlanGeneration(const v1::JobSpec& spec, int dp) {
 }
 
 std::optional<int> ChooseDp(const v1::JobSpec& spec, int available) {
+  if (spec.has_external()) return std::nullopt;  // no dp: nothing is planned
   const int64_t model_parallel = int64_t{spec.parallel().tp()} * spec.parallel().pp();
   const int64_t cap = std::min<int64_t>(available, spec.elastic().max_workers());
   const uint64_t per_step = spec.training().global_batch() / spec.training().micro_batch();
@@ -232,6 +349,17 @@ std::optional<int> ChooseDp(const v1::JobSpec& spec, int available) {
     }
   }
   return std::nullopt;
+}
+
+std::optional<int> ChooseWorldSize(const v1::JobSpec& spec, int available) {
+  if (spec.has_external()) {
+    const int64_t world = std::min<int64_t>(available, spec.elastic().max_workers());
+    if (world < 1 || world < int64_t{spec.elastic().min_workers()}) return std::nullopt;
+    return static_cast<int>(world);
+  }
+  const std::optional<int> dp = ChooseDp(spec, available);
+  if (!dp.has_value()) return std::nullopt;
+  return *dp * static_cast<int>(spec.parallel().tp() * spec.parallel().pp());
 }
 
 absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
@@ -251,6 +379,13 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
   }
   if (absl::Status s = CheckShape(in, "spec"); !s.ok()) return s;
   if (absl::Status s = CheckCounts(in); !s.ok()) return s;
+  if (in.has_external()) return ResolveExternalSpec(in);
+  if (!in.has_model()) {
+    return Invalid(
+        "spec.model is unset: a GPT training job needs model, parallel, training and data; "
+        "for a workload that brings its own trainer (e.g. PyTorch under torchrun) set "
+        "spec.external instead (external: {framework: torchrun})");
+  }
   if (m.ffn_hidden_size() == 0) m.set_ffn_hidden_size(4 * m.hidden_size());
   if (p.tp() == 0) return Invalid("spec.parallel.tp=0 is invalid; tp must be >= 1");
   if (p.pp() == 0) return Invalid("spec.parallel.pp=0 is invalid; pp must be >= 1");
@@ -303,15 +438,8 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
                                 " is smaller than the byte vocabulary the data uses; set "
                                 "vocab_size to 256 (or more)"));
   }
-  // Checkpoints go to <directory>/<job_id>/ on a filesystem the coordinator
-  // and every worker see at the same path, whatever their working directory.
-  const std::string& ckpt = spec.checkpoint().directory();
-  if (!ckpt.empty() && (ckpt.front() != '/' || absl::StrContains(absl::StrCat(ckpt, "/"), "/../") ||
-                        ckpt.size() > kMaxPathBytes || !IsDisplayText(ckpt))) {
-    return Invalid(absl::StrCat("spec.checkpoint.directory='", AbbreviateValue(ckpt),
-                                "' must be an absolute path without '..' or control characters, "
-                                "at most ", kMaxPathBytes, " bytes (the coordinator and every "
-                                "worker use it as given), e.g. /var/lib/shardline/checkpoints"));
+  if (absl::Status st = CheckCheckpointDirectory(spec.checkpoint().directory()); !st.ok()) {
+    return st;
   }
   // Every worker reads the corpus at this path; an empty one would only
   // fail on the workers, after the job formed.
@@ -351,48 +479,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
     return Invalid(absl::StrCat("spec.elastic.max_workers=", e.max_workers(),
                                 " is too large; the limit is ", plan::kMaxWorldSize));
   }
-  SetIfUnset(e.mutable_heartbeat_interval(), kDefaultHeartbeatInterval);
-  SetIfUnset(e.mutable_heartbeat_timeout(), kDefaultHeartbeatTimeout);
-  SetIfUnset(e.mutable_join_timeout(), kDefaultJoinTimeout);
-  SetIfUnset(e.mutable_last_call(), kDefaultLastCall);
-  SetIfUnset(e.mutable_collective_timeout(), kDefaultCollectiveTimeout);
-  const std::pair<const char*, const google::protobuf::Duration*> durations[] = {
-      {"heartbeat_interval", &e.heartbeat_interval()},
-      {"heartbeat_timeout", &e.heartbeat_timeout()},
-      {"join_timeout", &e.join_timeout()},
-      {"last_call", &e.last_call()},
-      {"collective_timeout", &e.collective_timeout()}};
-  for (const auto& [field, d] : durations) {
-    if (FromProto(*d) <= absl::ZeroDuration()) {
-      return Invalid(absl::StrCat("spec.elastic.", field, "=", TimeUtil::ToString(*d),
-                                  " is invalid; give a positive duration such as \"10s\""));
-    }
-    if (FromProto(*d) < kMinSpecDuration) {
-      return Invalid(absl::StrCat("spec.elastic.", field, "=", TimeUtil::ToString(*d),
-                                  " is too short; at least ",
-                                  absl::FormatDuration(kMinSpecDuration)));
-    }
-    if (FromProto(*d) > kMaxSpecDuration) {
-      return Invalid(absl::StrCat("spec.elastic.", field, "=", TimeUtil::ToString(*d),
-                                  " is too long; at most ", absl::FormatDuration(kMaxSpecDuration)));
-    }
-  }
-  if (FromProto(e.heartbeat_timeout()) > kMaxHeartbeatTimeout) {
-    return Invalid(absl::StrCat("spec.elastic.heartbeat_timeout=",
-                                TimeUtil::ToString(e.heartbeat_timeout()), " is too long; at most ",
-                                absl::FormatDuration(kMaxHeartbeatTimeout)));
-  }
-  const absl::Duration min_timeout =
-      std::max(kMinTimeoutIntervals * FromProto(e.heartbeat_interval()), kMinHeartbeatTimeout);
-  if (FromProto(e.heartbeat_timeout()) < min_timeout) {
-    return Invalid(absl::StrCat(
-        "spec.elastic.heartbeat_timeout=", TimeUtil::ToString(e.heartbeat_timeout()),
-        " must be longer: at least ", kMinTimeoutIntervals,
-        " x spec.elastic.heartbeat_interval=", TimeUtil::ToString(e.heartbeat_interval()),
-        " and at least ", absl::FormatDuration(kMinHeartbeatTimeout), ", so ",
-        absl::FormatDuration(min_timeout), " (a few intervals, e.g. 10x: one late heartbeat "
-        "must not lose a worker)"));
-  }
+  if (absl::Status st = ResolveElasticDurations(e); !st.ok()) return st;
   // world = dp * tp * pp must lie in min_workers..max_workers.
   const uint32_t min_dp = (e.min_workers() + model_parallel - 1) / model_parallel;
   const uint32_t max_dp = e.max_workers() / model_parallel;

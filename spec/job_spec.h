@@ -72,6 +72,11 @@ inline constexpr size_t kMaxSerializedSpecBytes = size_t{1} << 20;
 inline constexpr size_t kMaxJobNameBytes = 128;   // spec.name, as job.proto says
 inline constexpr size_t kMaxReasonBytes = 1024;   // CancelJob / DrainWorker reason
 inline constexpr size_t kMaxPathBytes = 4096;     // PATH_MAX: dataset_path, checkpoint.directory
+inline constexpr size_t kMaxFrameworkBytes = 64;  // spec.external.framework, as job.proto says
+
+// An external job (job.proto ExternalWorkload): spec.external is set. It
+// has no model, plan or dp; its world is its nodes.
+inline bool IsExternalJob(const v1::JobSpec& spec) { return spec.has_external(); }
 
 // Validates `spec` and returns it with defaults filled in. First its shape:
 // at most kMaxSerializedSpecBytes serialized; no unknown fields anywhere
@@ -98,6 +103,16 @@ inline constexpr size_t kMaxPathBytes = 4096;     // PATH_MAX: dataset_path, che
 // "spec.training.global_batch=10 is not a multiple of
 // spec.training.micro_batch=4", or no dp in [min, max] workers that divides
 // global_batch / micro_batch.
+//
+// The two kinds (job.proto JobSpec): a spec with spec.external set is an
+// external job, resolved by its own rules: spec.model, parallel, training
+// and data must be unset ("spec.model must be unset for an external job
+// (spec.external is set)..."); spec.external.framework is 0..64 bytes of
+// [a-z0-9._-]; spec.elastic.min_workers >= 1 (no default: the nodes to
+// wait for), max_workers 0 → no cap (plan::kMaxWorldSize), else >=
+// min_workers; the durations as above; spec.checkpoint.interval_steps must
+// be 0 and async_save false (directory and keep_last as above). A spec with
+// neither external nor model is refused ("spec.model is unset: ...").
 absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec);
 
 // OK when `value` is a value of `type`; else InvalidArgument
@@ -110,8 +125,15 @@ absl::Status CheckEnumValue(absl::string_view field, const google::protobuf::Enu
 // world = dp * tp * pp <= min(available, max_workers), world >= min_workers,
 // dp divides global_batch / micro_batch (the global batch stays constant)
 // and the pipeline schedule can run the resulting micro-batch count.
-// nullopt when no dp fits. `spec` must be resolved.
+// nullopt when no dp fits, and always for an external job (it has no dp).
+// `spec` must be resolved.
 std::optional<int> ChooseDp(const v1::JobSpec& spec, int available);
+
+// The world size a generation gets with `available` healthy workers: for a
+// GPT job ChooseDp(spec, available) * tp * pp; for an external job
+// min(available, max_workers) when that is >= min_workers (and >= 1).
+// nullopt when none fits. `spec` must be resolved.
+std::optional<int> ChooseWorldSize(const v1::JobSpec& spec, int available);
 
 // The plan of a generation with `dp`: micro_batches = global_batch /
 // (micro_batch * dp) per dp rank. `spec` must be resolved.

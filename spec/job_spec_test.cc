@@ -304,5 +304,122 @@ TEST(CheckTextTest, LengthControlCharactersAndRequired) {
   EXPECT_FALSE(IsDisplayText("tab\there"));
 }
 
+
+// --- External jobs (job.proto ExternalWorkload) ---------------------------
+
+v1::JobSpec External() {
+  v1::JobSpec spec;
+  spec.set_name("torchrun-external");
+  spec.mutable_external()->set_framework("torchrun");
+  spec.mutable_elastic()->set_min_workers(2);
+  spec.mutable_elastic()->set_max_workers(4);
+  return spec;
+}
+
+TEST(ResolveExternalSpecTest, DefaultsAsForGptJobs) {
+  absl::StatusOr<v1::JobSpec> r = ResolveJobSpec(External());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(IsExternalJob(*r));
+  EXPECT_FALSE(r->has_model());
+  EXPECT_FALSE(r->has_parallel());
+  EXPECT_FALSE(r->has_training());
+  EXPECT_FALSE(r->has_data());
+  EXPECT_EQ(r->elastic().min_workers(), 2u);
+  EXPECT_EQ(r->elastic().max_workers(), 4u);
+  EXPECT_EQ(r->elastic().heartbeat_interval().seconds(), 5);
+  EXPECT_EQ(r->elastic().heartbeat_timeout().seconds(), 30);
+  EXPECT_EQ(r->elastic().join_timeout().seconds(), 600);
+  EXPECT_EQ(r->elastic().last_call().seconds(), 10);
+  EXPECT_EQ(r->elastic().collective_timeout().seconds(), 300);
+  v1::JobSpec uncapped = External();
+  uncapped.mutable_elastic()->set_max_workers(0);
+  uncapped.mutable_external()->clear_framework();  // unnamed is fine
+  r = ResolveJobSpec(uncapped);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->elastic().max_workers(), static_cast<uint32_t>(plan::kMaxWorldSize));
+  // Its world: the nodes, capped, once min_workers are there.
+  EXPECT_EQ(ChooseWorldSize(*r, 1), std::nullopt);
+  EXPECT_EQ(ChooseWorldSize(*r, 2), 2);
+  EXPECT_EQ(ChooseWorldSize(*r, 9), 9);
+  EXPECT_EQ(ChooseDp(*r, 9), std::nullopt);
+  r = ResolveJobSpec(External());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(ChooseWorldSize(*r, 7), 4);
+}
+
+TEST(ResolveExternalSpecTest, GptSectionsMustBeUnsetNamingTheField) {
+  const v1::JobSpec gpt = Valid();
+  v1::JobSpec s = External();
+  *s.mutable_model() = gpt.model();
+  EXPECT_THAT(Error(s),
+              HasSubstr("spec.model must be unset for an external job (spec.external is set)"));
+  s = External();
+  *s.mutable_parallel() = gpt.parallel();
+  EXPECT_THAT(Error(s), HasSubstr("spec.parallel must be unset for an external job"));
+  s = External();
+  s.mutable_training()->set_train_steps(10);
+  EXPECT_THAT(Error(s), HasSubstr("spec.training must be unset for an external job"));
+  s = External();
+  s.mutable_data();  // even an empty section
+  EXPECT_THAT(Error(s), HasSubstr("spec.data must be unset for an external job"));
+  // Both kinds at once: the GPT spec with external set.
+  s = gpt;
+  s.mutable_external()->set_framework("torchrun");
+  EXPECT_THAT(Error(s), HasSubstr("spec.model must be unset for an external job"));
+  // Neither kind.
+  v1::JobSpec neither;
+  neither.set_name("x");
+  EXPECT_THAT(Error(neither), HasSubstr("spec.model is unset"));
+  EXPECT_THAT(Error(neither), HasSubstr("set spec.external"));
+}
+
+TEST(ResolveExternalSpecTest, FrameworkElasticAndCheckpointRules) {
+  v1::JobSpec s = External();
+  s.mutable_external()->set_framework("Torch Run");
+  EXPECT_THAT(Error(s), HasSubstr("spec.external.framework='Torch Run' is invalid; give 0..64 "
+                                  "bytes of [a-z0-9._-]"));
+  s.mutable_external()->set_framework(std::string(65, 'a'));
+  EXPECT_THAT(Error(s), HasSubstr("spec.external.framework="));
+  s.mutable_external()->set_framework(std::string(64, 'a'));
+  EXPECT_TRUE(ResolveJobSpec(s).ok());
+  s.mutable_external()->set_framework("torch-1.13_run.v2");
+  EXPECT_TRUE(ResolveJobSpec(s).ok());
+
+  s = External();
+  s.mutable_elastic()->set_min_workers(0);
+  EXPECT_THAT(Error(s), HasSubstr("spec.elastic.min_workers=0 is invalid for an external job"));
+  s = External();
+  s.mutable_elastic()->set_min_workers(3);
+  s.mutable_elastic()->set_max_workers(2);
+  EXPECT_THAT(Error(s), HasSubstr("spec.elastic.max_workers=2 < spec.elastic.min_workers=3"));
+  s = External();
+  s.mutable_elastic()->mutable_heartbeat_interval()->set_seconds(10);
+  s.mutable_elastic()->mutable_heartbeat_timeout()->set_seconds(15);
+  EXPECT_THAT(Error(s), HasSubstr("spec.elastic.heartbeat_timeout=15s must be longer"));
+  s = External();
+  s.mutable_elastic()->mutable_last_call()->set_seconds(-1);
+  EXPECT_THAT(Error(s), HasSubstr("spec.elastic.last_call=-1s is invalid"));
+  s = External();
+  s.mutable_elastic()->set_max_workers(1u << 20);
+  EXPECT_THAT(Error(s), HasSubstr("spec.elastic.max_workers=1048576 is too large"));
+
+  s = External();
+  s.mutable_checkpoint()->set_interval_steps(100);
+  EXPECT_THAT(Error(s), HasSubstr("spec.checkpoint.interval_steps=100 must be 0 for an external "
+                                  "job"));
+  s = External();
+  s.mutable_checkpoint()->set_async_save(true);
+  EXPECT_THAT(Error(s), HasSubstr("spec.checkpoint.async_save=true must be false"));
+  s = External();
+  s.mutable_checkpoint()->set_directory("relative/dir");
+  EXPECT_THAT(Error(s), HasSubstr("spec.checkpoint.directory='relative/dir' must be an absolute"));
+  s = External();
+  s.mutable_checkpoint()->set_directory("/shared/ckpt");
+  s.mutable_checkpoint()->set_keep_last(3);
+  absl::StatusOr<v1::JobSpec> r = ResolveJobSpec(s);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->checkpoint().keep_last(), 3u);
+}
+
 }  // namespace
 }  // namespace shardline::spec

@@ -67,6 +67,30 @@ TEST(SpecFileTest, ExampleSpecParses) {
   EXPECT_FALSE(spec->elastic().has_join_timeout());
 }
 
+// The external example (job.proto ExternalWorkload): only name, external
+// and elastic; `external: {}` alone marks the kind.
+TEST(SpecFileTest, ExternalExampleSpecParses) {
+  absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile("deploy/jobs/torchrun-external.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "torchrun-external");
+  EXPECT_TRUE(spec->has_external());
+  EXPECT_EQ(spec->external().framework(), "torchrun");
+  EXPECT_FALSE(spec->has_model());
+  EXPECT_FALSE(spec->has_training());
+  EXPECT_EQ(spec->elastic().min_workers(), 2u);
+  EXPECT_EQ(spec->elastic().max_workers(), 4u);
+  EXPECT_EQ(spec->elastic().heartbeat_interval().seconds(), 1);
+  EXPECT_EQ(spec->elastic().heartbeat_timeout().seconds(), 5);
+  EXPECT_EQ(spec->elastic().last_call().seconds(), 2);
+  absl::StatusOr<v1::JobSpec> flow = Yaml("name: x\nexternal: {framework: torchrun}\n");
+  ASSERT_TRUE(flow.ok()) << flow.status();
+  EXPECT_EQ(flow->external().framework(), "torchrun");
+  absl::StatusOr<v1::JobSpec> empty = Yaml("name: x\nexternal: {}\n");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->has_external());
+  EXPECT_THAT(Error(Yaml("name: x\nexternal: {framwork: torchrun}\n")), HasSubstr("framwork"));
+}
+
 // The same spec written as JSON, with lowerCamel names for some fields and
 // enum / duration spellings as proto3 JSON writes them, gives the same message.
 TEST(SpecFileTest, JsonEquivalentGivesTheSameMessage) {

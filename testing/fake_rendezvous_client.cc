@@ -257,6 +257,21 @@ absl::StatusOr<v1::KvDeleteResponse> FakeRendezvousClient::KvDelete(
   return response;
 }
 
+absl::StatusOr<v1::KvNumKeysResponse> FakeRendezvousClient::KvNumKeys(
+    const v1::KvNumKeysRequest& request, CancelToken* cancel) {
+  v1::KvNumKeysResponse response;
+  absl::Status s = Run("KvNumKeys", request.fence().generation(),
+                       Call{"", {}, request.scope(), "", absl::ZeroDuration()}, cancel,
+                       [&](const bool&) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                         uint64_t n = 0;
+                         for (const auto& [key, value] : values_) n += key.first == request.scope();
+                         response.set_num_keys(n);
+                         return absl::OkStatus();
+                       });
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<v1::BarrierResponse> FakeRendezvousClient::Barrier(
     const v1::BarrierRequest& request, CancelToken* cancel) {
   const absl::Duration timeout = FromProto(request.timeout());

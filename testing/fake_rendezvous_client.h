@@ -81,6 +81,8 @@ class FakeRendezvousClient final : public RendezvousClient {
       const v1::KvCompareAndSetRequest& request, CancelToken* cancel) override;
   absl::StatusOr<v1::KvWaitResponse> KvWait(const v1::KvWaitRequest& request,
                                             CancelToken* cancel) override;
+  absl::StatusOr<v1::KvNumKeysResponse> KvNumKeys(const v1::KvNumKeysRequest& request,
+                                                  CancelToken* cancel) override;
   absl::StatusOr<v1::KvDeleteResponse> KvDelete(const v1::KvDeleteRequest& request,
                                                 CancelToken* cancel) override;
   absl::StatusOr<v1::BarrierResponse> Barrier(const v1::BarrierRequest& request,

@@ -327,4 +327,17 @@ absl::StatusOr<v1::LeaveJobResponse> FakeWorkerClient::LeaveJob(
   return v1::LeaveJobResponse();
 }
 
+absl::StatusOr<v1::Job> FakeWorkerClient::CompleteJob(const v1::CompleteJobRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (std::optional<absl::Status> failure = Begin("CompleteJob", request.fence().generation())) {
+    return *failure;
+  }
+  v1::Job job;
+  job.set_job_id(request.fence().worker().job_id());
+  job.set_phase(v1::JOB_PHASE_COMPLETED);
+  job.set_phase_reason(request.reason());
+  job.set_generation(generation_);
+  return job;
+}
+
 }  // namespace shardline::client::testing

@@ -125,6 +125,8 @@ class FakeWorkerClient final : public WorkerClient {
   absl::StatusOr<v1::ReportErrorResponse> ReportError(
       const v1::ReportErrorRequest& request) override;
   absl::StatusOr<v1::LeaveJobResponse> LeaveJob(const v1::LeaveJobRequest& request) override;
+  // Answers a Job COMPLETED with the reason (the fake keeps no job record).
+  absl::StatusOr<v1::Job> CompleteJob(const v1::CompleteJobRequest& request) override;
 
  private:
   class Stream;

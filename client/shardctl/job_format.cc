@@ -82,8 +82,8 @@ std::string NotFormed(const v1::Job& job, const v1::ListMembersResponse* members
   }
   std::sort(joined.begin(), joined.end());
   const int n = static_cast<int>(joined.size());
-  if (!spec::ChooseDp(job.spec(), n).has_value()) {
-    if (n < static_cast<int>(e.min_workers())) {
+  if (!spec::ChooseWorldSize(job.spec(), n).has_value()) {
+    if (n < static_cast<int>(e.min_workers()) || spec::IsExternalJob(job.spec())) {
       return absl::StrCat("not formed yet; waiting for workers: ", n, " joined, needs at least ",
                           e.min_workers(), " (min_workers)");
     }
@@ -93,7 +93,7 @@ std::string NotFormed(const v1::Job& job, const v1::ListMembersResponse* members
   }
   // The last call started when the first formable count had joined.
   int enough = 1;
-  while (enough < n && !spec::ChooseDp(job.spec(), enough).has_value()) ++enough;
+  while (enough < n && !spec::ChooseWorldSize(job.spec(), enough).has_value()) ++enough;
   const absl::Time deadline =
       joined[enough - 1] + absl::Seconds(e.last_call().seconds()) +
       absl::Nanoseconds(e.last_call().nanos());
@@ -175,7 +175,51 @@ std::string FormatTimestamp(const google::protobuf::Timestamp& t, bool millis) {
 }
 
 
+// `job get` of an external job (job.proto ExternalWorkload): no model, plan
+// or train_steps; its world is its nodes.
+std::string FormatExternalJob(const v1::Job& job, const v1::ListMembersResponse* members) {
+  const v1::JobSpec& s = job.spec();
+  const v1::ElasticPolicy& e = s.elastic();
+  std::vector<std::pair<std::string, std::string>> lines;
+  lines.emplace_back("Job", job.job_id());
+  if (!s.name().empty()) lines.emplace_back("Name", Printable(s.name()));
+  lines.emplace_back("Kind", absl::StrCat("external workload (framework ",
+                                          s.external().framework().empty()
+                                              ? std::string("unnamed")
+                                              : Printable(s.external().framework()),
+                                          "): no plan; ranks are the workload's"));
+  lines.emplace_back("Phase", job.phase_reason().empty()
+                                  ? Phase(job.phase())
+                                  : absl::StrCat(Phase(job.phase()), " (",
+                                                 Printable(job.phase_reason()), ")"));
+  lines.emplace_back("Generation", absl::StrCat(job.generation()));
+  if (job.world_size() == 0) {
+    lines.emplace_back("World", NotFormed(job, members));
+  } else {
+    lines.emplace_back("World", absl::StrCat(job.world_size(), job.world_size() == 1 ? " rank; " : " ranks; ",
+                                             job.num_spares(),
+                                             job.num_spares() == 1 ? " spare" : " spares"));
+  }
+  lines.emplace_back("Step", absl::StrCat(job.step(), " (as the workload reports it)"));
+  const v1::CheckpointConfig& c = s.checkpoint();
+  lines.emplace_back("Checkpoints",
+                     c.directory().empty()
+                         ? "none (no directory)"
+                         : absl::StrCat("by the workload into ", Printable(c.directory())));
+  const bool capped = e.max_workers() != 0 && e.max_workers() < static_cast<uint32_t>(plan::kMaxWorldSize);
+  lines.emplace_back(
+      "Elastic", absl::StrCat(e.min_workers(), "..",
+                              capped ? absl::StrCat(e.max_workers()) : std::string("any"),
+                              " nodes, heartbeat ", Duration(e.heartbeat_interval()),
+                              ", timeout ", Duration(e.heartbeat_timeout()), ", last call ",
+                              Duration(e.last_call())));
+  lines.emplace_back("Created", FormatTimestamp(job.create_time()));
+  lines.emplace_back("Updated", FormatTimestamp(job.update_time()));
+  return KeyValueBlock(lines);
+}
+
 std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members) {
+  if (spec::IsExternalJob(job.spec())) return FormatExternalJob(job, members);
   const v1::JobSpec& s = job.spec();
   const v1::ModelConfig& m = s.model();
   const v1::ParallelConfig& p = s.parallel();
@@ -274,7 +318,9 @@ std::string FormatJobList(const google::protobuf::RepeatedPtrField<v1::Job>& job
     t.AddRow({j.job_id(), Printable(j.spec().name(), 128), Phase(j.phase()),
               absl::StrCat(j.generation()),
               j.world_size() == 0 ? "-" : absl::StrCat(j.world_size()),
-              absl::StrCat(j.step(), "/", j.spec().training().train_steps()),
+              spec::IsExternalJob(j.spec())
+                  ? absl::StrCat(j.step())
+                  : absl::StrCat(j.step(), "/", j.spec().training().train_steps()),
               FormatTimestamp(j.create_time())});
   }
   return t.Render();
@@ -449,7 +495,9 @@ std::string FormatEvent(const v1::JobEvent& e) {
       what = absl::StrCat(
           "generation_formed ",
           absl::AsciiStrToLower(EnumName(v1::FormationReason_descriptor(), x.reason())),
-          ": world ", x.world_size(), " (dp ", x.dp(), "), ranks ",
+          ": world ", x.world_size(),
+          // An external job has no dp (0): its world is its nodes.
+          x.dp() == 0 ? std::string() : absl::StrCat(" (dp ", x.dp(), ")"), ", ranks ",
           x.worker_ids().empty() ? "-" : Printable(absl::StrJoin(x.worker_ids(), " ")));
       if (!x.spares().empty()) {
         absl::StrAppend(&what, ", spares ", Printable(absl::StrJoin(x.spares(), " ")));

@@ -524,6 +524,8 @@ class Connection:
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self._configured = parse_addresses(addresses)
+        self._tls_files = {"tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key,
+                           "tls_server_name": tls_server_name}
         if token is not None and token_file is not None:
             raise ValueError("give token or token_file, not both")
         if token_file is not None:
@@ -660,6 +662,12 @@ class Connection:
     def addresses(self) -> List[str]:
         """The configured replica addresses, in the order given."""
         return list(self._configured)
+
+    def tls_files(self) -> dict:
+        """The TLS options given (tls_ca, tls_cert, tls_key, tls_server_name;
+        None where not given): what another process needs to open the same
+        connection (shardline.torch.Store.to_env)."""
+        return {k: (None if v is None else str(v)) for k, v in self._tls_files.items()}
 
     @property
     def leader(self) -> str:

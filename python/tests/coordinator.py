@@ -56,6 +56,25 @@ def coordinator_binary() -> str:
                        "//server:shardline-coordinator` in %s" % (BINARY_ENV, _SOURCE_ROOT))
 
 
+def repo_path(rel: str) -> str:
+    """A file of the repository: from the Bazel test's runfiles (it must be
+    in the test's data), else from the source tree."""
+    srcdir = os.environ.get("TEST_SRCDIR")
+    if srcdir:
+        return os.path.join(srcdir, os.environ.get("TEST_WORKSPACE", ""), rel)
+    return os.path.join(_SOURCE_ROOT, rel)
+
+
+def binary_path(rel: str) -> str:
+    """A built program, e.g. "client/shardctl/shardctl": from the runfiles
+    (in the test's data), else bazel-bin/ of the source tree."""
+    path = repo_path(rel) if os.environ.get("TEST_SRCDIR") else \
+        os.path.join(_SOURCE_ROOT, "bazel-bin", rel)
+    if not os.access(path, os.X_OK):
+        raise RuntimeError("no %s: add it to the test's data, or `bazel build` it" % rel)
+    return path
+
+
 class Coordinator:
     """One shardline-coordinator process (a context manager: started on enter, killed on exit).
 

@@ -194,6 +194,20 @@ grpc::ServerUnaryReactor* RendezvousServiceImpl::KvDelete(grpc::CallbackServerCo
   });
 }
 
+grpc::Status RendezvousServiceImpl::KvNumKeys(grpc::ServerContext* ctx,
+                                              const v1::KvNumKeysRequest* req,
+                                              v1::KvNumKeysResponse* resp) {
+  return calls_->Run("RendezvousService/KvNumKeys", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
+    absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
+    if (!fw.ok()) return fw.status();
+    absl::StatusOr<uint64_t> r = rendezvous_->NumKeys(fw->job_id, fw->generation, req->scope());
+    if (!r.ok()) return r.status();
+    resp->set_num_keys(*r);
+    return absl::OkStatus();
+  });
+}
+
 grpc::Status RendezvousServiceImpl::Barrier(grpc::ServerContext* ctx,
                                             const v1::BarrierRequest* req,
                                             v1::BarrierResponse* resp) {

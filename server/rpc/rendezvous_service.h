@@ -12,6 +12,7 @@
 //     kWaitSlice.
 //   KvWait: sync API, on a sync-server thread, waits in slices of
 //     kWaitSlice.
+//   KvNumKeys: sync API; never waits.
 //   Barrier: sync API; not sliced (an arrival that times out is withdrawn):
 //     bounded by the request's timeout and the gRPC deadline, ended by
 //     Rendezvous::DropJob at shutdown.
@@ -43,6 +44,7 @@
 //   KvWait: INVALID_ARGUMENT timeout as for KvGet, or keys (Rendezvous::Wait);
 //     DEADLINE_EXCEEDED some keys still missing; CANCELLED.
 //   KvDelete: INVALID_ARGUMENT key (Rendezvous::Delete).
+//   KvNumKeys: the common errors only (Rendezvous::NumKeys).
 //   Barrier: INVALID_ARGUMENT timeout as for KvGet, name or participants;
 //     FAILED_PRECONDITION participants differs from earlier arrivals;
 //     DEADLINE_EXCEEDED too few arrived in time (Rendezvous::Barrier).
@@ -93,6 +95,8 @@ class RendezvousServiceImpl final
                                      v1::KvDeleteResponse* resp) override;
   grpc::Status Barrier(grpc::ServerContext* ctx, const v1::BarrierRequest* req,
                        v1::BarrierResponse* resp) override;
+  grpc::Status KvNumKeys(grpc::ServerContext* ctx, const v1::KvNumKeysRequest* req,
+                         v1::KvNumKeysResponse* resp) override;
 
  private:
   // KvGet's body; waits only when req->wait().

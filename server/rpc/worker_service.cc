@@ -127,4 +127,26 @@ grpc::Status WorkerServiceImpl::LeaveJob(grpc::ServerContext* ctx, const v1::Lea
   });
 }
 
+grpc::Status WorkerServiceImpl::CompleteJob(grpc::ServerContext* ctx,
+                                            const v1::CompleteJobRequest* req, v1::Job* resp) {
+  return calls_->Run("WorkerService/CompleteJob", [&]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
+    const v1::Fence& fence = req->fence();
+    if (absl::Status st = calls_->AuthorizeMember(*ctx, fence.worker(), "fence.worker.job_id");
+        !st.ok()) {
+      return st;
+    }
+    std::vector<GenerationEnded> ended;
+    absl::StatusOr<v1::Job> r = coordinator_->CompleteJob(*req, &ended);
+    if (r.ok()) {
+      LogLine(absl::StrCat("job completed by ", Who(fence.worker()), " reason=\"", req->reason(),
+                           "\""));
+    }
+    pass_on_(ended);
+    if (!r.ok()) return r.status();
+    *resp = *std::move(r);
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace shardline::server::rpc

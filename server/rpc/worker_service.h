@@ -3,7 +3,7 @@
 // Session streams.
 //
 // Where each method runs (server/rpc/call.h):
-//   JoinJob, GetAssignment, ReportError, LeaveJob: sync API, on a
+//   JoinJob, GetAssignment, ReportError, LeaveJob, CompleteJob: sync API, on a
 //     sync-server thread; GetAssignment with wait holds it while it waits
 //     (in slices of kWaitSlice, so a cancelled caller or a shutdown frees it
 //     promptly).
@@ -43,6 +43,10 @@
 //     on.
 //   LeaveJob: Coordinator::LeaveJob's (NOT_FOUND; ABORTED a replaced
 //     incarnation). Ended generations are passed on.
+//   CompleteJob: Coordinator::CompleteJob's (INVALID_ARGUMENT reason;
+//     NOT_FOUND; FAILED_PRECONDITION a GPT job, or FAILED / CANCELLED;
+//     ABORTED the caller is LOST, LEFT or replaced). The completed
+//     generation is passed on (its blocked rendezvous calls end ABORTED).
 //
 // Thread-safety: thread-safe.
 #ifndef SHARDLINE_SERVER_RPC_WORKER_SERVICE_H_
@@ -80,6 +84,8 @@ class WorkerServiceImpl final
                            v1::ReportErrorResponse* resp) override;
   grpc::Status LeaveJob(grpc::ServerContext* ctx, const v1::LeaveJobRequest* req,
                         v1::LeaveJobResponse* resp) override;
+  grpc::Status CompleteJob(grpc::ServerContext* ctx, const v1::CompleteJobRequest* req,
+                           v1::Job* resp) override;
 
  private:
   CallRunner* const calls_;

@@ -1,0 +1,60 @@
+"""`python3 -m shardline.torchrun ...`: torchrun with the "shardline"
+rendezvous backend registered.
+
+Debian's torch 1.13 has no plugin discovery for rendezvous backends, so
+this runs torch.distributed.run's main after registering the handler
+(shardline/torch/rendezvous.py). Every torchrun argument works as with
+torchrun; `--rdzv_backend shardline` is the default here, and so is
+`--monitor_interval 0.5` (torch 1.13's default is 5 s; see main()). torch >= 2.5
+also finds the backend through the `torchrun.handlers` entry point of the
+installed package, so plain `torchrun --rdzv-backend shardline` works.
+
+    python3 -m shardline.torchrun --nnodes 2:3 --nproc_per_node 1 \\
+        --rdzv_endpoint 127.0.0.1:7070 --rdzv_id demo --max_restarts 3 train.py
+"""
+
+import sys
+
+# Seconds between the agent's checks of its workers and of
+# num_nodes_waiting(), unless --monitor_interval is given.
+DEFAULT_MONITOR_INTERVAL_S = 0.5
+
+
+def _fix_std_from_str() -> None:
+    """Debian's torch 1.13 under Python 3.11: Std.from_str("0") returns None
+    (IntFlag iteration skips the zero member), so every torchrun start fails
+    in start_processes ("'NoneType' object has no attribute 'get'"). Later
+    torch parses the digits as Std(int(v)); do the same where it is broken."""
+    import re
+    from torch.distributed.elastic.multiprocessing import api
+    if api.Std.from_str("0") is not None:
+        return
+
+    def from_str(vm):
+        if re.fullmatch(r"\d", vm):
+            return api.Std(int(vm))
+        return {int(i): api.Std(int(v)) for i, v in (m.split(":") for m in vm.split(","))}
+
+    api.Std.from_str = staticmethod(from_str)
+
+
+def main(argv=None) -> None:
+    from shardline.torch import rendezvous
+    _fix_std_from_str()
+    rendezvous.register()
+    from torch.distributed import run
+    args = list(sys.argv[1:] if argv is None else argv)
+    flags = {a.split("=")[0].replace("-", "_") for a in args if a.startswith("--")}
+    if "__rdzv_backend" not in flags:
+        args = ["--rdzv_backend", rendezvous.BACKEND_NAME] + args
+    if "__monitor_interval" not in flags:
+        # The agent learns of a re-form by polling num_nodes_waiting() once
+        # per monitor interval; ours reads a flag the Session stream keeps
+        # current (no RPC), so polling twice a second costs nothing and
+        # bounds that part of a recovery to 0.5 s (torch 1.13's default: 5 s).
+        args = ["--monitor_interval", str(DEFAULT_MONITOR_INTERVAL_S)] + args
+    run.main(args)
+
+
+if __name__ == "__main__":
+    main()
