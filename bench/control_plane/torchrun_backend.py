@@ -269,7 +269,7 @@ def main():
         pv = med(rec[b])
         r = "%.1f" % (pv / sl) if sl and pv else "n/a"
         ratios.append((peer, r))
-        rows.add("SIGKILL 1 of 3 agents -> first step after the restart", "agents=3", sl, peer,
+        rows.add("SIGKILL an agent -> next round's step", "agents=3", sl, peer,
                  pv, "s", False, row_note(r, rec["shardline"], fails["shardline"], rec[b], fails[b]))
 
     benchlib.log("%s: startup, N = %s" % (NAME, " ".join(map(str, sizes))))
@@ -280,7 +280,7 @@ def main():
         p = measure(startup_once, ("c10d", n), reps, f_pt, "c10d N=%d" % n)
         start[n] = (med(s), med(p))
         r = "%.2f" % (med(p) / med(s)) if s and p else "n/a"
-        rows.add("launch N agents -> first step", "agents=%d" % n, med(s), PEER_DEFAULT, med(p),
+        rows.add("launch -> first step", "agents=%d" % n, med(s), PEER_DEFAULT, med(p),
                  "s", False, row_note(r, s, f_sl, p, f_pt))
 
     default_ratio = ratios[0][1]
@@ -304,7 +304,8 @@ soon as every survivor has re-joined (no last call in a recovery). *Recovery*: 3
 host) and takes the time to the first step line of the next round (its `time=`; world 2: c10d's agents restart
 after their workers failed, which raises the restart count, Shardline's at the first monitor tick after the round
 ended, which torchrun does not count as a restart).
-*Startup*: N agents (`--nnodes N:N`) launched at once; the time to the first step line. Each backend's median
+*Startup*: N agents (`--nnodes N:N`) launched at once; the time to the first step line (c10d with torch's
+defaults only: the monitor interval plays no part before the first step). Each backend's median
 of %d repetition(s); every agent's worker imports torch, so on this 2-core machine the N = 8 rows are mostly
 16 processes starting Python and torch. Recovery ratio c10d (torch defaults) / Shardline: %sx (goal >= 10x:
 %s); with the same monitor interval: %sx.
