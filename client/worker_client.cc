@@ -134,11 +134,11 @@ absl::StatusOr<v1::LeaveJobResponse> GrpcWorkerClient::LeaveJob(
 }
 
 absl::StatusOr<v1::Job> GrpcWorkerClient::CompleteJob(const v1::CompleteJobRequest& request) {
-  return internal::UnaryCall<v1::Job>(
-      *stubs_, options_, "CompleteJob", options_.timeout, nullptr, internal::Retry::kIdempotent,
-      [&](auto* stub, auto* context, auto* response) {
-        return stub->CompleteJob(context, request, response);
-      });
+  return internal::UnaryCall<v1::Job>(*stubs_, options_, "CompleteJob", options_.timeout, nullptr,
+                                      internal::Retry::kIdempotent,
+                                      [&](auto* stub, auto* context, auto* response) {
+                                        return stub->CompleteJob(context, request, response);
+                                      });
 }
 
 }  // namespace shardline::client

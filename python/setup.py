@@ -51,5 +51,14 @@ setup(
     packages=find_packages(include=["shardline", "shardline.*"]),
     python_requires=">=3.9",
     install_requires=["grpcio>=1.51", "protobuf>=3.21"],
+    # torch (the Store and the torchrun backend) is optional: the client
+    # works without it.
+    extras_require={"torch": ["torch>=1.13"]},
+    entry_points={
+        # torch >= 2.5 discovers rendezvous backends here: plain
+        # `torchrun --rdzv-backend shardline ...` then works.
+        "torchrun.handlers": ["shardline = shardline.torch.rendezvous:create_handler"],
+        "console_scripts": ["shardline-torchrun = shardline.torchrun:main"],
+    },
     cmdclass={"build_py": BuildPyWithStubs},
 )

@@ -405,9 +405,11 @@ absl::StatusOr<v1::ListMembersResponse> Coordinator::ListMembers(const std::stri
 }
 
 absl::Status NoPlanOfExternalJob(const std::string& job_id) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "job ", job_id, " is an external job (spec.external): it has no plan; its ranks are "
-      "0..world_size-1 of the workload's own (see shardctl members ", job_id, ")"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("job ", job_id,
+                   " is an external job (spec.external): it has no plan; its ranks are "
+                   "0..world_size-1 of the workload's own (see shardctl members ",
+                   job_id, ")"));
 }
 
 absl::StatusOr<v1::Plan> Coordinator::GetPlan(const std::string& job_id) const {

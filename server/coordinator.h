@@ -17,13 +17,14 @@
 //   PENDING --min workers--> RUNNING(g) --lost/left/error/grow--> RECOVERING(g+1)
 //      |                        |    ^                                 |
 //      |                        |    +-------- re-formed --------------+
-//      +--cancel--> CANCELLED <-+--> COMPLETED (every rank DONE)   FAILED (below
-//                                                                  min_workers past
-//                                                                  join_timeout)
+//      +--cancel--> CANCELLED <-+--> COMPLETED (every rank DONE;   FAILED (below
+//                                      external: CompleteJob, or   min_workers past
+//                                      every rank left)            join_timeout)
 //
 // "grow": a checkpoint committed while spares make a larger world fit
-// (NoteCheckpointCommitted); "lost/left/error": a rank was lost, left or
-// reported an error (failure detection below).
+// (NoteCheckpointCommitted), or, in an external job, a join below
+// max_workers (JoinJob); "lost/left/error": a rank was lost, left (not in
+// an external job) or reported an error (failure detection below).
 //
 // Member states are v1::MemberState (JOINING, ACTIVE, SPARE, FENCED, LOST,
 // LEFT). When a generation ends every ACTIVE and SPARE member becomes FENCED
@@ -199,10 +200,11 @@ class Coordinator {
   // NotFound. FailedPrecondition: already COMPLETED or FAILED.
   absl::StatusOr<v1::Job> CancelJob(const v1::CancelJobRequest& request);
   absl::StatusOr<v1::ListMembersResponse> ListMembers(const std::string& job_id) const;
-  // The plan of the current generation. FailedPrecondition: not formed yet.
+  // The plan of the current generation. FailedPrecondition: not formed yet,
+  // or an external job (NoPlanOfExternalJob: it never has one).
   absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id) const;
   // NotFound: job or parameter. InvalidArgument: element outside the tensor.
-  // FailedPrecondition: no generation formed yet.
+  // FailedPrecondition: no generation formed yet; an external job.
   absl::StatusOr<v1::GetShardOwnerResponse> GetShardOwner(
       const v1::GetShardOwnerRequest& request) const;
   // Events with sequence > after_sequence (all kept ones when unset), waiting
@@ -328,7 +330,7 @@ class Coordinator {
       UnusableCheckpointMarks* marks = nullptr);
 
   // Drains `worker_id` (coordinator.proto DrainWorker): a rank of a RUNNING
-  // job with a checkpoint directory is marked draining and every rank is
+  // GPT job with a checkpoint directory is marked draining and every rank is
   // pushed CheckpointAtStep(job step + 1); the next checkpoint that commits
   // (NoteCheckpointCommitted) then takes it out. Anything else is taken out
   // at once: LEFT with detail "drained: <reason>", STOP pushed to it, and,

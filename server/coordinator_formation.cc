@@ -86,9 +86,9 @@ void Coordinator::MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* 
     const bool external = spec::IsExternalJob(job.job.spec());
     SetPhaseLocked(
         job, v1::JOB_PHASE_FAILED,
-        absl::StrCat("only ", count, external ? " nodes" : " workers", " joined within join_timeout ",
-                     TimeUtil::ToString(elastic.join_timeout()), "; the job needs min_workers=",
-                     elastic.min_workers(),
+        absl::StrCat("only ", count, external ? " nodes" : " workers",
+                     " joined within join_timeout ", TimeUtil::ToString(elastic.join_timeout()),
+                     "; the job needs min_workers=", elastic.min_workers(),
                      external ? " (nodes of the external job)"
                               : absl::StrCat(" (tp*pp=", model_parallel,
                                              ", and a dp dividing the global batch)"),
@@ -161,8 +161,8 @@ void Coordinator::FormGenerationLocked(JobRecord& job, std::vector<MemberRecord*
   }
   SetPhaseLocked(job, v1::JOB_PHASE_RUNNING,
                  absl::StrCat("generation ", job.job.generation(), " formed: world ", world,
-                              job.plan.has_value() ? absl::StrCat(", dp ", dp) : "",
-                              ", ", job.job.num_spares(), " spares"));
+                              job.plan.has_value() ? absl::StrCat(", dp ", dp) : "", ", ",
+                              job.job.num_spares(), " spares"));
   EmitLocked(job, std::move(e));
   for (MemberRecord* m : candidates) {
     v1::SessionMessage msg;

@@ -153,10 +153,10 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
     // An external job grows at once (job.proto ExternalWorkload): the
     // newcomer joins the next generation, which the others re-join.
     const uint32_t world = job->job.world_size();
-    EndGenerationLocked(*job, v1::FORMATION_REASON_GROW,
-                        absl::StrCat("grow: '", w.worker_id(), "' joined; world ", world, " -> ",
-                                     world + 1),
-                        &ended);
+    EndGenerationLocked(
+        *job, v1::FORMATION_REASON_GROW,
+        absl::StrCat("grow: '", w.worker_id(), "' joined; world ", world, " -> ", world + 1),
+        &ended);
     m.member.set_generation(job->job.generation());
     m.member.set_state(v1::MEMBER_STATE_JOINING);
   } else if (job->job.phase() == v1::JOB_PHASE_RUNNING) {
@@ -263,9 +263,10 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
     }
   }
   m.member.set_drain_reason(reason.empty() ? std::string("operator request") : reason);
-  const bool graceful = m.member.state() == v1::MEMBER_STATE_ACTIVE &&
-                        job->job.phase() == v1::JOB_PHASE_RUNNING &&
-                        !job->job.spec().checkpoint().directory().empty();
+  // An external job saves by itself (no BeginCheckpoint): drained at once.
+  const bool graceful =
+      m.member.state() == v1::MEMBER_STATE_ACTIVE && job->job.phase() == v1::JOB_PHASE_RUNNING &&
+      !spec::IsExternalJob(job->job.spec()) && !job->job.spec().checkpoint().directory().empty();
   if (!graceful) {
     RemoveDrainedLocked(*job, m, ended);
     MaybeFormLocked(*job, ended);
@@ -407,7 +408,8 @@ absl::StatusOr<v1::Job> Coordinator::CompleteJob(const v1::CompleteJobRequest& r
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", w.job_id(), "'"));
   if (!spec::IsExternalJob(job->job.spec())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job '", w.job_id(), "' is a GPT training job: it completes when its ranks finish "
+        "job '", w.job_id(),
+        "' is a GPT training job: it completes when its ranks finish "
         "spec.training.train_steps; CompleteJob is for external jobs (spec.external)"));
   }
   auto it = job->members.find(w.worker_id());
@@ -417,17 +419,16 @@ absl::StatusOr<v1::Job> Coordinator::CompleteJob(const v1::CompleteJobRequest& r
   }
   MemberRecord& m = it->second;
   if (m.member.incarnation() != w.incarnation()) {
-    return absl::AbortedError(absl::StrCat(
-        "incarnation ", w.incarnation(), " of worker '", w.worker_id(),
-        "' was replaced by incarnation ", m.member.incarnation(), "; this process is fenced off"));
+    return absl::AbortedError(absl::StrCat("incarnation ", w.incarnation(), " of worker '",
+                                           w.worker_id(), "' was replaced by incarnation ",
+                                           m.member.incarnation(), "; this process is fenced off"));
   }
   const v1::JobPhase phase = job->job.phase();
   if (phase == v1::JOB_PHASE_COMPLETED) return job->job;  // unchanged
   if (IsTerminal(phase)) {
-    return absl::FailedPreconditionError(absl::StrCat("job '", w.job_id(), "' is already ",
-                                                      PhaseName(phase), " (",
-                                                      job->job.phase_reason(),
-                                                      "); it cannot complete"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", w.job_id(), "' is already ", PhaseName(phase), " (",
+                     job->job.phase_reason(), "); it cannot complete"));
   }
   const v1::MemberState state = m.member.state();
   if (state == v1::MEMBER_STATE_LOST || state == v1::MEMBER_STATE_LEFT) {

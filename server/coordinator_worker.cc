@@ -151,8 +151,7 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignment(const v1::Fence& fence
     const v1::MemberState s = member->member.state();
     return job->job.generation() != generation || IsTerminal(job->job.phase()) ||
            member->member.incarnation() != incarnation ||
-           (job->formed() &&
-            (s == v1::MEMBER_STATE_ACTIVE || s == v1::MEMBER_STATE_SPARE)) ||
+           (job->formed() && (s == v1::MEMBER_STATE_ACTIVE || s == v1::MEMBER_STATE_SPARE)) ||
            !IsLive(s);
   };
   const std::shared_ptr<absl::CondVar> changed = job->events.changed();

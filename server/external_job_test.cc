@@ -17,8 +17,8 @@
 namespace shardline::server {
 namespace {
 
-using ::testing::HasSubstr;
 using google::protobuf::util::TimeUtil;
+using ::testing::HasSubstr;
 
 // min..max nodes, heartbeat 1 s / timeout 5 s, last call 2 s, join
 // timeout 60 s.
@@ -94,8 +94,7 @@ class ExternalJobTest : public ::testing::Test {
   }
 
   absl::StatusOr<v1::Job> Complete(const std::string& worker, uint64_t generation,
-                                   const std::string& reason,
-                                   std::vector<GenerationEnded>* ended) {
+                                   const std::string& reason, std::vector<GenerationEnded>* ended) {
     v1::CompleteJobRequest r;
     *r.mutable_fence() = Fence(worker, generation);
     r.set_reason(reason);
@@ -195,7 +194,7 @@ TEST_F(ExternalJobTest, RecoveryAfterAStreamBreakFormsAsSoonAsSurvivorsRejoin) {
   EXPECT_EQ(Job().generation(), 2u);
   ASSERT_TRUE(Join("a").ok());
   EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);  // c is still FENCED
-  ASSERT_TRUE(Join("c").ok());  // every survivor is back: no last call
+  ASSERT_TRUE(Join("c").ok());                         // every survivor is back: no last call
   const v1::Job job = Job();
   EXPECT_EQ(job.phase(), v1::JOB_PHASE_RUNNING);
   EXPECT_EQ(job.generation(), 2u);
@@ -430,6 +429,25 @@ TEST_F(ExternalJobTest, CompleteJobRefusals) {
   auto on_cancelled = coordinator_->CompleteJob(c, &ended);
   EXPECT_EQ(on_cancelled.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(on_cancelled.status().message()), HasSubstr("CANCELLED"));
+}
+
+// An external job saves by itself: a drain takes the rank out at once
+// (no checkpoint to wait for), even with a checkpoint directory.
+TEST_F(ExternalJobTest, DrainTakesARankOutAtOnce) {
+  v1::JobSpec spec = ExternalSpec(1, 2);
+  spec.mutable_checkpoint()->set_directory("/shared/ckpt");
+  Create(spec);
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  std::vector<GenerationEnded> ended;
+  auto drained = coordinator_->DrainWorker("job", "b", "host maintenance", false, &ended);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->state(), v1::MEMBER_STATE_LEFT);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
+  ASSERT_TRUE(Join("a").ok());
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(Job().world_size(), 1u);
 }
 
 TEST_F(ExternalJobTest, JoinTimeoutMessageCountsNodes) {

@@ -16,8 +16,7 @@ absl::StatusOr<std::optional<Formation>> FormWorld(
   std::optional<plan::Plan> p;
   size_t world = 0;
   if (spec::IsExternalJob(spec)) {  // no plan: world = the candidates, capped
-    const std::optional<int> w =
-        spec::ChooseWorldSize(spec, static_cast<int>(candidates.size()));
+    const std::optional<int> w = spec::ChooseWorldSize(spec, static_cast<int>(candidates.size()));
     if (!w.has_value()) return std::optional<Formation>();
     world = static_cast<size_t>(*w);
   } else {
@@ -45,8 +44,8 @@ absl::StatusOr<std::optional<Formation>> FormWorld(
     return a.worker_id < b.worker_id;
   });
   if (world > candidates.size()) {  // spec::ChooseDp never picks such a dp
-    return absl::InternalError(absl::StrCat("cannot form world ", world, " of ",
-                                            candidates.size(), " candidates"));
+    return absl::InternalError(
+        absl::StrCat("cannot form world ", world, " of ", candidates.size(), " candidates"));
   }
   const auto first_spare = order.begin() + static_cast<std::ptrdiff_t>(world);
   Formation f{dp.value_or(0), static_cast<int>(world), std::move(p),

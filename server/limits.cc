@@ -35,6 +35,8 @@ const absl::flat_hash_map<std::string, Limit>& Table() {
       {"shardline.v1.JobSpec.name", {spec::kMaxJobNameBytes, "kMaxJobNameBytes"}},
       {"shardline.v1.DataConfig.dataset_path", {spec::kMaxPathBytes, "kMaxPathBytes"}},
       {"shardline.v1.CheckpointConfig.directory", {spec::kMaxPathBytes, "kMaxPathBytes"}},
+      {"shardline.v1.ExternalWorkload.framework",
+       {spec::kMaxFrameworkBytes, "kMaxFrameworkBytes"}},
       {"shardline.v1.GetJobRequest.job_id", {kMaxJobIdBytes, "kMaxJobIdBytes"}},
       {"shardline.v1.ListJobsRequest.page_token", {kMaxPageTokenBytes, "kMaxPageTokenBytes"}},
       {"shardline.v1.ListJobsRequest.phases",

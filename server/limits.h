@@ -37,7 +37,8 @@ inline constexpr size_t kMaxWorkerIdBytes = 128;  // as ValidIdentity (coordinat
 inline constexpr size_t kMaxHostBytes = 255;   // a DNS name (<= 253) or an address
 inline constexpr size_t kMaxDeviceBytes = 64;  // "cuda:0", "cpu"
 // Free text.
-inline constexpr size_t kMaxReasonBytes = 1024;  // LeaveJob, CompleteJob, AbortCheckpoint, Cancel, Drain
+// LeaveJob, CompleteJob, AbortCheckpoint, CancelJob, DrainWorker.
+inline constexpr size_t kMaxReasonBytes = 1024;
 inline constexpr size_t kMaxErrorMessageBytes = 4096;  // ReportError.message
 inline constexpr size_t kMaxOperationBytes = 256;      // ReportError.operation
 // Checkpoints.

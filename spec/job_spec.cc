@@ -164,7 +164,6 @@ absl::Status InSpecTerms(const absl::Status& s) {
   return plan::RenameFields(s, *kNames);
 }
 
-
 // Shared by both kinds: <directory>/<job_id>/ on a filesystem the
 // coordinator and every worker see at the same path.
 absl::Status CheckCheckpointDirectory(const std::string& ckpt) {
@@ -172,7 +171,9 @@ absl::Status CheckCheckpointDirectory(const std::string& ckpt) {
                         ckpt.size() > kMaxPathBytes || !IsDisplayText(ckpt))) {
     return Invalid(absl::StrCat("spec.checkpoint.directory='", AbbreviateValue(ckpt),
                                 "' must be an absolute path without '..' or control characters, "
-                                "at most ", kMaxPathBytes, " bytes (the coordinator and every "
+                                "at most ",
+                                kMaxPathBytes,
+                                " bytes (the coordinator and every "
                                 "worker use it as given), e.g. /var/lib/shardline/checkpoints"));
   }
   return absl::OkStatus();
@@ -204,23 +205,24 @@ absl::Status ResolveElasticDurations(v1::ElasticPolicy& e) {
     }
     if (FromProto(*d) > kMaxSpecDuration) {
       return Invalid(absl::StrCat("spec.elastic.", field, "=", TimeUtil::ToString(*d),
-                                  " is too long; at most ", absl::FormatDuration(kMaxSpecDuration)));
+                                  " is too long; at most ",
+                                  absl::FormatDuration(kMaxSpecDuration)));
     }
   }
   if (FromProto(e.heartbeat_timeout()) > kMaxHeartbeatTimeout) {
-    return Invalid(absl::StrCat("spec.elastic.heartbeat_timeout=",
-                                TimeUtil::ToString(e.heartbeat_timeout()), " is too long; at most ",
-                                absl::FormatDuration(kMaxHeartbeatTimeout)));
+    return Invalid(
+        absl::StrCat("spec.elastic.heartbeat_timeout=", TimeUtil::ToString(e.heartbeat_timeout()),
+                     " is too long; at most ", absl::FormatDuration(kMaxHeartbeatTimeout)));
   }
   const absl::Duration min_timeout =
       std::max(kMinTimeoutIntervals * FromProto(e.heartbeat_interval()), kMinHeartbeatTimeout);
   if (FromProto(e.heartbeat_timeout()) < min_timeout) {
     return Invalid(absl::StrCat(
         "spec.elastic.heartbeat_timeout=", TimeUtil::ToString(e.heartbeat_timeout()),
-        " must be longer: at least ", kMinTimeoutIntervals,
-        " x spec.elastic.heartbeat_interval=", TimeUtil::ToString(e.heartbeat_interval()),
-        " and at least ", absl::FormatDuration(kMinHeartbeatTimeout), ", so ",
-        absl::FormatDuration(min_timeout), " (a few intervals, e.g. 10x: one late heartbeat "
+        " must be longer: at least ", kMinTimeoutIntervals, " x spec.elastic.heartbeat_interval=",
+        TimeUtil::ToString(e.heartbeat_interval()), " and at least ",
+        absl::FormatDuration(kMinHeartbeatTimeout), ", so ", absl::FormatDuration(min_timeout),
+        " (a few intervals, e.g. 10x: one late heartbeat "
         "must not lose a worker)"));
   }
   return absl::OkStatus();
@@ -234,6 +236,18 @@ bool IsFrameworkChar(char c) {
 // a framework name, elastic as for GPT jobs with min_workers >= 1 nodes,
 // checkpoint without a schedule.
 absl::StatusOr<v1::JobSpec> ResolveExternalSpec(const v1::JobSpec& in) {
+  // The framework first: it is what the spec says it is.
+  const std::string& framework = in.external().framework();
+  if (framework.size() > kMaxFrameworkBytes) {
+    return Invalid(absl::StrCat("spec.external.framework='", AbbreviateValue(framework), "' is ",
+                                framework.size(), " bytes; give 0..", kMaxFrameworkBytes,
+                                " bytes of [a-z0-9._-], e.g. torchrun"));
+  }
+  if (!std::all_of(framework.begin(), framework.end(), IsFrameworkChar)) {
+    return Invalid(absl::StrCat("spec.external.framework='", AbbreviateValue(framework),
+                                "' is invalid; give 0..", kMaxFrameworkBytes,
+                                " bytes of [a-z0-9._-], e.g. torchrun"));
+  }
   const std::pair<const char*, bool> gpt_sections[] = {{"model", in.has_model()},
                                                        {"parallel", in.has_parallel()},
                                                        {"training", in.has_training()},
@@ -241,17 +255,11 @@ absl::StatusOr<v1::JobSpec> ResolveExternalSpec(const v1::JobSpec& in) {
   for (const auto& [field, set] : gpt_sections) {
     if (set) {
       return Invalid(absl::StrCat(
-          "spec.", field, " must be unset for an external job (spec.external is set): the "
-          "workload brings its own model, layout, training loop and data; remove spec.", field,
-          ", or remove spec.external for a GPT training job"));
+          "spec.", field,
+          " must be unset for an external job (spec.external is set): the "
+          "workload brings its own model, layout, training loop and data; remove spec.",
+          field, ", or remove spec.external for a GPT training job"));
     }
-  }
-  const std::string& framework = in.external().framework();
-  if (framework.size() > kMaxFrameworkBytes ||
-      !std::all_of(framework.begin(), framework.end(), IsFrameworkChar)) {
-    return Invalid(absl::StrCat("spec.external.framework='", AbbreviateValue(framework),
-                                "' is invalid; give 0..", kMaxFrameworkBytes,
-                                " bytes of [a-z0-9._-], e.g. torchrun"));
   }
   v1::JobSpec spec = in;
   const v1::CheckpointConfig& c = spec.checkpoint();
@@ -261,14 +269,16 @@ absl::StatusOr<v1::JobSpec> ResolveExternalSpec(const v1::JobSpec& in) {
                                 "workload saves when it chooses"));
   }
   if (c.async_save()) {
-    return Invalid("spec.checkpoint.async_save=true must be false for an external job "
-                   "(spec.external is set): the workload saves when and how it chooses");
+    return Invalid(
+        "spec.checkpoint.async_save=true must be false for an external job "
+        "(spec.external is set): the workload saves when and how it chooses");
   }
   if (absl::Status s = CheckCheckpointDirectory(c.directory()); !s.ok()) return s;
   v1::ElasticPolicy& e = *spec.mutable_elastic();
   if (e.min_workers() == 0) {
-    return Invalid("spec.elastic.min_workers=0 is invalid for an external job; give the fewest "
-                   "nodes (agents) it runs with, >= 1, e.g. min_workers: 2");
+    return Invalid(
+        "spec.elastic.min_workers=0 is invalid for an external job; give the fewest "
+        "nodes (agents) it runs with, >= 1, e.g. min_workers: 2");
   }
   if (e.max_workers() == 0) e.set_max_workers(static_cast<uint32_t>(plan::kMaxWorldSize));
   if (e.max_workers() < e.min_workers()) {

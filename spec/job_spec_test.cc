@@ -304,7 +304,6 @@ TEST(CheckTextTest, LengthControlCharactersAndRequired) {
   EXPECT_FALSE(IsDisplayText("tab\there"));
 }
 
-
 // --- External jobs (job.proto ExternalWorkload) ---------------------------
 
 v1::JobSpec External() {
@@ -379,7 +378,7 @@ TEST(ResolveExternalSpecTest, FrameworkElasticAndCheckpointRules) {
   EXPECT_THAT(Error(s), HasSubstr("spec.external.framework='Torch Run' is invalid; give 0..64 "
                                   "bytes of [a-z0-9._-]"));
   s.mutable_external()->set_framework(std::string(65, 'a'));
-  EXPECT_THAT(Error(s), HasSubstr("spec.external.framework="));
+  EXPECT_THAT(Error(s), HasSubstr("' is 65 bytes; give 0..64 bytes"));
   s.mutable_external()->set_framework(std::string(64, 'a'));
   EXPECT_TRUE(ResolveJobSpec(s).ok());
   s.mutable_external()->set_framework("torch-1.13_run.v2");

@@ -6,11 +6,12 @@
 # its "listening on HOST:PORT" line. Checks exit codes, that results go to
 # stdout and errors to stderr, and real values in the output.
 #
-#   shardctl_coordinator_test.sh SHARDCTL COORDINATOR SPEC_YAML
+#   shardctl_coordinator_test.sh SHARDCTL COORDINATOR SPEC_YAML EXTERNAL_SPEC_YAML
 set -uo pipefail
 SHARDCTL="$1"
 COORDINATOR="$2"
 SPEC="$3"
+EXTERNAL_SPEC="$4"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 PIDS=()
 cleanup() {
@@ -87,6 +88,17 @@ check "watch --json lines" 0 '"phase_changed":' "" -- watch shakespeare --after 
 check "an argument that is not UTF-8 is refused before any call" 2 "" "shardctl: argument 3 ('a\\xff') is not UTF-8" -- job get $'a\xff'
 check "an id with a terminal escape is echoed escaped" 2 "" "a\\x1b[31m" -- job get $'a\e[31m'
 check "watch --after beyond the history names the flag" 2 "" "shardctl watch: --after=99999 is outside the retained range [0, " -- watch shakespeare --after 99999
+
+# An external job (job.proto ExternalWorkload): no model or plan to show.
+check "create an external job from its example spec" 0 "Kind:         external workload (framework torchrun): no plan; ranks are the workload's" "" -- job create "$EXTERNAL_SPEC" --id ddp
+check "get an external job" 0 "Elastic:      2..4 nodes, heartbeat 1s, timeout 5s, last call 2s" "" -- job get ddp
+check "get an external job says who it waits for" 0 "World:        not formed yet; waiting for workers: 0 joined, needs at least 2 (min_workers)" "" -- job get ddp
+check "list an external job" 0 "torchrun-external  PENDING" "" -- job list
+check "members of an external job" 0 "no workers have joined job ddp (generation 1)" "" -- members ddp
+check "topology of an external job" 1 "" "job ddp is an external job (spec.external): it has no plan" -- topology ddp
+check "owner of an external job" 1 "" "job ddp is an external job (spec.external): it has no plan" -- owner ddp wte
+check "cancel an external job" 0 "Phase:        CANCELLED (cancelled: done)" "" -- job cancel ddp --reason done
+check "watch an external job" 0 "phase_changed PENDING -> CANCELLED: cancelled: done" "" -- watch ddp --after 0
 
 # A job that fails before it forms (nobody joins within join_timeout 1s).
 sed 's/^  heartbeat_timeout: 10s$/  heartbeat_timeout: 10s\n  join_timeout: 1s/' "$SPEC" >"$TMP/short.yaml"

@@ -366,7 +366,9 @@ absl::Status Topology(const std::vector<std::string>& args, std::ostream& out) {
   request.set_job_id(*job);
   absl::StatusOr<v1::Plan> plan = client->jobs->GetPlan(request);
   if (!plan.ok()) {
-    if (plan.status().code() == absl::StatusCode::kFailedPrecondition) {
+    // An external job never has a plan: the coordinator's message says so.
+    if (plan.status().code() == absl::StatusCode::kFailedPrecondition &&
+        !absl::StrContains(plan.status().message(), "(spec.external)")) {
       return absl::FailedPreconditionError(absl::StrCat(
           plan.status().message(), "; the topology exists once the first generation forms "
           "('shardctl members ", *job, "' shows who has joined)"));

@@ -174,7 +174,6 @@ std::string FormatTimestamp(const google::protobuf::Timestamp& t, bool millis) {
                           absl::UTCTimeZone());
 }
 
-
 // `job get` of an external job (job.proto ExternalWorkload): no model, plan
 // or train_steps; its world is its nodes.
 std::string FormatExternalJob(const v1::Job& job, const v1::ListMembersResponse* members) {
@@ -183,36 +182,36 @@ std::string FormatExternalJob(const v1::Job& job, const v1::ListMembersResponse*
   std::vector<std::pair<std::string, std::string>> lines;
   lines.emplace_back("Job", job.job_id());
   if (!s.name().empty()) lines.emplace_back("Name", Printable(s.name()));
-  lines.emplace_back("Kind", absl::StrCat("external workload (framework ",
-                                          s.external().framework().empty()
-                                              ? std::string("unnamed")
-                                              : Printable(s.external().framework()),
-                                          "): no plan; ranks are the workload's"));
-  lines.emplace_back("Phase", job.phase_reason().empty()
-                                  ? Phase(job.phase())
-                                  : absl::StrCat(Phase(job.phase()), " (",
-                                                 Printable(job.phase_reason()), ")"));
+  lines.emplace_back(
+      "Kind", absl::StrCat("external workload (framework ",
+                           s.external().framework().empty() ? std::string("unnamed")
+                                                            : Printable(s.external().framework()),
+                           "): no plan; ranks are the workload's"));
+  lines.emplace_back(
+      "Phase", job.phase_reason().empty()
+                   ? Phase(job.phase())
+                   : absl::StrCat(Phase(job.phase()), " (", Printable(job.phase_reason()), ")"));
   lines.emplace_back("Generation", absl::StrCat(job.generation()));
   if (job.world_size() == 0) {
     lines.emplace_back("World", NotFormed(job, members));
   } else {
-    lines.emplace_back("World", absl::StrCat(job.world_size(), job.world_size() == 1 ? " rank; " : " ranks; ",
-                                             job.num_spares(),
-                                             job.num_spares() == 1 ? " spare" : " spares"));
+    lines.emplace_back(
+        "World", absl::StrCat(job.world_size(), job.world_size() == 1 ? " rank; " : " ranks; ",
+                              job.num_spares(), job.num_spares() == 1 ? " spare" : " spares"));
   }
   lines.emplace_back("Step", absl::StrCat(job.step(), " (as the workload reports it)"));
   const v1::CheckpointConfig& c = s.checkpoint();
-  lines.emplace_back("Checkpoints",
-                     c.directory().empty()
-                         ? "none (no directory)"
-                         : absl::StrCat("by the workload into ", Printable(c.directory())));
-  const bool capped = e.max_workers() != 0 && e.max_workers() < static_cast<uint32_t>(plan::kMaxWorldSize);
+  lines.emplace_back("Checkpoints", c.directory().empty() ? "none (no directory)"
+                                                          : absl::StrCat("by the workload into ",
+                                                                         Printable(c.directory())));
+  const bool capped =
+      e.max_workers() != 0 && e.max_workers() < static_cast<uint32_t>(plan::kMaxWorldSize);
   lines.emplace_back(
-      "Elastic", absl::StrCat(e.min_workers(), "..",
-                              capped ? absl::StrCat(e.max_workers()) : std::string("any"),
-                              " nodes, heartbeat ", Duration(e.heartbeat_interval()),
-                              ", timeout ", Duration(e.heartbeat_timeout()), ", last call ",
-                              Duration(e.last_call())));
+      "Elastic",
+      absl::StrCat(e.min_workers(), "..",
+                   capped ? absl::StrCat(e.max_workers()) : std::string("any"),
+                   " nodes, heartbeat ", Duration(e.heartbeat_interval()), ", timeout ",
+                   Duration(e.heartbeat_timeout()), ", last call ", Duration(e.last_call())));
   lines.emplace_back("Created", FormatTimestamp(job.create_time()));
   lines.emplace_back("Updated", FormatTimestamp(job.update_time()));
   return KeyValueBlock(lines);
@@ -494,8 +493,8 @@ std::string FormatEvent(const v1::JobEvent& e) {
       const v1::GenerationFormed& x = e.generation_formed();
       what = absl::StrCat(
           "generation_formed ",
-          absl::AsciiStrToLower(EnumName(v1::FormationReason_descriptor(), x.reason())),
-          ": world ", x.world_size(),
+          absl::AsciiStrToLower(EnumName(v1::FormationReason_descriptor(), x.reason())), ": world ",
+          x.world_size(),
           // An external job has no dp (0): its world is its nodes.
           x.dp() == 0 ? std::string() : absl::StrCat(" (dp ", x.dp(), ")"), ", ranks ",
           x.worker_ids().empty() ? "-" : Printable(absl::StrJoin(x.worker_ids(), " ")));

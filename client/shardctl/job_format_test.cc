@@ -91,6 +91,59 @@ TEST(JobFormatTest, RunningJobWithCheckpointAndReason) {
                          HasSubstr("Last checkpoint:  step-100 (step 100)\n")));
 }
 
+// An external job (job.proto ExternalWorkload): its kind and framework, its
+// nodes, no model, plan or train_steps.
+TEST(JobFormatTest, ExternalJob) {
+  v1::Job job;
+  job.set_job_id("ddp");
+  job.mutable_spec()->set_name("torchrun-external");
+  job.mutable_spec()->mutable_external()->set_framework("torchrun");
+  v1::ElasticPolicy* e = job.mutable_spec()->mutable_elastic();
+  e->set_min_workers(2);
+  e->set_max_workers(4);
+  e->mutable_heartbeat_interval()->set_seconds(1);
+  e->mutable_heartbeat_timeout()->set_seconds(5);
+  e->mutable_last_call()->set_seconds(2);
+  job.set_phase(v1::JOB_PHASE_RUNNING);
+  job.set_phase_reason("generation 2 formed: world 3, 0 spares");
+  job.set_generation(2);
+  job.set_world_size(3);
+  job.set_step(42);
+  job.mutable_create_time()->set_seconds(1714557600);
+  job.mutable_update_time()->set_seconds(1714557605);
+  EXPECT_EQ(FormatJob(job),
+            "Job:          ddp\n"
+            "Name:         torchrun-external\n"
+            "Kind:         external workload (framework torchrun): no plan; ranks are the "
+            "workload's\n"
+            "Phase:        RUNNING (generation 2 formed: world 3, 0 spares)\n"
+            "Generation:   2\n"
+            "World:        3 ranks; 0 spares\n"
+            "Step:         42 (as the workload reports it)\n"
+            "Checkpoints:  none (no directory)\n"
+            "Elastic:      2..4 nodes, heartbeat 1s, timeout 5s, last call 2s\n"
+            "Created:      2024-05-01T10:00:00Z\n"
+            "Updated:      2024-05-01T10:00:05Z\n");
+  // Before it forms: nodes joined against min_workers; no cap shows "any".
+  job.set_phase(v1::JOB_PHASE_PENDING);
+  job.set_world_size(0);
+  e->set_max_workers(1u << 18);
+  v1::ListMembersResponse members;
+  v1::Member* m = members.add_members();
+  m->set_worker_id("node0");
+  m->set_state(v1::MEMBER_STATE_JOINING);
+  m->set_generation(2);
+  const std::string out = FormatJob(job, &members);
+  EXPECT_THAT(out, HasSubstr("not formed yet; waiting for workers: 1 joined, needs at least 2 "
+                             "(min_workers)"));
+  EXPECT_THAT(out, HasSubstr("Elastic:      2..any nodes"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("Model")));
+  // The list shows its step without a train_steps.
+  google::protobuf::RepeatedPtrField<v1::Job> jobs;
+  *jobs.Add() = job;
+  EXPECT_THAT(FormatJobList(jobs), ::testing::ContainsRegex("PENDING +2 +- +42 "));
+}
+
 // Before the first generation: who has joined, and the last call once
 // enough have (4 workers form pp 2 x dp 2; max_workers 5; last call 10 s).
 TEST(JobFormatTest, NotFormedSaysHowFormationStands) {

@@ -50,6 +50,14 @@ with Coordinator() as c, shardline.Client(c.address) as client:
         raise AssertionError("no NotFoundError")
     except shardline.NotFoundError as e:
         assert "nope" in e.message, e.message
+# The torchrun backend as torch >= 2.5 discovers it (the entry point), and
+# the torch integration importable from the installed package.
+from importlib.metadata import entry_points
+found = [e for e in entry_points(group="torchrun.handlers") if e.name == "shardline"]
+assert found, "no torchrun.handlers entry point 'shardline'"
+from shardline.torch import rendezvous
+assert found[0].load() is rendezvous.create_handler
+assert os.path.realpath(rendezvous.__file__).startswith(venv), rendezvous.__file__
 print("shardline", shardline.__version__, "from", os.path.dirname(shardline.__file__))
 PY
 echo "[  OK  ] the installed package against the coordinator"

@@ -146,25 +146,69 @@ class TorchrunTest(unittest.TestCase):
         self.assertEqual(len(lost), 1, members)
         self.assertEqual(lost[0].loss_reason, session_pb2.LOSS_REASON_STREAM_BROKEN)
 
-    def test_a_late_agent_is_admitted_at_the_next_round(self):
-        for i in range(2):
-            self.agent("grow", "agent%d" % i, "2:3", 60)
+    def test_a_fourth_agent_is_admitted_at_the_next_round(self):
+        for i in range(3):
+            self.agent("grow", "agent%d" % i, "2:4", 60)
         wait_for(lambda: [s for s in all_steps(self.agents) if s[0] >= 10], 240,
-                 "step 10 with 2 agents\n" + self.describe())
-        self.assertTrue(all(s[2] == 2 for s in all_steps(self.agents)))
-        self.agent("grow", "agent-late", "2:3", 60)
-        wait_for(lambda: [s for s in all_steps(self.agents) if s[2] == 3], 240,
-                 "a step with world 3\n" + self.describe())
+                 "step 10 with 3 agents\n" + self.describe())
+        self.assertTrue(all(s[2] == 3 for s in all_steps(self.agents)))
+        self.agent("grow", "agent-late", "2:4", 60)
+        wait_for(lambda: [s for s in all_steps(self.agents) if s[2] == 4], 240,
+                 "a step with world 4\n" + self.describe())
+        for a in self.agents:
+            a.proc.wait(240)
+        self.assertEqual([a.proc.returncode for a in self.agents], [0] * 4, self.describe())
+        self.assertEqual(max(s[0] for s in all_steps(self.agents)), 60)
+        with shardline.Client(self.coord.address) as c:
+            job = c.get_job("grow")
+            members = c.members("grow").members
+        self.assertEqual(job.phase, job_pb2.JOB_PHASE_COMPLETED, job.phase_reason)
+        self.assertEqual(job.world_size, 4)
+        # Four agents, each of which left when its workers finished.
+        self.assertEqual(len(members), 4, members)
+        self.assertTrue(all(m.state == session_pb2.MEMBER_STATE_LEFT for m in members), members)
+
+    def test_a_node_declared_lost_is_fenced_and_rejoins_a_later_round(self):
+        # agent2's agent process (not its worker) is frozen: its heartbeats
+        # stop and the coordinator declares it LOST after heartbeat_timeout.
+        for i in range(3):
+            self.agents.append(Agent(self.coord.address, "freeze", self.dir, "agent%d" % i,
+                                     "2:3", 80, extra_conf="heartbeat_timeout=2"))
+        wait_for(lambda: [s for s in all_steps(self.agents) if s[0] >= 10], 240,
+                 "step 10 with 3 agents\n" + self.describe())
+        frozen = next(a for a in self.agents[::-1] if not a.steps())
+        with shardline.Client(self.coord.address) as c:
+            generation = c.get_job("freeze").generation
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        try:
+            def lost():
+                with shardline.Client(self.coord.address) as c:
+                    ms = {m.worker_id: m for m in c.members("freeze").members}
+                return [m for m in ms.values() if m.state == session_pb2.MEMBER_STATE_LOST]
+            gone = wait_for(lost, 60, "the frozen agent declared LOST\n" + self.describe())
+            self.assertEqual(len(gone), 1)
+            self.assertEqual(gone[0].loss_reason, session_pb2.LOSS_REASON_HEARTBEAT_TIMEOUT)
+            t_lost = time.time()
+            # The others train on without it.
+            wait_for(lambda: [s for s in all_steps(self.agents) if s[4] > t_lost and s[2] == 2],
+                     120, "a step with world 2\n" + self.describe())
+        finally:
+            os.kill(frozen.proc.pid, signal.SIGCONT)
+        # Thawed, it finds its round gone (its old fence is refused), joins
+        # the next round, and the job grows back to 3 nodes.
+        t_thaw = time.time()
+        wait_for(lambda: [s for s in all_steps(self.agents) if s[4] > t_thaw and s[2] == 3],
+                 180, "a step with world 3 after the thaw\n" + self.describe())
         for a in self.agents:
             a.proc.wait(240)
         self.assertEqual([a.proc.returncode for a in self.agents], [0, 0, 0], self.describe())
-        self.assertEqual(max(s[0] for s in all_steps(self.agents)), 60)
         with shardline.Client(self.coord.address) as c:
-            self.assertEqual(c.get_job("grow").phase, job_pb2.JOB_PHASE_COMPLETED)
-            members = c.members("grow").members
-        # Three agents, each of which left when its workers finished.
-        self.assertEqual(len(members), 3, members)
-        self.assertTrue(all(m.state == session_pb2.MEMBER_STATE_LEFT for m in members), members)
+            job = c.get_job("freeze")
+            events = list(c.watch("freeze", after_sequence=0))
+        self.assertEqual(job.phase, job_pb2.JOB_PHASE_COMPLETED, job.phase_reason)
+        self.assertGreaterEqual(job.generation, generation + 2)
+        text = "\n".join(str(e) for e in events)
+        self.assertIn("heartbeat", text.lower())
 
     def test_a_gpt_job_is_refused_with_one_clear_error(self):
         spec = open(repo_path("deploy/jobs/shakespeare-demo.yaml")).read()

@@ -17,9 +17,9 @@
 namespace shardline::server {
 namespace {
 
-using ::testing::HasSubstr;
 using google::protobuf::util::TimeUtil;
 using testing::Harness;
+using ::testing::HasSubstr;
 using testing::JoinAll;
 using testing::Prepare;
 using testing::SimWorker;
@@ -75,8 +75,7 @@ grpc::Status NumKeysAs(Harness& h, const v1::Fence& fence, const std::string& to
   return s;
 }
 
-grpc::Status Set(Harness& h, const SimWorker& w, const std::string& scope,
-                 const std::string& key) {
+grpc::Status Set(Harness& h, const SimWorker& w, const std::string& scope, const std::string& key) {
   auto rendezvous = v1::RendezvousService::NewStub(h.Channel());
   v1::KvSetRequest req;
   *req.mutable_fence() = w.fence();
@@ -89,8 +88,7 @@ grpc::Status Set(Harness& h, const SimWorker& w, const std::string& scope,
   return rendezvous->KvSet(&ctx, req, &resp);
 }
 
-grpc::Status Add(Harness& h, const SimWorker& w, const std::string& scope,
-                 const std::string& key) {
+grpc::Status Add(Harness& h, const SimWorker& w, const std::string& scope, const std::string& key) {
   auto rendezvous = v1::RendezvousService::NewStub(h.Channel());
   v1::KvAddRequest req;
   *req.mutable_fence() = w.fence();
@@ -138,8 +136,7 @@ TEST(ExternalRpcTest, KvNumKeysCountsPerScopeAndActsOnlyAsItself) {
   EXPECT_THAT(s.error_message(), HasSubstr("kMaxScopeBytes"));
   v1::Fence stale = a.fence();
   stale.set_generation(2);
-  EXPECT_EQ(NumKeysAs(h, stale, a.member_token(), "s", &n).error_code(),
-            grpc::StatusCode::ABORTED);
+  EXPECT_EQ(NumKeysAs(h, stale, a.member_token(), "s", &n).error_code(), grpc::StatusCode::ABORTED);
 }
 
 TEST(ExternalRpcTest, CompleteJobStopsEveryoneAndAbortsBlockedRendezvousCalls) {
@@ -186,8 +183,8 @@ TEST(ExternalRpcTest, CompleteJobStopsEveryoneAndAbortsBlockedRendezvousCalls) {
   EXPECT_EQ(waited.error_code(), grpc::StatusCode::ABORTED) << waited.error_message();
   // Both sessions get STOP.
   for (SimWorker* w : {&a, &b}) {
-    auto stop = w->WaitMessage(
-        [](const v1::SessionMessage& m) { return m.directive().has_stop(); }, absl::Seconds(10));
+    auto stop = w->WaitMessage([](const v1::SessionMessage& m) { return m.directive().has_stop(); },
+                               absl::Seconds(10));
     ASSERT_TRUE(stop.has_value()) << w->worker_id();
     EXPECT_EQ(stop->directive().stop().phase(), v1::JOB_PHASE_COMPLETED);
   }
