@@ -57,7 +57,7 @@ setup(
     entry_points={
         # torch >= 2.5 discovers rendezvous backends here: plain
         # `torchrun --rdzv-backend shardline ...` then works.
-        "torchrun.handlers": ["shardline = shardline.torch.rendezvous:create_handler"],
+        "torchrun.handlers": ["shardline = shardline.torch.rendezvous:handler_generator"],
         "console_scripts": ["shardline-torchrun = shardline.torchrun:main"],
     },
     cmdclass={"build_py": BuildPyWithStubs},

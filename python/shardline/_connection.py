@@ -146,6 +146,10 @@ def check_token(token: str, what: str) -> str:
     return token
 
 
+# The longest timeout a call may be given (seconds).
+MAX_TIMEOUT_S = 86400
+
+
 def check_timeout(timeout: Any, what: str = "timeout") -> float:
     """`timeout` as float seconds; ValueError naming `what` unless a positive finite number."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -153,6 +157,11 @@ def check_timeout(timeout: Any, what: str = "timeout") -> float:
     if not (timeout > 0 and math.isfinite(timeout)):
         raise ValueError("%s=%r is not a positive number of seconds; give e.g. %s=30"
                          % (what, timeout, what))
+    if timeout > MAX_TIMEOUT_S:
+        # gRPC's deadline arithmetic overflows far beyond this (a deadline of
+        # 1e10 s fails every call at once).
+        raise ValueError("%s=%r s is over %d s (one day); give a shorter timeout"
+                         % (what, timeout, MAX_TIMEOUT_S))
     return float(timeout)
 
 

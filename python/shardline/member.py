@@ -41,8 +41,6 @@ from google.protobuf import duration_pb2
 # The longest one GetAssignment call waits before the member looks again at
 # its state (seconds): a re-form or a stop is noticed between slices.
 _ASSIGNMENT_SLICE_S = 2.0
-# How long a heartbeat or another short call may take (seconds).
-_SHORT_CALL_S = 10.0
 # Session stream reconnect backoff (seconds).
 _RECONNECT_MIN_S = 0.05
 _RECONNECT_MAX_S = 2.0
@@ -170,7 +168,8 @@ class Member:
 
     # ---------------------------------------------------------------- calls
 
-    def _call(self, method: str, request, timeout: Optional[float] = _SHORT_CALL_S):
+    def _call(self, method: str, request, timeout: Optional[float] = None):
+        """One RPC as this member; `timeout` None: the connection's timeout."""
         return self._conn.call(method, request, timeout=timeout, token=self.token)
 
     def join(self) -> session_pb2.JoinJobResponse:
@@ -256,7 +255,8 @@ class Member:
             req = session_pb2.GetAssignmentRequest(fence=self.fence(), wait=True,
                                                    timeout=_duration(wait))
             try:
-                a = self._call("WorkerService.GetAssignment", req, timeout=wait + _SHORT_CALL_S)
+                a = self._call("WorkerService.GetAssignment", req,
+                               timeout=wait + self._conn.timeout)
             except errors.DeadlineExceededError:
                 continue
             except errors.AbortedError:

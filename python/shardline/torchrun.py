@@ -38,22 +38,45 @@ def _fix_std_from_str() -> None:
     api.Std.from_str = staticmethod(from_str)
 
 
+def _given(args, names):
+    """The values torchrun's own parser reads for `names` (None where the
+    command line leaves them at torchrun's default): the flags of the
+    training script after its path are not ours to read."""
+    from torch.distributed import run
+    parser = run.get_args_parser()
+    parser.set_defaults(**{n: None for n in names})
+    known, _ = parser.parse_known_args(args)
+    return {n: getattr(known, n) for n in names}
+
+
 def main(argv=None) -> None:
+    from torch.distributed.elastic.rendezvous import api as rdzv_api
+    from shardline import errors
     from shardline.torch import rendezvous
     _fix_std_from_str()
     rendezvous.register()
     from torch.distributed import run
     args = list(sys.argv[1:] if argv is None else argv)
-    flags = {a.split("=")[0].replace("-", "_") for a in args if a.startswith("--")}
-    if "__rdzv_backend" not in flags:
+    if any(a in ("-h", "--help") for a in args[:1]) or args[:1] == []:
+        print("shardline.torchrun: torchrun with --rdzv_backend shardline and "
+              "--monitor_interval %.1f by default; rdzv_conf keys of the backend: %s "
+              "(python/shardline/torch/rendezvous.py)\n"
+              % (DEFAULT_MONITOR_INTERVAL_S, ", ".join(rendezvous.CONF_KEYS)))
+    given = _given(args, ("rdzv_backend", "monitor_interval"))
+    if given["rdzv_backend"] is None:
         args = ["--rdzv_backend", rendezvous.BACKEND_NAME] + args
-    if "__monitor_interval" not in flags:
+    if given["monitor_interval"] is None:
         # The agent learns of a re-form by polling num_nodes_waiting() once
         # per monitor interval; ours reads a flag the Session stream keeps
         # current (no RPC), so polling twice a second costs nothing and
         # bounds that part of a recovery to 0.5 s (torch 1.13's default: 5 s).
         args = ["--monitor_interval", str(DEFAULT_MONITOR_INTERVAL_S)] + args
-    run.main(args)
+    try:
+        run.main(args)
+    except (rdzv_api.RendezvousError, errors.ShardlineError, ValueError) as e:
+        # One line that names the cause, not the agent's traceback.
+        print("shardline.torchrun: error: %s: %s" % (type(e).__name__, e), file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ from importlib.metadata import entry_points
 found = [e for e in entry_points(group="torchrun.handlers") if e.name == "shardline"]
 assert found, "no torchrun.handlers entry point 'shardline'"
 from shardline.torch import rendezvous
-assert found[0].load() is rendezvous.create_handler
+# torch calls the entry point with no arguments and registers what it returns.
+assert found[0].load()() is rendezvous.create_handler
 assert os.path.realpath(rendezvous.__file__).startswith(venv), rendezvous.__file__
 print("shardline", shardline.__version__, "from", os.path.dirname(shardline.__file__))
 PY

@@ -20,7 +20,7 @@ def params(address, run_id, min_nodes=1, max_nodes=2, **conf):
     conf.setdefault("last_call_timeout", "0.3")
     conf.setdefault("heartbeat_interval", "0.2")
     conf.setdefault("join_timeout", "20")
-    conf.setdefault("timeout", "3")
+    conf.setdefault("call_timeout", "3")
     return rdzv_api.RendezvousParameters("shardline", address, run_id, min_nodes, max_nodes,
                                          **conf)
 
@@ -182,7 +182,7 @@ class BadInputTest(unittest.TestCase):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        h = rendezvous.create_handler(params("127.0.0.1:%d" % port, "job", timeout="2",
+        h = rendezvous.create_handler(params("127.0.0.1:%d" % port, "job", call_timeout="2",
                                              worker_id="a"))
         start = time.monotonic()
         with self.assertRaises(rdzv_api.RendezvousConnectionError) as cm:
@@ -209,11 +209,35 @@ class BadInputTest(unittest.TestCase):
             h.shutdown()
 
     def test_bad_rdzv_conf_and_nnodes(self):
+        for key, value in (("join_timeout", "soon"), ("join_timeout", "nan"),
+                           ("heartbeat_interval", "inf"), ("call_timeout", "-1"),
+                           ("last_call_timeout", "1e10")):
+            with self.assertRaises(ValueError) as cm:
+                rendezvous.create_handler(params("127.0.0.1:1", "j", **{key: value}))
+            self.assertIn("rdzv_conf %s=" % key, str(cm.exception))
         with self.assertRaises(ValueError) as cm:
-            rendezvous.create_handler(params("127.0.0.1:1", "j", join_timeout="soon"))
-        self.assertIn("join_timeout", str(cm.exception))
+            rendezvous.create_handler(params("127.0.0.1:1", "j", join_timout="5"))
+        self.assertIn("join_timout: not a key of the shardline backend", str(cm.exception))
         with self.assertRaises(ValueError):
             rendezvous.create_handler(params("", "j"))
+        # torchrun's own legacy `timeout` key is accepted (and not used).
+        rendezvous.create_handler(params("127.0.0.1:1", "j", timeout="900")).shutdown()
+
+    def test_entry_point_returns_the_factory(self):
+        # torch >= 2.5 calls the torchrun.handlers entry point with no
+        # arguments and registers what it returns.
+        self.assertIs(rendezvous.handler_generator(), rendezvous.create_handler)
+
+    def test_shutdown_with_the_coordinator_gone_returns_false(self):
+        coord = Coordinator()
+        coord.start()
+        h = rendezvous.create_handler(params(coord.address, "gone", worker_id="a",
+                                             min_nodes=1, max_nodes=1, call_timeout="2"))
+        h.next_rendezvous()
+        coord.kill()
+        start = time.monotonic()
+        self.assertFalse(h.shutdown())
+        self.assertLess(time.monotonic() - start, 10)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,19 @@ def external_spec(min_workers, max_workers, heartbeat_timeout="5s", last_call="0
     }
 
 
+def stop(pid):
+    """SIGSTOP and wait until the kernel shows the process stopped (a signal
+    is delivered asynchronously: a call sent at once could still be served)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open("/proc/%d/stat" % pid) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.005)
+    raise AssertionError("process %d did not stop" % pid)
+
+
 def create(address, job_id, spec, token=None):
     with shardline.Client(address, token=token) as c:
         job, worker_token = c.create_job(spec, job_id=job_id)
@@ -149,6 +162,49 @@ class StoreTest(unittest.TestCase):
         p.wait(["a", "c"])
         self.assertEqual(s.get("pre/a"), b"1")
 
+    def test_wrong_types_are_named(self):
+        s = self.store("types")
+        with self.assertRaises(TypeError) as cm:
+            s.set("k", 5)
+        self.assertIn("value must be bytes or str, not int", str(cm.exception))
+        with self.assertRaises(TypeError):
+            s.set(7, b"v")
+        with self.assertRaises(TypeError):
+            s.add("c", 1.7)
+        with self.assertRaises(TypeError):
+            s.wait("kk")
+        with self.assertRaises(TypeError):
+            Store(self.member, scope=5)
+        for bad in (0, -1, float("nan"), float("inf"), 1e9):
+            with self.assertRaises(ValueError):
+                Store(self.member, timeout=bad)
+        self.assertEqual(s.num_keys(), 0)  # nothing was stored
+
+    def test_calls_are_bounded_by_the_store_timeout_when_the_coordinator_hangs(self):
+        coord = Coordinator()
+        coord.start()
+        try:
+            create(coord.address, "hang", external_spec(1, 1))
+            with shardline.Connection(coord.address, timeout=30) as conn:
+                m = Member(conn, "hang", "m0")
+                m.join()
+                m.wait_assignment(30)
+                s = Store(m, timeout=1.5)
+                s.set("k", b"v")
+                stop(coord.process.pid)
+                try:
+                    for call in (lambda: s.set("k", b"w"), lambda: s.get("missing"),
+                                 lambda: s.num_keys()):
+                        start = time.monotonic()
+                        with self.assertRaises(errors.DeadlineExceededError):
+                            call()
+                        self.assertLess(time.monotonic() - start, 1.5 + 3)
+                finally:
+                    os.kill(coord.process.pid, signal.SIGCONT)
+                m.leave("done")
+        finally:
+            coord.stop()
+
     def test_limits_are_named(self):
         s = self.store("limits")
         with self.assertRaises(errors.InvalidArgumentError) as cm:
@@ -205,8 +261,11 @@ class GenerationTest(unittest.TestCase):
     def test_lost_member_is_fenced_then_rejoins_a_later_generation(self):
         # m1 lives in a child process that we SIGSTOP: its heartbeats stop
         # and the coordinator declares it LOST after heartbeat_timeout.
+        # The first generation forms when both have joined (max_workers; the
+        # child's torch import takes seconds, so the last call is long); the
+        # recoveries after it form as soon as the survivors re-join.
         create(self.coord.address, "lost", external_spec(1, 2, heartbeat_timeout="1s",
-                                                          last_call="2s"))
+                                                          last_call="60s"))
         child = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "store_child.py"), "fenced",
              self.coord.address, "lost", "m1"],
@@ -218,7 +277,7 @@ class GenerationTest(unittest.TestCase):
             self.assertEqual(a.world_size, 2)
             line = child.stdout.readline()
             self.assertTrue(line.startswith("assigned generation=%d" % a.generation), line)
-            os.kill(child.pid, signal.SIGSTOP)
+            stop(child.pid)
             try:
                 deadline = time.monotonic() + 20
                 while not m0.reform_pending and time.monotonic() < deadline:

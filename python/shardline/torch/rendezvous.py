@@ -29,7 +29,7 @@ The job is created on first use when it does not exist and the connection
 may create jobs (a coordinator without auth, or the admin token):
 external {framework: "torchrun"} with the rendezvous' min/max nodes and the
 rdzv_conf timings below. With auth, create it beforehand (`shardctl job
-create --spec deploy/jobs/torchrun-external.yaml --job-id my-job`) and give
+create deploy/jobs/torchrun-external.yaml --id my-job`) and give
 the agents its worker token.
 
 rdzv_conf keys (all optional):
@@ -39,13 +39,16 @@ rdzv_conf keys (all optional):
   join_timeout     seconds to wait for a round to include this agent (600)
   last_call_timeout  seconds a first round waits for more than min nodes (30)
   heartbeat_interval, heartbeat_timeout   seconds, for a job created here (1, 10)
-  timeout          seconds for one coordinator call (10)
+  call_timeout     seconds one coordinator call may take (10)
+  (torchrun also passes its legacy `timeout`, the rendezvous timeout, to
+  every backend; like c10d, this one takes join_timeout instead.)
   create           "false" to never create the job
 """
 
 from __future__ import annotations
 
-import datetime
+import logging
+import math
 import os
 import threading
 from typing import Optional, Tuple
@@ -63,6 +66,19 @@ _TERMINAL = (job_pb2.JOB_PHASE_COMPLETED, job_pb2.JOB_PHASE_FAILED,
              job_pb2.JOB_PHASE_CANCELLED)
 
 
+# The rdzv_conf keys this backend reads (the module docstring).
+CONF_KEYS = ("token_file", "tls_ca", "tls_cert", "tls_key", "tls_server_name", "worker_id",
+             "join_timeout", "last_call_timeout", "heartbeat_interval", "heartbeat_timeout",
+             "call_timeout", "create")
+# Keys torchrun itself puts into the config of every backend.
+_TORCH_KEYS = ("timeout", "rank", "local_addr", "is_host", "read_timeout",
+               "keep_alive_interval", "keep_alive_max_attempt")
+# The longest duration an rdzv_conf key may give (seconds): a day.
+_MAX_SECONDS = 86400.0
+
+log = logging.getLogger(__name__)
+
+
 def _seconds(params, key: str, default: float) -> float:
     raw = params.get(key, None)
     if raw is None or raw == "":
@@ -71,8 +87,9 @@ def _seconds(params, key: str, default: float) -> float:
         value = float(raw)
     except (TypeError, ValueError):
         raise ValueError(f"rdzv_conf {key}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"rdzv_conf {key}={raw!r} must be positive (seconds)")
+    if not (value > 0 and math.isfinite(value)) or value > _MAX_SECONDS:
+        raise ValueError(f"rdzv_conf {key}={raw!r}: give a positive number of seconds, at most "
+                         f"{_MAX_SECONDS:.0f}")
     return value
 
 
@@ -198,12 +215,20 @@ class ShardlineRendezvousHandler(rdzv_api.RendezvousHandler):
         return 1 if self._joined and self._member.reform_pending else 0
 
     def shutdown(self) -> bool:
-        """Leaves the job (LeaveJob) and stops the member's threads."""
-        if self._joined:
-            self._member.leave(f"torchrun agent {self._member.worker_id} shut down")
-        else:
+        """Leaves the job (LeaveJob) and stops the member's threads. False
+        (with a warning logged) when the coordinator could not be told: the
+        agent's work is done all the same, and the coordinator declares the
+        member LOST when its stream breaks."""
+        if not self._joined:
             self._member.close()
-        return True
+            return True
+        try:
+            self._member.leave(f"torchrun agent {self._member.worker_id} shut down")
+            return True
+        except errors.ShardlineError as e:
+            log.warning("shardline rendezvous: leaving job %s failed: %s", self._run_id, e)
+            self._member.close()
+            return False
 
     @property
     def use_agent_store(self) -> bool:
@@ -229,7 +254,13 @@ class ShardlineRendezvousHandler(rdzv_api.RendezvousHandler):
         if job.phase in _TERMINAL:
             self._closed = True
             raise rdzv_api.RendezvousClosedError(
-                f"job {self._run_id} is {job_pb2.JobPhase.Name(job.phase)}: {job.phase_reason}")
+                f"job {self._run_id} is {job_pb2.JobPhase.Name(job.phase)}: {job.phase_reason} "
+                "(a job id serves one run: give this run another --rdzv_id)")
+        e = job.spec.elastic
+        if (e.min_workers, e.max_workers) != (self._min_nodes, self._max_nodes):
+            log.warning("shardline rendezvous: job %s takes %d..%d nodes (its spec); "
+                        "--nnodes %d:%d is not used", self._run_id, e.min_workers,
+                        e.max_workers, self._min_nodes, self._max_nodes)
 
     def _create_job(self) -> job_pb2.Job:
         spec = job_pb2.JobSpec(name=f"torchrun {self._run_id}"[:128])
@@ -252,6 +283,10 @@ class ShardlineRendezvousHandler(rdzv_api.RendezvousHandler):
 def create_handler(params: rdzv_api.RendezvousParameters) -> ShardlineRendezvousHandler:
     """torch's handler factory: registered as "shardline" by
     shardline.torchrun, and as the `torchrun.handlers` entry point."""
+    unknown = sorted(k for k in params.config if k not in CONF_KEYS and k not in _TORCH_KEYS)
+    if unknown:
+        raise ValueError(f"rdzv_conf {', '.join(unknown)}: not a key of the shardline backend; "
+                         f"it reads {', '.join(CONF_KEYS)}")
     endpoint = params.endpoint
     if not endpoint:
         raise ValueError("--rdzv_endpoint is empty; give the coordinator's HOST:PORT "
@@ -262,7 +297,7 @@ def create_handler(params: rdzv_api.RendezvousParameters) -> ShardlineRendezvous
                       tls_cert=params.get("tls_cert", None) or None,
                       tls_key=params.get("tls_key", None) or None,
                       tls_server_name=params.get("tls_server_name", None) or None,
-                      timeout=_seconds(params, "timeout", 10.0))
+                      timeout=_seconds(params, "call_timeout", 10.0))
     return ShardlineRendezvousHandler(
         params.run_id, conn, params.min_nodes, params.max_nodes,
         worker_id=params.get("worker_id", None) or None,
@@ -271,6 +306,12 @@ def create_handler(params: rdzv_api.RendezvousParameters) -> ShardlineRendezvous
         heartbeat_interval=_seconds(params, "heartbeat_interval", 1.0),
         heartbeat_timeout=_seconds(params, "heartbeat_timeout", 10.0),
         create=params.get_as_bool("create", True))
+
+
+def handler_generator():
+    """The `torchrun.handlers` entry point: torch >= 2.5 calls it with no
+    arguments and registers what it returns as the backend's factory."""
+    return create_handler
 
 
 def register() -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 from typing import Iterable, List, Optional, Union
 
@@ -45,23 +46,49 @@ from shardline.v1 import rendezvous_pb2
 # The coordinator's kMaxWaitTimeout (rendezvous.proto): a longer wait is cut
 # into calls of at most this many seconds.
 _MAX_WAIT_S = 3600.0
-# Extra gRPC deadline over the wait a blocking call asks for (seconds).
-_DEADLINE_SLACK_S = 10.0
-_SHORT_CALL_S = 30.0
+# Extra gRPC deadline over the wait a blocking call asks for (seconds): the
+# coordinator answers DEADLINE_EXCEEDED itself at the wait's end; this only
+# covers the answer's way back.
+_DEADLINE_SLACK_S = 2.0
 
 Bytes = Union[bytes, bytearray, str]
 
 
-def _to_bytes(value: Bytes) -> bytes:
+# The longest store timeout (seconds): a day, as shardline.Connection's.
+_MAX_TIMEOUT_S = 86400.0
+
+
+def _to_bytes(value: Bytes, what: str = "value") -> bytes:
     if isinstance(value, str):
         return value.encode("utf-8")
-    return bytes(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes or str, not {type(value).__name__}")
 
 
-def _seconds(timeout) -> float:
+def _key(key) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"key must be str, not {type(key).__name__}")
+    return key
+
+
+def _keys(keys) -> List[str]:
+    if isinstance(keys, (str, bytes)):
+        raise TypeError("keys must be a list of str, not one string (wrap it: [key])")
+    return [_key(k) for k in keys]
+
+
+def _seconds(timeout, what: str = "timeout") -> float:
     if isinstance(timeout, datetime.timedelta):
-        return timeout.total_seconds()
-    return float(timeout)
+        value = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        value = float(timeout)
+    else:
+        raise TypeError(f"{what} must be a timedelta or seconds, not {type(timeout).__name__}")
+    if not (value > 0 and math.isfinite(value)) or value > _MAX_TIMEOUT_S:
+        raise ValueError(f"{what}={value!r} s: give a positive timeout of at most "
+                         f"{_MAX_TIMEOUT_S:.0f} s")
+    return value
 
 
 class Store(dist.Store):
@@ -80,6 +107,8 @@ class Store(dist.Store):
                  timeout: Union[datetime.timedelta, float] = datetime.timedelta(seconds=300),
                  *, connection=None, fence=None, token: Optional[str] = None):
         super().__init__()
+        if not isinstance(scope, str):
+            raise TypeError(f"scope must be str, not {type(scope).__name__}")
         if len(scope.encode("utf-8")) > 256:
             raise ValueError(f"scope is {len(scope.encode('utf-8'))} bytes; at most 256")
         if member is not None:
@@ -90,8 +119,7 @@ class Store(dist.Store):
         self._fence = fence
         self._token = token
         self._scope = scope
-        self.set_timeout(timeout if isinstance(timeout, datetime.timedelta)
-                         else datetime.timedelta(seconds=float(timeout)))
+        self.set_timeout(datetime.timedelta(seconds=_seconds(timeout)))
 
     # The environment variable through which a torchrun agent on the
     # "shardline" backend hands its round's store to its workers.
@@ -121,38 +149,47 @@ class Store(dist.Store):
         if not raw:
             raise KeyError(f"{cls.ENV} is not set: this process was not started by torchrun "
                            "with --rdzv_backend shardline (python3 -m shardline.torchrun)")
-        d = json.loads(raw)
-        tls = d.get("tls") or {}
-        conn = Connection(d["addresses"], **{k: v for k, v in tls.items() if v})
-        fence = common_pb2.Fence(generation=int(d["generation"]))
-        fence.worker.job_id = d["job_id"]
-        fence.worker.worker_id = d["worker_id"]
-        fence.worker.incarnation = int(d["incarnation"])
-        return cls(scope=d["scope"] + "/workers" if scope is None else scope, timeout=timeout,
-                   connection=conn, fence=fence, token=d.get("token") or None)
+        try:
+            d = json.loads(raw)
+            tls = d.get("tls") or {}
+            addresses, own_scope = d["addresses"], str(d["scope"])
+            fence = common_pb2.Fence(generation=int(d["generation"]))
+            fence.worker.job_id = str(d["job_id"])
+            fence.worker.worker_id = str(d["worker_id"])
+            fence.worker.incarnation = int(d["incarnation"])
+            tls_options = {k: v for k, v in tls.items() if v}
+            token = d.get("token") or None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{cls.ENV} is not what a shardline torchrun agent writes "
+                             f"({type(e).__name__}: {e})") from None
+        conn = Connection(addresses, **tls_options)
+        return cls(scope=own_scope + "/workers" if scope is None else scope, timeout=timeout,
+                   connection=conn, fence=fence, token=token)
 
     @property
     def generation(self) -> int:
         """The generation whose keys this Store reads and writes."""
         return self._fence.generation
 
-    def _call(self, method: str, request, timeout: float = _SHORT_CALL_S):
+    def _call(self, method: str, request, timeout: Optional[float] = None):
+        """One RPC; a call that does not wait is bounded by the store's
+        timeout, as torch's TCPStore bounds every operation."""
+        if timeout is None:
+            timeout = self._wait_s()
         return self._conn.call(method, request, timeout=timeout, token=self._token)
 
     def _wait_s(self, timeout=None) -> float:
-        s = _seconds(self.timeout if timeout is None else timeout)
-        if s <= 0:
-            raise ValueError(f"timeout={s} s; give a positive timeout")
-        return s
+        return _seconds(self.timeout if timeout is None else timeout)
 
     # --- torch.distributed.Store -----------------------------------------
 
     def set(self, key: str, value: Bytes) -> None:
         self._call("RendezvousService.KvSet", rendezvous_pb2.KvSetRequest(
-            fence=self._fence, scope=self._scope, key=key, value=_to_bytes(value)))
+            fence=self._fence, scope=self._scope, key=_key(key), value=_to_bytes(value)))
 
     def get(self, key: str) -> bytes:
         """Returns the value, waiting up to the store's timeout for the key."""
+        key = _key(key)
         left = self._wait_s()
         while True:
             wait = min(left, _MAX_WAIT_S)
@@ -169,8 +206,10 @@ class Store(dist.Store):
                     raise
 
     def add(self, key: str, value: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"value must be int, not {type(value).__name__}")
         resp = self._call("RendezvousService.KvAdd", rendezvous_pb2.KvAddRequest(
-            fence=self._fence, scope=self._scope, key=key, delta=int(value)))
+            fence=self._fence, scope=self._scope, key=_key(key), delta=value))
         return resp.value
 
     def compare_set(self, key: str, expected_value: Bytes, desired_value: Bytes) -> bytes:
@@ -179,10 +218,10 @@ class Store(dist.Store):
         Returns the value after the call; for a missing key with a non-empty
         expected_value, returns expected_value (torch's TCPStore does the
         same) and stores nothing."""
-        expected = _to_bytes(expected_value)
-        desired = _to_bytes(desired_value)
+        expected = _to_bytes(expected_value, "expected_value")
+        desired = _to_bytes(desired_value, "desired_value")
         req = rendezvous_pb2.KvCompareAndSetRequest(fence=self._fence, scope=self._scope,
-                                                    key=key, desired=desired)
+                                                    key=_key(key), desired=desired)
         if expected:
             req.expected = expected
         resp = self._call("RendezvousService.KvCompareAndSet", req)
@@ -199,7 +238,7 @@ class Store(dist.Store):
 
     def wait(self, keys: Iterable[str], timeout=None) -> None:
         """Waits until every key exists (default: the store's timeout)."""
-        keys = list(keys)
+        keys = _keys(keys)
         if not keys:
             return
         left = self._wait_s(timeout)
@@ -219,7 +258,7 @@ class Store(dist.Store):
 
     def check(self, keys: Iterable[str]) -> bool:
         """True when every key exists (no waiting)."""
-        for key in keys:
+        for key in _keys(keys):
             resp = self._call("RendezvousService.KvGet", rendezvous_pb2.KvGetRequest(
                 fence=self._fence, scope=self._scope, key=key, wait=False))
             if not resp.found:
@@ -233,7 +272,7 @@ class Store(dist.Store):
 
     def delete_key(self, key: str) -> bool:
         resp = self._call("RendezvousService.KvDelete", rendezvous_pb2.KvDeleteRequest(
-            fence=self._fence, scope=self._scope, key=key))
+            fence=self._fence, scope=self._scope, key=_key(key)))
         return resp.deleted
 
     # --- torch >= 2 extensions -------------------------------------------
@@ -249,7 +288,7 @@ class Store(dist.Store):
 
     def append(self, key: str, value: Bytes) -> None:
         """Appends to the key's value atomically (compare-and-set loop)."""
-        extra = _to_bytes(value)
+        key, extra = _key(key), _to_bytes(value)
         while True:
             resp = self._call("RendezvousService.KvGet", rendezvous_pb2.KvGetRequest(
                 fence=self._fence, scope=self._scope, key=key, wait=False))
