@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "worker/comm/backend.h"
 #include "worker/comm/store.h"
@@ -24,20 +25,32 @@ inline GlooOptions TestOptions(absl::Duration timeout = absl::Seconds(30)) {
 }
 
 // Runs fn(rank, backend) on `size` threads. Each thread first creates its
-// backend on `store` (a fresh in-memory store when null).
+// backend on `store` (a fresh in-memory store when null). No backend is
+// destroyed before every rank's fn has returned: destroying one closes its
+// sockets, and a close with bytes still unread sends a TCP reset that makes
+// the peer drop data it has not read yet (a rank whose part of a collective
+// ended early, e.g. an empty reduce_scatter piece, then broke a slower
+// peer's read: "Connection reset by peer"), as a job ends its collectives
+// before it tears its communicators down.
 // `after_destroy(rank)` (optional) runs on the rank's thread once its backend
 // is destroyed.
 inline void RunRanks(int size, const std::function<void(int, Backend&)>& fn,
                      GlooOptions options = TestOptions(), std::shared_ptr<Store> store = nullptr,
                      const std::function<void(int)>& after_destroy = nullptr) {
   if (store == nullptr) store = NewInMemoryStore();
+  absl::Mutex mu;
+  int finished = 0;
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       {
         auto backend = CreateGlooBackend(store, r, size, options);
+        if (backend.ok()) fn(r, **backend);
+        absl::MutexLock lock(&mu);
+        ++finished;
+        auto all_finished = [&finished, size] { return finished >= size; };
+        mu.Await(absl::Condition(&all_finished));
         ASSERT_TRUE(backend.ok()) << "rank " << r << ": " << backend.status();
-        fn(r, **backend);
       }
       if (after_destroy) after_destroy(r);
     });
