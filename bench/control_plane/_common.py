@@ -43,6 +43,26 @@ def bin_path(rel):
     return p
 
 
+def read(path):
+    """A log file's text so far ("" while it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def wait_until(fn, timeout, poll=0.05):
+    """fn()'s first truthy value within `timeout` seconds, else None."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(poll)
+    return None
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

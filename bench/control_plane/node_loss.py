@@ -25,22 +25,8 @@ KILL_AFTER_STEP = 12
 
 
 
-def read(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def wait_until(fn, timeout, poll=0.02):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(poll)
-    return None
+read = _common.read
+wait_until = _common.wait_until
 
 
 def utc_clock_to_epoch(hms, near):

@@ -44,22 +44,8 @@ PEER_DEFAULT = "torchrun c10d (torch defaults)"
 PEER_TUNED = "torchrun c10d (--monitor_interval %g)" % MONITOR_INTERVAL
 
 
-def read(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def wait_until(fn, timeout, poll=0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(poll)
-    return None
+read = _common.read
+wait_until = _common.wait_until
 
 
 def steps(logs):
