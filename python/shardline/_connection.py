@@ -134,11 +134,18 @@ def parse_addresses(addresses: Union[str, Sequence[str]]) -> List[str]:
     return out
 
 
+# The longest token sent (bytes): well inside gRPC's 8 KiB metadata limit.
+MAX_TOKEN_BYTES = 1024
+
+
 def check_token(token: str, what: str) -> str:
     """`token` stripped; ValueError naming `what` unless printable ASCII without spaces."""
     if not isinstance(token, str):
         raise ValueError("%s must be a str; got %s" % (what, type(token).__name__))
     token = token.strip()
+    if len(token) > MAX_TOKEN_BYTES:
+        raise ValueError("%s is %d bytes; at most %d (a Shardline token is 64 hex digits; an "
+                         "admin token 16 or more bytes)" % (what, len(token), MAX_TOKEN_BYTES))
     for c in token:
         if not 0x21 <= ord(c) <= 0x7E:
             raise ValueError("%s holds a space or control character; a token is printable ASCII "

@@ -471,6 +471,7 @@ class OptionsTest(unittest.TestCase):
 
     def test_tokens(self):
         self.assertRefused("token", token="a b")
+        self.assertIn("at most 1024", self.assertRefused("token", token="t" * 20000))
         self.assertRefused("token_file", token="x", token_file="/nonexistent")
         self.assertIn("cannot read token_file", self.assertRefused(
             "token_file", token_file="/nonexistent/token"))
@@ -488,7 +489,7 @@ class OptionsTest(unittest.TestCase):
         self.assertRefused("tls_server_name", tls_server_name="coord.example")
 
     def test_timeout(self):
-        for bad in (0, -1, float("inf"), float("nan"), "10s", True):
+        for bad in (0, -1, float("inf"), float("nan"), "10s", True, 1e10):
             self.assertRefused("timeout", timeout=bad)
         conn = shardline.Connection("127.0.0.1:7070")
         with self.assertRaises(ValueError) as cm:
