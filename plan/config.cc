@@ -177,6 +177,14 @@ absl::Status ValidateParallelConfig(const ParallelConfig& p) {
         "vpp=", p.vpp, " needs schedule=interleaved (schedule=", ScheduleName(p.schedule),
         " runs one chunk per pp rank); use vpp=1 or schedule=interleaved"));
   }
+  if (p.vpp > 1 && p.pp == 1) {
+    // Interleaving splits each stage's layers into chunks so that other
+    // stages work while one waits; with one stage nobody waits, and the
+    // chunks would only be a slower sequential pass.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "vpp=", p.vpp, " with pp=1: an interleaved schedule needs two or more pipeline stages; use "
+        "vpp=1, or pp=2 or more"));
+  }
   return absl::OkStatus();
 }
 

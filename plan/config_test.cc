@@ -113,6 +113,12 @@ TEST(ConfigTest, EveryFieldIsCheckedAndNamed) {
       {[](GptConfig&, ParallelConfig& p) { p.zero_stage = 4; }, "choose zero_stage in {0, 1, 2, 3}"},
       {[](GptConfig&, ParallelConfig& p) { p.zero_stage = -1; }, "zero_stage=-1"},
       {[](GptConfig&, ParallelConfig& p) { p.vpp = 2; }, "vpp=2 needs schedule=interleaved"},
+      {[](GptConfig&, ParallelConfig& p) {
+         p.pp = 1;
+         p.vpp = 2;
+         p.schedule = ScheduleKind::kInterleaved;
+       },
+       "vpp=2 with pp=1: an interleaved schedule needs two or more pipeline stages"},
       {[](GptConfig&, ParallelConfig& p) { p.dp = 1 << 21; }, "too large"},
       {[](GptConfig&, ParallelConfig& p) { p.micro_batches = 1 << 17; }, "too large"},
   };

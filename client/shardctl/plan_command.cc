@@ -283,6 +283,17 @@ absl::Status RunPlan(const std::vector<std::string>& args, std::ostream& out) {
   if (parser.WasSet("schedule-svg") && owner) {
     return absl::InvalidArgumentError("--schedule-svg does not apply to 'shardctl plan owner'");
   }
+  // Before the layout is checked: a pipeline flag with --params is the
+  // mistake to name, not what the layout makes of it.
+  if (parser.WasSet("params")) {
+    for (const char* flag : {"vpp", "schedule", "micro-batches", "micro-batch-size"}) {
+      if (parser.WasSet(flag)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", flag, " does not apply to a memory-only estimate (--params); it needs the "
+            "model flags"));
+      }
+    }
+  }
   absl::StatusOr<plan::ParallelConfig> parallel = Parallel(f, parser);
   if (!parallel.ok()) return parallel.status();
 
@@ -296,13 +307,6 @@ absl::Status RunPlan(const std::vector<std::string>& args, std::ostream& out) {
           "--params gives a memory-only estimate; drop it to plan a model from --layers, "
           "--hidden, --heads, --vocab and --seq (owner queries and --schedule-svg need the "
           "model)");
-    }
-    for (const char* flag : {"vpp", "schedule", "micro-batches", "micro-batch-size"}) {
-      if (parser.WasSet(flag)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--", flag, " does not apply to a memory-only estimate (--params); it needs the "
-            "model flags"));
-      }
     }
     absl::StatusOr<plan::MemoryEstimate> m = plan::EstimateFromParameterCount(f.params, *parallel);
     if (!m.ok()) return m.status();

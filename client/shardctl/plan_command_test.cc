@@ -149,6 +149,9 @@ TEST(PlanCommandTest, BadInputGetsAClearError) {
       {With({"--schedule", "zigzag"}), "choose one of gpipe, 1f1b, interleaved"},
       {With({"--precision", "fp8"}), "choose fp32 or mixed"},
       {With({"--vpp", "2", "--schedule", "1f1b"}), "--vpp=2 needs --schedule=interleaved"},
+      {With({"--pp", "1", "--vpp", "2"}),
+       "--vpp=2 with --pp=1: an interleaved schedule needs two or more pipeline stages; use "
+       "--vpp=1, or --pp=2 or more"},
       {With({"--tp", "0"}), "--tp=0 is invalid"},
       {With({"--tp", "4294967296"}), "--tp=4294967296 is out of range"},
       {With({"--world", "6", "--tp", "2"}), "--world=6 != tp*pp*dp=2*1*1=2; use --dp=3"},
