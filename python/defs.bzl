@@ -9,7 +9,7 @@
 
 An sh_test of python/tests/run_test.sh: PYTHONPATH holds the runfiles'
 python/ (//python:shardline: sources and generated stubs) and python/tests/
-(coordinator.py, sim_worker.py); $SHARDLINE_COORDINATOR_BINARY names
+(coordinator.py); $SHARDLINE_COORDINATOR_BINARY names
 //server:shardline-coordinator (python/tests/coordinator.py starts it); the
 JUnit report has one <testcase> per unittest case (junit_runner.py). Only
 packages in //bazel:tests (//python/tests/...) may depend on the coordinator

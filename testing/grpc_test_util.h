@@ -70,6 +70,23 @@ inline void Prepare(grpc::ClientContext* ctx, const std::string& token,
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
 }
 
+// CreateJob with `token` (an admin token), expecting success; returns the
+// answer (its worker_token is the job token).
+inline v1::CreateJobResponse CreateJobAs(const std::shared_ptr<grpc::Channel>& channel,
+                                         const std::string& token, const std::string& job_id,
+                                         const v1::JobSpec& spec) {
+  auto jobs = v1::JobService::NewStub(channel);
+  v1::CreateJobRequest req;
+  req.set_job_id(job_id);
+  *req.mutable_spec() = spec;
+  v1::CreateJobResponse resp;
+  grpc::ClientContext ctx;
+  Prepare(&ctx, token);
+  grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return resp;
+}
+
 struct HarnessOptions {
   std::string admin_token;
   std::string state_path;  // empty: memory store

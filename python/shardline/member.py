@@ -35,7 +35,9 @@ import time
 from typing import Callable, Optional
 
 from shardline import errors
-from shardline.v1 import common_pb2, job_pb2, rendezvous_pb2, session_pb2  # noqa: F401
+import grpc
+
+from shardline.v1 import common_pb2, job_pb2, session_pb2
 from google.protobuf import duration_pb2
 
 # The longest one GetAssignment call waits before the member looks again at
@@ -213,7 +215,8 @@ class Member:
         generation and returns it. If the generation had already ended,
         just re-joins."""
         if not self.reform_pending:
-            req = session_pb2.ReportErrorRequest(fence=self.fence(), code=10,
+            req = session_pb2.ReportErrorRequest(fence=self.fence(),
+                                                 code=grpc.StatusCode.ABORTED.value[0],
                                                  message=why[:4096], operation="restart workers")
             try:
                 self._call("WorkerService.ReportError", req)
@@ -299,8 +302,7 @@ class Member:
 
     def job(self) -> job_pb2.Job:
         """GetJob of the member's job (the member token admits it)."""
-        from shardline.v1 import job_pb2 as j
-        job = self._call("JobService.GetJob", j.GetJobRequest(job_id=self.job_id))
+        job = self._call("JobService.GetJob", job_pb2.GetJobRequest(job_id=self.job_id))
         if job.phase in _TERMINAL:
             with self._lock:
                 if self._closed_reason is None:
@@ -325,9 +327,8 @@ class Member:
 
     def _members_text(self) -> str:
         try:
-            from shardline.v1 import session_pb2 as s
             members = self._call("JobService.ListMembers",
-                                 s.ListMembersRequest(job_id=self.job_id), timeout=3)
+                                 session_pb2.ListMembersRequest(job_id=self.job_id), timeout=3)
             live = sum(1 for m in members.members if m.state in (
                 session_pb2.MEMBER_STATE_JOINING, session_pb2.MEMBER_STATE_ACTIVE,
                 session_pb2.MEMBER_STATE_SPARE))

@@ -22,7 +22,7 @@ import shardline
 from shardline.v1 import events_pb2, job_pb2, session_pb2
 
 from coordinator import Coordinator, closed_port
-from sim_worker import SimWorker
+from shardline.member import Member
 
 # A small GPT job (deploy/jobs/shakespeare.yaml's model) that forms with two
 # workers: world 2 = tp 1 x pp 2 x dp 1.
@@ -157,14 +157,16 @@ class JobLifecycleTest(unittest.TestCase):
 
 
 class FormedJobTest(unittest.TestCase):
-    """Two simulated workers form generation 1; members, topology, owner, watch."""
+    """Two members (shardline.member.Member, no training) form generation 1; members,
+    topology, owner, watch."""
 
     @classmethod
     def setUpClass(cls):
         cls.coordinator = Coordinator().start()
         cls.client = shardline.Client(cls.coordinator.address)
         cls.client.create_job(SPEC, job_id="formed")
-        cls.workers = [SimWorker(cls.coordinator.address, "formed", "w%d" % i, 100 + i)
+        cls.connections = [shardline.Connection(cls.coordinator.address) for _ in range(2)]
+        cls.workers = [Member(cls.connections[i], "formed", "w%d" % i, incarnation=100 + i)
                        for i in range(2)]
         cls.assignments = [None, None]
         errors = []
@@ -172,10 +174,8 @@ class FormedJobTest(unittest.TestCase):
         def run(i):
             try:
                 w = cls.workers[i]
-                w.join()
-                w.open_session()
-                w.start_heartbeats(0.5)
-                cls.assignments[i] = w.assignment(wait=True, timeout=20)
+                w.join()  # and its Session stream and heartbeats
+                cls.assignments[i] = w.wait_assignment(timeout=20)
             except Exception as e:  # reported below
                 errors.append(e)
 
@@ -192,6 +192,8 @@ class FormedJobTest(unittest.TestCase):
     def tearDownClass(cls):
         for w in cls.workers:
             w.close()
+        for c in cls.connections:
+            c.close()
         cls.client.close()
         cls.coordinator.stop()
 

@@ -11,14 +11,12 @@ import threading
 import time
 import unittest
 
-import torch
 import torch.distributed as dist
 
 import shardline
 from shardline import errors
 from shardline.member import Member
 from shardline.torch import Store
-from shardline.v1 import job_pb2
 
 from coordinator import Coordinator
 

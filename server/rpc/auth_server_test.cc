@@ -49,16 +49,7 @@ std::string ReadBytes(const std::string& path) {
 }
 
 v1::CreateJobResponse CreateJob(Harness& h, const std::string& job_id, const v1::JobSpec& spec) {
-  auto jobs = v1::JobService::NewStub(h.Channel());
-  v1::CreateJobRequest req;
-  req.set_job_id(job_id);
-  *req.mutable_spec() = spec;
-  v1::CreateJobResponse resp;
-  grpc::ClientContext ctx;
-  Prepare(&ctx, kAdmin);
-  grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  return resp;
+  return testing::CreateJobAs(h.Channel(), kAdmin, job_id, spec);
 }
 
 std::map<std::string, v1::Member> Members(Harness& h, const std::string& job_id,

@@ -38,16 +38,7 @@ v1::JobSpec External(uint32_t min_workers, uint32_t max_workers) {
 }
 
 std::string CreateJob(Harness& h, const std::string& job_id, const v1::JobSpec& spec) {
-  auto jobs = v1::JobService::NewStub(h.Channel());
-  v1::CreateJobRequest req;
-  req.set_job_id(job_id);
-  *req.mutable_spec() = spec;
-  v1::CreateJobResponse resp;
-  grpc::ClientContext ctx;
-  Prepare(&ctx, kAdmin);
-  grpc::Status s = jobs->CreateJob(&ctx, req, &resp);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  return resp.worker_token();
+  return testing::CreateJobAs(h.Channel(), kAdmin, job_id, spec).worker_token();
 }
 
 grpc::Status CompleteAs(Harness& h, const v1::Fence& fence, const std::string& token,
