@@ -37,7 +37,7 @@ import ssl
 import threading
 import time
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -179,7 +179,7 @@ def _read_file(path: Any, option: str) -> bytes:
         with open(path, "rb") as f:
             return f.read()
     except OSError as e:
-        raise ValueError("cannot read %s file %r: %s" % (option, str(path), e.strerror)) from None
+        raise ValueError("cannot read %s %r: %s" % (option, str(path), e.strerror)) from None
 
 
 def _read_pem(path: Any, option: str, kind: str) -> bytes:

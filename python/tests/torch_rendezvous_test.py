@@ -220,6 +220,9 @@ class BadInputTest(unittest.TestCase):
         self.assertIn("join_timout: not a key of the shardline backend", str(cm.exception))
         with self.assertRaises(ValueError):
             rendezvous.create_handler(params("", "j"))
+        with self.assertRaises(ValueError) as cm:
+            rendezvous.create_handler(params("garbage::", "j"))
+        self.assertIn("--rdzv_endpoint='garbage::'", str(cm.exception))
         # torchrun's own legacy `timeout` key is accepted (and not used).
         rendezvous.create_handler(params("127.0.0.1:1", "j", timeout="900")).shutdown()
 

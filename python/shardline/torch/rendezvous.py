@@ -51,12 +51,12 @@ import logging
 import math
 import os
 import threading
-from typing import Optional, Tuple
+from typing import Optional
 
 from torch.distributed.elastic.rendezvous import api as rdzv_api
 
 from shardline import errors
-from shardline._connection import Connection
+from shardline._connection import Connection, parse_addresses
 from shardline.member import Member
 from shardline.torch.store import Store
 from shardline.v1 import job_pb2, session_pb2
@@ -91,10 +91,6 @@ def _seconds(params, key: str, default: float) -> float:
         raise ValueError(f"rdzv_conf {key}={raw!r}: give a positive number of seconds, at most "
                          f"{_MAX_SECONDS:.0f}")
     return value
-
-
-def _duration_dict(seconds: float) -> str:
-    return f"{seconds:.3f}s"
 
 
 class ShardlineRendezvousHandler(rdzv_api.RendezvousHandler):
@@ -291,6 +287,10 @@ def create_handler(params: rdzv_api.RendezvousParameters) -> ShardlineRendezvous
     if not endpoint:
         raise ValueError("--rdzv_endpoint is empty; give the coordinator's HOST:PORT "
                          "(or several replicas, comma-separated)")
+    try:
+        parse_addresses(endpoint)
+    except ValueError as e:
+        raise ValueError(f"--rdzv_endpoint={endpoint!r}: {e}") from None
     conn = Connection(endpoint,
                       token_file=params.get("token_file", None) or None,
                       tls_ca=params.get("tls_ca", None) or None,
