@@ -49,6 +49,13 @@ inline constexpr size_t kMaxFilesPerReport = 4096;     // ReportShardRequest.fil
 inline constexpr size_t kMaxTensorsPerReport = 65536;  // ReportShardRequest.tensors
 inline constexpr size_t kMaxTensorDims = 16;           // global_shape, TensorSlice.dims
 inline constexpr size_t kMaxTensorsPerManifestRequest = 65536;  // GetManifestRequest.tensors
+// Progress reports (HeartbeatRequest.progress, progress.proto).
+inline constexpr size_t kMaxProgressGroups = 64;       // RankProgress.collectives
+inline constexpr size_t kMaxGroupNameBytes = 64;       // CollectiveProgress.group, "dp/0"
+inline constexpr size_t kMaxCollectiveNameBytes = 32;  // CollectiveProgress.operation
+inline constexpr size_t kMaxDTypeNameBytes = 16;       // CollectiveProgress.dtype
+// What-if queries.
+inline constexpr size_t kMaxWhatIfWorkers = 1024;  // WhatIfRequest.lose_worker_ids
 // Listing.
 inline constexpr size_t kMaxPageTokenBytes = 256;
 inline constexpr size_t kMaxPhasesPerListRequest = 16;  // ListJobsRequest.phases

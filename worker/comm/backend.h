@@ -45,6 +45,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,37 @@ enum class ReduceOp {
   kMin,
 };
 const char* ReduceOpName(ReduceOp op);
+
+// Where one group's operations are, for the rank's progress reports
+// (progress.proto CollectiveProgress; worker/communicators.h turns it into
+// one).
+struct OpProgress {
+  // "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+  // "broadcast", "barrier", "send", "recv"; empty when none was issued yet.
+  std::string operation;
+  // Ordered collectives are numbered from 1 in issue order, the same on
+  // every rank of the group (the conventions below); send / recv have their
+  // own count. The running one when in_flight, else the latest completed.
+  uint64_t sequence = 0;
+  // Elements (of dtype): per rank for all_gather and broadcast, the whole
+  // input for reduce_scatter and all_to_all, the buffer otherwise.
+  size_t count = 0;
+  DType dtype = DType::kFloat32;
+  // Issued and not completed yet.
+  bool in_flight = false;
+  // in_flight: running for this long so far (from when it started to run,
+  // not when it was queued). Else: how long it took.
+  absl::Duration elapsed;
+  // send / recv: the peer's rank in the group; -1 otherwise.
+  int peer = -1;
+};
+
+struct BackendProgress {
+  // The ordered collective running now, else the latest completed one.
+  OpProgress collective;
+  // The oldest send / recv still in flight, when there is one.
+  std::optional<OpProgress> p2p;
+};
 
 // The handle of one enqueued operation. Thread-safe.
 class Work {
@@ -93,6 +125,11 @@ class Backend {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+
+  // Where this group's operations are now (see OpProgress). Cheap (a lock
+  // and a copy): the heartbeat thread calls it. The default knows nothing
+  // (operation empty).
+  virtual BackendProgress Progress() const { return {}; }
 
   // In place: data[0..count) on every rank becomes op over all ranks.
   virtual std::shared_ptr<Work> AllReduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;
