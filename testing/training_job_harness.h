@@ -197,13 +197,16 @@ class TrainingJobTest : public ::testing::Test {
     return job;
   }
 
-  // Starts worker "w<i>" and appends it to workers_.
-  Child& StartWorker(int i) {
+  // Starts worker "w<i>" (with `extra_flags` after the usual ones) and
+  // appends it to workers_.
+  Child& StartWorker(int i, const std::vector<std::string>& extra_flags = {}) {
+    std::vector<std::string> flags{"--coordinator", address_,  "--job",
+                                   job_id_,         "--worker-id", absl::StrCat("w", i),
+                                   "--log-interval", "1",         "--connect-timeout",
+                                   "30s"};
+    flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
     workers_.push_back(std::make_unique<Child>(
-        Runfile("worker/shardline-worker"),
-        std::vector<std::string>{"--coordinator", address_, "--job", job_id_, "--worker-id",
-                                 absl::StrCat("w", i), "--log-interval", "1",
-                                 "--connect-timeout", "30s"},
+        Runfile("worker/shardline-worker"), flags,
         absl::StrCat(dir_, "/worker", i, "-", ++worker_starts_, ".log")));
     return *workers_.back();
   }
