@@ -398,11 +398,13 @@ elastic:
   last_call: 500ms
   join_timeout: 60s
   collective_timeout: 20s
-"""
+{extra_elastic}"""
 
 
 def tiny_gpt_spec(name, data, ckpt, min_workers, max_workers, heartbeat_interval,
-                  heartbeat_timeout):
+                  heartbeat_timeout, extra_elastic=""):
+    """The tiny GPT job's YAML; `extra_elastic`: more "  key: value" lines of
+    its elastic section."""
     return _TINY_GPT_SPEC.format(name=name, data=data, ckpt=ckpt, min_workers=min_workers,
                                  max_workers=max_workers, heartbeat_interval=heartbeat_interval,
-                                 heartbeat_timeout=heartbeat_timeout)
+                                 heartbeat_timeout=heartbeat_timeout, extra_elastic=extra_elastic)

@@ -8,9 +8,14 @@ step with the wall-clock time:
 
     step S t=EPOCH rank R world W restart K
 
-Environment: BENCH_CKPT (checkpoint file), BENCH_DATA (text file).
+Environment: BENCH_CKPT (checkpoint file), BENCH_DATA (text file);
+for hang_recovery.py, BENCH_PG_TIMEOUT (seconds: the process group's
+collective timeout; torch's default is 30 min) and BENCH_STALL_RANK /
+BENCH_STALL_AT_STEP (that rank's first run blocks its training loop
+forever before that step, its process alive: a hung training thread).
 """
 import os
+import datetime
 import time
 
 import torch
@@ -44,7 +49,13 @@ def main():
     world = int(os.environ["WORLD_SIZE"])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     print("pid %d rank %d world %d restart %d" % (os.getpid(), rank, world, restart), flush=True)
-    dist.init_process_group("gloo")
+    if os.environ.get("BENCH_PG_TIMEOUT"):
+        dist.init_process_group("gloo", timeout=datetime.timedelta(
+            seconds=float(os.environ["BENCH_PG_TIMEOUT"])))
+    else:
+        dist.init_process_group("gloo")
+    stall_rank = int(os.environ.get("BENCH_STALL_RANK", "-1"))
+    stall_at = int(os.environ.get("BENCH_STALL_AT_STEP", "0"))
     data = torch.tensor(list(open(os.environ["BENCH_DATA"], "rb").read()), dtype=torch.long)
     torch.manual_seed(7)
     model = DDP(TinyGPT())
@@ -59,6 +70,10 @@ def main():
         print("restored step %d" % step, flush=True)
     per_rank = GLOBAL_BATCH // world
     while True:
+        if rank == stall_rank and restart == 0 and step + 1 == stall_at:
+            print("stalling before step %d t=%.6f" % (step + 1, time.time()), flush=True)
+            while True:
+                time.sleep(3600)
         g = torch.Generator().manual_seed(step)
         starts = torch.randint(0, len(data) - CONTEXT - 1, (GLOBAL_BATCH,), generator=g)
         mine = starts[rank * per_rank:(rank + 1) * per_rank]
