@@ -192,6 +192,12 @@ struct GlooOptions {
   // Deadline for bootstrapping: exchanging addresses through the store and
   // connecting every pair.
   absl::Duration connect_timeout = absl::Minutes(5);
+  // For error messages only: the group's name (e.g. "dp/0") and, by group
+  // rank, each member's global rank, so a mismatch names "rank 3 (dp/0 rank
+  // 1)" rather than "rank 1". Either may be left empty; global_ranks, when
+  // given, has one entry per rank (else InvalidArgument naming it).
+  std::string group_name;
+  std::vector<int> global_ranks;
 };
 
 // Creates a connected Gloo (CPU, TCP) backend. Blocks until every one of
