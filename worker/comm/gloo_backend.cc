@@ -53,6 +53,10 @@ namespace shardline::worker {
 // DTypeName and ReduceOpName are in gloo_checks.cc.
 
 namespace gloo_internal {
+
+using gloo_checks::CallDesc;
+using gloo_checks::CheckBatch;
+
 namespace {
 
 constexpr uint64_t kReduceScatterSlotPrefix = uint64_t{0x5b} << 56;
@@ -128,10 +132,23 @@ void State::RecordFailure(const absl::Status& s) {
   if (!s.ok() && !absl::IsInvalidArgument(s) && sticky.ok()) sticky = s;
 }
 
-absl::Status State::CheckCollective(const gloo_checks::CallDesc& mine, const char* op) {
+absl::Status State::CheckCollective(const CallDesc& mine, const char* op) {
   if (size == 1) return absl::OkStatus();
-  std::vector<gloo_checks::CallDesc> all(size);
-  all[rank] = mine;
+  if (mine.sequence <= checked_through) {
+    return mine.sequence == failed_sequence ? failed_check : absl::OkStatus();
+  }
+  // This op's descriptor and those of the ops queued behind it (slots
+  // without one stay zero: "not issued yet" on that rank).
+  const int batch = CheckBatch(size);
+  std::vector<CallDesc> all(static_cast<size_t>(size) * batch);
+  all[rank * batch] = mine;
+  {
+    absl::MutexLock lock(&mu);
+    for (int i = 1; i < batch && static_cast<size_t>(i) <= queue.size(); ++i) {
+      if (queue[i - 1].desc.sequence != mine.sequence + i) break;
+      all[rank * batch + i] = queue[i - 1].desc;
+    }
+  }
   try {
     gloo::AllgatherOptions opts(context);
     opts.setOutput(reinterpret_cast<uint8_t*>(all.data()), all.size() * sizeof(all[0]));
@@ -141,7 +158,25 @@ absl::Status State::CheckCollective(const gloo_checks::CallDesc& mine, const cha
   } catch (...) {
     return MapException(op);
   }
-  return gloo_checks::CompareCollective(all, mine.sequence, names);
+  // Slot i is checked where every rank issued it; every rank sees the same
+  // table, so all agree on how far that goes and on the first difference.
+  std::vector<CallDesc> at(size);
+  for (int i = 0; i < batch; ++i) {
+    bool everywhere = true;
+    for (int r = 0; r < size; ++r) {
+      at[r] = all[r * batch + i];
+      everywhere = everywhere && at[r].magic == CallDesc::kMagic;
+    }
+    if (!everywhere) break;  // slot 0 always is: every rank is in this op
+    checked_through = mine.sequence + i;
+    absl::Status s = gloo_checks::CompareCollective(at, mine.sequence + i, names);
+    if (!s.ok()) {
+      failed_sequence = checked_through;
+      failed_check = s;
+      break;
+    }
+  }
+  return mine.sequence == failed_sequence ? failed_check : absl::OkStatus();
 }
 
 std::string State::DebugNames() {
@@ -157,9 +192,9 @@ bool State::StoppingOrQueued() const {
 
 void State::Loop() {
   for (;;) {
-    std::function<absl::Status(uint64_t)> fn;
+    std::function<absl::Status(const CallDesc&)> fn;
     std::shared_ptr<WorkImpl> work;
-    uint64_t sequence = 0;
+    CallDesc desc;
     {
       absl::MutexLock lock(&mu);
       mu.Await(absl::Condition(this, &State::StoppingOrQueued));
@@ -171,6 +206,7 @@ void State::Loop() {
       fn = std::move(queue.front().fn);
       work = std::move(queue.front().work);
       OpProgress progress = std::move(queue.front().progress);
+      desc = queue.front().desc;
       queue.pop_front();
       if (aborted) {
         work->Complete(absl::AbortedError("backend was aborted"));
@@ -181,12 +217,11 @@ void State::Loop() {
         continue;
       }
       running = work;
-      sequence = progress.sequence;
       current = std::move(progress);
       current.in_flight = true;
       current_start = absl::Now();
     }
-    absl::Status s = fn(sequence);
+    absl::Status s = fn(desc);
     {
       absl::MutexLock lock(&mu);
       running.reset();
@@ -206,6 +241,7 @@ void State::Loop() {
 namespace {
 
 using gloo_checks::CallDesc;
+using gloo_checks::CheckBatch;
 using gloo_checks::Collective;
 using gloo_checks::Op;
 using gloo_internal::EstablishedSockets;
@@ -283,9 +319,10 @@ class GlooBackend : public Backend {
   std::shared_ptr<Work> AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     if (data == nullptr && count > 0) return Invalid("all_reduce", "data is null with count > 0");
     State* st = state_.get();
-    return Enqueue("all_reduce", count, dtype, [st, data, count, dtype, op](uint64_t seq) -> absl::Status {
-      absl::Status check = st->CheckCollective(
-          Collective(Op::kAllReduce, seq, count, dtype, static_cast<int>(op)), "all_reduce");
+    const CallDesc desc = Collective(Op::kAllReduce, 0, count, dtype, static_cast<int>(op));
+    return Enqueue("all_reduce", count, dtype, desc,
+                   [st, data, count, dtype, op](const CallDesc& d) -> absl::Status {
+      absl::Status check = st->CheckCollective(d, "all_reduce");
       if (!check.ok() || st->size == 1 || count == 0) return check;
       std::vector<float>& tmp = st->fp32_scratch;  // reused: see reduce_scatter_acc
       float* buf = static_cast<float*>(data);
@@ -317,9 +354,9 @@ class GlooBackend : public Backend {
     if (count > 0 && (in == nullptr || out == nullptr))
       return Invalid("all_gather", "in/out is null with count > 0");
     State* st = state_.get();
-    return Enqueue("all_gather", count, dtype, [st, in, count, out, dtype](uint64_t seq) -> absl::Status {
-      absl::Status check =
-          st->CheckCollective(Collective(Op::kAllGather, seq, count, dtype), "all_gather");
+    return Enqueue("all_gather", count, dtype, Collective(Op::kAllGather, 0, count, dtype),
+                   [st, in, count, out, dtype](const CallDesc& d) -> absl::Status {
+      absl::Status check = st->CheckCollective(d, "all_gather");
       if (!check.ok() || count == 0) return check;
       const size_t bytes = count * ElementSize(dtype);
       char* mine = static_cast<char*>(out) + st->rank * bytes;
@@ -352,11 +389,10 @@ class GlooBackend : public Backend {
       return Invalid("reduce_scatter", "in/out is null with nonzero counts");
     State* st = state_.get();
     return Enqueue("reduce_scatter", total, dtype,
-                   [st, in, out, counts, total, mine, dtype, op](uint64_t seq) -> absl::Status {
-      absl::Status check = st->CheckCollective(
-          Collective(Op::kReduceScatter, seq, total, dtype, static_cast<int>(op), -1,
-                     gloo_checks::HashCounts(counts)),
-          "reduce_scatter");
+                   Collective(Op::kReduceScatter, 0, total, dtype, static_cast<int>(op), -1,
+                              gloo_checks::HashCounts(counts)),
+                   [st, in, out, counts, total, mine, dtype, op](const CallDesc& d) -> absl::Status {
+      absl::Status check = st->CheckCollective(d, "reduce_scatter");
       if (!check.ok() || total == 0) return check;
       // Scratch kept across calls (ops run one at a time on this thread):
       // a fresh buffer of tens of MiB is a fresh mmap each time, and its page
@@ -400,11 +436,11 @@ class GlooBackend : public Backend {
     size_t total = 0;
     for (size_t c : send_counts) total += c;
     return Enqueue("all_to_all", total, dtype,
-                   [st, in, send_counts, out, recv_counts, dtype](uint64_t seq) -> absl::Status {
+                   Collective(Op::kAllToAll, 0, 0, dtype),
+                   [st, in, send_counts, out, recv_counts, dtype](const CallDesc& d) -> absl::Status {
       const int size = st->size, rank = st->rank;
       const size_t es = ElementSize(dtype);
-      absl::Status check =
-          st->CheckCollective(Collective(Op::kAllToAll, seq, 0, dtype), "all_to_all");
+      absl::Status check = st->CheckCollective(d, "all_to_all");
       if (!check.ok()) return check;
       if (size == 1) {
         if (send_counts[0] > 0) std::memmove(out, in, send_counts[0] * es);
@@ -473,9 +509,9 @@ class GlooBackend : public Backend {
       return Invalid("broadcast", absl::StrCat("root=", root, " out of range [0,", size(), ")"));
     if (data == nullptr && count > 0) return Invalid("broadcast", "data is null with count > 0");
     State* st = state_.get();
-    return Enqueue("broadcast", count, dtype, [st, data, count, dtype, root](uint64_t seq) -> absl::Status {
-      absl::Status check = st->CheckCollective(
-          Collective(Op::kBroadcast, seq, count, dtype, -1, root), "broadcast");
+    return Enqueue("broadcast", count, dtype, Collective(Op::kBroadcast, 0, count, dtype, -1, root),
+                   [st, data, count, dtype, root](const CallDesc& d) -> absl::Status {
+      absl::Status check = st->CheckCollective(d, "broadcast");
       if (!check.ok() || st->size == 1 || count == 0) return check;
       try {
         gloo::BroadcastOptions opts(st->context);
@@ -502,8 +538,9 @@ class GlooBackend : public Backend {
 
   std::shared_ptr<Work> Barrier() override {
     State* st = state_.get();
-    return Enqueue("barrier", 0, DType::kFloat32, [st](uint64_t seq) -> absl::Status {
-      return st->CheckCollective(Collective(Op::kBarrier, seq, 0, DType::kFloat32), "barrier");
+    return Enqueue("barrier", 0, DType::kFloat32, Collective(Op::kBarrier, 0, 0, DType::kFloat32),
+                   [st](const CallDesc& d) -> absl::Status {
+      return st->CheckCollective(d, "barrier");
     });
   }
 
@@ -621,10 +658,10 @@ class GlooBackend : public Backend {
     return Done(absl::InvalidArgumentError(absl::StrCat(op, " on rank ", rank(), ": ", what)));
   }
 
-  // Queues `fn(sequence)`; the sequence is counted here, at issue, so it is
+  // Queues `fn(desc)`, `desc` numbered here, at issue, so the sequence is
   // the same on every rank that issues the same collectives.
-  std::shared_ptr<Work> Enqueue(const char* op, size_t count, DType dtype,
-                                std::function<absl::Status(uint64_t)> fn) {
+  std::shared_ptr<Work> Enqueue(const char* op, size_t count, DType dtype, CallDesc desc,
+                                std::function<absl::Status(const CallDesc&)> fn) {
     auto work = std::make_shared<WorkImpl>();
     {
       absl::MutexLock lock(&state_->mu);  // wakes the op thread
@@ -634,10 +671,10 @@ class GlooBackend : public Backend {
       }
       OpProgress p;
       p.operation = op;
-      p.sequence = ++state_->issued;
+      p.sequence = desc.sequence = ++state_->issued;
       p.count = count;
       p.dtype = dtype;
-      state_->queue.push_back(State::Queued{std::move(fn), work, std::move(p)});
+      state_->queue.push_back(State::Queued{std::move(fn), work, std::move(p), desc});
     }
     return work;
   }

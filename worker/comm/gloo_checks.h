@@ -56,6 +56,10 @@ struct CallDesc {
 };
 static_assert(sizeof(CallDesc) == 72, "CallDesc crosses the wire: keep its size fixed");
 
+// How many descriptors each rank contributes to one check exchange of a
+// group of `size` (the same on every rank): up to 8, at most 512 in all.
+inline int CheckBatch(int size) { return size >= 512 ? 1 : (size > 64 ? 512 / size : 8); }
+
 // The descriptor of an ordered collective (`reduce_op` / `root` -1 where
 // the op has none).
 CallDesc Collective(Op op, uint64_t sequence, uint64_t count, DType dtype, int reduce_op = -1,

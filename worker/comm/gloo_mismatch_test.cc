@@ -212,6 +212,64 @@ TEST(GlooMismatchTest, ThreeRanksOneDiffers) {
        " issued all_reduce count=8 float32 max"});
 }
 
+// Issued back to back (so several descriptors cross in one exchange) on rank
+// 0, one at a time on rank 1: #1 and #2 match and complete with the right
+// values, #3 differs and fails on both, and #4 fails with the same error.
+TEST(GlooMismatchTest, BackToBackOnlyTheDifferingOpFails) {
+  for (int back_to_back_rank : {0, 1}) {
+    std::atomic<int> failed{0};
+    RunRanks(
+        2,
+        [&](int r, Backend& b) {
+          float a = static_cast<float>(r + 1), c = static_cast<float>(10 * (r + 1));
+          std::vector<float> third(r == 0 ? 16 : 17, 1.0f);
+          std::shared_ptr<Work> w1, w2, w3;
+          w1 = b.AllReduce(&a, 1, DType::kFloat32, ReduceOp::kSum);
+          if (r != back_to_back_rank) SL_EXPECT_OK_WORK(w1);
+          w2 = b.AllReduce(&c, 1, DType::kFloat32, ReduceOp::kMax);
+          if (r != back_to_back_rank) SL_EXPECT_OK_WORK(w2);
+          w3 = b.AllReduce(third.data(), third.size(), DType::kFloat32, ReduceOp::kSum);
+          std::shared_ptr<Work> w4 = b.Barrier();
+          SL_EXPECT_OK_WORK(w1);
+          SL_EXPECT_OK_WORK(w2);
+          EXPECT_EQ(a, 3.0f);
+          EXPECT_EQ(c, 20.0f);
+          const absl::Status s3 = w3->Wait(kDetectedWithin);
+          EXPECT_EQ(s3.code(), absl::StatusCode::kFailedPrecondition) << s3;
+          EXPECT_THAT(std::string(s3.message()),
+                      HasSubstr("collective #3 of group dp/0 differs between ranks: " + Name(0) +
+                                " issued all_reduce count=16 float32 sum, " + Name(1) +
+                                " issued all_reduce count=17 float32 sum"));
+          const absl::Status s4 = w4->Wait(kDetectedWithin);
+          EXPECT_EQ(s4, s3);
+          if (absl::IsFailedPrecondition(s3)) ++failed;
+        },
+        NamedOptions(2));
+    EXPECT_EQ(failed.load(), 2) << "back to back on rank " << back_to_back_rank;
+  }
+}
+
+// Many collectives back to back, more than one exchange holds: all right.
+TEST(GlooMismatchTest, ManyBackToBackCollectivesMatch) {
+  RunRanks(3, [&](int r, Backend& b) {
+    constexpr int kOps = 50;
+    std::vector<float> v(kOps);
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < kOps; ++i) {
+      v[i] = static_cast<float>(r + i);
+      works.push_back(i % 5 == 4 ? b.Barrier()
+                                 : b.AllReduce(&v[i], 1, DType::kFloat32, ReduceOp::kSum));
+    }
+    for (auto& w : works) SL_EXPECT_OK_WORK(w);
+    for (int i = 0; i < kOps; ++i) {
+      if (i % 5 != 4) {
+        EXPECT_EQ(v[i], static_cast<float>(3 + 3 * i)) << i;
+      }
+    }
+    EXPECT_EQ(b.Progress().collective.sequence, static_cast<uint64_t>(kOps));
+  });
+}
+
 // Without a group name or global ranks, group ranks are named.
 TEST(GlooMismatchTest, UnnamedGroupNamesGroupRanks) {
   std::vector<float> buf(20, 1.0f);

@@ -90,9 +90,10 @@ struct State {
 
   absl::Mutex mu;
   struct Queued {
-    std::function<absl::Status(uint64_t sequence)> fn;
+    std::function<absl::Status(const gloo_checks::CallDesc&)> fn;  // called with `desc`
     std::shared_ptr<WorkImpl> work;
     OpProgress progress;  // operation, sequence, count, dtype
+    gloo_checks::CallDesc desc;
   };
   std::deque<Queued> queue ABSL_GUARDED_BY(mu);
   std::shared_ptr<WorkImpl> running ABSL_GUARDED_BY(mu);
@@ -121,6 +122,12 @@ struct State {
   absl::flat_hash_map<std::tuple<int, uint32_t, bool>, std::pair<uint64_t, uint64_t>> p2p_order
       ABSL_GUARDED_BY(mu);
   uint32_t next_tag = 1;  // only touched on the op thread
+  // CheckCollective's results (op thread only): every collective up to
+  // checked_through matched on every rank, except failed_sequence (0:
+  // none), which fails with failed_check.
+  uint64_t checked_through = 0;
+  uint64_t failed_sequence = 0;
+  absl::Status failed_check;
   // Scratch reused across calls (a fresh buffer of tens of MiB is a fresh
   // mmap with its page faults each call); only touched on the op thread.
   std::vector<float> fp32_scratch;  // 16-bit all_reduce in fp32
@@ -144,12 +151,15 @@ struct State {
   // argument error.
   void RecordFailure(const absl::Status& s);
 
-  // Before an ordered collective moves data: every rank's descriptor of the
-  // call to every rank (a Gloo allgather of a fixed size, so it cannot
-  // mismatch itself), then compared; a difference fails the operation on
-  // every rank, with the same message, before any data moves. The exchange
-  // also synchronises the group (no rank finishes it before all entered),
-  // so barriers and empty operations need nothing else. Op thread only.
+  // Before an ordered collective moves data: every rank sends every rank
+  // its descriptor of the call and of up to CheckBatch(size) - 1 calls
+  // queued behind it (a Gloo allgather of a fixed size, so it cannot
+  // mismatch itself); each sequence number issued on every rank is compared,
+  // and a difference fails that operation on every rank, with the same
+  // message, before it moves data. Operations already compared this way
+  // (issued back to back) skip the exchange. Either way every rank has
+  // issued the operation before it runs, so barriers and empty operations
+  // need nothing else. Op thread only.
   absl::Status CheckCollective(const gloo_checks::CallDesc& mine, const char* op);
 
   std::string DebugNames();
