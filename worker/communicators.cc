@@ -31,8 +31,11 @@ absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
     g.ranks.assign(pg.ranks().begin(), pg.ranks().end());
     g.group_rank = static_cast<int>(it - pg.ranks().begin());
     auto store = std::make_shared<CoordinatorStore>(rendezvous, clock, f, pg.name(), cancel);
+    GlooOptions named = options;  // errors name "rank 3 (dp/0 rank 1)"
+    named.group_name = pg.name();
+    named.global_ranks.assign(pg.ranks().begin(), pg.ranks().end());
     absl::StatusOr<std::unique_ptr<Backend>> backend =
-        CreateGlooBackend(store, g.group_rank, static_cast<int>(g.ranks.size()), options);
+        CreateGlooBackend(store, g.group_rank, static_cast<int>(g.ranks.size()), named);
     if (!backend.ok()) {
       comms->Abort();
       // Once the generation is known to be over, whatever broke is Aborted.

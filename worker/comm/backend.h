@@ -31,9 +31,32 @@
 //     first failure ("(first failure in this group: rank 2 lost peer rank 3)").
 //     Rebuild the group (under a new store prefix).
 //   Aborted: Abort() was called before or during the operation.
-//   FailedPrecondition: the ranks disagree (e.g. uneven splits that do not
-//     match between sender and receiver), detected where possible; otherwise a
-//     mismatch surfaces as DeadlineExceeded or Unavailable naming the pair.
+//   FailedPrecondition: the ranks disagree on the call, detected before any
+//     data moves, on every rank involved, with the same message there:
+//     * Collectives (Gloo): before each one the ranks exchange a fixed-size
+//       descriptor of it (operation, sequence number, count, dtype, reduce
+//       op, root, a hash of reduce_scatter's counts) and compare; a
+//       different operation, count, dtype, reduce op, root or counts vector
+//       at the same sequence number fails every rank of the group: e.g.
+//       "collective #12 of group dp/0 differs between ranks: rank 3 (dp/0
+//       rank 0) issued all_reduce count=10 float32 sum, rank 5 (dp/0 rank 1)
+//       issued all_reduce count=20 float32 sum" (rank 0 and the first rank
+//       that differs from it; "rank 1" alone without GlooOptions::
+//       global_ranks). Cost: one small allgather before a collective, which
+//       also carries the descriptors of up to 7 collectives queued behind it
+//       (those then skip it): about one more small-message latency for a
+//       collective issued alone, little for ones issued back to back. all_to_all
+//       also compares its splits ("split mismatch between rank 0 and rank 2").
+//     * Send / recv (Gloo): the sender and the receiver exchange
+//       descriptors (count, dtype, tag) before the payload; a different
+//       count or dtype fails both: "send/recv with tag 7 of group dp/0
+//       differs between ranks: rank 3 (dp/0 rank 0) issued send count=10
+//       float32 to rank 5 (dp/0 rank 1), rank 5 (dp/0 rank 1) issued recv
+//       count=20 float32 from rank 3 (dp/0 rank 0)"; the receiver's buffer is
+//       untouched. Cost: about one more round trip per message.
+//     A rank that never issues the matching call is not a mismatch: its
+//     peers fail with DeadlineExceeded at the op timeout (Progress() shows
+//     them waiting). The NCCL backend does not check.
 //   After any error other than InvalidArgument the group is unusable: later
 //   operations fail with the same error class; build a new backend.
 //
@@ -127,8 +150,13 @@ class Backend {
   virtual int size() const = 0;
 
   // Where this group's operations are now (see OpProgress). Cheap (a lock
-  // and a copy): the heartbeat thread calls it. The default knows nothing
-  // (operation empty).
+  // and a copy; NCCL also polls the events of the operations it has not
+  // seen finish, oldest first, up to the first one still running): the
+  // heartbeat thread calls it. Thread-safe. Operations rejected with
+  // InvalidArgument are not issued and not counted. NCCL: an operation is
+  // taken to start running when it was enqueued or when the one before it
+  // finished, whichever is later (they run in stream order). The default
+  // knows nothing (operation empty).
   virtual BackendProgress Progress() const { return {}; }
 
   // In place: data[0..count) on every rank becomes op over all ranks.
@@ -192,6 +220,12 @@ struct GlooOptions {
   // Deadline for bootstrapping: exchanging addresses through the store and
   // connecting every pair.
   absl::Duration connect_timeout = absl::Minutes(5);
+  // For error messages only: the group's name (e.g. "dp/0") and, by group
+  // rank, each member's global rank, so a mismatch names "rank 3 (dp/0 rank
+  // 1)" rather than "rank 1". Either may be left empty; global_ranks, when
+  // given, has one entry per rank (else InvalidArgument naming it).
+  std::string group_name;
+  std::vector<int> global_ranks;
 };
 
 // Creates a connected Gloo (CPU, TCP) backend. Blocks until every one of

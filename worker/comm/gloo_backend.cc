@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -43,38 +44,206 @@
 #include "gloo/transport/unbound_buffer.h"
 #include "worker/comm/backend.h"
 #include "worker/comm/float16.h"
+#include "worker/comm/gloo_checks.h"
 #include "worker/comm/gloo_internal.h"
+#include "worker/comm/gloo_state.h"
 
 namespace shardline::worker {
 
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "float32";
-    case DType::kFloat16:
-      return "float16";
-    case DType::kBFloat16:
-      return "bfloat16";
-  }
-  return "unknown";
-}
+// DTypeName and ReduceOpName are in gloo_checks.cc.
 
-const char* ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kMin:
-      return "min";
-  }
-  return "unknown";
-}
+namespace gloo_internal {
+
+using gloo_checks::CallDesc;
+using gloo_checks::CheckBatch;
 
 namespace {
 
+constexpr uint64_t kReduceScatterSlotPrefix = uint64_t{0x5b} << 56;
+// Elements per message of the reduce-scatter ring (1 MiB of fp32).
+constexpr size_t kChunkElements = size_t{1} << 18;
+
+// Store key (under the group's prefix) holding the group's first lost-peer
+// report, e.g. "rank 2 lost peer rank 1". Gloo's own keys are "<rank>" and
+// "rank_<n>", so this cannot collide.
+constexpr char kLostPeerKey[] = "shardline/first_lost_peer";
+
+std::atomic<int64_t> g_stalled_op_threads{0};
+
+}  // namespace
+
+absl::Status State::MapException(const std::string& op) {
+  try {
+    throw;
+  } catch (const gloo::IoException& e) {
+    std::string msg = e.what();
+    {
+      absl::MutexLock lock(&mu);
+      if (aborted) return absl::AbortedError(absl::StrCat(op, ": aborted"));
+    }
+    if (absl::StrContains(msg, "Timed out") || absl::StrContains(msg, "timed out") ||
+        absl::StrContains(msg, "Timeout") || absl::StrContains(msg, "timeout")) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(op, " on rank ", rank, " did not finish within ",
+                       absl::FormatDuration(options.timeout), ": ", msg));
+    }
+    int lost = -1;
+    for (int r = 0; r < size && lost < 0; ++r) {
+      for (const std::string& name : peer_names[r]) {
+        if (Mentions(msg, name)) {
+          lost = r;
+          break;
+        }
+      }
+    }
+    const std::string what =
+        lost >= 0 ? absl::StrCat("lost peer rank ", lost)
+                  : absl::StrCat(
+                        "lost a peer (rank unknown; known peer addresses: ", DebugNames(), ")");
+    return absl::UnavailableError(
+        absl::StrCat(op, " on rank ", rank, ": ", what, PropagateLoss(what), ": ", msg));
+  } catch (const gloo::EnforceNotMet& e) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, " on rank ", rank, ": ranks disagree on the operation: ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(op, " on rank ", rank, ": ", e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(op, " on rank ", rank, ": unknown exception"));
+  }
+}
+
+std::string State::PropagateLoss(const std::string& what) {
+  std::string suffix;
+  absl::StatusOr<std::string> first = store->Get(kLostPeerKey, absl::ZeroDuration());
+  if (first.ok()) {
+    suffix = absl::StrCat(" (first failure in this group: ", *first, ")");
+  } else {
+    (void)store->Set(kLostPeerKey, absl::StrCat("rank ", rank, " ", what));
+  }
+  try {
+    context->closeConnections();
+  } catch (...) {
+  }
+  return suffix;
+}
+
+void State::RecordFailure(const absl::Status& s) {
+  absl::MutexLock lock(&mu);
+  if (!s.ok() && !absl::IsInvalidArgument(s) && sticky.ok()) sticky = s;
+}
+
+absl::Status State::CheckCollective(const CallDesc& mine, const char* op) {
+  if (size == 1) return absl::OkStatus();
+  if (mine.sequence <= checked_through) {
+    return mine.sequence == failed_sequence ? failed_check : absl::OkStatus();
+  }
+  // This op's descriptor and those of the ops queued behind it (slots
+  // without one stay zero: "not issued yet" on that rank).
+  const int batch = CheckBatch(size);
+  std::vector<CallDesc> all(static_cast<size_t>(size) * batch);
+  all[rank * batch] = mine;
+  {
+    absl::MutexLock lock(&mu);
+    for (int i = 1; i < batch && static_cast<size_t>(i) <= queue.size(); ++i) {
+      if (queue[i - 1].desc.sequence != mine.sequence + i) break;
+      all[rank * batch + i] = queue[i - 1].desc;
+    }
+  }
+  try {
+    gloo::AllgatherOptions opts(context);
+    opts.setOutput(reinterpret_cast<uint8_t*>(all.data()), all.size() * sizeof(all[0]));
+    opts.setTag(next_tag++);
+    opts.setTimeout(ToMs(options.timeout));
+    gloo::allgather(opts);
+  } catch (...) {
+    return MapException(op);
+  }
+  // Slot i is checked where every rank issued it; every rank sees the same
+  // table, so all agree on how far that goes and on the first difference.
+  std::vector<CallDesc> at(size);
+  for (int i = 0; i < batch; ++i) {
+    bool everywhere = true;
+    for (int r = 0; r < size; ++r) {
+      at[r] = all[r * batch + i];
+      everywhere = everywhere && at[r].magic == CallDesc::kMagic;
+    }
+    if (!everywhere) break;  // slot 0 always is: every rank is in this op
+    checked_through = mine.sequence + i;
+    absl::Status s = gloo_checks::CompareCollective(at, mine.sequence + i, names);
+    if (!s.ok()) {
+      failed_sequence = checked_through;
+      failed_check = s;
+      break;
+    }
+  }
+  return mine.sequence == failed_sequence ? failed_check : absl::OkStatus();
+}
+
+std::string State::DebugNames() {
+  std::string out;
+  for (int r = 0; r < size; ++r)
+    absl::StrAppend(&out, r, "={", absl::StrJoin(peer_names[r], ","), "} ");
+  return out;
+}
+
+bool State::StoppingOrQueued() const {
+  return stopping || !queue.empty();
+}
+
+void State::Loop() {
+  for (;;) {
+    std::function<absl::Status(const CallDesc&)> fn;
+    std::shared_ptr<WorkImpl> work;
+    CallDesc desc;
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(this, &State::StoppingOrQueued));
+      if (queue.empty()) {
+        exited = true;  // wakes ~GlooBackend's Await when `lock` releases mu
+        if (detached) --g_stalled_op_threads;
+        return;
+      }
+      fn = std::move(queue.front().fn);
+      work = std::move(queue.front().work);
+      OpProgress progress = std::move(queue.front().progress);
+      desc = queue.front().desc;
+      queue.pop_front();
+      if (aborted) {
+        work->Complete(absl::AbortedError("backend was aborted"));
+        continue;
+      }
+      if (!sticky.ok()) {
+        work->Complete(sticky);
+        continue;
+      }
+      running = work;
+      current = std::move(progress);
+      current.in_flight = true;
+      current_start = absl::Now();
+    }
+    absl::Status s = fn(desc);
+    {
+      absl::MutexLock lock(&mu);
+      running.reset();
+      current.in_flight = false;
+      current.elapsed = absl::Now() - current_start;
+      if (aborted && !s.ok())
+        s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
+      if (!s.ok() && !absl::IsInvalidArgument(s) && sticky.ok()) sticky = s;
+    }
+    work->Complete(std::move(s));
+  }
+}
+
+
+}  // namespace gloo_internal
+
+namespace {
+
+using gloo_checks::CallDesc;
+using gloo_checks::CheckBatch;
+using gloo_checks::Collective;
+using gloo_checks::Op;
 using gloo_internal::EstablishedSockets;
 using gloo_internal::FromFloat32;
 using gloo_internal::Fp32Reducer;
@@ -88,207 +257,12 @@ using gloo_internal::StoreError;
 using gloo_internal::ToFloat32;
 using gloo_internal::ToMs;
 
-// Completed-once handle. The first Complete() wins (Abort may complete the
-// running op before its thread notices).
-class WorkImpl : public Work {
- public:
-  bool IsCompleted() override {
-    absl::MutexLock lock(&mu_);
-    return done_;
-  }
-  absl::Status Wait(absl::Duration timeout) override {
-    absl::MutexLock lock(&mu_);
-    if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("Work::Wait: operation not complete after ", absl::FormatDuration(timeout)));
-    }
-    return status_;
-  }
-  void Complete(absl::Status s) {
-    absl::MutexLock lock(&mu_);
-    if (done_) return;
-    status_ = std::move(s);
-    done_ = true;
-  }
-
- private:
-  absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
-
-std::shared_ptr<Work> Done(absl::Status s) {
-  auto w = std::make_shared<WorkImpl>();
-  w->Complete(std::move(s));
-  return w;
-}
-
-// Slot prefix for point-to-point operations; Gloo's collectives use small
-// prefixes in the top byte, so this does not collide with them.
-constexpr uint64_t kP2PSlotPrefix = uint64_t{0x5a} << 56;
-constexpr uint64_t kReduceScatterSlotPrefix = uint64_t{0x5b} << 56;
-// Elements per message of the reduce-scatter ring (1 MiB of fp32).
-constexpr size_t kChunkElements = size_t{1} << 18;
-
-// Store key (under the group's prefix) holding the group's first lost-peer
-// report, e.g. "rank 2 lost peer rank 1". Gloo's own keys are "<rank>" and
-// "rank_<n>", so this cannot collide.
-constexpr char kLostPeerKey[] = "shardline/first_lost_peer";
-
-std::atomic<int64_t> g_stalled_op_threads{0};
-
-// Shared between the backend object and its op thread, so the thread may
-// outlive the object (destruction detaches a thread stuck in Gloo).
-struct State {
-  int rank = 0;
-  int size = 1;
-  GlooOptions options;
-  std::shared_ptr<gloo::rendezvous::Context> context;  // null when size == 1
-  std::shared_ptr<Store> store;                        // the group's store
-  // By rank: the names Gloo's errors may give that peer (see GlooName).
-  std::vector<std::vector<std::string>> peer_names;
-
-  // Waiters use Mutex::Await: a change to the fields below wakes them when
-  // its writer releases `mu`, with no separate notify.
-  absl::Mutex mu;
-  std::deque<std::pair<std::function<absl::Status()>, std::shared_ptr<WorkImpl>>> queue
-      ABSL_GUARDED_BY(mu);
-  std::shared_ptr<WorkImpl> running ABSL_GUARDED_BY(mu);
-  bool aborted ABSL_GUARDED_BY(mu) = false;
-  bool stopping ABSL_GUARDED_BY(mu) = false;
-  bool exited ABSL_GUARDED_BY(mu) = false;    // op thread left Loop
-  bool detached ABSL_GUARDED_BY(mu) = false;  // counted in g_stalled_op_threads
-  absl::Status sticky ABSL_GUARDED_BY(mu);    // first fatal error
-  // Posted point-to-point operations not yet known complete (Abort
-  // completes them with Aborted at once).
-  std::vector<std::weak_ptr<WorkImpl>> p2p_pending ABSL_GUARDED_BY(mu);
-  uint32_t next_tag = 1;  // only touched on the op thread
-  // Scratch reused across calls (a fresh buffer of tens of MiB is a fresh
-  // mmap with its page faults each call); only touched on the op thread.
-  std::vector<float> fp32_scratch;  // 16-bit all_reduce in fp32
-  std::vector<float> reduce_scatter_acc;
-  std::vector<float> reduce_scatter_incoming;
-
-  // Turns the exception in flight into a status naming the op and, where it
-  // can be identified, the peer rank.
-  absl::Status MapException(const std::string& op) {
-    try {
-      throw;
-    } catch (const gloo::IoException& e) {
-      std::string msg = e.what();
-      {
-        absl::MutexLock lock(&mu);
-        if (aborted) return absl::AbortedError(absl::StrCat(op, ": aborted"));
-      }
-      if (absl::StrContains(msg, "Timed out") || absl::StrContains(msg, "timed out") ||
-          absl::StrContains(msg, "Timeout") || absl::StrContains(msg, "timeout")) {
-        return absl::DeadlineExceededError(
-            absl::StrCat(op, " on rank ", rank, " did not finish within ",
-                         absl::FormatDuration(options.timeout), ": ", msg));
-      }
-      int lost = -1;
-      for (int r = 0; r < size && lost < 0; ++r) {
-        for (const std::string& name : peer_names[r]) {
-          if (Mentions(msg, name)) {
-            lost = r;
-            break;
-          }
-        }
-      }
-      const std::string what =
-          lost >= 0 ? absl::StrCat("lost peer rank ", lost)
-                    : absl::StrCat(
-                          "lost a peer (rank unknown; known peer addresses: ", DebugNames(), ")");
-      return absl::UnavailableError(
-          absl::StrCat(op, " on rank ", rank, ": ", what, PropagateLoss(what), ": ", msg));
-    } catch (const gloo::EnforceNotMet& e) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(op, " on rank ", rank, ": ranks disagree on the operation: ", e.what()));
-    } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat(op, " on rank ", rank, ": ", e.what()));
-    } catch (...) {
-      return absl::InternalError(absl::StrCat(op, " on rank ", rank, ": unknown exception"));
-    }
-  }
-
-  // A lost peer poisons the group. Gloo does not tell the other ranks, and
-  // ranks not talking to the lost peer directly would block until their op
-  // timeout; so record the first loss in the group's store and close our
-  // sockets, which makes our peers fail at once. They then see *this* rank as
-  // lost, and the recorded first report names the root cause. Returns
-  // "; first failure in this group: rank A lost peer rank B" when someone
-  // else reported first, else "". Runs on the op thread.
-  std::string PropagateLoss(const std::string& what) {
-    std::string suffix;
-    absl::StatusOr<std::string> first = store->Get(kLostPeerKey, absl::ZeroDuration());
-    if (first.ok()) {
-      suffix = absl::StrCat(" (first failure in this group: ", *first, ")");
-    } else {
-      (void)store->Set(kLostPeerKey, absl::StrCat("rank ", rank, " ", what));
-    }
-    try {
-      context->closeConnections();
-    } catch (...) {
-    }
-    return suffix;
-  }
-
-  // Makes `s` the group's sticky error (first one wins) unless it is an
-  // argument error.
-  void RecordFailure(const absl::Status& s) {
-    absl::MutexLock lock(&mu);
-    if (!s.ok() && !absl::IsInvalidArgument(s) && sticky.ok()) sticky = s;
-  }
-
-  std::string DebugNames() {
-    std::string out;
-    for (int r = 0; r < size; ++r)
-      absl::StrAppend(&out, r, "={", absl::StrJoin(peer_names[r], ","), "} ");
-    return out;
-  }
-
-  // The op thread's wait in Loop.
-  bool StoppingOrQueued() const ABSL_SHARED_LOCKS_REQUIRED(mu) {
-    return stopping || !queue.empty();
-  }
-
-  void Loop() {
-    for (;;) {
-      std::function<absl::Status()> fn;
-      std::shared_ptr<WorkImpl> work;
-      {
-        absl::MutexLock lock(&mu);
-        mu.Await(absl::Condition(this, &State::StoppingOrQueued));
-        if (queue.empty()) {
-          exited = true;  // wakes ~GlooBackend's Await when `lock` releases mu
-          if (detached) --g_stalled_op_threads;
-          return;
-        }
-        fn = std::move(queue.front().first);
-        work = std::move(queue.front().second);
-        queue.pop_front();
-        if (aborted) {
-          work->Complete(absl::AbortedError("backend was aborted"));
-          continue;
-        }
-        if (!sticky.ok()) {
-          work->Complete(sticky);
-          continue;
-        }
-        running = work;
-      }
-      absl::Status s = fn();
-      {
-        absl::MutexLock lock(&mu);
-        running.reset();
-        if (aborted && !s.ok())
-          s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
-        if (!s.ok() && !absl::IsInvalidArgument(s) && sticky.ok()) sticky = s;
-      }
-      work->Complete(std::move(s));
-    }
-  }
-};
+using gloo_internal::Done;
+using gloo_internal::g_stalled_op_threads;
+using gloo_internal::kChunkElements;
+using gloo_internal::kReduceScatterSlotPrefix;
+using gloo_internal::State;
+using gloo_internal::WorkImpl;
 
 class GlooBackend : public Backend {
  public:
@@ -328,14 +302,28 @@ class GlooBackend : public Backend {
   int rank() const override { return state_->rank; }
   int size() const override { return state_->size; }
 
+  BackendProgress Progress() const override {
+    BackendProgress out;
+    const absl::Time now = absl::Now();
+    absl::MutexLock lock(&state_->mu);
+    out.collective = state_->current;
+    if (out.collective.in_flight) out.collective.elapsed = now - state_->current_start;
+    if (!state_->p2p_in_flight.empty()) {
+      const auto& oldest = state_->p2p_in_flight.begin()->second;
+      out.p2p = oldest.first;
+      out.p2p->elapsed = now - oldest.second;
+    }
+    return out;
+  }
+
   std::shared_ptr<Work> AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     if (data == nullptr && count > 0) return Invalid("all_reduce", "data is null with count > 0");
     State* st = state_.get();
-    return Enqueue([st, data, count, dtype, op]() -> absl::Status {
-      if (st->size == 1 || count == 0) {
-        if (count == 0 && st->size > 1) return RunBarrier(st, "all_reduce");
-        return absl::OkStatus();
-      }
+    const CallDesc desc = Collective(Op::kAllReduce, 0, count, dtype, static_cast<int>(op));
+    return Enqueue("all_reduce", count, dtype, desc,
+                   [st, data, count, dtype, op](const CallDesc& d) -> absl::Status {
+      absl::Status check = st->CheckCollective(d, "all_reduce");
+      if (!check.ok() || st->size == 1 || count == 0) return check;
       std::vector<float>& tmp = st->fp32_scratch;  // reused: see reduce_scatter_acc
       float* buf = static_cast<float*>(data);
       if (dtype != DType::kFloat32) {
@@ -366,10 +354,12 @@ class GlooBackend : public Backend {
     if (count > 0 && (in == nullptr || out == nullptr))
       return Invalid("all_gather", "in/out is null with count > 0");
     State* st = state_.get();
-    return Enqueue([st, in, count, out, dtype]() -> absl::Status {
+    return Enqueue("all_gather", count, dtype, Collective(Op::kAllGather, 0, count, dtype),
+                   [st, in, count, out, dtype](const CallDesc& d) -> absl::Status {
+      absl::Status check = st->CheckCollective(d, "all_gather");
+      if (!check.ok() || count == 0) return check;
       const size_t bytes = count * ElementSize(dtype);
       char* mine = static_cast<char*>(out) + st->rank * bytes;
-      if (count == 0) return st->size > 1 ? RunBarrier(st, "all_gather") : absl::OkStatus();
       if (in != mine) std::memmove(mine, in, bytes);
       if (st->size == 1) return absl::OkStatus();
       try {
@@ -398,8 +388,12 @@ class GlooBackend : public Backend {
     if ((total > 0 && in == nullptr) || (mine > 0 && out == nullptr))
       return Invalid("reduce_scatter", "in/out is null with nonzero counts");
     State* st = state_.get();
-    return Enqueue([st, in, out, counts, total, mine, dtype, op]() -> absl::Status {
-      if (total == 0) return st->size > 1 ? RunBarrier(st, "reduce_scatter") : absl::OkStatus();
+    return Enqueue("reduce_scatter", total, dtype,
+                   Collective(Op::kReduceScatter, 0, total, dtype, static_cast<int>(op), -1,
+                              gloo_checks::HashCounts(counts)),
+                   [st, in, out, counts, total, mine, dtype, op](const CallDesc& d) -> absl::Status {
+      absl::Status check = st->CheckCollective(d, "reduce_scatter");
+      if (!check.ok() || total == 0) return check;
       // Scratch kept across calls (ops run one at a time on this thread):
       // a fresh buffer of tens of MiB is a fresh mmap each time, and its page
       // faults cost more than the transfer.
@@ -439,9 +433,15 @@ class GlooBackend : public Backend {
           absl::StrCat("send_counts[", rank(), "]=", send_counts[rank()], " != recv_counts[",
                        rank(), "]=", recv_counts[rank()], " (the piece this rank sends itself)"));
     State* st = state_.get();
-    return Enqueue([st, in, send_counts, out, recv_counts, dtype]() -> absl::Status {
+    size_t total = 0;
+    for (size_t c : send_counts) total += c;
+    return Enqueue("all_to_all", total, dtype,
+                   Collective(Op::kAllToAll, 0, 0, dtype),
+                   [st, in, send_counts, out, recv_counts, dtype](const CallDesc& d) -> absl::Status {
       const int size = st->size, rank = st->rank;
       const size_t es = ElementSize(dtype);
+      absl::Status check = st->CheckCollective(d, "all_to_all");
+      if (!check.ok()) return check;
       if (size == 1) {
         if (send_counts[0] > 0) std::memmove(out, in, send_counts[0] * es);
         return absl::OkStatus();
@@ -509,9 +509,10 @@ class GlooBackend : public Backend {
       return Invalid("broadcast", absl::StrCat("root=", root, " out of range [0,", size(), ")"));
     if (data == nullptr && count > 0) return Invalid("broadcast", "data is null with count > 0");
     State* st = state_.get();
-    return Enqueue([st, data, count, dtype, root]() -> absl::Status {
-      if (st->size == 1) return absl::OkStatus();
-      if (count == 0) return RunBarrier(st, "broadcast");
+    return Enqueue("broadcast", count, dtype, Collective(Op::kBroadcast, 0, count, dtype, -1, root),
+                   [st, data, count, dtype, root](const CallDesc& d) -> absl::Status {
+      absl::Status check = st->CheckCollective(d, "broadcast");
+      if (!check.ok() || st->size == 1 || count == 0) return check;
       try {
         gloo::BroadcastOptions opts(st->context);
         opts.setOutput(static_cast<char*>(data), count * ElementSize(dtype));
@@ -537,13 +538,14 @@ class GlooBackend : public Backend {
 
   std::shared_ptr<Work> Barrier() override {
     State* st = state_.get();
-    return Enqueue([st]() -> absl::Status {
-      return st->size == 1 ? absl::OkStatus() : RunBarrier(st, "barrier");
+    return Enqueue("barrier", 0, DType::kFloat32, Collective(Op::kBarrier, 0, 0, DType::kFloat32),
+                   [st](const CallDesc& d) -> absl::Status {
+      return st->CheckCollective(d, "barrier");
     });
   }
 
   void Abort() override {
-    std::deque<std::pair<std::function<absl::Status()>, std::shared_ptr<WorkImpl>>> queued;
+    std::deque<State::Queued> queued;
     std::shared_ptr<WorkImpl> running;
     std::vector<std::weak_ptr<WorkImpl>> p2p;
     {
@@ -562,7 +564,7 @@ class GlooBackend : public Backend {
       } catch (...) {
       }
     }
-    for (auto& q : queued) q.second->Complete(absl::AbortedError("backend was aborted"));
+    for (auto& q : queued) q.work->Complete(absl::AbortedError("backend was aborted"));
     if (running) running->Complete(absl::AbortedError("backend was aborted during the operation"));
     for (auto& w : p2p) {
       if (auto p = w.lock()) p->Complete(absl::AbortedError("backend was aborted during the operation"));
@@ -642,18 +644,6 @@ class GlooBackend : public Backend {
     return absl::OkStatus();
   }
 
-  static absl::Status RunBarrier(State* st, const char* op) {
-    try {
-      gloo::BarrierOptions opts(st->context);
-      opts.setTag(st->next_tag++);
-      opts.setTimeout(ToMs(st->options.timeout));
-      gloo::barrier(opts);
-    } catch (...) {
-      return st->MapException(op);
-    }
-    return absl::OkStatus();
-  }
-
   std::shared_ptr<Work> PointToPoint(void* data, size_t count, DType dtype, int peer, uint32_t tag,
                                      bool send) {
     const char* op = send ? "send" : "recv";
@@ -661,78 +651,17 @@ class GlooBackend : public Backend {
       return Invalid(op, absl::StrCat("peer=", peer, " out of range [0,", size(), ")"));
     if (peer == rank()) return Invalid(op, absl::StrCat("peer=", peer, " == rank"));
     if (data == nullptr && count > 0) return Invalid(op, "data is null with count > 0");
-    // Posted now, from the calling thread, not queued behind collectives:
-    // a pipeline stage sends an activation and receives a gradient from
-    // the same peer without either side blocking the other (Gloo matches
-    // by slot, and its pairs are safe to use from several threads). One
-    // short-lived thread per operation waits for its completion, bounded
-    // by the op timeout (Abort closes the sockets, which ends the wait).
-    std::shared_ptr<State> st = state_;
-    {
-      absl::MutexLock lock(&st->mu);
-      if (st->aborted) return Done(absl::AbortedError("backend was aborted"));
-      if (!st->sticky.ok()) return Done(st->sticky);
-    }
-    auto work = std::make_shared<WorkImpl>();
-    const std::string what = absl::StrCat(op, " (peer=", peer, ", tag=", tag, ")");
-    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
-    static char dummy = 0;
-    try {
-      buf = st->context->createUnboundBuffer(count ? data : &dummy, count * ElementSize(dtype));
-      const uint64_t slot = kP2PSlotPrefix | tag;
-      if (send) {
-        buf->send(peer, slot);
-      } else {
-        buf->recv(peer, slot);
-      }
-    } catch (...) {
-      absl::Status s = st->MapException(what);
-      st->RecordFailure(s);
-      work->Complete(std::move(s));
-      return work;
-    }
-    std::thread([st, work, what, send, buf = std::move(buf)]() {
-      absl::Status s;
-      try {
-        const auto timeout = ToMs(st->options.timeout);
-        if (send) {
-          buf->waitSend(timeout);
-        } else {
-          buf->waitRecv(timeout);
-        }
-      } catch (...) {
-        s = st->MapException(what);
-      }
-      if (!s.ok()) st->RecordFailure(s);
-      {
-        absl::MutexLock lock(&st->mu);
-        if (st->aborted && !s.ok())
-          s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
-      }
-      work->Complete(std::move(s));
-    }).detach();
-    {
-      absl::MutexLock lock(&st->mu);
-      // Drop handles of completed operations so the list stays short.
-      auto& pending = st->p2p_pending;
-      pending.erase(std::remove_if(pending.begin(), pending.end(),
-                                   [](const std::weak_ptr<WorkImpl>& w) {
-                                     auto p = w.lock();
-                                     return p == nullptr || p->IsCompleted();
-                                   }),
-                    pending.end());
-      pending.push_back(work);
-      // An Abort since the check above did not see this operation.
-      if (st->aborted) work->Complete(absl::AbortedError("backend was aborted during the operation"));
-    }
-    return work;
+    return gloo_internal::PostPointToPoint(state_, data, count, dtype, peer, tag, send);
   }
 
   std::shared_ptr<Work> Invalid(const char* op, const std::string& what) {
     return Done(absl::InvalidArgumentError(absl::StrCat(op, " on rank ", rank(), ": ", what)));
   }
 
-  std::shared_ptr<Work> Enqueue(std::function<absl::Status()> fn) {
+  // Queues `fn(desc)`, `desc` numbered here, at issue, so the sequence is
+  // the same on every rank that issues the same collectives.
+  std::shared_ptr<Work> Enqueue(const char* op, size_t count, DType dtype, CallDesc desc,
+                                std::function<absl::Status(const CallDesc&)> fn) {
     auto work = std::make_shared<WorkImpl>();
     {
       absl::MutexLock lock(&state_->mu);  // wakes the op thread
@@ -740,7 +669,12 @@ class GlooBackend : public Backend {
         work->Complete(absl::AbortedError("backend was aborted"));
         return work;
       }
-      state_->queue.emplace_back(std::move(fn), work);
+      OpProgress p;
+      p.operation = op;
+      p.sequence = desc.sequence = ++state_->issued;
+      p.count = count;
+      p.dtype = dtype;
+      state_->queue.push_back(State::Queued{std::move(fn), work, std::move(p), desc});
     }
     return work;
   }
@@ -763,6 +697,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store
     return absl::InvalidArgumentError("options.timeout must be positive");
   if (options.connect_timeout <= absl::ZeroDuration())
     return absl::InvalidArgumentError("options.connect_timeout must be positive");
+  if (!options.global_ranks.empty() && options.global_ranks.size() != static_cast<size_t>(size)) {
+    return absl::InvalidArgumentError(absl::StrCat("options.global_ranks has ",
+                                                   options.global_ranks.size(),
+                                                   " entries; give none or one per rank (", size,
+                                                   ")"));
+  }
   {
     // Gloo crashes (rather than throws) on some unresolvable hostnames, so
     // only IP literals reach it.
@@ -781,6 +721,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store
   state->options = options;
   state->store = store;
   state->peer_names.assign(size, {});
+  state->names.group = options.group_name;
+  state->names.global_ranks = options.global_ranks;
   if (size > 1) {
     try {
       gloo::transport::tcp::attr attr;

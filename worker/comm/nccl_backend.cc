@@ -12,6 +12,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -174,6 +178,14 @@ class NcclWork : public Work {
 
   bool IsCompleted() override { return Poll(); }
 
+  // When the operation was seen to finish (successfully or not), or nullopt
+  // while it runs. Polls like IsCompleted.
+  std::optional<absl::Time> FinishedAt() ABSL_LOCKS_EXCLUDED(mu_) {
+    if (!Poll()) return std::nullopt;
+    absl::MutexLock lock(&mu_);
+    return finished_at_;
+  }
+
   absl::Status Wait(absl::Duration timeout) override {
     const absl::Time until =
         timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
@@ -203,6 +215,7 @@ class NcclWork : public Work {
     if (s.ok()) s = CheckLocked();
     if (!s.ok() || finished_) {
       done_ = true;
+      finished_at_ = absl::Now();
       status_ = s.ok() ? s : absl::Status(s.code(), absl::StrCat(what_, ": ", s.message()));
     }
     return done_;
@@ -242,7 +255,96 @@ class NcclWork : public Work {
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time finished_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+// The bookkeeping behind NcclBackend::Progress (backend.h OpProgress).
+// Operations are recorded when enqueued; they are seen to finish by polling
+// their events, oldest first, when Progress is called (or earlier through
+// Work::Wait / IsCompleted, whose time of completion is kept). NCCL runs a
+// communicator's operations in stream order, so one starts when it was
+// enqueued or when the one before it finished, whichever is later.
+// Thread-safe.
+class ProgressBook {
+ public:
+  void Issued(OpProgress p, bool p2p, const std::shared_ptr<NcclWork>& work)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    p.in_flight = true;
+    p.sequence = p2p ? ++p2p_issued_ : ++issued_;
+    Tracked t{std::move(p), absl::Now(), work};
+    if (p2p) {
+      p2p_[t.progress.sequence] = std::move(t);
+    } else {
+      collectives_.push_back(std::move(t));
+    }
+  }
+
+  BackendProgress Progress() ABSL_LOCKS_EXCLUDED(poll_mu_, mu_) {
+    absl::MutexLock poll(&poll_mu_);  // one poller at a time; only it removes entries
+    // Finished collectives leave from the front; a Work dropped unwaited
+    // counts as finished when noticed.
+    for (;;) {
+      std::shared_ptr<NcclWork> w;
+      {
+        absl::MutexLock lock(&mu_);
+        if (collectives_.empty()) break;
+        w = collectives_.front().work.lock();
+      }
+      const std::optional<absl::Time> end = w ? w->FinishedAt() : absl::Now();
+      if (!end) break;
+      absl::MutexLock lock(&mu_);
+      Tracked& t = collectives_.front();
+      last_ = std::move(t.progress);
+      last_.in_flight = false;
+      last_.elapsed = std::max(absl::ZeroDuration(), *end - std::max(t.issued, last_end_));
+      last_end_ = *end;
+      collectives_.pop_front();
+    }
+    std::vector<std::pair<uint64_t, std::weak_ptr<NcclWork>>> p2p;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [n, t] : p2p_) p2p.emplace_back(n, t.work);
+    }
+    std::vector<uint64_t> finished;
+    for (auto& [n, weak] : p2p) {
+      std::shared_ptr<NcclWork> w = weak.lock();
+      if (w == nullptr || w->FinishedAt().has_value()) finished.push_back(n);
+    }
+    BackendProgress out;
+    const absl::Time now = absl::Now();
+    absl::MutexLock lock(&mu_);
+    for (uint64_t n : finished) p2p_.erase(n);
+    if (collectives_.empty()) {
+      out.collective = last_;
+    } else {
+      const Tracked& t = collectives_.front();
+      out.collective = t.progress;
+      out.collective.elapsed = now - std::max(t.issued, last_end_);
+    }
+    if (!p2p_.empty()) {
+      const Tracked& t = p2p_.begin()->second;
+      out.p2p = t.progress;
+      out.p2p->elapsed = now - t.issued;
+    }
+    return out;
+  }
+
+ private:
+  struct Tracked {
+    OpProgress progress;
+    absl::Time issued;
+    std::weak_ptr<NcclWork> work;
+  };
+  absl::Mutex poll_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::Mutex mu_;
+  uint64_t issued_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t p2p_issued_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Tracked> collectives_ ABSL_GUARDED_BY(mu_);  // in flight, in issue order
+  OpProgress last_ ABSL_GUARDED_BY(mu_);                  // the latest finished
+  absl::Time last_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::map<uint64_t, Tracked> p2p_ ABSL_GUARDED_BY(mu_);  // in flight, by number
 };
 
 class NcclBackend : public Backend {
@@ -253,14 +355,16 @@ class NcclBackend : public Backend {
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
 
+  BackendProgress Progress() const override { return progress_->Progress(); }
+
   std::shared_ptr<Work> AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override {
-    return Issue("all_reduce", count, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+    return Issue("all_reduce", count, dtype, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
       return api().all_reduce(handle(), data, count, ToPlugin(dtype), ToPlugin(op), ms, ev, e, n);
     });
   }
 
   std::shared_ptr<Work> AllGather(const void* in, size_t count, void* out, DType dtype) override {
-    return Issue("all_gather", count, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+    return Issue("all_gather", count, dtype, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
       return api().all_gather(handle(), in, count, out, ToPlugin(dtype), ms, ev, e, n);
     });
   }
@@ -271,7 +375,9 @@ class NcclBackend : public Backend {
       return Invalid("reduce_scatter",
                      absl::StrCat("counts.size()=", counts.size(), " != size=", size()));
     }
-    return Issue("reduce_scatter", counts[rank()],
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    return Issue("reduce_scatter", total, dtype,
                  [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
                    return api().reduce_scatter(handle(), in, out, counts.data(), ToPlugin(dtype),
                                                ToPlugin(op), ms, ev, e, n);
@@ -289,8 +395,8 @@ class NcclBackend : public Backend {
                      absl::StrCat("recv_counts.size()=", recv_counts.size(), " != size=", size()));
     }
     size_t total = 0;
-    for (size_t c : recv_counts) total += c;
-    return Issue("all_to_all", total, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+    for (size_t c : send_counts) total += c;
+    return Issue("all_to_all", total, dtype, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
       return api().all_to_all(handle(), in, send_counts.data(), out, recv_counts.data(),
                               ToPlugin(dtype), ms, ev, e, n);
     });
@@ -300,7 +406,7 @@ class NcclBackend : public Backend {
     if (root < 0 || root >= size()) {
       return Invalid("broadcast", absl::StrCat("root=", root, " out of range [0,", size(), ")"));
     }
-    return Issue("broadcast", count, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+    return Issue("broadcast", count, dtype, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
       return api().broadcast(handle(), data, count, ToPlugin(dtype), root, ms, ev, e, n);
     });
   }
@@ -308,21 +414,27 @@ class NcclBackend : public Backend {
   std::shared_ptr<Work> Send(const void* data, size_t count, DType dtype, int peer,
                              uint32_t /*tag: NCCL matches in issue order*/) override {
     if (auto bad = CheckPeer("send", peer)) return bad;
-    return Issue("send", count, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
-      return api().send(handle(), data, count, ToPlugin(dtype), peer, ms, ev, e, n);
-    });
+    return Issue(
+        "send", count, dtype,
+        [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+          return api().send(handle(), data, count, ToPlugin(dtype), peer, ms, ev, e, n);
+        },
+        peer);
   }
 
   std::shared_ptr<Work> Recv(void* data, size_t count, DType dtype, int peer,
                              uint32_t /*tag*/) override {
     if (auto bad = CheckPeer("recv", peer)) return bad;
-    return Issue("recv", count, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
-      return api().recv(handle(), data, count, ToPlugin(dtype), peer, ms, ev, e, n);
-    });
+    return Issue(
+        "recv", count, dtype,
+        [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+          return api().recv(handle(), data, count, ToPlugin(dtype), peer, ms, ev, e, n);
+        },
+        peer);
   }
 
   std::shared_ptr<Work> Barrier() override {
-    return Issue("barrier", 0, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
+    return Issue("barrier", 0, DType::kFloat32, [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
       return api().barrier(handle(), ms, ev, e, n);
     });
   }
@@ -346,8 +458,9 @@ class NcclBackend : public Backend {
   }
 
   // Enqueues through `call(timeout_ms, &event, error, error_len)`.
+  // `count` and `dtype` are recorded for Progress (`peer` for send / recv).
   template <typename F>
-  std::shared_ptr<Work> Issue(const char* op, size_t count, F call) {
+  std::shared_ptr<Work> Issue(const char* op, size_t count, DType dtype, F call, int peer = -1) {
     const std::string what = absl::StrCat(op, " of ", count, " elements on rank ", rank());
     absl::Status s = comm_->GroupError();
     if (!s.ok())
@@ -362,10 +475,18 @@ class NcclBackend : public Backend {
       s = comm_->Fail(FromPlugin(code, error, absl::StrCat("rank ", rank())));
       return NcclWork::Done(absl::Status(s.code(), absl::StrCat(what, ": ", s.message())));
     }
-    return std::make_shared<NcclWork>(comm_, event, what, deadline);
+    auto work = std::make_shared<NcclWork>(comm_, event, what, deadline);
+    OpProgress p;
+    p.operation = op;
+    p.count = count;
+    p.dtype = dtype;
+    p.peer = peer;
+    progress_->Issued(std::move(p), peer >= 0, work);
+    return work;
   }
 
   const std::shared_ptr<Comm> comm_;
+  const std::shared_ptr<ProgressBook> progress_ = std::make_shared<ProgressBook>();
 };
 
 }  // namespace

@@ -386,6 +386,72 @@ TEST(NcclBackendFakeTest, WorkOutlivesItsBackend) {
   EXPECT_EQ(fake.Aborts(), 1);
 }
 
+// Progress: counted at issue, the running op (the fake hangs it) with its
+// elapsed time growing, the latest finished one, and send / recv with the
+// peer.
+TEST(NcclBackendFakeTest, ProgressCountsAtIssueAndShowsTheRunningOp) {
+  FakePlugin fake;
+  std::shared_ptr<Store> store = NewInMemoryStore();
+  std::unique_ptr<Backend> peer;
+  std::thread peer_thread([&] {
+    auto b = CreateNcclBackend(store, 1, 2, FakePlugin::Options());
+    ASSERT_TRUE(b.ok()) << b.status();
+    peer = *std::move(b);
+  });
+  auto made = CreateNcclBackend(store, 0, 2, FakePlugin::Options());
+  peer_thread.join();
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<Backend> b = *std::move(made);
+  EXPECT_EQ(b->Progress().collective.operation, "");
+  EXPECT_EQ(b->Progress().collective.sequence, 0u);
+  float data[4] = {1, 2, 3, 4};
+  EXPECT_TRUE(b->AllReduce(data, 4, DType::kFloat32, ReduceOp::kSum)->Wait(absl::Seconds(5)).ok());
+  EXPECT_TRUE(b->Barrier()->Wait(absl::Seconds(5)).ok());
+  auto unwaited = b->Broadcast(data, 3, DType::kBFloat16, 1);  // finished, never waited on
+  BackendProgress p = b->Progress();
+  EXPECT_EQ(p.collective.sequence, 3u);
+  EXPECT_EQ(p.collective.operation, "broadcast");
+  EXPECT_EQ(p.collective.count, 3u);
+  EXPECT_EQ(p.collective.dtype, DType::kBFloat16);
+  EXPECT_FALSE(p.collective.in_flight);
+  EXPECT_FALSE(p.p2p.has_value());
+
+  fake.SetMode(FakePlugin::kHang);
+  auto hung = b->AllGather(data, 2, data, DType::kFloat16);
+  auto send = b->Send(data, 3, DType::kFloat32, 1, 0);
+  p = b->Progress();
+  EXPECT_EQ(p.collective.sequence, 4u);
+  EXPECT_EQ(p.collective.operation, "all_gather");
+  EXPECT_EQ(p.collective.count, 2u);
+  EXPECT_TRUE(p.collective.in_flight);
+  ASSERT_TRUE(p.p2p.has_value());
+  EXPECT_EQ(p.p2p->operation, "send");
+  EXPECT_EQ(p.p2p->peer, 1);
+  EXPECT_EQ(p.p2p->count, 3u);
+  EXPECT_EQ(p.p2p->sequence, 1u);
+  EXPECT_TRUE(p.p2p->in_flight);
+  const absl::Duration first = p.collective.elapsed;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (b->Progress().collective.elapsed < first + absl::Milliseconds(50) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  p = b->Progress();
+  EXPECT_TRUE(p.collective.in_flight);
+  EXPECT_GE(p.collective.elapsed, first + absl::Milliseconds(50));
+
+  // Aborted: both end; the latest is the all_gather, no longer in flight.
+  b->Abort();
+  EXPECT_TRUE(absl::IsAborted(hung->Wait(absl::Seconds(5))));
+  EXPECT_TRUE(absl::IsAborted(send->Wait(absl::Seconds(5))));
+  p = b->Progress();
+  EXPECT_EQ(p.collective.sequence, 4u);
+  EXPECT_FALSE(p.collective.in_flight);
+  EXPECT_GE(p.collective.elapsed, first + absl::Milliseconds(50));
+  EXPECT_FALSE(p.p2p.has_value());
+  peer->Abort();
+}
+
 TEST(NcclBackendFakeTest, BootstrapTimeouts) {
   FakePlugin fake;
   NcclOptions o = FakePlugin::Options();
