@@ -299,11 +299,25 @@ class Coordinator {
 
   // Records a heartbeat and answers with a directive (CONTINUE, CHECKPOINT
   // or STOP). Errors: CheckFence's (a stale generation is Aborted).
+  // An excluded incarnation (LOST: REPEATED_ERRORS or HUNG) gets STOP with
+  // its detail. A progress report (request.progress, progress.proto) is
+  // checked (InvalidArgument naming the field, progress_monitor.h
+  // ValidateProgress: activity UNSPECIFIED, a peer_rank >= world_size, ...)
+  // and, while the member is ACTIVE, kept as Member.progress (not durable)
+  // for hang and straggler detection (Tick).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
 
   // A worker reports a failure. The generation ends (the caller's
   // communicators are broken); the named peer is declared LOST if it is also
-  // late or disconnected. Answers RESTART_AT_GENERATION (or STOP).
+  // late or disconnected. Answers RESTART_AT_GENERATION (or STOP; STOP with
+  // its detail to an excluded incarnation).
+  // Before the generation ends, the ranks' latest progress reports are
+  // searched for the ranks the others waited for (progress_monitor.h
+  // LocaliseHang); when some are found the reason (the directive's,
+  // phase_reason, a lost peer's detail) ends with "; held up by rank 2 (w2
+  // on host1): in compute at step 15, last heartbeat 6.1 s ago", a
+  // HangDetected event (action REPORT) is emitted, and each culprit's
+  // Member.detail says so (it stays when the member is FENCED).
   //
   // Restore fallback (a checksum mismatch is DataLoss, and restore falls
   // back to the previous committed checkpoint):
@@ -375,7 +389,28 @@ class Coordinator {
                                       std::vector<GenerationEnded>* ended);
 
   // Periodic work at clock->Now(): heartbeat timeouts, last-call windows,
-  // join timeouts. Call every ~100 ms (the server does; tests call it after
+  // join timeouts, hangs and stragglers.
+  //
+  // Hangs (ElasticPolicy.progress_timeout, progress.proto HangReport): a
+  // RUNNING GPT job none of whose ranks made progress (a step done, a
+  // group's completed sequence up; formation, and a rank in a checkpoint,
+  // count) for the progress timeout (unset: max(30 s, 10 x the median of
+  // the ranks' latest step_time); 0 s: never), while a rank waits in a
+  // collective: the culprits (progress_monitor.h LocaliseHang) go into a
+  // HangDetected event, Job.last_hang and a log line. HANG_POLICY_EVICT
+  // (with culprits): each is LOST (LOSS_REASON_HUNG, detail = the
+  // summary; excluded like REPEATED_ERRORS), the generation ends
+  // (FORMATION_REASON_HANG), and the job FAILS at once when the others
+  // cannot form one. HANG_POLICY_REPORT: reported once per stall (again
+  // only after progress). An external job is never judged.
+  // Stragglers (ElasticPolicy.straggler_*): the ranks' compute_time per
+  // step (progress_monitor.h StragglerTracker); a flagged rank gets
+  // Member.straggler, is listed in Job.stragglers (slowest first, at most
+  // kMaxStragglersListed; num_stragglers counts all), and a
+  // StragglerChanged event is emitted (cleared at a generation's end too).
+  // STRAGGLER_POLICY_REPLACE: a flagged rank of a job with a checkpoint
+  // directory and a healthy spare (SPARE with an open session) is drained
+  // as DrainWorker does (reason "straggler: ..."; Straggler.replacing). Call every ~100 ms (the server does; tests call it after
   // advancing a FakeClock). Returns the generations that ended.
   std::vector<GenerationEnded> Tick();
 
@@ -491,8 +526,43 @@ class Coordinator {
   void RemoveDrainedLocked(JobRecord& job, MemberRecord& member,
                            std::vector<GenerationEnded>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // coordinator_progress.cc: hangs and stragglers (server/progress_monitor.h).
+  // A heartbeat's progress report (validated by the caller): kept in the
+  // member while it is ACTIVE, the job's last progress time, the straggler
+  // windows.
+  void NoteProgressLocked(JobRecord& job, MemberRecord& member, const v1::HeartbeatRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick's part: a RUNNING GPT job that made no progress for its progress
+  // timeout while a rank waits in a collective: HangDetected, and by
+  // hang_policy the culprits LOST (LOSS_REASON_HUNG); then the straggler
+  // flags.
+  void DetectHangLocked(JobRecord& job, absl::Time now, std::vector<GenerationEnded>* ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateStragglersLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReportError's: the ranks that hold up the others by their latest
+  // reports, for the reason of the generation's end: "; held up by ..."
+  // (empty when none is found); emits HangDetected (REPORT) and marks the
+  // culprits' details when it finds some.
+  std::string NameHoldersUpLocked(JobRecord& job, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A generation formed / ends: progress clock, straggler windows and flags
+  // (StragglerChanged cleared for each flagged rank).
+  void ProgressGenerationFormedLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ProgressGenerationEndedLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // coordinator_membership.cc: a graceful drain of an ACTIVE rank of a
+  // RUNNING GPT job with a checkpoint directory (DrainWorker's, and the
+  // straggler REPLACE policy's): it leaves after the next checkpoint.
+  void StartGracefulDrainLocked(JobRecord& job, MemberRecord& member, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // coordinator_worker.cc: fences.
   absl::StatusOr<MemberRecord*> CheckFenceLocked(const v1::Fence& fence, JobRecord** job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The STOP (with its detail) that every call of an excluded incarnation
+  // (LOST with LOSS_REASON_REPEATED_ERRORS or LOSS_REASON_HUNG) of the
+  // fence's worker gets, so that its process exits; nullopt otherwise.
+  std::optional<v1::Directive> ExcludedStopLocked(const v1::Fence& fence) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // coordinator_persistence.cc.

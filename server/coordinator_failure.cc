@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/coordinator_records.h"
+#include "server/progress_monitor.h"
 #include "spec/job_spec.h"
 
 namespace shardline::server {
@@ -30,11 +31,18 @@ void Coordinator::LoseMemberLocked(JobRecord& job, MemberRecord& m, v1::LossReas
   m.member.set_loss_reason(reason);
   m.member.set_detail(detail);
   m.member.clear_rank();
+  m.member.clear_progress();
   // If the process is still there (a SIGSTOP'd worker keeps its TCP stream),
-  // it learns on waking that it must re-join.
+  // it learns on waking that it must re-join; a hung one, excluded, that it
+  // must exit.
   v1::SessionMessage msg;
-  *msg.mutable_directive() = Restart(job.job.generation() + (was == v1::MEMBER_STATE_ACTIVE ? 1 : 0),
-                                     absl::StrCat("this worker was declared lost: ", detail));
+  if (reason == v1::LOSS_REASON_HUNG) {
+    *msg.mutable_directive() = Stop(job.job.phase(), absl::StrCat("excluded: ", detail));
+  } else {
+    *msg.mutable_directive() =
+        Restart(job.job.generation() + (was == v1::MEMBER_STATE_ACTIVE ? 1 : 0),
+                absl::StrCat("this worker was declared lost: ", detail));
+  }
   m.outbox.Push(std::move(msg));
 
   v1::JobEvent e;
@@ -53,7 +61,8 @@ void Coordinator::LoseMemberLocked(JobRecord& job, MemberRecord& m, v1::LossReas
 
   if (was == v1::MEMBER_STATE_ACTIVE && job.job.phase() == v1::JOB_PHASE_RUNNING) {
     EndGenerationLocked(job,
-                        reason == v1::LOSS_REASON_ERROR_REPORTED ||
+                        reason == v1::LOSS_REASON_HUNG ? v1::FORMATION_REASON_HANG
+                        : reason == v1::LOSS_REASON_ERROR_REPORTED ||
                                 reason == v1::LOSS_REASON_REPEATED_ERRORS
                             ? v1::FORMATION_REASON_ERROR_REPORTED
                             : v1::FORMATION_REASON_WORKER_LOST,
@@ -117,6 +126,11 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
     const std::vector<v1::CheckpointRef>& committed, UnusableCheckpointMarks* marks) {
   absl::MutexLock lock(&mu_);
   JobRecord* job = nullptr;
+  if (std::optional<v1::Directive> stop = ExcludedStopLocked(request.fence()); stop.has_value()) {
+    v1::ReportErrorResponse response;
+    *response.mutable_directive() = *std::move(stop);
+    return response;
+  }
   absl::StatusOr<MemberRecord*> m = CheckFenceLocked(request.fence(), &job);
   if (!m.ok()) return m.status();
   if (request.code() <= 0 || request.code() > 16) {
@@ -134,11 +148,16 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
                                                    job->job.world_size()));
   }
   const std::string reporter = (*m)->member.worker_id();
-  const std::string what = absl::StrCat(
+  std::string what = absl::StrCat(
       "rank ", (*m)->member.has_rank() ? absl::StrCat((*m)->member.rank()) : "?", " (", reporter,
       ") reported ", absl::StatusCodeToString(static_cast<absl::StatusCode>(request.code())),
       request.operation().empty() ? "" : absl::StrCat(" in ", request.operation()), ": ",
       request.message());
+  // The report ends the generation: name the ranks the others waited for.
+  if (job->job.phase() == v1::JOB_PHASE_RUNNING &&
+      job->job.generation() == request.fence().generation()) {
+    what += NameHoldersUpLocked(*job, clock_->Now());
+  }
   if (request.has_peer_rank()) {
     // Declare the peer lost only if it also looks dead from here.
     const absl::Duration grace =
@@ -202,14 +221,23 @@ std::vector<GenerationEnded> Coordinator::Tick() {
     const absl::Duration timeout = FromProto(job->job.spec().elastic().heartbeat_timeout());
     for (auto& [worker_id, m] : job->members) {
       if (IsLive(m.member.state()) && now - m.last_heartbeat > timeout) {
+        // What it said it was doing (a progress report), for the others'
+        // sake: a rank stopped in compute holds up every collective.
+        const std::string doing =
+            m.member.has_progress()
+                ? absl::StrCat("; its last report: ", DescribeActivity(&m.member.progress()))
+                : "";
         LoseMemberLocked(*job, m, v1::LOSS_REASON_HEARTBEAT_TIMEOUT,
                          absl::StrCat("no heartbeat for ",
                                       absl::FormatDuration(absl::Trunc(
                                           now - m.last_heartbeat, absl::Milliseconds(1))),
-                                      " (heartbeat_timeout ", absl::FormatDuration(timeout), ")"),
+                                      " (heartbeat_timeout ", absl::FormatDuration(timeout), ")",
+                                      doing),
                          &ended);
       }
     }
+    DetectHangLocked(*job, now, &ended);
+    UpdateStragglersLocked(*job);
     MaybeFormLocked(*job, &ended);
   }
   return ended;

@@ -25,6 +25,7 @@ void Coordinator::EndGenerationLocked(JobRecord& job, v1::FormationReason reason
                                       const std::string& why,
                                       std::vector<GenerationEnded>* ended) {
   const uint64_t old_generation = job.job.generation();
+  ProgressGenerationEndedLocked(job);
   if (ended != nullptr) ended->push_back({job.job.job_id(), old_generation, why});
   job.last_end_reason = why;
   job.job.set_generation(old_generation + 1);
@@ -177,6 +178,7 @@ void Coordinator::FormGenerationLocked(JobRecord& job, std::vector<MemberRecord*
   // not get them declared lost.
   const absl::Time now = clock_->Now();
   for (MemberRecord* m : candidates) m->last_heartbeat = std::max(m->last_heartbeat, now);
+  ProgressGenerationFormedLocked(job);
 }
 
 absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord& job,

@@ -66,7 +66,8 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   const bool new_incarnation = inserted || m.member.incarnation() != w.incarnation();
   if (!inserted && m.member.incarnation() == w.incarnation() &&
       m.member.state() == v1::MEMBER_STATE_LOST &&
-      m.member.loss_reason() == v1::LOSS_REASON_REPEATED_ERRORS) {
+      (m.member.loss_reason() == v1::LOSS_REASON_REPEATED_ERRORS ||
+       m.member.loss_reason() == v1::LOSS_REASON_HUNG)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker '", w.worker_id(), "' (incarnation ", w.incarnation(),
         ") is excluded from job '", w.job_id(), "': ", m.member.detail(),
@@ -272,25 +273,31 @@ absl::StatusOr<v1::Member> Coordinator::DrainWorker(const std::string& job_id,
     MaybeFormLocked(*job, ended);
     return m.member;
   }
+  StartGracefulDrainLocked(*job, m, m.member.drain_reason());
+  return m.member;
+}
+
+void Coordinator::StartGracefulDrainLocked(JobRecord& job, MemberRecord& m,
+                                           const std::string& reason) {
+  m.member.set_drain_reason(reason);
   // Save first: every rank is asked for a checkpoint after its next step
   // (the ranks agree on which step through their own all-reduce); the
   // commit takes the member out (NoteCheckpointCommitted).
-  m.member.set_drain_after_step(job->job.step());
+  m.member.set_drain_after_step(job.job.step());
   m.member.set_detail(absl::StrCat("draining (", m.member.drain_reason(),
                                    "): leaves after the next checkpoint commits"));
-  if (absl::Status s = PersistLocked(*job, {&m}); !s.ok()) {
+  if (absl::Status s = PersistLocked(job, {&m}); !s.ok()) {
     // Kept in memory: the drain still happens unless this coordinator
     // restarts before the checkpoint commits.
-    LogLine(absl::StrFormat("job %s: drain of %s not saved: %s", job_id,
-                 worker_id, s.message()));
+    LogLine(absl::StrFormat("job %s: drain of %s not saved: %s", job.job.job_id(),
+                            m.member.worker_id(), s.message()));
   }
-  for (auto& [id, other] : job->members) {
+  for (auto& [id, other] : job.members) {
     if (other.member.state() != v1::MEMBER_STATE_ACTIVE) continue;
     v1::SessionMessage msg;
-    msg.mutable_directive()->mutable_checkpoint()->set_step(job->job.step() + 1);
+    msg.mutable_directive()->mutable_checkpoint()->set_step(job.job.step() + 1);
     other.outbox.Push(std::move(msg));
   }
-  return m.member;
 }
 
 void Coordinator::RemoveDrainedLocked(JobRecord& job, MemberRecord& m,

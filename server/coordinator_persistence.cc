@@ -33,10 +33,29 @@ absl::Status Coordinator::PersistLocked(const JobRecord& job,
                                         const std::vector<const MemberRecord*>& members,
                                         std::vector<Mutation> extra) {
   std::vector<Mutation> batch = std::move(extra);
-  batch.push_back(Mutation::Put("job", job.job.job_id(), job.job.SerializeAsString()));
+  // Not durable (job.proto, session.proto): hang reports, stragglers and
+  // progress reports are left out of the records.
+  if (job.job.has_last_hang() || job.job.stragglers_size() > 0 || job.job.num_stragglers() > 0) {
+    v1::Job durable = job.job;
+    durable.clear_last_hang();
+    durable.clear_stragglers();
+    durable.clear_num_stragglers();
+    batch.push_back(Mutation::Put("job", job.job.job_id(), durable.SerializeAsString()));
+  } else {
+    batch.push_back(Mutation::Put("job", job.job.job_id(), job.job.SerializeAsString()));
+  }
   for (const MemberRecord* m : members) {
+    std::string value;
+    if (m->member.has_progress() || m->member.has_straggler()) {
+      v1::Member durable = m->member;
+      durable.clear_progress();
+      durable.clear_straggler();
+      value = durable.SerializeAsString();
+    } else {
+      value = m->member.SerializeAsString();
+    }
     batch.push_back(Mutation::Put("member", MemberKey(job.job.job_id(), m->member.worker_id()),
-                                  m->member.SerializeAsString()));
+                                  std::move(value)));
   }
   absl::Status s = store_->Write(batch);
   if (!s.ok()) {

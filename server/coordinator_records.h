@@ -22,6 +22,7 @@
 #include "plan/plan.h"
 #include "server/coordinator.h"
 #include "server/event_log.h"
+#include "server/progress_monitor.h"
 #include "server/session_outbox.h"
 #include "server/state_store.h"
 #include "shardline/v1/events.pb.h"
@@ -150,6 +151,17 @@ struct Coordinator::JobRecord {
   // member joining, leaving or lost) emits one.
   EventLog events;
   uint64_t progress_step = 0;  // last StepProgress emitted
+  // Hangs and stragglers (coordinator_progress.cc); in memory only.
+  // The last time any rank of the current generation made progress
+  // (progress_monitor.h MadeProgress; formation counts).
+  absl::Time last_progress;
+  // This stall was reported already: reported again only after progress.
+  bool hang_reported = false;
+  uint64_t hangs_detected = 0;  // HangDetected events emitted, all generations
+  // The current generation's ranks (index = rank; set at formation, never
+  // erased: check the member is still ACTIVE) and its straggler windows.
+  std::vector<MemberRecord*> by_rank;
+  StragglerTracker stragglers;
   // Calls blocked on this record with the lock released (WaitGuard): while
   // any is, PruneJob must not destroy it.
   mutable int waiters = 0;

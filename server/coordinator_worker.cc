@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/coordinator_records.h"
 #include "server/coordinator_validation.h"
+#include "server/progress_monitor.h"
 #include "spec/job_spec.h"
 
 namespace shardline::server {
@@ -62,6 +63,21 @@ absl::StatusOr<Coordinator::MemberRecord*> Coordinator::CheckFenceLocked(const v
         job->job.phase_reason(), "; abort communicators and re-join with JoinJob"));
   }
   return &m;
+}
+
+std::optional<v1::Directive> Coordinator::ExcludedStopLocked(const v1::Fence& fence) const {
+  const JobRecord* job = FindJobLocked(fence.worker().job_id());
+  if (job == nullptr) return std::nullopt;
+  auto it = job->members.find(fence.worker().worker_id());
+  if (it == job->members.end()) return std::nullopt;
+  const v1::Member& m = it->second.member;
+  if (m.incarnation() != fence.worker().incarnation() || m.state() != v1::MEMBER_STATE_LOST ||
+      (m.loss_reason() != v1::LOSS_REASON_REPEATED_ERRORS &&
+       m.loss_reason() != v1::LOSS_REASON_HUNG)) {
+    return std::nullopt;
+  }
+  return Stop(job->job.phase(), absl::StrCat("this process is excluded from job '",
+                                             job->job.job_id(), "': ", m.detail()));
 }
 
 absl::StatusOr<uint64_t> Coordinator::OpenSession(const v1::WorkerIdentity& w,
@@ -187,6 +203,10 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
       return response;
     }
   }
+  if (std::optional<v1::Directive> stop = ExcludedStopLocked(request.fence()); stop.has_value()) {
+    *response.mutable_directive() = *std::move(stop);
+    return response;
+  }
   JobRecord* job = nullptr;
   absl::StatusOr<MemberRecord*> m = CheckFenceLocked(request.fence(), &job);
   if (!m.ok()) return m.status();
@@ -201,10 +221,18 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
                                                    request.metrics().step(),
                                                    ") is beyond train_steps=", steps));
   }
+  if (request.has_progress()) {
+    if (absl::Status s = ValidateProgress(request.progress(), job->job.world_size(),
+                                          external ? 0 : steps);
+        !s.ok()) {
+      return s;
+    }
+  }
   v1::Member& member = (*m)->member;
   member.set_step(std::max(member.step(), request.step()));
   member.set_worker_state(request.state());
   *member.mutable_last_heartbeat_time() = ToProto(clock_->Now());
+  NoteProgressLocked(*job, **m, request);
   // Success is a step done in this generation: states such as READY come
   // before the parts that can fail every time (opening the data, restoring),
   // and a heartbeat racing the worker's error report must not reset it.

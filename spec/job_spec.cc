@@ -228,6 +228,48 @@ absl::Status ResolveElasticDurations(v1::ElasticPolicy& e) {
   return absl::OkStatus();
 }
 
+// Shared by both kinds: hang and straggler detection (job.proto
+// ElasticPolicy.progress_timeout .. straggler_policy; bounds in job_spec.h).
+// progress_timeout stays unset when unset (automatic); the others get
+// their defaults.
+absl::Status ResolveProgressPolicy(v1::ElasticPolicy& e) {
+  if (e.has_progress_timeout()) {
+    const absl::Duration d = FromProto(e.progress_timeout());
+    if (d < absl::ZeroDuration() || (d > absl::ZeroDuration() && d < kMinProgressTimeout) ||
+        d > kMaxProgressTimeout) {
+      return Invalid(absl::StrCat(
+          "spec.elastic.progress_timeout=", TimeUtil::ToString(e.progress_timeout()),
+          " is invalid; give ", absl::FormatDuration(kMinProgressTimeout), " .. ",
+          absl::FormatDuration(kMaxProgressTimeout), " (e.g. \"60s\"), \"0s\" to turn hang "
+          "detection off, or leave it unset for the automatic timeout (the larger of 30s and "
+          "10x the median step time)"));
+    }
+  }
+  if (e.hang_policy() == v1::HANG_POLICY_UNSPECIFIED) e.set_hang_policy(v1::HANG_POLICY_EVICT);
+  const double factor = e.straggler_factor();
+  if (factor == 0) {
+    e.set_straggler_factor(kDefaultStragglerFactor);
+  } else if (!std::isfinite(factor) || factor <= 1 || factor > kMaxStragglerFactor) {
+    return Invalid(absl::StrCat("spec.elastic.straggler_factor=", factor,
+                                " is invalid; give a factor > 1 and at most ",
+                                kMaxStragglerFactor, " (e.g. 1.5), or 0 for the default ",
+                                kDefaultStragglerFactor));
+  }
+  const uint32_t window = e.straggler_window_steps();
+  if (window == 0) {
+    e.set_straggler_window_steps(kDefaultStragglerWindowSteps);
+  } else if (window < kMinStragglerWindowSteps || window > kMaxStragglerWindowSteps) {
+    return Invalid(absl::StrCat("spec.elastic.straggler_window_steps=", window,
+                                " is invalid; give ", kMinStragglerWindowSteps, "..",
+                                kMaxStragglerWindowSteps, " steps, or 0 for the default ",
+                                kDefaultStragglerWindowSteps));
+  }
+  if (e.straggler_policy() == v1::STRAGGLER_POLICY_UNSPECIFIED) {
+    e.set_straggler_policy(v1::STRAGGLER_POLICY_REPORT);
+  }
+  return absl::OkStatus();
+}
+
 bool IsFrameworkChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
 }
@@ -287,6 +329,7 @@ absl::StatusOr<v1::JobSpec> ResolveExternalSpec(const v1::JobSpec& in) {
                                 "; give 0 (no cap) or at least min_workers"));
   }
   if (absl::Status s = ResolveElasticDurations(e); !s.ok()) return s;
+  if (absl::Status s = ResolveProgressPolicy(e); !s.ok()) return s;
   return spec;
 }
 
@@ -490,6 +533,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
                                 " is too large; the limit is ", plan::kMaxWorldSize));
   }
   if (absl::Status st = ResolveElasticDurations(e); !st.ok()) return st;
+  if (absl::Status st = ResolveProgressPolicy(e); !st.ok()) return st;
   // world = dp * tp * pp must lie in min_workers..max_workers.
   const uint32_t min_dp = (e.min_workers() + model_parallel - 1) / model_parallel;
   const uint32_t max_dp = e.max_workers() / model_parallel;

@@ -51,6 +51,24 @@ inline constexpr absl::Duration kMaxSpecDuration = absl::Hours(24);
 inline constexpr absl::Duration kMinHeartbeatTimeout = absl::Milliseconds(100);
 inline constexpr int kMinTimeoutIntervals = 2;
 
+// Hang and straggler detection (job.proto ElasticPolicy, progress.proto):
+//   progress_timeout   unset: automatic (server/progress_monitor.h: the
+//                      larger of 30 s and 10 x the median step time), kept
+//                      unset by ResolveJobSpec; 0 s: off; else 100 ms .. 24 h
+//   hang_policy        UNSPECIFIED -> EVICT
+//   straggler_factor   0 -> 1.5; else finite, > 1 and <= 100
+//   straggler_window_steps  0 -> 10; else 3 .. 1000
+//   straggler_policy   UNSPECIFIED -> REPORT
+// An external job accepts them too (same checks) but is never judged: its
+// agents send no progress reports (session.proto HeartbeatRequest.progress).
+inline constexpr absl::Duration kMinProgressTimeout = absl::Milliseconds(100);
+inline constexpr absl::Duration kMaxProgressTimeout = absl::Hours(24);
+inline constexpr double kDefaultStragglerFactor = 1.5;
+inline constexpr double kMaxStragglerFactor = 100;
+inline constexpr uint32_t kDefaultStragglerWindowSteps = 10;
+inline constexpr uint32_t kMinStragglerWindowSteps = 3;
+inline constexpr uint32_t kMaxStragglerWindowSteps = 1000;
+
 // Bounds of the spec's counts, checked before anything uses them (each in
 // spec terms, printed unsigned): model sizes as the planner's limits
 // (plan/config.h: num_layers <= 2^14, hidden_size, num_heads and

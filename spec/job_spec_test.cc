@@ -420,5 +420,100 @@ TEST(ResolveExternalSpecTest, FrameworkElasticAndCheckpointRules) {
   EXPECT_EQ(r->checkpoint().keep_last(), 3u);
 }
 
+// --- Hang and straggler detection (ElasticPolicy.progress_timeout ..) -------
+
+TEST(ResolveJobSpecTest, ProgressPolicyDefaults) {
+  absl::StatusOr<v1::JobSpec> r = ResolveJobSpec(Valid());
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Unset stays unset: the automatic timeout.
+  EXPECT_FALSE(r->elastic().has_progress_timeout());
+  EXPECT_EQ(r->elastic().hang_policy(), v1::HANG_POLICY_EVICT);
+  EXPECT_DOUBLE_EQ(r->elastic().straggler_factor(), 1.5);
+  EXPECT_EQ(r->elastic().straggler_window_steps(), 10u);
+  EXPECT_EQ(r->elastic().straggler_policy(), v1::STRAGGLER_POLICY_REPORT);
+  // 0 s (off) and the bounds are kept as given.
+  v1::JobSpec spec = Valid();
+  v1::ElasticPolicy* e = spec.mutable_elastic();
+  e->mutable_progress_timeout()->set_seconds(0);
+  e->set_hang_policy(v1::HANG_POLICY_REPORT);
+  e->set_straggler_factor(100);
+  e->set_straggler_window_steps(3);
+  e->set_straggler_policy(v1::STRAGGLER_POLICY_REPLACE);
+  r = ResolveJobSpec(spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->elastic().has_progress_timeout());
+  EXPECT_EQ(r->elastic().progress_timeout().seconds(), 0);
+  EXPECT_EQ(r->elastic().hang_policy(), v1::HANG_POLICY_REPORT);
+  EXPECT_DOUBLE_EQ(r->elastic().straggler_factor(), 100);
+  EXPECT_EQ(r->elastic().straggler_window_steps(), 3u);
+  EXPECT_EQ(r->elastic().straggler_policy(), v1::STRAGGLER_POLICY_REPLACE);
+  e->mutable_progress_timeout()->set_nanos(100000000);  // 100 ms, the shortest
+  e->set_straggler_window_steps(1000);
+  EXPECT_TRUE(ResolveJobSpec(spec).ok());
+  e->mutable_progress_timeout()->set_seconds(86400);
+  e->mutable_progress_timeout()->set_nanos(0);
+  EXPECT_TRUE(ResolveJobSpec(spec).ok());
+}
+
+TEST(ResolveJobSpecTest, ProgressPolicyRefusalsNameTheField) {
+  struct Case {
+    std::function<void(v1::ElasticPolicy*)> change;
+    std::string error;
+  };
+  const std::string timeout_hint =
+      " is invalid; give 100ms .. 24h (e.g. \"60s\"), \"0s\" to turn hang detection off, or "
+      "leave it unset for the automatic timeout (the larger of 30s and 10x the median step "
+      "time)";
+  const Case cases[] = {
+      {[](v1::ElasticPolicy* e) { e->mutable_progress_timeout()->set_nanos(99000000); },
+       "spec.elastic.progress_timeout=0.099s" + timeout_hint},
+      {[](v1::ElasticPolicy* e) { e->mutable_progress_timeout()->set_seconds(-1); },
+       "spec.elastic.progress_timeout=-1s" + timeout_hint},
+      {[](v1::ElasticPolicy* e) { e->mutable_progress_timeout()->set_seconds(86401); },
+       "spec.elastic.progress_timeout=86401s" + timeout_hint},
+      {[](v1::ElasticPolicy* e) { e->set_hang_policy(static_cast<v1::HangPolicy>(7)); },
+       "spec.elastic.hang_policy=7 is not a HangPolicy; use one of HANG_POLICY_EVICT (1), "
+       "HANG_POLICY_REPORT (2), or leave it unset (HANG_POLICY_UNSPECIFIED, 0)"},
+      {[](v1::ElasticPolicy* e) { e->set_straggler_factor(1); },
+       "spec.elastic.straggler_factor=1 is invalid; give a factor > 1 and at most 100 (e.g. "
+       "1.5), or 0 for the default 1.5"},
+      {[](v1::ElasticPolicy* e) { e->set_straggler_factor(100.5); },
+       "spec.elastic.straggler_factor=100.5 is invalid"},
+      {[](v1::ElasticPolicy* e) { e->set_straggler_factor(-2); },
+       "spec.elastic.straggler_factor=-2 is invalid"},
+      {[](v1::ElasticPolicy* e) {
+         e->set_straggler_factor(std::numeric_limits<double>::quiet_NaN());
+       },
+       "spec.elastic.straggler_factor=nan is invalid"},
+      {[](v1::ElasticPolicy* e) { e->set_straggler_window_steps(2); },
+       "spec.elastic.straggler_window_steps=2 is invalid; give 3..1000 steps, or 0 for the "
+       "default 10"},
+      {[](v1::ElasticPolicy* e) { e->set_straggler_window_steps(1001); },
+       "spec.elastic.straggler_window_steps=1001 is invalid"},
+      {[](v1::ElasticPolicy* e) {
+         e->set_straggler_policy(static_cast<v1::StragglerPolicy>(3));
+       },
+       "spec.elastic.straggler_policy=3 is not a StragglerPolicy"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec spec = Valid();
+    c.change(spec.mutable_elastic());
+    EXPECT_THAT(Error(spec), HasSubstr(c.error));
+  }
+}
+
+// An external job accepts the fields (the same checks and defaults); it is
+// never judged (its agents send no progress).
+TEST(ResolveExternalSpecTest, ProgressPolicyAsForGptJobs) {
+  v1::JobSpec spec = External();
+  absl::StatusOr<v1::JobSpec> r = ResolveJobSpec(spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->elastic().has_progress_timeout());
+  EXPECT_DOUBLE_EQ(r->elastic().straggler_factor(), 1.5);
+  EXPECT_EQ(r->elastic().hang_policy(), v1::HANG_POLICY_EVICT);
+  spec.mutable_elastic()->set_straggler_window_steps(2);
+  EXPECT_THAT(Error(spec), HasSubstr("spec.elastic.straggler_window_steps=2 is invalid"));
+}
+
 }  // namespace
 }  // namespace shardline::spec

@@ -141,6 +141,40 @@ TEST(SpecFileTest, UnknownFieldIsNamedWithItsLine) {
               AllOf(HasSubstr("spec.json: unknown field 'model.layers'"), HasSubstr("num_layers")));
 }
 
+// Hang and straggler detection keys (job.proto ElasticPolicy), YAML and JSON.
+TEST(SpecFileTest, ProgressPolicyKeys) {
+  absl::StatusOr<v1::JobSpec> spec = Yaml(
+      "elastic:\n  progress_timeout: 30s\n  hang_policy: report\n  straggler_factor: 2.5\n"
+      "  straggler_window_steps: 20\n  straggler_policy: replace\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->elastic().has_progress_timeout());
+  EXPECT_EQ(spec->elastic().progress_timeout().seconds(), 30);
+  EXPECT_EQ(spec->elastic().hang_policy(), v1::HANG_POLICY_REPORT);
+  EXPECT_DOUBLE_EQ(spec->elastic().straggler_factor(), 2.5);
+  EXPECT_EQ(spec->elastic().straggler_window_steps(), 20u);
+  EXPECT_EQ(spec->elastic().straggler_policy(), v1::STRAGGLER_POLICY_REPLACE);
+  // "0s" is set (off), not unset (automatic); enum spellings as proto3 JSON.
+  spec = Json(R"({"elastic": {"progressTimeout": "0s", "hangPolicy": "HANG_POLICY_EVICT",
+                  "stragglerPolicy": "report"}})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->elastic().has_progress_timeout());
+  EXPECT_EQ(spec->elastic().progress_timeout().seconds(), 0);
+  EXPECT_EQ(spec->elastic().hang_policy(), v1::HANG_POLICY_EVICT);
+  EXPECT_EQ(spec->elastic().straggler_policy(), v1::STRAGGLER_POLICY_REPORT);
+  spec = Yaml("elastic:\n  straggler_factor: 1.5\n");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_FALSE(spec->elastic().has_progress_timeout());
+  EXPECT_THAT(Error(Yaml("elastic:\n  hang_policy: kill\n")),
+              AllOf(HasSubstr("spec.yaml:2:3:"), HasSubstr("'elastic.hang_policy' = \"kill\""),
+                    HasSubstr("choose one of evict, report")));
+  EXPECT_THAT(Error(Yaml("elastic:\n  straggler_policy: evict\n")),
+              HasSubstr("choose one of report, replace"));
+  EXPECT_THAT(Error(Yaml("elastic:\n  progress_timeout: 30\n")),
+              HasSubstr("'elastic.progress_timeout' is a duration and the number 30 has no unit"));
+  EXPECT_THAT(Error(Yaml("elastic:\n  straggler_window_steps: ten\n")),
+              HasSubstr("'elastic.straggler_window_steps' must be a whole number"));
+}
+
 TEST(SpecFileTest, BadDurations) {
   EXPECT_THAT(Error(Yaml("elastic:\n  heartbeat_interval: ten seconds\n")),
               AllOf(HasSubstr("spec.yaml:2:3:"), HasSubstr("'elastic.heartbeat_interval'"),
