@@ -84,6 +84,7 @@
 #include "shardline/v1/job.pb.h"
 #include "shardline/v1/plan.pb.h"
 #include "shardline/v1/session.pb.h"
+#include "shardline/v1/whatif.pb.h"
 
 namespace shardline::server {
 
@@ -209,6 +210,24 @@ class Coordinator {
   // FailedPrecondition: no generation formed yet; an external job.
   absl::StatusOr<v1::GetShardOwnerResponse> GetShardOwner(
       const v1::GetShardOwnerRequest& request) const;
+  // What losing request.lose_worker_ids at once would do (whatif.proto),
+  // changing nothing (coordinator_whatif.cc). Predicted by the rules a real
+  // loss goes through: a loss ends the generation only when the worker is
+  // ACTIVE in a RUNNING job (LoseMemberLocked); every other member that the
+  // end fences (ACTIVE, SPARE, JOINING) is taken to re-join, as a healthy
+  // worker does at once, and FormWorld (formation.h) forms the next
+  // generation of them with the ranks they carry (survivors keep their
+  // order, then spares by join time); the next generation restores
+  // job.last_checkpoint. Losses of a worker that is not live (LOST, LEFT)
+  // change nothing. Not predicted: workers that would join meanwhile, or a
+  // survivor too slow to re-join before the last call.
+  // InvalidArgument: lose_worker_ids empty, or naming a worker twice (the
+  //   count, kMaxWhatIfWorkers, is the adapter's check: server/limits.h).
+  // NotFound: no job, or a worker_id that never joined it (named).
+  // FailedPrecondition: the job is COMPLETED, FAILED or CANCELLED; an
+  //   external job (no plan to re-form by); no generation formed yet
+  //   (PENDING, or RECOVERING: ask again once it is RUNNING).
+  absl::StatusOr<v1::WhatIfResponse> WhatIf(const v1::WhatIfRequest& request) const;
   // Events with sequence > after_sequence (all kept ones when unset), waiting
   // until `deadline` for at least one. Returns an empty list at the deadline.
   // NotFound.

@@ -37,12 +37,8 @@ void Coordinator::EndGenerationLocked(JobRecord& job, v1::FormationReason reason
   job.job.set_dp(0);
   job.job.set_num_spares(0);
   for (auto& [id, m] : job.members) {
-    const v1::MemberState s = m.member.state();
-    if (s != v1::MEMBER_STATE_ACTIVE && s != v1::MEMBER_STATE_SPARE &&
-        s != v1::MEMBER_STATE_JOINING) {
-      continue;
-    }
-    if (m.member.has_rank()) m.previous_rank = static_cast<int>(m.member.rank());
+    if (!RejoinsAfterGenerationEnd(m.member.state())) continue;
+    m.previous_rank = m.carried_rank();
     m.member.clear_rank();
     m.member.set_state(v1::MEMBER_STATE_FENCED);
     v1::SessionMessage msg;
@@ -108,9 +104,7 @@ void Coordinator::MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* 
 void Coordinator::FormGenerationLocked(JobRecord& job, std::vector<MemberRecord*> candidates) {
   std::vector<FormationCandidate> in;
   in.reserve(candidates.size());
-  for (const MemberRecord* m : candidates) {
-    in.push_back({m->member.worker_id(), m->previous_rank, FromProto(m->member.join_time())});
-  }
+  for (const MemberRecord* m : candidates) in.push_back(m->AsCandidate());
   absl::StatusOr<std::optional<Formation>> formation = FormWorld(job.job.spec(), in);
   if (!formation.ok() || !formation->has_value()) {
     // MaybeFormLocked checked that a dp fits; an error here is a broken invariant.
@@ -150,8 +144,7 @@ void Coordinator::FormGenerationLocked(JobRecord& job, std::vector<MemberRecord*
     if (static_cast<int>(i) < world) {
       m.set_state(v1::MEMBER_STATE_ACTIVE);
       m.set_rank(static_cast<uint32_t>(i));
-      candidates[i]->generation_start_step =
-          job.job.has_last_checkpoint() ? job.job.last_checkpoint().step() : 0;
+      candidates[i]->generation_start_step = RestoreStep(job.job);
       candidates[i]->previous_rank = static_cast<int>(i);
       formed->add_worker_ids(m.worker_id());
     } else {
@@ -202,7 +195,7 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord&
   if (m.member.state() == v1::MEMBER_STATE_ACTIVE) {
     a = spec::AssignmentFor(*job.plan, job.plan_groups, static_cast<int>(m.member.rank()));
     if (job.job.has_last_checkpoint()) *a.mutable_restore() = job.job.last_checkpoint();
-    const uint64_t start = job.job.has_last_checkpoint() ? job.job.last_checkpoint().step() : 0;
+    const uint64_t start = RestoreStep(job.job);
     a.set_start_step(start);
     a.set_data_cursor(start * spec.training().global_batch());
   } else {

@@ -22,6 +22,7 @@
 #include "plan/plan.h"
 #include "server/coordinator.h"
 #include "server/event_log.h"
+#include "server/formation.h"
 #include "server/progress_monitor.h"
 #include "server/session_outbox.h"
 #include "server/state_store.h"
@@ -114,7 +115,34 @@ struct Coordinator::MemberRecord {
   std::string token_hash;
   // An operator asked to drain it: member.drain_reason() is set (durable).
   bool draining() const { return !member.drain_reason().empty(); }
+
+  // The rank it carries into the next formation: the one it holds now (a
+  // generation's end keeps it as previous_rank, EndGenerationLocked), else
+  // the last one it held.
+  int carried_rank() const {
+    return member.has_rank() ? static_cast<int>(member.rank()) : previous_rank;
+  }
+  // It as a candidate of the next formation (FormGenerationLocked, and
+  // WhatIf's prediction of it).
+  FormationCandidate AsCandidate() const {
+    return {member.worker_id(), carried_rank(), FromProto(member.join_time())};
+  }
 };
+
+// Members a generation's end fences (EndGenerationLocked): they are told
+// RESTART_AT_GENERATION, re-join and are the next formation's candidates.
+// WhatIf (coordinator_whatif.cc) predicts the next generation from the same
+// set.
+inline bool RejoinsAfterGenerationEnd(v1::MemberState s) {
+  return s == v1::MEMBER_STATE_ACTIVE || s == v1::MEMBER_STATE_SPARE ||
+         s == v1::MEMBER_STATE_JOINING;
+}
+
+// The step a generation formed now starts from: its restore point's
+// (job.last_checkpoint), or 0 (from the seed) when none is committed.
+inline uint64_t RestoreStep(const v1::Job& job) {
+  return job.has_last_checkpoint() ? job.last_checkpoint().step() : 0;
+}
 
 struct Coordinator::JobRecord {
   // `store` (not owned) keeps the event log; `max_events`: its retention.

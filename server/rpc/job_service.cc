@@ -142,6 +142,12 @@ grpc::Status JobServiceImpl::GetShardOwner(grpc::ServerContext* ctx,
               [&] { return coordinator_->GetShardOwner(*req); });
 }
 
+grpc::Status JobServiceImpl::WhatIf(grpc::ServerContext* ctx, const v1::WhatIfRequest* req,
+                                    v1::WhatIfResponse* resp) {
+  return Read(calls_, "JobService/WhatIf", *ctx, *req, req->job_id(), resp,
+              [&] { return coordinator_->WhatIf(*req); });
+}
+
 grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(grpc::CallbackServerContext* ctx,
                                                                  const v1::WatchJobRequest* req) {
   return watches_->Start(ctx, *req);

@@ -35,6 +35,12 @@
 //   GetShardOwner (worker): INVALID_ARGUMENT: job_id empty, parameter empty
 //     or element outside the tensor; NOT_FOUND: no job or parameter;
 //     FAILED_PRECONDITION: no generation formed yet.
+//   WhatIf (worker): what losing some workers would do, changing nothing
+//     (Coordinator::WhatIf). INVALID_ARGUMENT: job_id empty,
+//     lose_worker_ids empty, over kMaxWhatIfWorkers or naming a worker
+//     twice; NOT_FOUND: no job, or a worker that never joined it;
+//     FAILED_PRECONDITION: the job is finished, external, or has no formed
+//     generation.
 //   WatchJob (worker): replay, then every event as the job's event log
 //     wakes the stream (no polling); ends OK after the PhaseChanged to a
 //     terminal phase (at once for a job already terminal, after its
@@ -88,6 +94,8 @@ class JobServiceImpl final
                        v1::Plan* resp) override;
   grpc::Status GetShardOwner(grpc::ServerContext* ctx, const v1::GetShardOwnerRequest* req,
                              v1::GetShardOwnerResponse* resp) override;
+  grpc::Status WhatIf(grpc::ServerContext* ctx, const v1::WhatIfRequest* req,
+                      v1::WhatIfResponse* resp) override;
   // On the callback API: server/rpc/watch_stream.h.
   grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* ctx,
                                                    const v1::WatchJobRequest* req) override;
