@@ -16,6 +16,10 @@ void ArgParser::AddString(const std::string& name, std::string* out, const std::
 void ArgParser::AddBool(const std::string& name, bool* out, const std::string& help) {
   flags_[name] = {Type::kBool, out, help};
 }
+void ArgParser::AddStrings(const std::string& name, std::vector<std::string>* out,
+                           const std::string& help) {
+  flags_[name] = {Type::kStrings, out, help};
+}
 
 absl::Status ArgParser::Assign(const std::string& name, const Flag& flag,
                                const std::string& value) {
@@ -29,6 +33,9 @@ absl::Status ArgParser::Assign(const std::string& name, const Flag& flag,
       break;
     case Type::kString:
       *static_cast<std::string*>(flag.out) = value;
+      break;
+    case Type::kStrings:
+      static_cast<std::vector<std::string>*>(flag.out)->push_back(value);
       break;
     case Type::kBool:
       if (value == "true" || value == "1") {
@@ -67,7 +74,7 @@ absl::StatusOr<std::vector<std::string>> ArgParser::Parse(const std::vector<std:
                                                      "'; valid flags: ",
                                                      absl::StrJoin(names, " ")));
     }
-    if (!set_.insert(name).second) {
+    if (!set_.insert(name).second && it->second.type != Type::kStrings) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", name, " is given more than once; give it once"));
     }

@@ -33,11 +33,15 @@ class ArgParser {
   void AddInt(const std::string& name, int64_t* out, const std::string& help);
   void AddString(const std::string& name, std::string* out, const std::string& help);
   void AddBool(const std::string& name, bool* out, const std::string& help);
+  // A repeatable flag: every occurrence appends its value to `out` (the one
+  // kind of flag that may be given more than once).
+  void AddStrings(const std::string& name, std::vector<std::string>* out,
+                  const std::string& help);
 
   // Parses `args` (without the program and subcommand words) and returns the
   // positional arguments. Errors (InvalidArgument, naming the flag and what
   // would be valid): an unknown flag, a missing value, a value that is not
-  // an integer, a flag given twice.
+  // an integer, a flag other than an AddStrings one given twice.
   absl::StatusOr<std::vector<std::string>> Parse(const std::vector<std::string>& args);
 
   bool WasSet(const std::string& name) const { return set_.count(name) > 0; }
@@ -54,7 +58,7 @@ class ArgParser {
   std::string Usage() const;
 
  private:
-  enum class Type { kInt, kString, kBool };
+  enum class Type { kInt, kString, kBool, kStrings };
   struct Flag {
     Type type;
     void* out;

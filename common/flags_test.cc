@@ -6,6 +6,7 @@
 namespace shardline {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 struct Parsed {
@@ -51,6 +52,27 @@ TEST(ArgParserTest, ErrorsNameTheFlag) {
               HasSubstr("more than once"));
   EXPECT_THAT(std::string(ParseWith({"--json=maybe"}, p).status().message()),
               HasSubstr("is not a boolean"));
+}
+
+TEST(ArgParserTest, AStringsFlagMayRepeatAndKeepsEveryValueInOrder) {
+  ArgParser parser("worker");
+  std::vector<std::string> faults;
+  std::string job;
+  parser.AddStrings("inject-fault", &faults, "test facility");
+  parser.AddString("job", &job, "job id");
+  absl::StatusOr<std::vector<std::string>> positional =
+      parser.Parse({"--inject-fault", "a=1", "--job=j", "--inject-fault=b=2,c=3"});
+  ASSERT_TRUE(positional.ok()) << positional.status();
+  EXPECT_THAT(faults, ElementsAre("a=1", "b=2,c=3"));
+  EXPECT_TRUE(parser.WasSet("inject-fault"));
+  // Other flags still refuse a repeat.
+  ArgParser again("worker");
+  again.AddStrings("inject-fault", &faults, "test facility");
+  again.AddString("job", &job, "job id");
+  EXPECT_THAT(std::string(again.Parse({"--job=a", "--job=b"}).status().message()),
+              HasSubstr("--job is given more than once"));
+  EXPECT_THAT(std::string(again.Parse({"--inject-fault"}).status().message()),
+              HasSubstr("--inject-fault needs a value"));
 }
 
 TEST(ArgParserTest, UsageListsEveryFlag) {

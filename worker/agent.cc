@@ -451,6 +451,7 @@ void WorkerAgent::HeartbeatLoop() {
   while (true) {
     v1::HeartbeatRequest req;
     absl::Duration interval;
+    ProgressSource source;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_ || left_) return;
@@ -462,7 +463,14 @@ void WorkerAgent::HeartbeatLoop() {
       interval = spec_.elastic().has_heartbeat_interval()
                      ? FromProto(spec_.elastic().heartbeat_interval())
                      : kDefaultHeartbeatInterval;
+      // Only a rank reports progress: the current generation's assignment,
+      // not a spare's.
+      if (progress_source_ && !generation_over_ && assignment_.has_value() &&
+          assignment_->generation() == generation_ && !assignment_->spare()) {
+        source = progress_source_;
+      }
     }
+    if (source) *req.mutable_progress() = source(req.fence().generation());
     const absl::StatusOr<v1::HeartbeatResponse> resp =
         workers_->Heartbeat(req, std::max(interval, options_.connection.timeout));
     const absl::Status& s = resp.status();
@@ -486,6 +494,11 @@ void WorkerAgent::HeartbeatLoop() {
     clock_->AwaitWithTimeout(mu_, absl::Condition(&wake), interval);
     if (stopping_) return;
   }
+}
+
+void WorkerAgent::SetProgressSource(ProgressSource source) {
+  absl::MutexLock lock(&mu_);
+  progress_source_ = std::move(source);
 }
 
 std::optional<v1::Directive> WorkerAgent::NextDirective(absl::Duration timeout) {

@@ -125,6 +125,10 @@ inline constexpr char kJobUnknownPrefix[] = "refused: the coordinator no longer 
 class WorkerAgent {
  public:
   using DirectiveCallback = std::function<void(const v1::Directive&)>;
+  // What the rank's heartbeats of `generation` report (progress.proto
+  // RankProgress): the training thread's activity, its communicators'
+  // operations, the latest step's timing.
+  using ProgressSource = std::function<v1::RankProgress(uint64_t generation)>;
 
   // Checks the options and makes an agent (nothing is sent before
   // Connect). `clients.workers` is the agent's own; `clients.rendezvous` and
@@ -218,6 +222,17 @@ class WorkerAgent {
   // throughput); the coordinator turns them into StepProgress events.
   void SetMetrics(const v1::StepMetrics& metrics) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The source of every heartbeat's progress report (HeartbeatRequest.
+  // progress). The heartbeat thread calls it when it builds a heartbeat,
+  // with no agent lock held, and only while this worker holds a rank: it
+  // has the current generation's assignment and that assignment is not a
+  // spare's (a spare, a worker waiting for its assignment or re-joining
+  // sends no progress). It must be cheap and must not call into the agent.
+  // Progress reports ride on the heartbeats the interval and SetProgress's
+  // state changes send: a change of activity sends none. Set before Connect
+  // (or any time); nullptr clears it.
+  void SetProgressSource(ProgressSource source) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Reports a failure this worker saw (ReportError) and returns the
   // coordinator's directive (RESTART_AT_GENERATION, or STOP); the generation
   // is then over as above. `code` must not be OK. `generation`: the one the
@@ -303,6 +318,7 @@ class WorkerAgent {
   uint64_t last_checkpoint_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<v1::Directive> directives_ ABSL_GUARDED_BY(mu_);
   DirectiveCallback callback_ ABSL_GUARDED_BY(mu_);
+  ProgressSource progress_source_ ABSL_GUARDED_BY(mu_);
   // Session stream: the open stream (to cancel it), and whether
   // SessionOpened arrived / the first attempt failed.
   client::SessionStream* session_ ABSL_GUARDED_BY(mu_) = nullptr;

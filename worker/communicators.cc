@@ -76,6 +76,48 @@ absl::Status Communicators::Check(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
+std::unique_ptr<Communicators> Communicators::FromGroups(uint64_t generation,
+                                                        std::vector<Group> groups) {
+  auto comms = std::make_unique<Communicators>();
+  comms->generation_ = generation;
+  comms->groups_ = std::move(groups);
+  return comms;
+}
+
+namespace {
+
+void ToProgress(const Communicators::Group& g, const OpProgress& op, v1::CollectiveProgress* out) {
+  out->set_group(g.name);
+  out->set_operation(op.operation);
+  out->set_sequence(op.sequence);
+  out->set_count(op.count);
+  out->set_dtype(DTypeName(op.dtype));
+  out->set_in_flight(op.in_flight);
+  const int64_t ns = absl::ToInt64Nanoseconds(std::max(op.elapsed, absl::ZeroDuration()));
+  out->mutable_elapsed()->set_seconds(ns / 1000000000);
+  out->mutable_elapsed()->set_nanos(static_cast<int32_t>(ns % 1000000000));
+  if (op.peer >= 0 && static_cast<size_t>(op.peer) < g.ranks.size()) {
+    out->set_peer_rank(g.ranks[static_cast<size_t>(op.peer)]);
+  }
+}
+
+}  // namespace
+
+void Communicators::Progress(v1::RankProgress* out) const {
+  for (const Group& g : groups_) {
+    if (g.backend == nullptr) continue;
+    const BackendProgress p = g.backend->Progress();
+    if (!p.collective.operation.empty() &&
+        static_cast<size_t>(out->collectives_size()) < kMaxProgressEntries) {
+      ToProgress(g, p.collective, out->add_collectives());
+    }
+    if (p.p2p.has_value() && !p.p2p->operation.empty() &&
+        static_cast<size_t>(out->collectives_size()) < kMaxProgressEntries) {
+      ToProgress(g, *p.p2p, out->add_collectives());
+    }
+  }
+}
+
 void Communicators::Abort() {
   for (Group& g : groups_) {
     if (g.backend != nullptr) g.backend->Abort();

@@ -14,9 +14,9 @@
 // Aborted (from the coordinator, or at once when `cancel` is cancelled) and
 // Build returns it.
 //
-// Thread-safety: Abort() may be called from any thread at any time (e.g. a
-// directive callback) while another thread runs Check(); the rest is
-// single-threaded.
+// Thread-safety: Abort() and Progress() may be called from any thread at any
+// time (a directive callback, the heartbeat thread) while another thread
+// runs Check() or trains; the rest is single-threaded.
 #ifndef SHARDLINE_WORKER_COMMUNICATORS_H_
 #define SHARDLINE_WORKER_COMMUNICATORS_H_
 
@@ -31,6 +31,7 @@
 #include "client/rendezvous_client.h"
 #include "common/clock.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
+#include "shardline/v1/progress.pb.h"
 #include "worker/comm/backend.h"
 
 namespace shardline::worker {
@@ -66,8 +67,23 @@ class Communicators {
   // Aborts every group (idempotent, bounded time).
   void Abort();
 
+  // Appends to `out->collectives` where each group's operations are
+  // (Backend::Progress), in the Assignment's group order: one entry per
+  // group that has issued a collective in this generation, then, for a
+  // group with a send / recv in flight, one more for the oldest of those
+  // (peer_rank: the peer's GLOBAL rank). Groups whose backend reports no
+  // operation are skipped; at most kMaxProgressEntries entries in all (the
+  // coordinator's limit, server/limits.h kMaxProgressGroups). Cheap: a lock
+  // and a copy per group.
+  static constexpr size_t kMaxProgressEntries = 64;
+  void Progress(shardline::v1::RankProgress* out) const;
+
   uint64_t generation() const { return generation_; }
   const std::vector<Group>& groups() const { return groups_; }
+
+  // For tests of Progress and of code given a Communicators: one made of
+  // ready groups (their backends already connected).
+  static std::unique_ptr<Communicators> FromGroups(uint64_t generation, std::vector<Group> groups);
 
  private:
   uint64_t generation_ = 0;

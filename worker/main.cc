@@ -10,6 +10,10 @@
 //       [--host NAME] [--interface IPV4] [--tls-ca F] [--tls-cert F --tls-key F]
 //       [--timeout D] [--connect-timeout D] [--log-interval N]
 //       [--sample-length N] [--blas-threads N] [--metrics-port N [--metrics-host ADDR]]
+//       [--inject-fault KIND=VALUE[,KIND=VALUE...]]...
+//
+// --inject-fault is a TEST FACILITY (worker/fault_injection.h), off unless
+// given: stall_at_step=N, slow_compute=F, collective_count_mismatch_at_step=N.
 //
 // --coordinator (else $SHARDLINE_COORDINATOR) names one coordinator, or every
 // replica of a highly available one, comma-separated: the worker's calls go
@@ -17,8 +21,15 @@
 //
 // Exit status: 0 after STOP (job COMPLETED or CANCELLED, or this worker
 // drained) or SIGINT/SIGTERM (after LeaveJob); 1 when the job FAILED, when
-// the coordinator excluded this worker, or on a runtime error; 2 on bad
-// flags.
+// the coordinator excluded this worker (its own errors ended too many
+// generations, or it held the job up: LOSS_REASON_HUNG), or on a runtime
+// error; 2 on bad flags.
+//
+// After STOP the training thread has kStopGrace to return; one that does
+// not (it is stuck: the reason a hung rank is evicted) cannot be joined, so
+// the process logs "training thread did not return within 5 s after STOP:
+// exiting" and exits 1 at once (_exit: no LeaveJob, no destructors; the
+// coordinator has already declared it lost).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -47,6 +58,9 @@
 #include "worker/agent.h"
 #include "worker/checkpointer.h"
 #include "worker/communicators.h"
+#include "worker/exit_watchdog.h"
+#include "worker/fault_injection.h"
+#include "worker/rank_progress.h"
 #include "metrics/metrics.h"
 #include "worker/gpu/gpu_compute_device.h"
 #include "worker/training_loop.h"
@@ -58,6 +72,20 @@ namespace {
 namespace v1 = ::shardline::v1;
 
 std::atomic<bool> g_shutdown{false};
+
+// How long the training thread has to return after STOP (see the file
+// comment).
+constexpr absl::Duration kStopGrace = absl::Seconds(5);
+
+// True when STOP's reason says the coordinator excluded this incarnation
+// (server/coordinator_failure.cc, coordinator_membership.cc): its answer to
+// ReportError ("excluded: ..."), or to its re-join after the generation
+// ended ("worker 'W' (incarnation N) is excluded from job 'J': ...", also
+// for a rank evicted as hung).
+bool IsExclusion(const std::string& reason) {
+  return absl::StartsWith(reason, "excluded: ") ||
+         absl::StrContains(reason, ") is excluded from job '");
+}
 
 // Every log line carries the job, generation and rank it is about
 // ("job=shakespeare gen=2 rank=1"; rank=- for a spare or before an
@@ -113,11 +141,39 @@ class CommHolder {
     }
     if (c != nullptr && c->generation() < generation) c->Abort();
   }
+  // The held communicators' operations, when they are `generation`'s.
+  void Progress(uint64_t generation, v1::RankProgress* out) {
+    std::shared_ptr<Communicators> c;
+    {
+      absl::MutexLock lock(&mu_);
+      c = comms_;
+    }
+    if (c != nullptr && c->generation() == generation) c->Progress(out);
+  }
 
  private:
   absl::Mutex mu_;
   std::shared_ptr<Communicators> comms_ ABSL_GUARDED_BY(mu_);
 };
+
+// After a ReportError: the coordinator's answer, with this rank's own error,
+// so a survivor's log names what held the job up (a RESTART's reason names
+// the culprit rank when the coordinator knows it).
+void LogReportAnswer(uint64_t gen, uint32_t rank, const absl::Status& own,
+                     const absl::StatusOr<v1::Directive>& answer) {
+  if (!answer.ok()) {
+    Log(absl::StrCat("ReportError: ", answer.status().message()));
+  } else if (answer->has_restart_at_generation() &&
+             !answer->restart_at_generation().reason().empty()) {
+    Log(absl::StrCat("generation ", gen, " rank ", rank, ": the coordinator restarts at generation ",
+                     answer->restart_at_generation().generation(), ": ",
+                     answer->restart_at_generation().reason(), " (this rank's error: ",
+                     own.message(), ")"));
+  } else if (answer->has_stop()) {
+    Log(absl::StrCat("generation ", gen, " rank ", rank, ": the coordinator answered STOP: ",
+                     answer->stop().reason(), " (this rank's error: ", own.message(), ")"));
+  }
+}
 
 int Run(int argc, char** argv) {
   ArgParser parser("shardline-worker");
@@ -154,6 +210,10 @@ int Run(int argc, char** argv) {
   parser.AddString("host", &host, "host name reported to the coordinator (default hostname)");
   parser.AddString("interface", &interface,
                    "IPv4 address Gloo binds and advertises (default 127.0.0.1)");
+  std::vector<std::string> fault_flags;
+  parser.AddStrings("inject-fault", &fault_flags,
+                    absl::StrCat("TEST FACILITY, off unless given (repeatable or "
+                                 "comma-separated): ", kFaultForms));
   parser.AddBool("help", &help, "print this help");
   std::vector<std::string> args(argv + 1, argv + argc);
   absl::StatusOr<std::vector<std::string>> positional = parser.Parse(args);
@@ -194,6 +254,11 @@ int Run(int argc, char** argv) {
       std::cerr << "shardline-worker: --" << flag << "=" << value << " must be >= " << min << "\n";
       return 2;
     }
+  }
+  absl::StatusOr<FaultSpec> faults = ParseFaultSpecs(fault_flags);
+  if (!faults.ok()) {
+    std::cerr << "shardline-worker: " << faults.status().message() << "\n";
+    return 2;
   }
   if (job.empty()) {
     std::cerr << "shardline-worker: --job is required (the job id given to shardctl job create)\n";
@@ -297,6 +362,17 @@ int Run(int argc, char** argv) {
   options.device = device;
   options.backend = v1::BACKEND_GLOO;  // see --backend above
   options.connect_timeout = connect_timeout_d;
+  // Outlive the agent, whose threads call into them (progress source,
+  // directive callback).
+  RankProgressTracker progress;
+  CommHolder holder;
+  std::unique_ptr<FaultInjector> injector;
+  if (faults->any()) injector = std::make_unique<FaultInjector>(*faults);
+  ExitWatchdog watchdog(kStopGrace, [](absl::Duration grace) {
+    Log(absl::StrCat("training thread did not return within ", absl::FormatDuration(grace),
+                     " after STOP: exiting"));
+    ::_exit(1);
+  });
   // Production wiring: the coordinator's gRPC clients over one channel, real time.
   static const RealClock clock;
   absl::StatusOr<client::CoordinatorClients> clients =
@@ -316,6 +392,9 @@ int Run(int argc, char** argv) {
   }).detach();
 
   SetLogPlace(job, 0, -1);
+  if (injector != nullptr) {
+    Log(absl::StrCat("TEST FACILITY: injecting faults: ", injector->spec().ToString()));
+  }
   WorkerMetrics metrics(job, agent->worker_id());
   std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
   if (metrics_port >= 0) {
@@ -340,10 +419,17 @@ int Run(int argc, char** argv) {
   loop_options.blas_threads = static_cast<int>(blas_threads);
   loop_options.log = Log;
   loop_options.device = gpu.get();  // null: the CPU
+  loop_options.progress = &progress;
+  loop_options.faults = injector.get();
   TrainingLoop loop(agent.get(), loop_options);
 
-  CommHolder holder;
-  agent->SetDirectiveCallback([&holder, &loop](const v1::Directive& d) {
+  agent->SetProgressSource([&progress, &holder](uint64_t generation) {
+    v1::RankProgress p;
+    progress.Fill(generation, &p);
+    holder.Progress(generation, &p);
+    return p;
+  });
+  agent->SetDirectiveCallback([&holder, &loop, &watchdog](const v1::Directive& d) {
     if (d.has_restart_at_generation()) {
       loop.NoteGenerationEnded(absl::Now(), d.restart_at_generation().reason());
       holder.AbortBefore(d.restart_at_generation().generation());
@@ -351,6 +437,7 @@ int Run(int argc, char** argv) {
       loop.RequestCheckpoint();
     } else if (d.has_stop()) {
       holder.AbortBefore(UINT64_MAX);
+      watchdog.Arm();
     }
   });
 
@@ -409,7 +496,7 @@ int Run(int argc, char** argv) {
           absl::StatusOr<v1::Directive> d =
               agent->ReportError(status.code(), std::string(status.message()),
                                  "build communicators", std::nullopt, gen);
-          if (!d.ok()) Log(absl::StrCat("ReportError: ", d.status().message()));
+          LogReportAnswer(gen, a->rank(), status, d);
         }
         if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
         continue;
@@ -428,7 +515,7 @@ int Run(int argc, char** argv) {
         absl::StatusOr<v1::Directive> d = agent->ReportError(
             outcome.status().code(), std::string(outcome.status().message()), "train",
             std::nullopt, gen);
-        if (!d.ok()) Log(absl::StrCat("ReportError: ", d.status().message()));
+        LogReportAnswer(gen, a->rank(), outcome.status(), d);
         if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
         if (train::IsHostMemoryShortage(outcome.status())) {
           // This host cannot hold its share of the model in any generation:
@@ -473,6 +560,8 @@ int Run(int argc, char** argv) {
     if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
   }
 
+  // The main loop returned: it winds down on its own from here.
+  watchdog.Disarm();
   if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
   // STOP that arrived outside the idle loop (e.g. the answer to ReportError
   // when the coordinator excluded this worker): name its reason.
@@ -494,7 +583,7 @@ int Run(int argc, char** argv) {
   // The coordinator's exclusion (its own errors ended too many generations)
   // stops it while the job goes on: a failure of this process as well, and
   // so is a coordinator that no longer accepts this worker's token.
-  return stop_phase == v1::JOB_PHASE_FAILED || absl::StartsWith(stop_reason, "excluded: ") ||
+  return stop_phase == v1::JOB_PHASE_FAILED || IsExclusion(stop_reason) ||
                  absl::StartsWith(stop_reason, kRefusedPrefix)
              ? 1
              : 0;

@@ -78,6 +78,20 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
   if (!corpus.ok()) return corpus.status();
   train::SetBlasThreads(options_.blas_threads);
 
+  RankProgressTracker* const progress = options_.progress;
+  // The activity reports of this generation: IDLE again however Run returns.
+  auto set_activity = [progress](v1::Activity activity) {
+    if (progress != nullptr) progress->SetActivity(activity);
+  };
+  struct IdleAtExit {
+    RankProgressTracker* progress;
+    ~IdleAtExit() {
+      if (progress != nullptr) progress->SetActivity(v1::ACTIVITY_IDLE);
+    }
+  } idle_at_exit{progress};
+  if (progress != nullptr) progress->BeginGeneration(gen);
+  const train::ScopedCommWaitObserver observe_waits(progress);
+
   train::RankGroups groups;
   groups.coordinates.tp_rank = static_cast<int>(a.coordinates().tp_rank());
   groups.coordinates.dp_rank = static_cast<int>(a.coordinates().dp_rank());
@@ -91,6 +105,11 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
       default: break;
     }
   }
+  // --inject-fault collective_count_mismatch_at_step: the dp group's calls
+  // go through the fault's decorator (it forwards all else).
+  std::unique_ptr<Backend> faulty_dp =
+      options_.faults != nullptr ? options_.faults->WrapDataParallel(groups.dp) : nullptr;
+  if (faulty_dp != nullptr) groups.dp = faulty_dp.get();
   // Refuse, naming the sizes, a rank this host cannot hold, before the
   // trainer allocates it (else std::bad_alloc, or the OOM killer).
   if (absl::Status s = train::CheckHostMemory(options->model, options->parallel,
@@ -127,8 +146,10 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
   std::optional<absl::Time> restored_at;
   if (a.has_restore() && !a.restore().checkpoint_id().empty()) {
     agent_->SetProgress(a.start_step(), v1::WORKER_STATE_RESTORING);
+    set_activity(v1::ACTIVITY_CHECKPOINT);
     const absl::Time start = absl::Now();
     absl::Status s = checkpointer.Restore(agent_->job_id(), a.restore(), trainer);
+    set_activity(v1::ACTIVITY_IDLE);
     if (!s.ok()) return classify(s);
     restored_at = absl::Now();
     if (options_.metrics != nullptr) options_.metrics->ObserveRestore();
@@ -157,9 +178,18 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
   while (trainer.step() < total) {
     if (GenerationOver(*agent_, gen)) return Outcome::kGenerationOver;
     agent_->SetProgress(static_cast<uint64_t>(trainer.step()), v1::WORKER_STATE_TRAINING);
+    set_activity(v1::ACTIVITY_COMPUTE);
+    if (options_.faults != nullptr) {
+      options_.faults->BeforeStep(static_cast<uint64_t>(trainer.step()) + 1);
+    }
     absl::StatusOr<train::StepStats> st = trainer.TrainStep(checkpoint_requested_.exchange(false));
     if (!st.ok()) return classify(st.status());
     const int64_t done = trainer.step();
+    // --inject-fault slow_compute: F times the step's compute, as compute.
+    if (options_.faults != nullptr) st->time += options_.faults->AfterStep(st->time - st->comm_time);
+    if (progress != nullptr) {
+      progress->StepDone(static_cast<uint64_t>(done), st->time, st->time - st->comm_time);
+    }
     if (options_.metrics != nullptr) options_.metrics->ObserveStep(*st);
     window_time += st->time;
     window_comm += st->comm_time;
@@ -212,9 +242,11 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
     if (can_save && (periodic || st->checkpoint_requested)) {
       const bool async = spec->checkpoint().async_save() && done != total;
       if (!async) agent_->SetProgress(static_cast<uint64_t>(done), v1::WORKER_STATE_CHECKPOINTING);
+      set_activity(v1::ACTIVITY_CHECKPOINT);
       const absl::Time start = absl::Now();
       absl::Status s = checkpointer.Save(agent_->fence(), a.rank(), done,
                                          static_cast<uint64_t>(done * global_batch), trainer, async);
+      set_activity(v1::ACTIVITY_IDLE);
       if (absl::IsFailedPrecondition(s) && absl::StartsWith(s.message(), "BeginCheckpoint:")) {
         // The coordinator refused to open this step's checkpoint: nothing
         // was written and the state is intact. After a restore fell back
@@ -253,7 +285,9 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
       }
     }
   }
+  set_activity(v1::ACTIVITY_CHECKPOINT);
   if (absl::Status s = checkpointer.Finish(); !s.ok()) return classify(s);
+  set_activity(v1::ACTIVITY_COMPUTE);
   if (options_.sample_length > 0) {
     absl::StatusOr<std::string> text =
         trainer.Sample(options_.sample_prompt, options_.sample_length, 0.8, 1);

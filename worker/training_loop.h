@@ -32,6 +32,8 @@
 #include "worker/agent.h"
 #include "worker/checkpointer.h"
 #include "worker/communicators.h"
+#include "worker/fault_injection.h"
+#include "worker/rank_progress.h"
 #include "worker/train/data.h"
 #include "worker/train/device.h"
 #include "worker/train/host_memory.h"
@@ -59,6 +61,14 @@ struct TrainingLoopOptions {
   // is built (train::CheckHostMemory). Null means train::ProbeHostMemory;
   // tests inject a fixed answer.
   train::HostMemoryProbe host_memory;
+  // Where the training thread's activity and each step's timing go for the
+  // heartbeats' progress reports (not owned; may be null). Run sets IDLE,
+  // CHECKPOINT (restore, a save), COMPUTE (a step; its waits say
+  // COLLECTIVE), and IDLE again when it returns.
+  RankProgressTracker* progress = nullptr;
+  // Faults to inject (worker/fault_injection.h, a test facility; not
+  // owned; null: none).
+  FaultInjector* faults = nullptr;
 };
 
 class TrainingLoop {

@@ -48,6 +48,33 @@
 
 namespace shardline::worker::train {
 
+// Told when the calling thread starts and stops waiting on a communicator
+// (every Collectives wait, including a staged all-reduce's copies): the
+// worker's progress reports say COLLECTIVE while a rank's training thread
+// is inside one (worker/rank_progress.h). Called on the waiting thread;
+// must be cheap and must not block.
+class CommWaitObserver {
+ public:
+  virtual ~CommWaitObserver() = default;
+  virtual void WaitBegins() = 0;
+  virtual void WaitEnds() = 0;
+};
+
+// Sets the calling thread's observer (null: none, the default) for as long
+// as it lives, then puts the previous one back. Thread-local: the waits of
+// other threads (e.g. other ranks' trainers in one test process) are not
+// reported to it. `observer` is not owned and must outlive the scope.
+class ScopedCommWaitObserver {
+ public:
+  explicit ScopedCommWaitObserver(CommWaitObserver* observer);
+  ~ScopedCommWaitObserver();
+  ScopedCommWaitObserver(const ScopedCommWaitObserver&) = delete;
+  ScopedCommWaitObserver& operator=(const ScopedCommWaitObserver&) = delete;
+
+ private:
+  CommWaitObserver* const previous_;
+};
+
 // All-reduces over one group and counts the time spent waiting (the
 // "time in communication" the trainer reports). A group of size 1 costs
 // nothing. Not thread-safe.
