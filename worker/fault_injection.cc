@@ -116,9 +116,10 @@ absl::StatusOr<FaultSpec> ParseFaultSpecs(const std::vector<std::string>& values
   return spec;
 }
 
-FaultInjector::FaultInjector(FaultSpec spec, SleepFn sleep)
+FaultInjector::FaultInjector(FaultSpec spec, SleepFn sleep, LogFn log)
     : spec_(std::move(spec)),
-      sleep_(sleep ? std::move(sleep) : SleepFn([](absl::Duration d) { absl::SleepFor(d); })) {}
+      sleep_(sleep ? std::move(sleep) : SleepFn([](absl::Duration d) { absl::SleepFor(d); })),
+      log_(std::move(log)) {}
 
 FaultInjector::~FaultInjector() = default;
 
@@ -126,7 +127,10 @@ void FaultInjector::BeforeStep(uint64_t step) {
   bool stall = false;
   {
     absl::MutexLock lock(&mu_);
-    if (spec_.collective_count_mismatch_at_step == step && fired_ == 0) armed_ = true;
+    if (spec_.collective_count_mismatch_at_step == step && fired_ == 0) {
+      armed_ = true;
+      armed_step_ = step;
+    }
     if (spec_.stall_at_step == step && !stall_done_) {
       stall_done_ = true;
       stall = true;
@@ -135,6 +139,10 @@ void FaultInjector::BeforeStep(uint64_t step) {
   if (!stall) return;
   // A hung training thread: nothing in production releases it; the worker
   // exits around it once the coordinator evicts it (worker/main.cc).
+  if (log_) {
+    log_(absl::StrCat("TEST FACILITY: the training thread stalls before step ", step,
+                      " for good (--inject-fault stall_at_step=", step, ")"));
+  }
   stalled_.Notify();
   release_.WaitForNotification();
 }
@@ -153,13 +161,21 @@ std::unique_ptr<Backend> FaultInjector::WrapDataParallel(Backend* dp) {
   return std::make_unique<CountMismatchBackend>(dp, this);
 }
 
-bool FaultInjector::TakeMismatch(size_t bytes, char** scratch) {
-  absl::MutexLock lock(&mu_);
-  if (!armed_ || fired_ > 0) return false;
-  armed_ = false;
-  ++fired_;
-  scratch_.push_back(std::make_unique<char[]>(bytes > 0 ? bytes : 1));  // zeroed
-  *scratch = scratch_.back().get();
+bool FaultInjector::TakeMismatch(size_t bytes, char** scratch, const std::string& what) {
+  uint64_t step;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!armed_ || fired_ > 0) return false;
+    armed_ = false;
+    ++fired_;
+    step = armed_step_;
+    scratch_.push_back(std::make_unique<char[]>(bytes > 0 ? bytes : 1));  // zeroed
+    *scratch = scratch_.back().get();
+  }
+  if (log_) {
+    log_(absl::StrCat("TEST FACILITY: step ", step, " issues its dp ", what,
+                      " (--inject-fault collective_count_mismatch_at_step=", step, ")"));
+  }
   return true;
 }
 
@@ -172,7 +188,9 @@ std::shared_ptr<Work> CountMismatchBackend::AllReduce(void* data, size_t count, 
                                                       ReduceOp op) {
   const size_t es = ElementSize(dtype);
   char* scratch = nullptr;
-  if (data == nullptr || !injector_->TakeMismatch((count + 1) * es, &scratch)) {
+  if (data == nullptr ||
+      !injector_->TakeMismatch((count + 1) * es, &scratch,
+                               absl::StrCat("all_reduce of ", count, " elements as ", count + 1))) {
     return inner_->AllReduce(data, count, dtype, op);
   }
   if (count > 0) std::memcpy(scratch, data, count * es);
@@ -195,7 +213,9 @@ std::shared_ptr<Work> CountMismatchBackend::ReduceScatter(const void* in, void* 
   const size_t in_bytes = (total + 1) * es;
   const size_t out_bytes = longer[static_cast<size_t>(me)] * es;
   char* scratch = nullptr;
-  if (!injector_->TakeMismatch(in_bytes + out_bytes, &scratch)) {
+  if (!injector_->TakeMismatch(in_bytes + out_bytes, &scratch,
+                               absl::StrCat("reduce_scatter of ", total, " elements as ",
+                                            total + 1))) {
     return inner_->ReduceScatter(in, out, counts, dtype, op);
   }
   // The pieces are consecutive and the longer one is the last: the copy is

@@ -74,8 +74,11 @@ class FaultInjector {
  public:
   // How the slow_compute fault waits; default absl::SleepFor.
   using SleepFn = std::function<void(absl::Duration)>;
+  // Where it says what it does when a fault fires (one line per call: the
+  // stall begins, a collective is issued with another count); may be null.
+  using LogFn = std::function<void(const std::string&)>;
 
-  explicit FaultInjector(FaultSpec spec, SleepFn sleep = nullptr);
+  explicit FaultInjector(FaultSpec spec, SleepFn sleep = nullptr, LogFn log = nullptr);
   ~FaultInjector();
   FaultInjector(const FaultInjector&) = delete;
   FaultInjector& operator=(const FaultInjector&) = delete;
@@ -105,19 +108,23 @@ class FaultInjector {
 
   // CountMismatchBackend's side: true exactly once, for the first call
   // after BeforeStep armed the mismatch. Then `*scratch` is a buffer of
-  // `bytes` zero bytes owned by this injector for its lifetime.
-  bool TakeMismatch(size_t bytes, char** scratch) ABSL_LOCKS_EXCLUDED(mu_);
+  // `bytes` zero bytes owned by this injector for its lifetime. `what`
+  // ("all_reduce of 10 elements as 11") is logged.
+  bool TakeMismatch(size_t bytes, char** scratch, const std::string& what)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // How many collectives were issued with a different count (0 or 1).
   int mismatches_issued() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const FaultSpec spec_;
   const SleepFn sleep_;
+  const LogFn log_;
   absl::Notification stalled_;
   absl::Notification release_;
   mutable absl::Mutex mu_;
   bool stall_done_ ABSL_GUARDED_BY(mu_) = false;
   bool armed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t armed_step_ ABSL_GUARDED_BY(mu_) = 0;
   int fired_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::unique_ptr<char[]>> scratch_ ABSL_GUARDED_BY(mu_);
 };

@@ -86,7 +86,8 @@ TEST(FaultSpecTest, EveryErrorNamesTheFlagTheItemAndTheValidForms) {
 TEST(FaultInjectorTest, TheStallBlocksBeforeItsStepOnlyUntilReleased) {
   FaultSpec spec;
   spec.stall_at_step = 3;
-  FaultInjector faults(spec);
+  std::vector<std::string> lines;  // written by the stalling thread before stalled()
+  FaultInjector faults(spec, nullptr, [&](const std::string& l) { lines.push_back(l); });
   faults.BeforeStep(1);
   faults.BeforeStep(2);
   EXPECT_FALSE(faults.stalled());
@@ -99,6 +100,8 @@ TEST(FaultInjectorTest, TheStallBlocksBeforeItsStepOnlyUntilReleased) {
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (!faults.stalled() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
   ASSERT_TRUE(faults.stalled());
+  EXPECT_THAT(lines, ElementsAre("TEST FACILITY: the training thread stalls before step 3 for "
+                                 "good (--inject-fault stall_at_step=3)"));
   // It stays blocked: nothing but the release ends it.
   EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
   faults.ReleaseStallForTest();
@@ -221,7 +224,8 @@ FaultInjector MismatchAt(uint64_t step) {
 TEST(CountMismatchTest, TheFirstAllReduceOfTheStepGetsOneMoreElementExactlyOnce) {
   FaultSpec spec;
   spec.collective_count_mismatch_at_step = 2;
-  FaultInjector faults(spec);
+  std::vector<std::string> lines;
+  FaultInjector faults(spec, nullptr, [&](const std::string& l) { lines.push_back(l); });
   RecordingBackend inner(0, 2);
   std::unique_ptr<Backend> dp = faults.WrapDataParallel(&inner);
   ASSERT_NE(dp, nullptr);
@@ -249,6 +253,8 @@ TEST(CountMismatchTest, TheFirstAllReduceOfTheStepGetsOneMoreElementExactlyOnce)
   EXPECT_EQ(inner.calls[2].in, c);
   EXPECT_EQ(inner.calls[3].count, 3u);
   EXPECT_EQ(faults.mismatches_issued(), 1);
+  EXPECT_THAT(lines, ElementsAre("TEST FACILITY: step 2 issues its dp all_reduce of 3 elements "
+                                 "as 4 (--inject-fault collective_count_mismatch_at_step=2)"));
 }
 
 TEST(CountMismatchTest, AReduceScatterGetsItsLastPieceOneLonger) {

@@ -367,7 +367,7 @@ int Run(int argc, char** argv) {
   RankProgressTracker progress;
   CommHolder holder;
   std::unique_ptr<FaultInjector> injector;
-  if (faults->any()) injector = std::make_unique<FaultInjector>(*faults);
+  if (faults->any()) injector = std::make_unique<FaultInjector>(*faults, nullptr, Log);
   ExitWatchdog watchdog(kStopGrace, [](absl::Duration grace) {
     Log(absl::StrCat("training thread did not return within ", absl::FormatDuration(grace),
                      " after STOP: exiting"));
