@@ -62,7 +62,7 @@ def shardline_once(tag, progress_timeout):
                  "--job", "hang", "--worker-id", "w%d" % i, "--log-interval", "1",
                  "--connect-timeout", "30s"] + flags, os.path.join(d, "worker%d.log" % i), env=env))
         logs = [w.log_path for w in workers]
-        stall_re = re.compile(r"^\d{4}-\d\d-\d\dT(\d\d:\d\d:\d\d\.\d+)Z .*stalling the training thread", re.M)
+        stall_re = re.compile(r"^\d{4}-\d\d-\d\dT(\d\d:\d\d:\d\d\.\d+)Z .*the training thread stalls before step", re.M)
         got = wait_until(lambda: stall_re.search(read(logs[VICTIM])), 180)
         if got is None:
             raise RuntimeError("w%d did not stall within 180 s: %s" % (VICTIM, workers[VICTIM].tail(5)))
@@ -175,7 +175,7 @@ def main():
 **How measured.** Shardline: `shardline-coordinator` and 4 `shardline-worker` processes train the tiny GPT of
 `node_loss` (dp = 4, a checkpoint every 5 steps, heartbeats every 200 ms); worker w%d runs with
 `--inject-fault stall_at_step=%d` (a test facility: its training thread blocks for good before that step
-while its process and heartbeats go on). The time runs from that worker's `stalling the training thread` log
+while its process and heartbeats go on). The time runs from that worker's `the training thread stalls before step` log
 line to the first survivor's `recovery (...): ... first resumed step N` line: the coordinator sees no
 progress in any rank's reports for `progress_timeout`, names the stalled rank (the others wait in an all_reduce
 it has not issued), evicts it, and the survivors re-form at dp = 3, restore the last checkpoint and finish a
