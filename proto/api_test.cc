@@ -23,7 +23,7 @@ std::set<std::string> Methods(const std::string& service) {
 TEST(ApiTest, ServicesHaveTheDesignedRpcs) {
   EXPECT_EQ(Methods("JobService"),
             (std::set<std::string>{"CreateJob", "GetJob", "ListJobs", "CancelJob", "ListMembers",
-                                   "DrainWorker", "GetPlan", "GetShardOwner", "WatchJob"}));
+                                   "DrainWorker", "GetPlan", "GetShardOwner", "WatchJob", "WhatIf"}));
   EXPECT_EQ(Methods("WorkerService"),
             (std::set<std::string>{"JoinJob", "Session", "GetAssignment", "Heartbeat",
                                    "ReportError", "LeaveJob", "CompleteJob"}));

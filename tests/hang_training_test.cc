@@ -173,7 +173,11 @@ TEST_F(HangTrainingTest, CountMismatchIsAClearErrorOnEveryRankAndTheJobReforms) 
 
 // A rank 2x slower in compute is flagged within 20 steps.
 TEST_F(HangTrainingTest, SlowRankIsFlaggedAStraggler) {
-  const v1::JobSpec spec = Spec("straggler", dir_ + "/ckpt", 60, 3, 3);
+  v1::JobSpec spec = Spec("straggler", dir_ + "/ckpt", 60, 3, 3);
+  // A heartbeat carries only its rank's latest step: with steps of ~20 ms
+  // and heartbeats every 200 ms, a window of N reports spans several times
+  // N steps. A window of 5 reports keeps the flag within 20 steps here.
+  spec.mutable_elastic()->set_straggler_window_steps(5);
   ASSERT_NO_FATAL_FAILURE(StartCoordinator());
   ASSERT_NO_FATAL_FAILURE(CreateJob(spec));
   ASSERT_NO_FATAL_FAILURE(StartWorkers(3, /*faulty=*/1, "slow_compute=2"));
