@@ -78,6 +78,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/auth.h"
+#include "server/progress_monitor.h"
 #include "server/state_store.h"
 #include "server/unusable_marks.h"
 #include "shardline/v1/events.pb.h"
@@ -563,6 +564,13 @@ class Coordinator {
   // (empty when none is found); emits HangDetected (REPORT) and marks the
   // culprits' details when it finds some.
   std::string NameHoldersUpLocked(JobRecord& job, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Both of those: LocaliseHang (server/progress_monitor.h) over the ACTIVE
+  // ranks' latest reports at `now`; and recording a report (Job.last_hang,
+  // the HangDetected event, the hangs-detected count).
+  std::optional<HangFinding> LocateHangLocked(const JobRecord& job, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishHangLocked(JobRecord& job, const v1::HangReport& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A generation formed / ends: progress clock, straggler windows and flags
   // (StragglerChanged cleared for each flagged rank).

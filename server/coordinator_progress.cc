@@ -96,12 +96,10 @@ void Coordinator::NoteProgressLocked(JobRecord& job, MemberRecord& m,
   }
 }
 
-std::string Coordinator::NameHoldersUpLocked(JobRecord& job, absl::Time now) {
-  if (!Judged(job)) return "";
-  const v1::ElasticPolicy& e = job.job.spec().elastic();
+std::optional<HangFinding> Coordinator::LocateHangLocked(const JobRecord& job, absl::Time now) const {
   std::vector<RankView> views;
   views.reserve(job.by_rank.size());
-  for (MemberRecord* m : job.by_rank) {
+  for (const MemberRecord* m : job.by_rank) {
     if (m == nullptr || m->member.state() != v1::MEMBER_STATE_ACTIVE || !m->member.has_rank()) {
       continue;
     }
@@ -113,8 +111,21 @@ std::string Coordinator::NameHoldersUpLocked(JobRecord& job, absl::Time now) {
     v.heartbeat_age = now - m->last_heartbeat;
     views.push_back(std::move(v));
   }
-  std::optional<HangFinding> f =
-      LocaliseHang(views, job.plan_groups.groups, 2 * FromProto(e.heartbeat_interval()));
+  return LocaliseHang(views, job.plan_groups.groups,
+                      2 * FromProto(job.job.spec().elastic().heartbeat_interval()));
+}
+
+void Coordinator::PublishHangLocked(JobRecord& job, const v1::HangReport& report) {
+  ++job.hangs_detected;
+  *job.job.mutable_last_hang() = report;
+  v1::JobEvent event;
+  *event.mutable_hang_detected() = report;
+  EmitLocked(job, std::move(event));
+}
+
+std::string Coordinator::NameHoldersUpLocked(JobRecord& job, absl::Time now) {
+  if (!Judged(job)) return "";
+  std::optional<HangFinding> f = LocateHangLocked(job, now);
   if (!f.has_value() || f->culprit_ranks.empty()) return "";
   v1::HangReport& report = f->report;
   report.set_generation(job.job.generation());
@@ -126,11 +137,7 @@ std::string Coordinator::NameHoldersUpLocked(JobRecord& job, absl::Time now) {
     if (m == nullptr) continue;
     m->member.set_detail(absl::StrCat("held up the job: ", report.summary()));
   }
-  ++job.hangs_detected;
-  *job.job.mutable_last_hang() = report;
-  v1::JobEvent event;
-  *event.mutable_hang_detected() = report;
-  EmitLocked(job, std::move(event));
+  PublishHangLocked(job, report);
   LogLine(absl::StrFormat("job %s generation %d: at an error report: %s", job.job.job_id(),
                           job.job.generation(), report.summary()));
   return absl::StrCat("; held up by ", f->held_up_by);
@@ -159,22 +166,7 @@ void Coordinator::DetectHangLocked(JobRecord& job, absl::Time now,
     timeout = std::max(kMinAutoProgressTimeout, kAutoProgressStepFactor * MedianStepTime(reports));
     if (stalled < timeout) return;
   }
-  std::vector<RankView> views;
-  views.reserve(job.by_rank.size());
-  for (MemberRecord* m : job.by_rank) {
-    if (m == nullptr || m->member.state() != v1::MEMBER_STATE_ACTIVE || !m->member.has_rank()) {
-      continue;
-    }
-    RankView v;
-    v.rank = m->member.rank();
-    v.worker_id = m->member.worker_id();
-    v.host = m->member.host();
-    v.progress = m->member.has_progress() ? &m->member.progress() : nullptr;
-    v.heartbeat_age = now - m->last_heartbeat;
-    views.push_back(std::move(v));
-  }
-  std::optional<HangFinding> f =
-      LocaliseHang(views, job.plan_groups.groups, 2 * FromProto(e.heartbeat_interval()));
+  std::optional<HangFinding> f = LocateHangLocked(job, now);
   if (!f.has_value()) return;  // nobody waits in a collective: not a hang
   const bool evict = e.hang_policy() != v1::HANG_POLICY_REPORT && !f->culprit_ranks.empty();
   v1::HangReport& report = f->report;
@@ -186,11 +178,7 @@ void Coordinator::DetectHangLocked(JobRecord& job, absl::Time now,
   report.set_summary(absl::StrCat("no progress for ", Seconds1(stalled), " (progress_timeout ",
                                   Seconds1(timeout), "): ", report.summary()));
   job.hang_reported = true;
-  ++job.hangs_detected;
-  *job.job.mutable_last_hang() = report;
-  v1::JobEvent event;
-  *event.mutable_hang_detected() = report;
-  EmitLocked(job, std::move(event));
+  PublishHangLocked(job, report);
   LogLine(absl::StrFormat("job %s generation %d: hang: %s%s", job.job.job_id(),
                           job.job.generation(), report.summary(),
                           evict ? "; evicting" : " (hang_policy REPORT)"));

@@ -27,7 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from _common import benchlib  # noqa: E402
-from node_loss import utc_clock_to_epoch, max_step  # noqa: E402
+from node_loss import first_shardline_resume, first_torch_restart_step, utc_clock_to_epoch  # noqa: E402
 
 NAME = "hang_recovery"
 WORKERS = 4
@@ -68,17 +68,7 @@ def shardline_once(tag, progress_timeout):
             raise RuntimeError("w%d did not stall within 180 s: %s" % (VICTIM, workers[VICTIM].tail(5)))
         t_stall = utc_clock_to_epoch(got.group(1), time.time())
 
-        def resumed():
-            ts = []
-            for i, p in enumerate(logs):
-                if i == VICTIM:
-                    continue
-                for m in re.finditer(r"^\d{4}-\d\d-\d\dT(\d\d:\d\d:\d\d\.\d+)Z .*recovery \(.*first resumed step (\d+)",
-                                     read(p), re.M):
-                    ts.append((utc_clock_to_epoch(m.group(1), t_stall), int(m.group(2))))
-            return min(ts) if ts else None
-
-        res = wait_until(resumed, 240)
+        res = wait_until(lambda: first_shardline_resume(logs, VICTIM, t_stall), 240)
         if res is None:
             raise RuntimeError("no 'recovery (' line within 240 s of the stall")
         benchlib.log("  shardline (progress_timeout %s): w%d stalled before step %d; first resumed "
@@ -126,15 +116,7 @@ def torch_once(tag, pg_timeout_s):
         if t_stall is None:
             raise RuntimeError("rank 1 did not stall within 240 s: %s" % agents[0].tail(8))
 
-        def resumed():
-            ts = []
-            for p in logs:
-                for m in re.finditer(r"^step (\d+) t=([\d.]+) rank \d+ world (\d+) restart [1-9]",
-                                     read(p), re.M):
-                    ts.append((float(m.group(2)), int(m.group(1))))
-            return min(ts) if ts else None
-
-        res = wait_until(resumed, pg_timeout_s + 240)
+        res = wait_until(lambda: first_torch_restart_step(logs), pg_timeout_s + 240)
         if res is None:
             raise RuntimeError("no step after the restart within %d s: %s" % (
                 pg_timeout_s + 240, agents[0].tail(8)))

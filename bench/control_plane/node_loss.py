@@ -49,6 +49,30 @@ def max_step(logs, pattern):
     return best
 
 
+def first_shardline_resume(logs, skip, near):
+    """(epoch time, step) of the earliest `recovery (...): ... first resumed
+    step N` line in the worker logs but logs[skip], or None."""
+    ts = []
+    for i, p in enumerate(logs):
+        if i == skip:
+            continue
+        for m in re.finditer(r"^\d{4}-\d\d-\d\dT(\d\d:\d\d:\d\d\.\d+)Z .*recovery \(.*first resumed step (\d+)",
+                             read(p), re.M):
+            ts.append((utc_clock_to_epoch(m.group(1), near), int(m.group(2))))
+    return min(ts) if ts else None
+
+
+def first_torch_restart_step(logs):
+    """(epoch time, step, world) of the earliest step the torch peer logged
+    after a restart, or None."""
+    ts = []
+    for p in logs:
+        for m in re.finditer(r"^step (\d+) t=([\d.]+) rank \d+ world (\d+) restart [1-9]",
+                             read(p), re.M):
+            ts.append((float(m.group(2)), int(m.group(1)), int(m.group(3))))
+    return min(ts) if ts else None
+
+
 def shardline_once(rep, data):
     d = _common.tmpdir("node_loss/shardline-%d" % rep)
     subprocess.run(["rm", "-rf", d])
@@ -82,17 +106,7 @@ def shardline_once(rep, data):
         t_kill = time.time()
         os.killpg(workers[victim].proc.pid, signal.SIGKILL)
 
-        def resumed():
-            ts = []
-            for i, p in enumerate(logs):
-                if i == victim:
-                    continue
-                for m in re.finditer(r"^\d{4}-\d\d-\d\dT(\d\d:\d\d:\d\d\.\d+)Z .*recovery \(.*first resumed step (\d+)",
-                                     read(p), re.M):
-                    ts.append((utc_clock_to_epoch(m.group(1), t_kill), int(m.group(2))))
-            return min(ts) if ts else None
-
-        got = wait_until(resumed, 120)
+        got = wait_until(lambda: first_shardline_resume(logs, victim, t_kill), 120)
         if got is None:
             raise RuntimeError("no 'recovery (' line within 120 s of the kill")
         benchlib.log("  shardline: killed w%d after step %d; first resumed step %d after %.3f s" % (
@@ -140,15 +154,7 @@ def torch_once(rep, data):
         t_kill = time.time()
         os.kill(pids[1][0], signal.SIGKILL)
 
-        def resumed():
-            ts = []
-            for p in logs:
-                for m in re.finditer(r"^step (\d+) t=([\d.]+) rank \d+ world (\d+) restart [1-9]",
-                                     read(p), re.M):
-                    ts.append((float(m.group(2)), int(m.group(1)), int(m.group(3))))
-            return min(ts) if ts else None
-
-        got = wait_until(resumed, 180)
+        got = wait_until(lambda: first_torch_restart_step(logs), 180)
         if got is None:
             raise RuntimeError("no step after the restart within 180 s: %s" % agents[0].tail(8))
         benchlib.log("  torchrun: world %d, killed rank 1 after step %d; first step after restart "
