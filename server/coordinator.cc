@@ -38,6 +38,10 @@ void Coordinator::RestartHeartbeatClocks() {
   const absl::Time now = clock_->Now();
   for (auto& [id, job] : jobs_) {
     for (auto& [worker_id, m] : job->members) m.last_heartbeat = now;
+    // Progress reports were refused as well: the stall clock restarts too,
+    // or the first Tick would judge the pause a hang.
+    job->last_progress = now;
+    job->hang_reported = false;
   }
 }
 
@@ -142,6 +146,9 @@ absl::Status Coordinator::Recover() {
                                                 "' cannot be planned again: ", p.status().message()));
       }
       job->SetPlan(*std::move(p));
+      // The ranks, a fresh stall clock and empty straggler windows, as at
+      // formation (progress is in memory only).
+      if (job->job.phase() == v1::JOB_PHASE_RUNNING) ProgressGenerationFormedLocked(*job);
     }
   }
   RegisterCredentialsLocked();

@@ -11,7 +11,12 @@
 //     generation re-forms, no hang;
 //   * a rank 2x slower in compute is flagged a straggler within 20 steps; a
 //     normal 200-step run flags nobody;
+//   * a rank frozen whole (SIGSTOP: no heartbeats, no progress) is named
+//     by the survivors' collective timeout, the coordinator's reason, the
+//     hang_detected event and its member detail;
 //   * WhatIf for a worker, then killing it: what happens is what it said.
+#include <signal.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -146,6 +151,60 @@ TEST_F(HangTrainingTest, StalledRankIsFoundNamedEvictedAndTheJobCompletes) {
   EXPECT_TRUE(hang_event) << Logs();
   EXPECT_TRUE(hang_formation) << Logs();
   EXPECT_TRUE(lost_hung) << Logs();
+}
+
+// A rank frozen whole (SIGSTOP) while the others wait for it in a
+// collective: the survivors' collective timeout (5 s) ends the generation
+// long before the heartbeat timeout (60 s), and every place that says why
+// names the frozen rank, not only the rank that reported the timeout.
+TEST_F(HangTrainingTest, FrozenRankIsNamedByTheSurvivorsTimeout) {
+  v1::JobSpec spec = Spec("frozen", dir_ + "/ckpt", 80, 2, 3);
+  SetDuration(absl::Seconds(0), spec.mutable_elastic()->mutable_progress_timeout());
+  SetDuration(absl::Seconds(5), spec.mutable_elastic()->mutable_collective_timeout());
+  SetDuration(absl::Seconds(60), spec.mutable_elastic()->mutable_heartbeat_timeout());
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator());
+  ASSERT_NO_FATAL_FAILURE(CreateJob(spec));
+  ASSERT_NO_FATAL_FAILURE(StartWorkers(3, /*faulty=*/-1, ""));
+  ASSERT_TRUE(WaitForStep(8, absl::Seconds(120))) << Logs();
+  workers_[2]->Signal(SIGSTOP);
+  const v1::Job reformed = WaitJob([](const v1::Job& j) { return j.generation() >= 2; },
+                                   absl::Seconds(30));
+  ASSERT_GE(reformed.generation(), 2u) << Logs();
+  // The hang report names w2 and the collective the others waited in.
+  ASSERT_TRUE(reformed.has_last_hang()) << Logs();
+  const v1::HangReport& report = reformed.last_hang();
+  ASSERT_EQ(report.culprits_size(), 1) << report.summary();
+  EXPECT_EQ(report.culprits(0).worker_id(), "w2") << report.summary();
+  EXPECT_GE(report.num_waiting(), 1u) << report.summary();
+  EXPECT_FALSE(report.operation().empty()) << report.summary();
+  EXPECT_TRUE(absl::StrContains(report.summary(), "w2")) << report.summary();
+  // Ranks follow join order, not worker names: the frozen rank's number.
+  const std::string named = absl::StrCat("held up by rank ", report.culprits(0).rank(), " (w2");
+  // While it is still frozen, its member detail says it held the job up.
+  bool detail = false;
+  const v1::ListMembersResponse members = Members();
+  for (const v1::Member& m : members.members()) {
+    if (m.worker_id() == "w2") detail = absl::StrContains(m.detail(), "held up the job");
+  }
+  EXPECT_TRUE(detail) << members.DebugString();
+  workers_[2]->Signal(SIGCONT);
+  // The reason the generation ended names it too.
+  bool reason_names = false, event_names = false;
+  for (const v1::JobEvent& e : Events()) {
+    if (e.has_phase_changed()) {
+      reason_names = reason_names || absl::StrContains(e.phase_changed().reason(), named);
+    }
+    if (e.has_hang_detected()) {
+      event_names = event_names || (e.hang_detected().culprits_size() == 1 &&
+                                    e.hang_detected().culprits(0).worker_id() == "w2");
+    }
+  }
+  EXPECT_TRUE(reason_names) << named << Logs();
+  EXPECT_TRUE(event_names) << Logs();
+  // The survivors' logs name it where they tell why they restart.
+  EXPECT_TRUE(workers_[0]->WaitFor(named, absl::Seconds(10))) << Logs();
+  EXPECT_TRUE(workers_[1]->WaitFor(named, absl::Seconds(1))) << Logs();
+  EXPECT_GT(WaitForCompletion(), 0) << Logs();
 }
 
 // A rank issues a collective with a different count: a clear error naming
