@@ -389,7 +389,7 @@ absl::StatusOr<std::vector<std::string>> ParseLose(const std::vector<std::string
       const std::string id(absl::StripAsciiWhitespace(part));
       const size_t position = ids.size() + 1;
       if (id.empty()) {
-        return Usage(absl::StrCat("--lose='", value, "': worker ", position,
+        return Usage(absl::StrCat("--lose='", AbbreviateValue(value), "': worker ", position,
                                   " is empty; separate worker ids by single commas, e.g. "
                                   "--lose node3:cpu,node4:cpu"),
                      kWhatIfUsage);

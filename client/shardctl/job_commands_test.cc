@@ -1117,7 +1117,8 @@ TEST_F(RealCoordinatorTest, MembersShowTheProgressReport) {
     if (absl::StartsWith(line, "w0 ")) w0_row = std::string(line);
     if (absl::StartsWith(line, "s0 ")) s0_row = std::string(line);
   }
-  EXPECT_THAT(w0_row, HasSubstr("  TRAINING      collective  all_reduce #7 dp/0 (waiting 1.5s)  -  "))
+  EXPECT_THAT(w0_row,
+              HasSubstr("  TRAINING      collective  all_reduce #7 dp/0 (waiting 1.5s)  -  "))
       << *out;
   EXPECT_THAT(s0_row, HasSubstr("SPARE")) << *out;
   EXPECT_THAT(*out, HasSubstr("WORKER STATE  ACTIVITY    COLLECTIVE"));

@@ -502,8 +502,8 @@ std::string FormatWhatIf(const v1::WhatIfResponse& r) {
   for (const std::string& s : r.spares_used()) spares.push_back(Printable(s, 128));
   if (!r.generation_ends()) {
     lines.emplace_back("Generation",
-                       absl::StrCat("goes on: no rank is among the losses (only spares or joining "
-                                    "workers), nothing re-forms"));
+                       "goes on: no rank is among the losses (only spares or joining workers), "
+                       "nothing re-forms");
     lines.emplace_back("Spares", "none needed");
     lines.emplace_back("New world", absl::StrCat("unchanged: world ", r.world_size(), ", dp ",
                                                  r.dp()));

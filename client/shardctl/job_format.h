@@ -119,8 +119,8 @@ std::string FormatCheckpoints(const std::string& job_id,
 std::string FormatManifest(const v1::Manifest& manifest, bool tensors);
 
 // `watch`: one line, no newline:
-// "#12 2024-05-01T10:00:00.123Z g2 generation_formed initial: world 4 (dp 2), ranks w0 w1 w2 w3, spares w4";
-// a hang_detected event shows the report's summary and what was done, a
+// "#12 2024-05-01T10:00:00.123Z g2 generation_formed initial: world 4 (dp 2), ranks w0 w1 w2 w3, spares w4".
+// A hang_detected event shows the report's summary and what was done, a
 // straggler_changed event the rank and its ratio (or that it was cleared).
 std::string FormatEvent(const v1::JobEvent& event);
 
