@@ -84,6 +84,14 @@ absl::StatusOr<v1::GetShardOwnerResponse> GrpcJobClient::GetShardOwner(
       });
 }
 
+absl::StatusOr<v1::WhatIfResponse> GrpcJobClient::WhatIf(const v1::WhatIfRequest& request) {
+  return internal::UnaryCall<v1::WhatIfResponse>(
+      *stubs_, options_, "WhatIf", options_.timeout, nullptr, internal::Retry::kIdempotent,
+      [&](auto* stub, auto* context, auto* response) {
+        return stub->WhatIf(context, request, response);
+      });
+}
+
 absl::Status GrpcJobClient::WatchJob(const v1::WatchJobRequest& request,
                                      const std::function<bool(const v1::JobEvent&)>& on_event) {
   // The stream opens on the leader; while it has delivered nothing it is

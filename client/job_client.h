@@ -1,6 +1,6 @@
 // JobClient: jobs and everything an operator asks about them (JobService in
 // proto/shardline/v1/coordinator.proto), as an interface and its gRPC
-// implementation. shardctl's job, members, topology, owner and watch
+// implementation. shardctl's job, members, topology, owner, watch and whatif
 // commands use it.
 //
 //   GrpcJobClient jobs(channel, options);
@@ -88,6 +88,14 @@ class JobClient {
   // watcher fell too far behind: reconnect after the last sequence).
   virtual absl::Status WatchJob(const v1::WatchJobRequest& request,
                                 const std::function<bool(const v1::JobEvent&)>& on_event) = 0;
+  // Says what losing the workers of request.lose_worker_ids at once would
+  // do to the job (proto/shardline/v1/whatif.proto); changes nothing, so it
+  // is safe to repeat. Errors: INVALID_ARGUMENT also for lose_worker_ids
+  // empty, over kMaxWhatIfWorkers = 1024, or naming a worker twice;
+  // NOT_FOUND also for a worker_id that never joined the job (named);
+  // FAILED_PRECONDITION (the job is COMPLETED, FAILED or CANCELLED, is an
+  // external job, or no generation has formed yet).
+  virtual absl::StatusOr<v1::WhatIfResponse> WhatIf(const v1::WhatIfRequest& request) = 0;
 };
 
 // JobClient over gRPC: every call carries options.token and its deadline
@@ -112,6 +120,7 @@ class GrpcJobClient final : public JobClient {
       const v1::GetShardOwnerRequest& request) override;
   absl::Status WatchJob(const v1::WatchJobRequest& request,
                         const std::function<bool(const v1::JobEvent&)>& on_event) override;
+  absl::StatusOr<v1::WhatIfResponse> WhatIf(const v1::WhatIfRequest& request) override;
 
  private:
   const ConnectionOptions options_;

@@ -88,6 +88,12 @@ check "watch --json lines" 0 '"phase_changed":' "" -- watch shakespeare --after 
 check "an argument that is not UTF-8 is refused before any call" 2 "" "shardctl: argument 3 ('a\\xff') is not UTF-8" -- job get $'a\xff'
 check "an id with a terminal escape is echoed escaped" 2 "" "a\\x1b[31m" -- job get $'a\e[31m'
 check "watch --after beyond the history names the flag" 2 "" "shardctl watch: --after=99999 is outside the retained range [0, " -- watch shakespeare --after 99999
+check "whatif of a cancelled job" 1 "" "shardctl whatif: job 'shakespeare' is CANCELLED; no loss would change it" -- whatif shakespeare --lose w1
+check "whatif of an unknown job" 2 "" "shardctl whatif: no job 'nope'; 'shardctl job list' lists the jobs" -- whatif nope --lose w1
+# Usage errors end with the command's usage (several lines).
+CLI_ONE_LINE_ERRORS=0 check "whatif without --lose names the flag" 2 "" "shardctl whatif: whatif needs --lose WORKER[,WORKER...]" -- whatif shakespeare
+CLI_ONE_LINE_ERRORS=0 check "whatif naming a worker twice" 2 "" "--lose names 'w1' twice (workers 1 and 2); name each worker once" -- whatif shakespeare --lose w1,w1
+check "whatif --help" 0 "Usage: shardctl whatif JOB --lose WORKER[,WORKER...] [--json]" "" -- whatif --help
 
 # An external job (job.proto ExternalWorkload): no model or plan to show.
 check "create an external job from its example spec" 0 "Kind:         external workload (framework torchrun): no plan; ranks are the workload's" "" -- job create "$EXTERNAL_SPEC" --id ddp

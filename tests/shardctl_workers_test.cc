@@ -133,9 +133,11 @@ TEST(ShardctlWorkersTest, FormationDrainAndMembers) {
   EXPECT_THAT(r.out, HasSubstr("World:            2 = tp 1 x pp 1 x dp 2; 1 spare\n"));
   r = Shardctl(address, "members elastic");
   ASSERT_EQ(r.rc, 0) << r.all;
+  // WORKER STATE, then ACTIVITY, COLLECTIVE and STRAGGLER: these workers
+  // send no progress report.
   EXPECT_THAT(MemberRow(r.out, "w2"), ::testing::ElementsAre("w2", "12", "SPARE", "-", "1", "0",
-                                                             "TRAINING", "host-w2", "cpu",
-                                                             ::testing::_));
+                                                             "TRAINING", "-", "-", "-", "host-w2",
+                                                             "cpu", ::testing::_));
 
   // Draining the spare: it leaves at once. Its last report (TRAINING) no
   // longer describes it.
@@ -145,11 +147,12 @@ TEST(ShardctlWorkersTest, FormationDrainAndMembers) {
   r = Shardctl(address, "members elastic");
   ASSERT_EQ(r.rc, 0) << r.all;
   EXPECT_THAT(MemberRow(r.out, "w2"),
-              ::testing::ElementsAre("w2", "12", "LEFT", "-", "1", "0", "-", "host-w2", "cpu",
-                                     ::testing::_, "drained:", "kernel", "upgrade"));
+              ::testing::ElementsAre("w2", "12", "LEFT", "-", "1", "0", "-", "-", "-", "-",
+                                     "host-w2", "cpu", ::testing::_, "drained:", "kernel",
+                                     "upgrade"));
   EXPECT_THAT(MemberRow(r.out, "w0"),
-              ::testing::ElementsAre("w0", "10", "ACTIVE", "0", "1", "0", "TRAINING", "host-w0",
-                                     "cpu", ::testing::_));
+              ::testing::ElementsAre("w0", "10", "ACTIVE", "0", "1", "0", "TRAINING", "-", "-",
+                                     "-", "host-w0", "cpu", ::testing::_));
 
   // Draining a rank waits for a checkpoint; the reason is said once.
   r = Shardctl(address, "drain elastic w1 --reason 'disk swap'");

@@ -1,5 +1,6 @@
 #include "client/shardctl/job_commands.h"
 
+#include <map>
 #include <optional>
 
 #include "absl/strings/ascii.h"
@@ -9,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
+#include "common/text.h"
 #include "client/shardctl/checkpoint_tools.h"
 #include "client/shardctl/command.h"
 #include "client/coordinator_client.h"
@@ -347,6 +349,102 @@ absl::Status Members(const std::vector<std::string>& args, std::ostream& out) {
   absl::StatusOr<v1::ListMembersResponse> response = client->jobs->ListMembers(request);
   if (!response.ok()) return WithJobHint(response.status());
   Print(out, c.json ? ProtoToJson(*response) : FormatMembers(*job, *response));
+  return absl::OkStatus();
+}
+
+// WhatIfRequest.lose_worker_ids' limits (kMaxWhatIfWorkers,
+// kMaxWorkerIdBytes in server/limits.h), checked here to name the flag.
+constexpr size_t kMaxWhatIfWorkers = 1024;
+constexpr size_t kMaxWorkerIdBytes = 128;
+
+constexpr char kWhatIfUsage[] =
+    "Usage: shardctl whatif JOB --lose WORKER[,WORKER...] [--json]\n"
+    "  What losing these workers at once would do to the job, changing nothing: their\n"
+    "  ranks and ZeRO shards, whether the generation ends, which spares would take the\n"
+    "  lost ranks or how far dp shrinks (new world, dp, gradient accumulation and\n"
+    "  ranks), whether the job falls below what it needs, the checkpoint it would\n"
+    "  restore and the steps trained again. WORKER is a worker id as 'shardctl members\n"
+    "  JOB' lists it; 1 to 1024 of them, each once (--lose may also be repeated), e.g.\n"
+    "  'shardctl whatif shakespeare --lose node3:cpu,node4:cpu'.\n";
+
+// The worker ids of every --lose value: comma-separated, spaces around a
+// name ignored (worker ids have none). InvalidArgument naming --lose: none
+// given, an empty name, a name that is no worker id, too many, a repeat.
+absl::StatusOr<std::vector<std::string>> ParseLose(const std::vector<std::string>& values,
+                                                   bool given) {
+  if (!given) {
+    return Usage("whatif needs --lose WORKER[,WORKER...]: the workers to suppose lost, as "
+                 "'shardctl members JOB' lists them, e.g. --lose node3:cpu",
+                 kWhatIfUsage);
+  }
+  std::vector<std::string> ids;
+  std::map<std::string, size_t> seen;  // id -> its position, from 1
+  for (const std::string& value : values) {
+    if (absl::StripAsciiWhitespace(value).empty()) {
+      return Usage("--lose is empty; give 1 to 1024 worker ids, comma-separated, e.g. "
+                   "--lose node3:cpu,node4:cpu",
+                   kWhatIfUsage);
+    }
+    for (absl::string_view part : absl::StrSplit(value, ',')) {
+      const std::string id(absl::StripAsciiWhitespace(part));
+      const size_t position = ids.size() + 1;
+      if (id.empty()) {
+        return Usage(absl::StrCat("--lose='", AbbreviateValue(value), "': worker ", position,
+                                  " is empty; separate worker ids by single commas, e.g. "
+                                  "--lose node3:cpu,node4:cpu"),
+                     kWhatIfUsage);
+      }
+      bool printable = id.size() <= kMaxWorkerIdBytes;
+      for (char c : id) printable = printable && c > ' ' && c < 127;
+      if (!printable) {
+        return Usage(absl::StrCat("--lose: '", AbbreviateValue(id),
+                                  "' is not a worker id: 1 to 128 printable ASCII characters "
+                                  "without spaces"),
+                     kWhatIfUsage);
+      }
+      if (auto [it, inserted] = seen.emplace(id, position); !inserted) {
+        return Usage(absl::StrCat("--lose names '", id, "' twice (workers ", it->second, " and ",
+                                  position, "); name each worker once"),
+                     kWhatIfUsage);
+      }
+      ids.push_back(id);
+    }
+  }
+  if (ids.size() > kMaxWhatIfWorkers) {
+    return Usage(absl::StrCat("--lose names ", ids.size(), " workers; at most ", kMaxWhatIfWorkers,
+                              " can be supposed lost at once"),
+                 kWhatIfUsage);
+  }
+  return ids;
+}
+
+absl::Status WhatIf(const std::vector<std::string>& args, std::ostream& out) {
+  Command c("shardctl whatif");
+  std::vector<std::string> lose;
+  c.parser.AddStrings("lose", &lose,
+                      "worker ids to suppose lost, comma-separated (1 to 1024; may repeat)");
+  bool help = false;
+  absl::StatusOr<std::string> job = OneJob(c, args, kWhatIfUsage,
+                                           "shardctl whatif shakespeare --lose node3:cpu", out,
+                                           &help);
+  if (!job.ok() || help) return job.status();
+  absl::StatusOr<std::vector<std::string>> ids = ParseLose(lose, c.parser.WasSet("lose"));
+  if (!ids.ok()) return ids.status();
+  auto client = c.Connect();
+  if (!client.ok()) return client.status();
+  v1::WhatIfRequest request;
+  request.set_job_id(*job);
+  for (const std::string& id : *ids) request.add_lose_worker_ids(id);
+  absl::StatusOr<v1::WhatIfResponse> response = client->jobs->WhatIf(request);
+  if (!response.ok()) {
+    const absl::Status& s = response.status();
+    // A worker the job never had: the user typed it in --lose.
+    if (s.code() == absl::StatusCode::kNotFound && absl::StartsWith(s.message(), "no worker ")) {
+      return absl::NotFoundError(absl::StrCat("--lose: ", s.message()));
+    }
+    return WithJobHint(s);
+  }
+  Print(out, c.json ? ProtoToJson(*response) : FormatWhatIf(*response));
   return absl::OkStatus();
 }
 
@@ -822,7 +920,7 @@ absl::Status Kv(const std::vector<std::string>& args, std::ostream& out) {
 bool IsCoordinatorCommand(const std::string& command) {
   return command == "job" || command == "members" || command == "drain" || command == "topology" ||
          command == "owner" || command == "checkpoints" || command == "checkpoint" ||
-         command == "watch" || command == "kv" || command == "status";
+         command == "watch" || command == "kv" || command == "status" || command == "whatif";
 }
 
 absl::Status RunCoordinatorCommand(const std::string& command,
@@ -837,6 +935,7 @@ absl::Status RunCoordinatorCommand(const std::string& command,
   if (command == "watch") return Watch(args, out);
   if (command == "kv") return Kv(args, out);
   if (command == "status") return RunStatusCommand(args, out);
+  if (command == "whatif") return WhatIf(args, out);
   return absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'"));
 }
 

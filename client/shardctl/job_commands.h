@@ -23,6 +23,10 @@
 //   shardctl watch JOB [--after SEQ] [--count N] WatchJob, one line per event (a job
 //                                                that has ended: its retained history
 //                                                and a line with its final phase)
+//   shardctl whatif JOB --lose WORKER[,WORKER...]
+//                                                WhatIf: what losing those workers would
+//                                                do (ranks, spares, new world / dp,
+//                                                restore), changing nothing
 //   shardctl kv get JOB --generation G [--scope S] KEY
 //                                                KvGet through a live member's fence
 //   shardctl status                              CoordinatorService.GetStatus from any
@@ -48,7 +52,7 @@
 namespace shardline::shardctl {
 
 // True for the words above (job, members, drain, topology, owner,
-// checkpoint, checkpoints, watch, kv, status).
+// checkpoint, checkpoints, watch, whatif, kv, status).
 bool IsCoordinatorCommand(const std::string& command);
 
 // Runs `command` with `args` (everything after the command word) and writes
@@ -56,7 +60,8 @@ bool IsCoordinatorCommand(const std::string& command);
 // `watch` printed before it). Errors:
 //   InvalidArgument: bad usage, a flag or a spec file field (named); or the
 //     coordinator rejected a field of the request (its message names it).
-//   NotFound: no job / parameter of that name; a spec file that is missing.
+//   NotFound: no job / parameter / worker (whatif --lose) of that name; a
+//     spec file that is missing.
 //   OutOfRange: `watch --after` outside the retained events.
 //   Unavailable: the coordinator cannot be reached ("cannot reach the
 //     coordinator at HOST:PORT: connection refused; ...").

@@ -1,7 +1,9 @@
 // shardctl's coordinator commands against an in-process fake coordinator on
 // loopback (a real gRPC server, hand-written service fakes): what is sent
 // (auth metadata, request fields, paging), what is printed, and how every
-// failure reads and which exit code it gets.
+// failure reads and which exit code it gets. `whatif` and the members'
+// progress columns also against the real coordinator in-process
+// (testing/grpc_test_util.h), whose WhatIf answers by the formation rules.
 #include "client/shardctl/job_commands.h"
 
 #include <arpa/inet.h>
@@ -19,6 +21,9 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/flags.h"
@@ -27,7 +32,10 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "shardline/v1/coordinator.grpc.pb.h"
+#include "testing/grpc_test_util.h"
 
 namespace shardline::shardctl {
 namespace {
@@ -787,6 +795,13 @@ TEST_F(JobCommandsTest, DeadlineNamesTheTimeoutFlag) {
                         " to GetJob within 100ms (--timeout)"));
 }
 
+// "w0,w1,...": `n` worker ids for --lose.
+std::string ManyWorkers(int n) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < n; ++i) ids.push_back("w" + std::to_string(i));
+  return absl::StrJoin(ids, ",");
+}
+
 TEST_F(JobCommandsTest, UsageErrors) {
   // A TLS file that is not PEM is named with the reason (common/tls_files.h).
   const std::string not_pem = ::testing::TempDir() + "/not-pem-ca.crt";
@@ -805,6 +820,18 @@ TEST_F(JobCommandsTest, UsageErrors) {
       {"job", {"get", "a", "-json"}, "unknown option '-json'"},
       {"job", {"list", "--phase", "done"}, "'done' is not a job phase; choose from pending"},
       {"members", {}, "takes one job id"},
+      {"whatif", {"--lose", "w1"}, "takes one job id, e.g. 'shardctl whatif shakespeare --lose"},
+      {"whatif", {"j"}, "whatif needs --lose WORKER[,WORKER...]"},
+      {"whatif", {"j", "--lose", ""}, "--lose is empty; give 1 to 1024 worker ids"},
+      {"whatif", {"j", "--lose", "w1,,w2"}, "--lose='w1,,w2': worker 2 is empty"},
+      {"whatif", {"j", "--lose", "w1,"}, "--lose='w1,': worker 2 is empty"},
+      {"whatif", {"j", "--lose", "w1,w2", "--lose", "w1"},
+       "--lose names 'w1' twice (workers 1 and 3); name each worker once"},
+      {"whatif", {"j", "--lose", "node 3"},
+       "--lose: 'node 3' is not a worker id: 1 to 128 printable ASCII characters"},
+      {"whatif", {"j", "--lose", std::string(129, 'x')}, "is not a worker id"},
+      {"whatif", {"j", "--lose", ManyWorkers(1025)},
+       "--lose names 1025 workers; at most 1024 can be supposed lost at once"},
       {"owner", {"j"}, "owner takes a job id and a parameter name"},
       {"job", {"get", "a", "--coordinator", "localhost"}, "--coordinator='localhost' is not HOST:PORT"},
       {"job", {"get", "a", "--timeout", "soon"}, "--timeout='soon' is not a positive duration"},
@@ -830,7 +857,7 @@ TEST_F(JobCommandsTest, UsageErrors) {
 TEST_F(JobCommandsTest, HelpGoesToStdout) {
   for (const auto& [command, args] : std::vector<std::pair<std::string, Args>>{
            {"job", {"--help"}}, {"job", {"create", "--help"}}, {"watch", {"--help"}},
-           {"kv", {"get", "--help"}}}) {
+           {"kv", {"get", "--help"}}, {"whatif", {"--help"}}}) {
     absl::StatusOr<std::string> out = RunRaw(command, args);
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_THAT(*out, HasSubstr("Usage"));
@@ -911,6 +938,190 @@ TEST(FromGrpcStatusTest, Messages) {
                              o, "GetJob")
                   .message(),
               HasSubstr("is not a Shardline coordinator"));
+}
+
+// An older coordinator (here: the fake, which has no WhatIf) says so, exit 1.
+TEST_F(JobCommandsTest, WhatIfOnACoordinatorWithoutIt) {
+  CreateDemo();
+  absl::StatusOr<std::string> out = Run("whatif", {"shakespeare", "--lose", "w1"});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(out.status().message(), HasSubstr("does not implement WhatIf"));
+  EXPECT_EQ(ExitCodeFor(out.status()), 1);
+}
+
+// `whatif` and `members` against the real coordinator: job-a has ranks w0
+// and w1 (tp 1, pp 1, dp 2; min_workers 1, max_workers 2, global batch 4,
+// micro-batch 1) and the spare s0.
+class RealCoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    unsetenv(client::kCoordinatorEnv);
+    unsetenv(client::kTokenEnv);
+    server::testing::CreateJobAs(h_.Channel(), "", "job-a", server::testing::SmallSpec(1, 2, 4));
+    server::testing::CreateJobAs(h_.Channel(), "", "job-b", server::testing::SmallSpec(1, 1, 4));
+    const std::vector<absl::StatusOr<v1::Assignment>> assigned =
+        server::testing::JoinAll({&w0_, &w1_}, /*open_session=*/true);
+    for (const absl::StatusOr<v1::Assignment>& a : assigned) {
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_EQ(a->world_size(), 2u) << "both joined within the last call";
+    }
+    // Ranks go in join order; the two joined at once.
+    w1_rank_ = assigned[1]->rank();
+    ASSERT_TRUE(s0_.Join().ok());
+    ASSERT_TRUE(s0_.OpenSession().ok());
+  }
+
+  absl::StatusOr<std::string> Run(const std::string& command, Args args) {
+    args.push_back("--coordinator");
+    args.push_back(h_.address());
+    std::ostringstream out;
+    absl::Status s = RunCoordinatorCommand(command, args, out);
+    if (!s.ok()) return s;
+    return out.str();
+  }
+  // The client library's clients of the coordinator (no token).
+  client::CoordinatorClients Clients() {
+    client::ConnectionOptions o;
+    o.address = h_.address();
+    o.timeout = absl::Seconds(5);
+    return client::GrpcCoordinatorClients(h_.Channel(), o);
+  }
+
+  server::testing::Harness h_;
+  server::testing::SimWorker w0_{h_.Channel(), "job-a", "w0", 1};
+  server::testing::SimWorker w1_{h_.Channel(), "job-a", "w1", 1};
+  server::testing::SimWorker s0_{h_.Channel(), "job-a", "s0", 1};
+  uint32_t w1_rank_ = 0;
+};
+
+TEST_F(RealCoordinatorTest, WhatIfSaysWhatALossWouldDo) {
+  // The spare takes w1's rank: world and dp unchanged, restored from the
+  // seed (no checkpoint yet). With tp 1 and pp 1 a rank is its dp rank.
+  const std::string r = std::to_string(w1_rank_);
+  absl::StatusOr<std::string> out = Run("whatif", {"job-a", "--lose", "w1"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, AllOf(HasSubstr("Generation 1 now: world 2, dp 2\n"),
+                          HasSubstr("\nw1    ACTIVE     " + r + "   0   " + r + "   0  "),
+                          HasSubstr("Generation:         ends: generation 1 stops and the job "
+                                    "re-forms\n"),
+                          HasSubstr("Spares:             s0: they take every lost rank\n"),
+                          HasSubstr("New world:          2, dp 2, gradient accumulation 2 (world "
+                                    "and dp unchanged)\n"),
+                          // Survivors first, then spares (server/formation.h).
+                          HasSubstr("New ranks:          0 w0, 1 s0\n"),
+                          HasSubstr("Below min workers:  no\n"),
+                          HasSubstr("Restore:            from the seed (step 0); 0 steps trained "
+                                    "again\n"),
+                          HasSubstr("Summary:            Losing rank " + r + " (w1) ends "
+                                    "generation 1. Spare s0 takes a rank.")));
+
+  // Without the spare dp shrinks to 1, and each step accumulates 4
+  // micro-batches to keep the global batch.
+  out = Run("whatif", {"job-a", "--lose", "w1, s0"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, AllOf(HasSubstr("\ns0    SPARE      -   -   -   -  "),
+                          HasSubstr("Spares:             none to take the lost ranks\n"),
+                          HasSubstr("New world:          1, dp 1, gradient accumulation 4 (from "
+                                    "world 2, dp 2)\n"),
+                          HasSubstr("New ranks:          0 w0\n"),
+                          HasSubstr("Below min workers:  no\n")));
+
+  // Every worker: nothing is left to form.
+  out = Run("whatif", {"job-a", "--lose", "w0,w1", "--lose", "s0"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, AllOf(HasSubstr("New world:          none: the live workers left cannot "
+                                    "form a generation\n"),
+                          HasSubstr("Below min workers:  yes")));
+
+  // Only the spare: nothing re-forms.
+  out = Run("whatif", {"job-a", "--lose", "s0"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, HasSubstr("Generation:         goes on: no rank is among the losses"));
+
+  // Nothing changed.
+  v1::GetJobRequest get;
+  get.set_job_id("job-a");
+  absl::StatusOr<v1::Job> job = Clients().jobs->GetJob(get);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->generation(), 1u);
+  EXPECT_EQ(job->phase(), v1::JOB_PHASE_RUNNING);
+}
+
+// --json prints the response the client library gets, whole: parsed back,
+// the same message.
+TEST_F(RealCoordinatorTest, WhatIfJsonIsTheResponse) {
+  absl::StatusOr<std::string> out = Run("whatif", {"job-a", "--lose", "w1", "--json"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  v1::WhatIfResponse printed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(*out, &printed).ok()) << *out;
+  v1::WhatIfRequest request;
+  request.set_job_id("job-a");
+  request.add_lose_worker_ids("w1");
+  absl::StatusOr<v1::WhatIfResponse> direct = Clients().jobs->WhatIf(request);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(printed, *direct))
+      << printed.DebugString() << "\nvs\n" << direct->DebugString();
+  ASSERT_EQ(printed.new_worker_ids_size(), 2);
+  EXPECT_EQ(printed.new_worker_ids(0), "w0");
+  EXPECT_EQ(printed.new_worker_ids(1), "s0");
+  EXPECT_TRUE(printed.spares_cover());
+  EXPECT_EQ(nlohmann::json::parse(*out)["losses"][0]["worker_id"], "w1");
+}
+
+// The coordinator's refusals, with the flag named and the exit code.
+TEST_F(RealCoordinatorTest, WhatIfErrors) {
+  absl::StatusOr<std::string> out = Run("whatif", {"job-a", "--lose", "w1,nobody"});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().message(),
+            "--lose: no worker 'nobody' in job 'job-a' (see shardctl members job-a)");
+  EXPECT_EQ(ExitCodeFor(out.status()), 2);
+  out = Run("whatif", {"job-z", "--lose", "w1"});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().message(), "no job 'job-z'; 'shardctl job list' lists the jobs");
+  EXPECT_EQ(ExitCodeFor(out.status()), 2);
+  // job-b has not formed: nobody joined.
+  out = Run("whatif", {"job-b", "--lose", "w1"});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out.status().message(), HasSubstr("job 'job-b' has no formed generation"));
+  EXPECT_EQ(ExitCodeFor(out.status()), 1);
+}
+
+// A rank's progress report as the coordinator keeps it shows in `members`.
+TEST_F(RealCoordinatorTest, MembersShowTheProgressReport) {
+  v1::HeartbeatRequest hb;
+  *hb.mutable_fence() = w0_.fence();
+  hb.set_state(v1::WORKER_STATE_TRAINING);
+  v1::RankProgress* p = hb.mutable_progress();
+  p->set_activity(v1::ACTIVITY_COLLECTIVE);
+  v1::CollectiveProgress* c = p->add_collectives();
+  c->set_group("dp/0");
+  c->set_operation("all_reduce");
+  c->set_sequence(7);
+  c->set_count(1024);
+  c->set_dtype("float32");
+  c->set_in_flight(true);
+  c->mutable_elapsed()->set_seconds(1);
+  c->mutable_elapsed()->set_nanos(500000000);
+  v1::HeartbeatResponse resp;
+  grpc::ClientContext ctx;
+  server::testing::Prepare(&ctx, w0_.CallToken(), absl::Seconds(5));
+  grpc::Status sent = w0_.Workers()->Heartbeat(&ctx, hb, &resp);
+  ASSERT_TRUE(sent.ok()) << sent.error_message();
+
+  absl::StatusOr<std::string> out = Run("members", {"job-a"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::string w0_row, s0_row;
+  for (absl::string_view line : absl::StrSplit(*out, '\n')) {
+    if (absl::StartsWith(line, "w0 ")) w0_row = std::string(line);
+    if (absl::StartsWith(line, "s0 ")) s0_row = std::string(line);
+  }
+  EXPECT_THAT(w0_row,
+              HasSubstr("  TRAINING      collective  all_reduce #7 dp/0 (waiting 1.5s)  -  "))
+      << *out;
+  EXPECT_THAT(s0_row, HasSubstr("SPARE")) << *out;
+  EXPECT_THAT(*out, HasSubstr("WORKER STATE  ACTIVITY    COLLECTIVE"));
 }
 
 }  // namespace

@@ -52,15 +52,143 @@ absl::Time FromProto(const google::protobuf::Timestamp& t) {
   return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
 }
 
-// The ACTIVITY column: what the member said at its last heartbeat, only
-// while that still describes it. A FENCED, LOST or LEFT member has no rank
-// (RANK shows "-") and its last report belongs to a world it is no longer
-// in, so it shows "-" too; STATE and DETAIL say what happened.
-std::string Activity(const v1::Member& m) {
-  const bool current = m.state() == v1::MEMBER_STATE_JOINING ||
-                       m.state() == v1::MEMBER_STATE_ACTIVE || m.state() == v1::MEMBER_STATE_SPARE;
-  if (!current || m.worker_state() == v1::WORKER_STATE_UNSPECIFIED) return "-";
+// Whether what the member said at its last heartbeat still describes it. A
+// FENCED, LOST or LEFT member has no rank (RANK shows "-") and its last
+// report belongs to a world it is no longer in, so its reported columns show
+// "-" too; STATE and DETAIL say what happened.
+bool Current(const v1::Member& m) {
+  return m.state() == v1::MEMBER_STATE_JOINING || m.state() == v1::MEMBER_STATE_ACTIVE ||
+         m.state() == v1::MEMBER_STATE_SPARE;
+}
+
+// The WORKER STATE column: Member.worker_state while current.
+std::string WorkerStateCell(const v1::Member& m) {
+  if (!Current(m) || m.worker_state() == v1::WORKER_STATE_UNSPECIFIED) return "-";
   return EnumName(v1::WorkerState_descriptor(), m.worker_state());
+}
+
+absl::Duration FromProto(const google::protobuf::Duration& d) {
+  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
+}
+
+// A measured duration, short: "250ms", "3.1s".
+std::string Elapsed(const google::protobuf::Duration& d) {
+  const absl::Duration x = FromProto(d);
+  if (x < absl::Seconds(1)) return absl::StrCat(absl::ToInt64Milliseconds(x), "ms");
+  return absl::StrFormat("%.1fs", absl::ToDoubleSeconds(x));
+}
+
+// Activity as the column shows it: "compute", "collective", "checkpoint",
+// "idle"; "-" when unspecified.
+std::string ActivityName(v1::Activity a) {
+  if (a == v1::ACTIVITY_UNSPECIFIED) return "-";
+  return absl::AsciiStrToLower(EnumName(v1::Activity_descriptor(), a));
+}
+
+// "all_reduce #66 dp/0", "recv #3 pp/1 from rank 2", with " (waiting 3.1s)"
+// while in flight.
+std::string CollectiveText(const v1::CollectiveProgress& c) {
+  std::string out =
+      absl::StrCat(Printable(c.operation(), 32), " #", c.sequence(), " ", Printable(c.group(), 64));
+  if (c.has_peer_rank()) {
+    absl::StrAppend(&out, c.operation() == "recv" ? " from rank " : " to rank ", c.peer_rank());
+  }
+  if (c.in_flight()) absl::StrAppend(&out, " (waiting ", Elapsed(c.elapsed()), ")");
+  return out;
+}
+
+// The collective the COLLECTIVE column shows: the in-flight one that has
+// waited longest; with none in flight, the completed one with the highest
+// sequence (sequences count per group, so this is the busiest group's
+// latest). Null when the rank reported none.
+const v1::CollectiveProgress* ShownCollective(const v1::RankProgress& p) {
+  const v1::CollectiveProgress* best = nullptr;
+  for (const v1::CollectiveProgress& c : p.collectives()) {
+    if (best == nullptr || (c.in_flight() && !best->in_flight())) {
+      best = &c;
+    } else if (c.in_flight() == best->in_flight() &&
+               (c.in_flight() ? FromProto(c.elapsed()) > FromProto(best->elapsed())
+                              : c.sequence() > best->sequence())) {
+      best = &c;
+    }
+  }
+  return best;
+}
+
+std::string ActivityCell(const v1::Member& m) {
+  if (!Current(m) || !m.has_progress()) return "-";
+  return ActivityName(m.progress().activity());
+}
+
+std::string CollectiveCell(const v1::Member& m) {
+  if (!Current(m) || !m.has_progress()) return "-";
+  const v1::CollectiveProgress* c = ShownCollective(m.progress());
+  return c == nullptr ? "-" : CollectiveText(*c);
+}
+
+std::string StragglerCell(const v1::Member& m) {
+  if (!Current(m) || !m.has_straggler()) return "-";
+  return absl::StrFormat("%.1fx%s", m.straggler().ratio(),
+                         m.straggler().replacing() ? " replacing" : "");
+}
+
+// "rank 3 (w3 on node1)".
+std::string RankOf(uint32_t rank, const std::string& worker_id, const std::string& host) {
+  return absl::StrCat("rank ", rank, " (", Printable(worker_id, 128),
+                      host.empty() ? "" : absl::StrCat(" on ", Printable(host, 128)), ")");
+}
+
+// One straggler for `job get` and `watch`: "rank 3 (w3 on node1): compute
+// 38ms per step, 1.90x the median 20ms, since step 40".
+std::string StragglerText(const v1::Straggler& s) {
+  return absl::StrCat(RankOf(s.rank(), s.worker_id(), s.host()), ": compute ",
+                      Elapsed(s.compute_time()), " per step, ",
+                      absl::StrFormat("%.2fx", s.ratio()), " the median ",
+                      Elapsed(s.median_compute_time()), ", since step ", s.since_step(),
+                      s.replacing() ? "; being replaced by a spare" : "");
+}
+
+// What the coordinator did about a hang (HangReport.action).
+std::string HangAction(v1::HangPolicy action) {
+  switch (action) {
+    case v1::HANG_POLICY_EVICT:
+      return "the culprits were evicted (hang_policy EVICT) and the job re-forms without them";
+    case v1::HANG_POLICY_REPORT:
+      return "reported only (hang_policy REPORT)";
+    default:
+      return absl::StrCat("action ", EnumName(v1::HangPolicy_descriptor(), action));
+  }
+}
+
+// HangReport.summary, or (a report without one) what its fields say.
+std::string HangSummary(const v1::HangReport& h) {
+  if (!h.summary().empty()) return Printable(h.summary());
+  std::string out = absl::StrCat(h.num_culprits(), h.num_culprits() == 1 ? " rank" : " ranks",
+                                 " held the others up");
+  if (!h.operation().empty()) {
+    absl::StrAppend(&out, "; ", h.num_waiting(), " waiting in ", Printable(h.operation(), 32), " #",
+                    h.sequence(), " of ", Printable(h.group(), 64));
+  }
+  return out;
+}
+
+// The "Last hang" and "Stragglers" lines of `job get`, when there is
+// something to say.
+void AddHangAndStragglers(const v1::Job& job,
+                          std::vector<std::pair<std::string, std::string>>* lines) {
+  if (job.has_last_hang()) {
+    const v1::HangReport& h = job.last_hang();
+    lines->emplace_back("Last hang",
+                        absl::StrCat(HangSummary(h), "\ngeneration ", h.generation(), ", ",
+                                     FormatTimestamp(h.time()), ": ", HangAction(h.action())));
+  }
+  if (job.num_stragglers() > 0 || !job.stragglers().empty()) {
+    std::vector<std::string> rows;
+    for (const v1::Straggler& s : job.stragglers()) rows.push_back(StragglerText(s));
+    const int more = static_cast<int>(job.num_stragglers()) - job.stragglers_size();
+    if (more > 0) rows.push_back(absl::StrCat("and ", more, " more"));
+    lines->emplace_back("Stragglers", absl::StrJoin(rows, "\n"));
+  }
 }
 
 // The World line of a job whose first generation has not formed. The
@@ -200,6 +328,7 @@ std::string FormatExternalJob(const v1::Job& job, const v1::ListMembersResponse*
                               job.num_spares(), job.num_spares() == 1 ? " spare" : " spares"));
   }
   lines.emplace_back("Step", absl::StrCat(job.step(), " (as the workload reports it)"));
+  AddHangAndStragglers(job, &lines);
   const v1::CheckpointConfig& c = s.checkpoint();
   lines.emplace_back("Checkpoints", c.directory().empty() ? "none (no directory)"
                                                           : absl::StrCat("by the workload into ",
@@ -245,6 +374,7 @@ std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members
                          ? absl::StrCat(job.last_checkpoint().checkpoint_id(), " (step ",
                                         job.last_checkpoint().step(), ")")
                          : "none");
+  AddHangAndStragglers(job, &lines);
   lines.emplace_back(
       "Model", absl::StrCat("GPT ", m.num_layers(), " layers, hidden ", m.hidden_size(), ", ",
                             m.num_heads(), " heads, ffn ",
@@ -330,8 +460,8 @@ std::string FormatMembers(const std::string& job_id, const v1::ListMembersRespon
     return absl::StrCat("no workers have joined job ", job_id, " (generation ",
                         response.generation(), ")\n");
   }
-  Table t({"WORKER", "INCARNATION", "STATE", "RANK", "GEN", "STEP", "ACTIVITY", "HOST", "DEVICE",
-           "LAST HEARTBEAT", "DETAIL"});
+  Table t({"WORKER", "INCARNATION", "STATE", "RANK", "GEN", "STEP", "WORKER STATE", "ACTIVITY",
+           "COLLECTIVE", "STRAGGLER", "HOST", "DEVICE", "LAST HEARTBEAT", "DETAIL"});
   for (size_t c : {3, 4, 5}) t.AlignRight(c);
   for (const v1::Member& m : response.members()) {
     std::string detail;
@@ -344,12 +474,93 @@ std::string FormatMembers(const std::string& job_id, const v1::ListMembersRespon
     t.AddRow({Printable(m.worker_id()), absl::StrCat(m.incarnation()),
               EnumName(v1::MemberState_descriptor(), m.state()), Optional(m.has_rank(), m.rank()),
               absl::StrCat(m.generation()), absl::StrCat(m.step()),
-              Activity(m),
+              WorkerStateCell(m), ActivityCell(m), CollectiveCell(m), StragglerCell(m),
               m.host().empty() ? "-" : Printable(m.host()),
               m.device().empty() ? "-" : Printable(m.device()),
               FormatTimestamp(m.last_heartbeat_time()), detail});
   }
   return absl::StrCat("Job ", job_id, ", generation ", response.generation(), "\n", t.Render());
+}
+
+std::string FormatWhatIf(const v1::WhatIfResponse& r) {
+  std::string out = absl::StrCat("Generation ", r.generation(), " now: world ", r.world_size(),
+                                 ", dp ", r.dp(), "\n");
+  Table t({"LOSE", "STATE", "RANK", "TP", "DP", "PP", "ZERO SHARDS", "ZERO ELEMENTS"});
+  for (size_t c : {2, 3, 4, 5, 6, 7}) t.AlignRight(c);
+  for (const v1::WhatIfLoss& l : r.losses()) {
+    const v1::Coordinates& at = l.coordinates();
+    t.AddRow({Printable(l.worker_id(), 128), EnumName(v1::MemberState_descriptor(), l.state()),
+              Optional(l.has_rank(), l.rank()), Optional(l.has_rank(), at.tp_rank()),
+              Optional(l.has_rank(), at.dp_rank()), Optional(l.has_rank(), at.pp_rank()),
+              absl::StrCat(l.num_zero_shards()), absl::StrCat(l.zero_shard_elements())});
+  }
+  out += t.Render();
+  out += "\n";
+
+  std::vector<std::pair<std::string, std::string>> lines;
+  std::vector<std::string> spares;
+  for (const std::string& s : r.spares_used()) spares.push_back(Printable(s, 128));
+  if (!r.generation_ends()) {
+    lines.emplace_back("Generation",
+                       "goes on: no rank is among the losses (only spares or joining workers), "
+                       "nothing re-forms");
+    lines.emplace_back("Spares", "none needed");
+    lines.emplace_back("New world", absl::StrCat("unchanged: world ", r.world_size(), ", dp ",
+                                                 r.dp()));
+  } else {
+    lines.emplace_back("Generation", absl::StrCat("ends: generation ", r.generation(),
+                                                  " stops and the job re-forms"));
+    if (spares.empty()) {
+      lines.emplace_back("Spares", "none to take the lost ranks");
+    } else {
+      lines.emplace_back(
+          "Spares", absl::StrCat(absl::StrJoin(spares, ", "),
+                                 r.spares_cover() ? ": they take every lost rank"
+                                                  : ": not enough to take every lost rank"));
+    }
+    if (r.new_world_size() == 0) {
+      lines.emplace_back("New world", "none: the live workers left cannot form a generation");
+    } else {
+      lines.emplace_back(
+          "New world",
+          absl::StrCat(r.new_world_size(), ", dp ", r.new_dp(), ", gradient accumulation ",
+                       r.new_gradient_accumulation_steps(),
+                       r.new_world_size() == r.world_size() && r.new_dp() == r.dp()
+                           ? " (world and dp unchanged)"
+                           : absl::StrCat(" (from world ", r.world_size(), ", dp ", r.dp(), ")")));
+    }
+    if (!r.new_worker_ids().empty()) {
+      constexpr int kShownRanks = 32;
+      std::vector<std::string> ranks;
+      for (int i = 0; i < r.new_worker_ids_size() && i < kShownRanks; ++i) {
+        ranks.push_back(absl::StrCat(i, " ", Printable(r.new_worker_ids(i), 128)));
+      }
+      std::string list = absl::StrJoin(ranks, ", ");
+      if (r.new_worker_ids_size() > kShownRanks) {
+        absl::StrAppend(&list, " and ", r.new_worker_ids_size() - kShownRanks,
+                        " more (--json lists every rank)");
+      }
+      lines.emplace_back("New ranks", list);
+    }
+  }
+  lines.emplace_back("Below min workers",
+                     r.below_min_workers()
+                         ? "yes: fewer live workers than the job needs; it would wait in "
+                           "RECOVERING and fail after join_timeout unless workers join"
+                         : "no");
+  if (!r.generation_ends()) {
+    lines.emplace_back("Restore", "nothing (the generation goes on)");
+  } else {
+    lines.emplace_back(
+        "Restore",
+        absl::StrCat(r.has_restore() ? absl::StrCat(r.restore().checkpoint_id(), " (step ",
+                                                    r.restore().step(), ")")
+                                     : std::string("from the seed (step 0)"),
+                     "; ", r.steps_retrained(),
+                     r.steps_retrained() == 1 ? " step" : " steps", " trained again"));
+  }
+  if (!r.summary().empty()) lines.emplace_back("Summary", Printable(r.summary()));
+  return out + KeyValueBlock(lines);
 }
 
 std::string FormatTopology(const v1::Plan& plan) {
@@ -549,6 +760,20 @@ std::string FormatEvent(const v1::JobEvent& e) {
       if (x.has_tokens_per_second()) {
         absl::StrAppendFormat(&what, " %.0f tokens/s", x.tokens_per_second());
       }
+      break;
+    }
+    case v1::JobEvent::kHangDetected: {
+      const v1::HangReport& x = e.hang_detected();
+      what = absl::StrCat("hang_detected ", HangSummary(x), "; ", HangAction(x.action()));
+      break;
+    }
+    case v1::JobEvent::kStragglerChanged: {
+      const v1::StragglerChanged& x = e.straggler_changed();
+      what = x.cleared() ? absl::StrCat("straggler_changed ",
+                                        RankOf(x.straggler().rank(), x.straggler().worker_id(),
+                                               x.straggler().host()),
+                                        " is no longer a straggler")
+                         : absl::StrCat("straggler_changed ", StragglerText(x.straggler()));
       break;
     }
     case v1::JobEvent::EVENT_NOT_SET:

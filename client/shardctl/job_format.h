@@ -58,7 +58,10 @@ using ::shardline::plan::HumanBytes;
 // once enough have, until when the last call waits for more ("not formed
 // yet; waiting for workers: 4 of 5 joined (max_workers), last call until
 // 2024-05-01T10:00:10Z, ..."); a job cancelled or failed before it formed
-// says so.
+// says so. With Job.last_hang set, a "Last hang:" line (its summary, then
+// its generation, time and action); with stragglers, a "Stragglers:" line
+// per flagged rank (rank, worker, ratio, since step), and how many more
+// num_stragglers counts.
 std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members = nullptr);
 
 // Text from the coordinator (names, reasons, details, paths) as it may be
@@ -78,8 +81,26 @@ std::string FormatCreatedJob(const v1::CreateJobResponse& response, bool already
 // `job list`.
 std::string FormatJobList(const google::protobuf::RepeatedPtrField<v1::Job>& jobs);
 
-// `members`.
+// `members`: one row per worker. WORKER STATE is what it said at its last
+// heartbeat (Member.worker_state); ACTIVITY (compute, collective,
+// checkpoint, idle) and COLLECTIVE come from its progress report
+// (Member.progress): the collective it waits in ("all_reduce #66 dp/0
+// (waiting 3.1s)"; the longest waiting when several are in flight), else
+// the latest it completed (of its groups, the one with the highest
+// sequence); STRAGGLER is Member.straggler's ratio ("1.9x"). Each shows "-"
+// when there is nothing to show, and for a FENCED, LOST or LEFT member,
+// whose last report belongs to a world it is no longer in.
 std::string FormatMembers(const std::string& job_id, const v1::ListMembersResponse& response);
+
+// `whatif`: what losing the requested workers would do (WhatIfResponse):
+// the generation now, a table of the losses (worker, state, rank, tp / dp /
+// pp coordinates, ZeRO shards and elements), whether the generation ends,
+// the spares used and whether they cover every lost rank, the new world /
+// dp / gradient accumulation and rank -> worker list (the first 32 ranks,
+// then how many more), whether the job falls below what it needs, the
+// checkpoint restored (id and step, or "from the seed") and the steps
+// trained again, and the coordinator's summary.
+std::string FormatWhatIf(const v1::WhatIfResponse& response);
 
 // `topology`: the generation's layout, pipeline stages and process groups.
 std::string FormatTopology(const v1::Plan& plan);
@@ -99,6 +120,8 @@ std::string FormatManifest(const v1::Manifest& manifest, bool tensors);
 
 // `watch`: one line, no newline:
 // "#12 2024-05-01T10:00:00.123Z g2 generation_formed initial: world 4 (dp 2), ranks w0 w1 w2 w3, spares w4".
+// A hang_detected event shows the report's summary and what was done, a
+// straggler_changed event the rank and its ratio (or that it was cleared).
 std::string FormatEvent(const v1::JobEvent& event);
 
 // `kv get`: whether a value can be shown as text (well-formed UTF-8 without

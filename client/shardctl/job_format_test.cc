@@ -1,7 +1,10 @@
 #include "client/shardctl/job_format.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "nlohmann/json.hpp"
 #include "spec/job_spec.h"
 
@@ -304,17 +307,18 @@ TEST(JobFormatTest, Members) {
   lost->set_detail("no heartbeat for 10s");
   EXPECT_EQ(FormatMembers("j", r),
             "Job j, generation 2\n"
-            "WORKER        INCARNATION  STATE   RANK  GEN  STEP  ACTIVITY  HOST   DEVICE  "
-            "LAST HEARTBEAT        DETAIL\n"
-            "node0:cuda:0  77           ACTIVE     0    2   120  TRAINING  node0  cuda:0  "
-            "2024-05-01T10:00:00Z\n"
-            "node1:cuda:0  78           LOST       -    1     0  -         -      -       "
-            "-                     heartbeat_timeout: no heartbeat for 10s\n");
+            "WORKER        INCARNATION  STATE   RANK  GEN  STEP  WORKER STATE  ACTIVITY  "
+            "COLLECTIVE  STRAGGLER  HOST   DEVICE  LAST HEARTBEAT        DETAIL\n"
+            "node0:cuda:0  77           ACTIVE     0    2   120  TRAINING      -         "
+            "-           -          node0  cuda:0  2024-05-01T10:00:00Z\n"
+            "node1:cuda:0  78           LOST       -    1     0  -             -         "
+            "-           -          -      -       -                     "
+            "heartbeat_timeout: no heartbeat for 10s\n");
 }
 
-// ACTIVITY is the last heartbeat's report only while the member is still
-// in the world (JOINING, ACTIVE, SPARE); a drained (LEFT), LOST or FENCED
-// member shows "-", as RANK does.
+// WORKER STATE is the last heartbeat's report only while the member is
+// still in the world (JOINING, ACTIVE, SPARE); a drained (LEFT), LOST or
+// FENCED member shows "-", as RANK does.
 TEST(JobFormatTest, MembersActivityOnlyForCurrentMembers) {
   v1::ListMembersResponse r;
   r.set_generation(3);
@@ -337,16 +341,298 @@ TEST(JobFormatTest, MembersActivityOnlyForCurrentMembers) {
   add("w5", v1::MEMBER_STATE_JOINING, v1::WORKER_STATE_UNSPECIFIED);
   EXPECT_EQ(FormatMembers("j", r),
             "Job j, generation 3\n"
-            "WORKER  INCARNATION  STATE    RANK  GEN  STEP  ACTIVITY  HOST  DEVICE  LAST HEARTBEAT  "
+            "WORKER  INCARNATION  STATE    RANK  GEN  STEP  WORKER STATE  ACTIVITY  COLLECTIVE  "
+            "STRAGGLER  HOST  DEVICE  LAST HEARTBEAT  DETAIL\n"
+            "w0      1            ACTIVE      0    3    40  TRAINING      -         -           "
+            "-          -     -       -\n"
+            "w1      1            SPARE       -    3    40  WAITING       -         -           "
+            "-          -     -       -\n"
+            "w2      1            LEFT        -    3    40  -             -         -           "
+            "-          -     -       -               drained: upgrade\n"
+            "w3      1            LOST        -    3    40  -             -         -           "
+            "-          -     -       -               stream_broken\n"
+            "w4      1            FENCED      -    3    40  -             -         -           "
+            "-          -     -       -\n"
+            "w5      1            JOINING     -    3    40  -             -         -           "
+            "-          -     -       -\n");
+}
+
+google::protobuf::Duration Millis(int64_t ms) {
+  google::protobuf::Duration d;
+  d.set_seconds(ms / 1000);
+  d.set_nanos(static_cast<int32_t>(ms % 1000) * 1000000);
+  return d;
+}
+
+v1::CollectiveProgress Op(const std::string& group, const std::string& operation,
+                          uint64_t sequence, bool in_flight, int64_t elapsed_ms) {
+  v1::CollectiveProgress c;
+  c.set_group(group);
+  c.set_operation(operation);
+  c.set_sequence(sequence);
+  c.set_count(4096);
+  c.set_dtype("float32");
+  c.set_in_flight(in_flight);
+  *c.mutable_elapsed() = Millis(elapsed_ms);
+  return c;
+}
+
+// ACTIVITY, COLLECTIVE and STRAGGLER come from the member's progress report
+// and straggler flag: the in-flight collective that has waited longest,
+// else the completed one with the highest sequence; a send / recv names its
+// peer; "-" without a report, and for members no longer in the world.
+TEST(JobFormatTest, MembersShowProgressAndStragglers) {
+  v1::ListMembersResponse r;
+  r.set_generation(4);
+  auto add = [&](const std::string& id, uint32_t rank) {
+    v1::Member* m = r.add_members();
+    m->set_worker_id(id);
+    m->set_incarnation(1);
+    m->set_state(v1::MEMBER_STATE_ACTIVE);
+    m->set_rank(rank);
+    m->set_generation(4);
+    m->set_step(15);
+    m->set_worker_state(v1::WORKER_STATE_TRAINING);
+    return m;
+  };
+  // Waiting in dp/0's all_reduce #66 for 3.1 s (and in tp/0's for less).
+  v1::RankProgress* p = add("w0", 0)->mutable_progress();
+  p->set_activity(v1::ACTIVITY_COLLECTIVE);
+  *p->add_collectives() = Op("tp/0", "all_reduce", 130, true, 40);
+  *p->add_collectives() = Op("dp/0", "all_reduce", 66, true, 3100);
+  // Computing, slow: its latest completed collective is tp/1's #131.
+  v1::Member* slow = add("w1", 1);
+  p = slow->mutable_progress();
+  p->set_activity(v1::ACTIVITY_COMPUTE);
+  *p->add_collectives() = Op("dp/1", "all_reduce", 65, false, 12);
+  *p->add_collectives() = Op("tp/1", "all_reduce", 131, false, 2);
+  slow->mutable_straggler()->set_rank(1);
+  slow->mutable_straggler()->set_worker_id("w1");
+  slow->mutable_straggler()->set_ratio(1.93);
+  // A pipeline stage waiting for its activations from rank 0.
+  p = add("w2", 2)->mutable_progress();
+  p->set_activity(v1::ACTIVITY_COLLECTIVE);
+  v1::CollectiveProgress recv = Op("pp/0", "recv", 3, true, 250);
+  recv.set_peer_rank(0);
+  *p->add_collectives() = recv;
+  // Saving; no collective yet in this generation.
+  add("w3", 3)->mutable_progress()->set_activity(v1::ACTIVITY_CHECKPOINT);
+  // No report yet.
+  add("w4", 4);
+  // Lost: its last report is not shown.
+  v1::Member* lost = add("w5", 5);
+  lost->set_state(v1::MEMBER_STATE_LOST);
+  lost->clear_rank();
+  lost->mutable_progress()->set_activity(v1::ACTIVITY_COMPUTE);
+  *lost->mutable_straggler() = slow->straggler();
+  EXPECT_EQ(FormatMembers("j", r),
+            "Job j, generation 4\n"
+            "WORKER  INCARNATION  STATE   RANK  GEN  STEP  WORKER STATE  ACTIVITY    "
+            "COLLECTIVE                                STRAGGLER  HOST  DEVICE  LAST HEARTBEAT  "
             "DETAIL\n"
-            "w0      1            ACTIVE      0    3    40  TRAINING  -     -       -\n"
-            "w1      1            SPARE       -    3    40  WAITING   -     -       -\n"
-            "w2      1            LEFT        -    3    40  -         -     -       -               "
-            "drained: upgrade\n"
-            "w3      1            LOST        -    3    40  -         -     -       -               "
-            "stream_broken\n"
-            "w4      1            FENCED      -    3    40  -         -     -       -\n"
-            "w5      1            JOINING     -    3    40  -         -     -       -\n");
+            "w0      1            ACTIVE     0    4    15  TRAINING      collective  "
+            "all_reduce #66 dp/0 (waiting 3.1s)        -          -     -       -\n"
+            "w1      1            ACTIVE     1    4    15  TRAINING      compute     "
+            "all_reduce #131 tp/1                      1.9x       -     -       -\n"
+            "w2      1            ACTIVE     2    4    15  TRAINING      collective  "
+            "recv #3 pp/0 from rank 0 (waiting 250ms)  -          -     -       -\n"
+            "w3      1            ACTIVE     3    4    15  TRAINING      checkpoint  "
+            "-                                         -          -     -       -\n"
+            "w4      1            ACTIVE     4    4    15  TRAINING      -           "
+            "-                                         -          -     -       -\n"
+            "w5      1            LOST       -    4    15  -             -           "
+            "-                                         -          -     -       -\n");
+}
+
+// `job get` with the coordinator's last hang report and its stragglers.
+TEST(JobFormatTest, JobWithLastHangAndStragglers) {
+  v1::Job job = DemoJob();
+  job.set_phase(v1::JOB_PHASE_RUNNING);
+  job.set_generation(4);
+  job.set_world_size(4);
+  job.set_dp(2);
+  job.set_step(57);
+  EXPECT_THAT(FormatJob(job), AllOf(Not(HasSubstr("Last hang")), Not(HasSubstr("Stragglers"))));
+
+  v1::HangReport* h = job.mutable_last_hang();
+  h->set_generation(3);
+  h->set_group("dp/0");
+  h->set_operation("all_reduce");
+  h->set_sequence(47);
+  h->set_num_waiting(3);
+  h->set_num_culprits(1);
+  h->set_action(v1::HANG_POLICY_EVICT);
+  *h->mutable_time() = At(kMay1 + 60);
+  h->set_summary(
+      "rank 2 (w2 on node1) is in compute at step 15 while 3 ranks wait in all_reduce #47 of "
+      "dp/0 for 31.2 s");
+  for (uint32_t rank : {3, 1}) {
+    v1::Straggler* s = job.add_stragglers();
+    s->set_rank(rank);
+    s->set_worker_id(absl::StrCat("w", rank));
+    s->set_host("node1");
+    *s->mutable_compute_time() = Millis(rank == 3 ? 38 : 32);
+    *s->mutable_median_compute_time() = Millis(20);
+    s->set_ratio(rank == 3 ? 1.9 : 1.6);
+    s->set_since_step(rank == 3 ? 40 : 52);
+    s->set_replacing(rank == 3);
+  }
+  job.set_num_stragglers(3);
+  const std::string out = FormatJob(job);
+  EXPECT_THAT(out,
+              HasSubstr("Last checkpoint:  none\n"
+                        "Last hang:        rank 2 (w2 on node1) is in compute at step 15 while 3 "
+                        "ranks wait in all_reduce #47 of dp/0 for 31.2 s\n"
+                        "                  generation 3, 2024-05-01T10:01:00Z: the culprits were "
+                        "evicted (hang_policy EVICT) and the job re-forms without them\n"
+                        "Stragglers:       rank 3 (w3 on node1): compute 38ms per step, 1.90x the "
+                        "median 20ms, since step 40; being replaced by a spare\n"
+                        "                  rank 1 (w1 on node1): compute 32ms per step, 1.60x the "
+                        "median 20ms, since step 52\n"
+                        "                  and 1 more\n"
+                        "Model:"));
+
+  // A report-only hang without a summary says what its fields say.
+  h->clear_summary();
+  h->set_action(v1::HANG_POLICY_REPORT);
+  EXPECT_THAT(FormatJob(job),
+              HasSubstr("Last hang:        1 rank held the others up; 3 waiting in all_reduce #47 "
+                        "of dp/0\n"
+                        "                  generation 3, 2024-05-01T10:01:00Z: reported only "
+                        "(hang_policy REPORT)\n"));
+}
+
+// A response as the coordinator gives it for a job of tp 1, pp 1, dp 2
+// (w0, w1) with spare s0 and checkpoint ckpt-100 at step 100, job step 120.
+v1::WhatIfResponse WhatIfLosingW1(bool with_spare) {
+  v1::WhatIfResponse r;
+  r.set_generation(3);
+  r.set_world_size(2);
+  r.set_dp(2);
+  v1::WhatIfLoss* l = r.add_losses();
+  l->set_worker_id("w1");
+  l->set_state(v1::MEMBER_STATE_ACTIVE);
+  l->set_rank(1);
+  l->mutable_coordinates()->set_dp_rank(1);
+  l->set_num_zero_shards(2);
+  l->set_zero_shard_elements(16384);
+  r.set_generation_ends(true);
+  if (with_spare) {
+    r.add_spares_used("s0");
+    r.set_spares_cover(true);
+    r.set_new_world_size(2);
+    r.set_new_dp(2);
+    r.set_new_gradient_accumulation_steps(2);
+    r.add_new_worker_ids("w0");
+    r.add_new_worker_ids("s0");
+  } else {
+    r.set_new_world_size(1);
+    r.set_new_dp(1);
+    r.set_new_gradient_accumulation_steps(4);
+    r.add_new_worker_ids("w0");
+  }
+  r.mutable_restore()->set_checkpoint_id("ckpt-100");
+  r.mutable_restore()->set_step(100);
+  r.set_steps_retrained(20);
+  r.set_summary(with_spare ? "Losing rank 1 (w1): spare s0 takes it; world 2, dp 2 unchanged"
+                           : "Losing rank 1 (w1): dp shrinks 2 -> 1");
+  return r;
+}
+
+TEST(JobFormatTest, WhatIfASpareCovers) {
+  EXPECT_EQ(FormatWhatIf(WhatIfLosingW1(/*with_spare=*/true)),
+            "Generation 3 now: world 2, dp 2\n"
+            "LOSE  STATE   RANK  TP  DP  PP  ZERO SHARDS  ZERO ELEMENTS\n"
+            "w1    ACTIVE     1   0   1   0            2          16384\n"
+            "\n"
+            "Generation:         ends: generation 3 stops and the job re-forms\n"
+            "Spares:             s0: they take every lost rank\n"
+            "New world:          2, dp 2, gradient accumulation 2 (world and dp unchanged)\n"
+            "New ranks:          0 w0, 1 s0\n"
+            "Below min workers:  no\n"
+            "Restore:            ckpt-100 (step 100); 20 steps trained again\n"
+            "Summary:            Losing rank 1 (w1): spare s0 takes it; world 2, dp 2 unchanged\n");
+}
+
+TEST(JobFormatTest, WhatIfDpShrinks) {
+  v1::WhatIfResponse r = WhatIfLosingW1(/*with_spare=*/false);
+  EXPECT_EQ(FormatWhatIf(r),
+            "Generation 3 now: world 2, dp 2\n"
+            "LOSE  STATE   RANK  TP  DP  PP  ZERO SHARDS  ZERO ELEMENTS\n"
+            "w1    ACTIVE     1   0   1   0            2          16384\n"
+            "\n"
+            "Generation:         ends: generation 3 stops and the job re-forms\n"
+            "Spares:             none to take the lost ranks\n"
+            "New world:          1, dp 1, gradient accumulation 4 (from world 2, dp 2)\n"
+            "New ranks:          0 w0\n"
+            "Below min workers:  no\n"
+            "Restore:            ckpt-100 (step 100); 20 steps trained again\n"
+            "Summary:            Losing rank 1 (w1): dp shrinks 2 -> 1\n");
+
+  // Losing every rank, before any checkpoint: nothing can form; from the seed.
+  r.add_losses()->set_worker_id("w0");
+  r.mutable_losses(1)->set_state(v1::MEMBER_STATE_ACTIVE);
+  r.mutable_losses(1)->set_rank(0);
+  r.set_new_world_size(0);
+  r.set_new_dp(0);
+  r.set_new_gradient_accumulation_steps(0);
+  r.clear_new_worker_ids();
+  r.set_below_min_workers(true);
+  r.clear_restore();
+  r.set_steps_retrained(120);
+  r.clear_summary();
+  EXPECT_THAT(FormatWhatIf(r),
+              AllOf(HasSubstr("w0    ACTIVE     0   0   0   0            0              0\n"),
+                    HasSubstr("New world:          none: the live workers left cannot form a "
+                              "generation\n"),
+                    Not(HasSubstr("New ranks")),
+                    HasSubstr("Below min workers:  yes: fewer live workers than the job needs; "
+                              "it would wait in RECOVERING and fail after join_timeout unless "
+                              "workers join\n"),
+                    HasSubstr("Restore:            from the seed (step 0); 120 steps trained "
+                              "again\n"),
+                    Not(HasSubstr("Summary"))));
+}
+
+// Losing only a spare (and a worker already lost) ends nothing.
+TEST(JobFormatTest, WhatIfOfSparesOnlyChangesNothing) {
+  v1::WhatIfResponse r;
+  r.set_generation(3);
+  r.set_world_size(2);
+  r.set_dp(2);
+  r.add_losses()->set_worker_id("s0");
+  r.mutable_losses(0)->set_state(v1::MEMBER_STATE_SPARE);
+  r.add_losses()->set_worker_id("old");
+  r.mutable_losses(1)->set_state(v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(FormatWhatIf(r),
+            "Generation 3 now: world 2, dp 2\n"
+            "LOSE  STATE  RANK  TP  DP  PP  ZERO SHARDS  ZERO ELEMENTS\n"
+            "s0    SPARE     -   -   -   -            0              0\n"
+            "old   LOST      -   -   -   -            0              0\n"
+            "\n"
+            "Generation:         goes on: no rank is among the losses (only spares or joining "
+            "workers), nothing re-forms\n"
+            "Spares:             none needed\n"
+            "New world:          unchanged: world 2, dp 2\n"
+            "Below min workers:  no\n"
+            "Restore:            nothing (the generation goes on)\n");
+}
+
+// `whatif --json` is the response: parsed back it is the same message.
+TEST(JobFormatTest, WhatIfJsonRoundTrips) {
+  const v1::WhatIfResponse r = WhatIfLosingW1(/*with_spare=*/true);
+  const std::string json = ProtoToJson(r);
+  const nlohmann::json j = nlohmann::json::parse(json);
+  EXPECT_EQ(j["spares_used"], nlohmann::json::array({"s0"}));
+  EXPECT_EQ(j["new_worker_ids"], nlohmann::json::array({"w0", "s0"}));
+  EXPECT_EQ(j["losses"][0]["state"], "MEMBER_STATE_ACTIVE");
+  EXPECT_EQ(j["losses"][0]["zero_shard_elements"], "16384");
+  EXPECT_EQ(j["restore"]["checkpoint_id"], "ckpt-100");
+  EXPECT_EQ(j["below_min_workers"], false);  // zeros are printed
+  v1::WhatIfResponse back;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &back).ok());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(back, r))
+      << back.DebugString();
 }
 
 TEST(JobFormatTest, Topology) {
@@ -557,6 +843,30 @@ TEST(JobFormatTest, EventsOneLineEach) {
   e.mutable_checkpoint_committed()->set_total_bytes(2048);
   EXPECT_THAT(FormatEvent(e), HasSubstr("checkpoint_committed step-100 step 100, 2.00 KiB"));
   for (const std::string& line : {FormatEvent(e)}) EXPECT_EQ(line.find('\n'), std::string::npos);
+
+  v1::HangReport* hang = e.mutable_hang_detected();
+  hang->set_summary("rank 2 (w2 on node1) is in compute at step 15 while 3 ranks wait in "
+                    "all_reduce #47 of dp/0 for 31.2 s");
+  hang->set_action(v1::HANG_POLICY_REPORT);
+  EXPECT_EQ(FormatEvent(e),
+            "#12 2024-05-01T10:00:00.123Z g2 hang_detected rank 2 (w2 on node1) is in compute at "
+            "step 15 while 3 ranks wait in all_reduce #47 of dp/0 for 31.2 s; reported only "
+            "(hang_policy REPORT)");
+
+  v1::Straggler* s = e.mutable_straggler_changed()->mutable_straggler();
+  s->set_rank(3);
+  s->set_worker_id("w3");
+  *s->mutable_compute_time() = Millis(38);
+  *s->mutable_median_compute_time() = Millis(20);
+  s->set_ratio(1.9);
+  s->set_since_step(40);
+  EXPECT_EQ(FormatEvent(e),
+            "#12 2024-05-01T10:00:00.123Z g2 straggler_changed rank 3 (w3): compute 38ms per "
+            "step, 1.90x the median 20ms, since step 40");
+  e.mutable_straggler_changed()->set_cleared(true);
+  EXPECT_EQ(FormatEvent(e),
+            "#12 2024-05-01T10:00:00.123Z g2 straggler_changed rank 3 (w3) is no longer a "
+            "straggler");
 }
 
 TEST(JobFormatTest, JsonKeepsProtoNamesAndZeros) {

@@ -1,8 +1,8 @@
 // shardctl: the operator CLI. Subcommands:
 //   plan         offline planning (no coordinator): layouts, schedules, ZeRO
 //                shards, owners, memory.
-//   job, members, topology, owner, checkpoint (checkpoints), watch, kv
-//                a running coordinator's jobs, over the v1 API
+//   job, members, topology, owner, checkpoint (checkpoints), watch, whatif,
+//   kv           a running coordinator's jobs, over the v1 API
 //                (client/shardctl/job_commands.h).
 //   status       the coordinator's replicas and state backend
 //                (client/shardctl/status_command.h).
@@ -40,7 +40,8 @@ constexpr char kUsage[] =
     "  job list [--phase P[,P...]]         list jobs, newest first\n"
     "  job cancel ID [--reason TEXT]       cancel a job (already cancelled: says so,\n"
     "                                      exit 0; already completed/failed: exit 1)\n"
-    "  members JOB                         the job's workers: state, rank, heartbeat\n"
+    "  members JOB                         the job's workers: state, rank, activity,\n"
+    "                                      collective, straggler, heartbeat\n"
     "  drain JOB WORKER_ID [--reason TEXT] [--force]\n"
     "                                      take a worker out at a step boundary (after a\n"
     "                                      checkpoint); the job re-forms without it\n"
@@ -57,6 +58,9 @@ constexpr char kUsage[] =
     "  checkpoint consolidate JOB [ID] | --dir DIR --out FILE [--optimizer]\n"
     "                                      write one unsharded safetensors file\n"
     "  watch JOB [--after SEQ] [--count N] stream the job's events, one line each\n"
+    "  whatif JOB --lose WORKER[,WORKER...]\n"
+    "                                      what losing those workers would do: ranks, spares,\n"
+    "                                      new world / dp, checkpoint restored (changes nothing)\n"
     "  kv get JOB --generation G [--scope S] KEY\n"
     "                                      read a rendezvous key (debugging)\n"
     "  status                              the coordinator's replicas, which one leads,\n"

@@ -49,8 +49,18 @@ std::string KeyValueBlock(const std::vector<std::pair<std::string, std::string>>
   size_t key_width = 0;
   for (const auto& [key, value] : lines) key_width = std::max(key_width, DisplayWidth(key) + 1);
   std::string out;
+  const std::string indent(key_width + 2, ' ');  // where every value starts
   for (const auto& [key, value] : lines) {
-    out += key + ":" + std::string(key_width - DisplayWidth(key) - 1 + 2, ' ') + value;
+    out += key + ":" + std::string(key_width - DisplayWidth(key) - 1 + 2, ' ');
+    // A value of several lines: each further line starts under the first.
+    for (char c : value) {
+      if (c == '\n') {
+        while (!out.empty() && out.back() == ' ') out.pop_back();
+        out += '\n' + indent;
+      } else {
+        out += c;
+      }
+    }
     while (!out.empty() && out.back() == ' ') out.pop_back();
     out += '\n';
   }

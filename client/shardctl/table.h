@@ -44,6 +44,10 @@ class Table {
 // "Key:   value" lines with the values aligned, e.g.
 //   Job:         shakespeare
 //   Phase:       RUNNING
+// A value with line breaks continues on lines indented to where the values
+// start:
+//   Stragglers:  rank 3 (w3): 1.90x
+//                rank 1 (w1): 1.60x
 std::string KeyValueBlock(const std::vector<std::pair<std::string, std::string>>& lines);
 
 // Display width of UTF-8 text in code points (bytes 10xxxxxx do not count).

@@ -40,6 +40,10 @@ TEST(TableTest, KeyValueBlock) {
             "Job:         a\n"
             "Generation:  3\n"
             "Empty:\n");
+  EXPECT_EQ(KeyValueBlock({{"Job", "a"}, {"Stragglers", "rank 3\nrank 1"}}),
+            "Job:         a\n"
+            "Stragglers:  rank 3\n"
+            "             rank 1\n");
 }
 
 }  // namespace
