@@ -98,6 +98,23 @@ std::string Metrics::Render() const {
     }
   }
 
+  absl::StrAppend(&out,
+                  "# HELP shardline_job_stragglers Ranks of the current generation flagged as "
+                  "stragglers.\n"
+                  "# TYPE shardline_job_stragglers gauge\n");
+  for (const JobSnapshot& job : jobs) {
+    absl::StrAppend(&out, "shardline_job_stragglers{job=\"", EscapeLabelValue(job.job_id),
+                    "\"} ", job.stragglers, "\n");
+  }
+  absl::StrAppend(&out,
+                  "# HELP shardline_job_hangs_detected_total Hangs the coordinator found in the "
+                  "job.\n"
+                  "# TYPE shardline_job_hangs_detected_total counter\n");
+  for (const JobSnapshot& job : jobs) {
+    absl::StrAppend(&out, "shardline_job_hangs_detected_total{job=\"",
+                    EscapeLabelValue(job.job_id), "\"} ", job.hangs_detected, "\n");
+  }
+
   absl::MutexLock lock(&mu_);
   absl::StrAppend(&out,
                   "# HELP shardline_rpc_duration_seconds Time in the RPC handler (streams: "

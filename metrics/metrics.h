@@ -14,6 +14,8 @@
 //   shardline_heartbeats_total                     counter, Heartbeat calls answered OK
 //   shardline_job_generation{job}                  gauge, current generation
 //   shardline_job_members{job,state}               gauge, members by MemberState
+//   shardline_job_stragglers{job}                  gauge, ranks flagged as stragglers
+//   shardline_job_hangs_detected_total{job}        counter, hangs found (this process)
 //   shardline_rpc_duration_seconds{method,le}      histogram of handler time, fixed
 //                                                  buckets kRpcLatencyBuckets (seconds)
 //   shardline_rpcs_total{method,code}              counter, calls by final status code
@@ -77,6 +79,11 @@ struct JobSnapshot {
   // Lower-case MemberState name without prefix ("active", "spare", ...) →
   // count. States with no member may be missing (then exported as 0).
   std::map<std::string, int64_t> members_by_state;
+  // Ranks of the current generation flagged as stragglers (Job.num_stragglers).
+  uint32_t stragglers = 0;
+  // Hangs found in the job since the coordinator process started
+  // (HangDetected events; Coordinator::HangsDetected).
+  uint64_t hangs_detected = 0;
 };
 
 class Metrics {

@@ -59,6 +59,8 @@ TEST(MetricsTest, RendersCountersGaugesAndHistograms) {
     a.job_id = "job-a";
     a.generation = 3;
     a.members_by_state = {{"active", 4}, {"spare", 1}};
+    a.stragglers = 2;
+    a.hangs_detected = 3;
     JobSnapshot b;
     b.job_id = "we\"ird\\job";
     b.generation = 1;
@@ -79,6 +81,10 @@ TEST(MetricsTest, RendersCountersGaugesAndHistograms) {
   EXPECT_THAT(text, HasSubstr("\nshardline_job_members{job=\"job-a\",state=\"active\"} 4\n"));
   EXPECT_THAT(text, HasSubstr("\nshardline_job_members{job=\"job-a\",state=\"spare\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("\nshardline_job_members{job=\"job-a\",state=\"lost\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("\nshardline_job_stragglers{job=\"job-a\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("\nshardline_job_stragglers{job=\"we\\\"ird\\\\job\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("\nshardline_job_hangs_detected_total{job=\"job-a\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE shardline_job_hangs_detected_total counter\n"));
   const std::string bucket = "shardline_rpc_duration_seconds_bucket{method=\"WorkerService/Heartbeat\"";
   EXPECT_THAT(text, HasSubstr(bucket + ",le=\"0.0005\"} 1\n"));
   EXPECT_THAT(text, HasSubstr(bucket + ",le=\"0.005\"} 1\n"));

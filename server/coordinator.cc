@@ -392,6 +392,13 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const v1::CancelJobRequest& reque
   return job->job;
 }
 
+absl::StatusOr<uint64_t> Coordinator::HangsDetected(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  const JobRecord* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return job->hangs_detected;
+}
+
 absl::StatusOr<v1::ListMembersResponse> Coordinator::ListMembers(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   const JobRecord* job = FindJobLocked(job_id);

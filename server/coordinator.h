@@ -204,6 +204,10 @@ class Coordinator {
   // NotFound. FailedPrecondition: already COMPLETED or FAILED.
   absl::StatusOr<v1::Job> CancelJob(const v1::CancelJobRequest& request);
   absl::StatusOr<v1::ListMembersResponse> ListMembers(const std::string& job_id) const;
+  // How many hangs the coordinator found in the job (HangDetected events,
+  // all generations) since this process started: the metrics' counter
+  // shardline_job_hangs_detected_total. NotFound: no such job.
+  absl::StatusOr<uint64_t> HangsDetected(const std::string& job_id) const;
   // The plan of the current generation. FailedPrecondition: not formed yet,
   // or an external job (NoPlanOfExternalJob: it never has one).
   absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id) const;

@@ -185,7 +185,7 @@ struct Coordinator::JobRecord {
   absl::Time last_progress;
   // This stall was reported already: reported again only after progress.
   bool hang_reported = false;
-  uint64_t hangs_detected = 0;  // HangDetected events emitted, all generations
+  uint64_t hangs_detected = 0;  // HangDetected events emitted, all generations, this process
   // The current generation's ranks (index = rank; set at formation, never
   // erased: check the member is still ACTIVE) and its straggler windows.
   std::vector<MemberRecord*> by_rank;

@@ -162,6 +162,9 @@ TEST_F(HangDetectionTest, StallFoundAtExactlyTheTimeoutAndTheCulpritEvicted) {
             "dp/0 for 5.0 s, held up by rank 2 (c on host-c): in compute at step 14, last "
             "heartbeat 1.0 s ago");
   EXPECT_EQ(Job().last_hang().summary(), h.summary());
+  EXPECT_EQ(*coordinator_->HangsDetected(Job().job_id()), 1u);
+  EXPECT_EQ(coordinator_->HangsDetected("no-such-job").status().code(),
+            absl::StatusCode::kNotFound);
 
   // Evicted: LOST (HUNG) with the summary, the generation ended.
   const v1::Member c = Members()["c"];
@@ -201,6 +204,32 @@ TEST_F(HangDetectionTest, StallFoundAtExactlyTheTimeoutAndTheCulpritEvicted) {
   // Not durable: a restarted coordinator has no last_hang.
   Restart();
   EXPECT_FALSE(Job().has_last_hang());
+  EXPECT_EQ(*coordinator_->HangsDetected(Job().job_id()), 0u);
+}
+
+// A restarted coordinator (or a replica that takes over) judges the
+// generation it recovered: the stall clock starts at the recovery, not at
+// the epoch, and the rank table is rebuilt so the culprit is found.
+TEST_F(HangDetectionTest, RecoveredCoordinatorJudgesFromTheRecovery) {
+  Form(absl::Seconds(5));
+  clock_.Advance(absl::Hours(1));
+  Restart();
+  coordinator_->RestartHeartbeatClocks();
+  const absl::Time start = clock_.Now();
+  BeatStalled(start);
+  coordinator_->Tick();
+  EXPECT_TRUE(Hangs().empty()) << "judged a stall from before the recovery";
+  for (int s = 1; s <= 5; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    BeatStalled(start);
+    coordinator_->Tick();
+  }
+  const std::vector<v1::HangReport> hangs = Hangs();
+  ASSERT_EQ(hangs.size(), 1u);
+  ASSERT_EQ(hangs[0].culprits_size(), 1);
+  EXPECT_EQ(hangs[0].culprits(0).worker_id(), "c");
+  EXPECT_EQ(TimeUtil::DurationToMilliseconds(hangs[0].stalled_for()), 5000);
+  EXPECT_EQ(Members()["c"].loss_reason(), v1::LOSS_REASON_HUNG);
 }
 
 // Evicting the culprit leaves fewer than min_workers: the job fails at

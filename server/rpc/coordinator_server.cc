@@ -66,6 +66,10 @@ std::vector<metrics::JobSnapshot> SnapshotJobs(const Coordinator& coordinator) {
     metrics::JobSnapshot s;
     s.job_id = job.job_id();
     s.generation = job.generation();
+    s.stragglers = job.num_stragglers();
+    if (absl::StatusOr<uint64_t> hangs = coordinator.HangsDetected(job.job_id()); hangs.ok()) {
+      s.hangs_detected = *hangs;
+    }
     absl::StatusOr<v1::ListMembersResponse> members = coordinator.ListMembers(job.job_id());
     if (members.ok()) {
       for (const v1::Member& m : members->members()) {
