@@ -7,6 +7,8 @@
 //   cp_load barrier    --address A --clients N --rounds R
 //   cp_load rendezvous --address A --workers N
 //   cp_load heartbeats --address A --workers N --seconds S --interval-ms I --timeout-ms T
+//                      [--progress-groups G]   (each heartbeat carries a RankProgress
+//                      with G communicators, as a training rank's does; 0: none)
 //   cp_load leases     --address A --workers N --seconds S --interval-ms I --ttl-s T   (etcd)
 //   cp_load jobs       --address A --jobs N --clients C   (CreateJob, then CancelJob, of N jobs)
 //
@@ -128,6 +130,7 @@ struct Worker {
   grpc::Status hb_status;
   v1::HeartbeatResponse hb_resp;
   std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatResponse>> hb_rpc;
+  uint64_t hb_count = 0;  // heartbeats sent: the simulated step
   absl::Time hb_sent;
   absl::Time hb_next;
   grpc::Alarm alarm;
@@ -182,6 +185,10 @@ class Fleet {
   // Joins every worker at once and waits until each holds its assignment or
   // failed, or `timeout` passed. Returns the seconds from the first JoinJob
   // to the last assignment.
+  // Heartbeats of ranked workers carry a progress report with `groups`
+  // communicators (0: none). Before Rendezvous.
+  void set_progress_groups(int groups) { progress_groups_ = std::max(0, groups); }
+
   double Rendezvous(absl::Duration timeout) {
     start_ = absl::Now();
     for (auto& w : workers_) StartJoin(w.get());
@@ -296,6 +303,29 @@ class Fleet {
     v1::HeartbeatRequest req;
     *req.mutable_fence() = w->Fence();
     req.set_state(w->ok.load() ? v1::WORKER_STATE_TRAINING : v1::WORKER_STATE_WAITING);
+    ++w->hb_count;
+    if (progress_groups_ > 0 && w->ok.load()) {
+      // What a training rank reports (worker/rank_progress.h): a step done
+      // per heartbeat, in compute, each communicator's last collective.
+      static const char* const kKinds[] = {"dp", "tp", "pp"};
+      v1::RankProgress* p = req.mutable_progress();
+      p->set_activity(v1::ACTIVITY_COMPUTE);
+      p->set_step(w->hb_count);
+      req.set_step(w->hb_count);
+      p->mutable_step_time()->set_nanos(40'000'000);
+      p->mutable_compute_time()->set_nanos(30'000'000 + (w->index % 7) * 100'000);
+      for (int g = 0; g < progress_groups_; ++g) {
+        v1::CollectiveProgress* c = p->add_collectives();
+        c->set_group(absl::StrCat(kKinds[g % 3], "/", g / 3));
+        c->set_operation(g % 3 == 2 ? "send" : "all_reduce");
+        c->set_sequence(w->hb_count * 4 + g);
+        c->set_count(1 << 20);
+        c->set_dtype("float32");
+        c->set_in_flight(false);
+        c->mutable_elapsed()->set_nanos(2'000'000);
+        if (g % 3 == 2) c->set_peer_rank(static_cast<uint32_t>((w->index + 1) % workers_.size()));
+      }
+    }
     w->hb_ctx = std::make_unique<grpc::ClientContext>();
     SetDeadline(w->hb_ctx.get(), absl::Seconds(30));
     w->hb_sent = absl::Now();
@@ -426,6 +456,7 @@ class Fleet {
   absl::Time start_;
   std::atomic<int64_t> interval_ns_{0};
   std::atomic<bool> measuring_{false};
+  int progress_groups_ = 0;
 
   absl::Mutex mu_;
   int assigned_ ABSL_GUARDED_BY(mu_) = 0;
@@ -692,6 +723,7 @@ int RunHeartbeats(const Flags& f) {
   const std::string job = f.Str("job", absl::StrCat("hb-", n));
   if (!CreateJob(address, job, FleetSpec(n, interval, timeout))) return 1;
   auto fleet = std::make_unique<Fleet>(address, job, n, 2, interval);
+  fleet->set_progress_groups(static_cast<int>(f.Int("progress-groups", 0)));
   const double formed = fleet->Rendezvous(absl::Seconds(f.Double("form-timeout-s", 600)));
   if (fleet->assigned() != n) {
     // Not formed: report how many members the coordinator dropped meanwhile
@@ -708,8 +740,9 @@ int RunHeartbeats(const Flags& f) {
     std::fflush(stdout);
     std::_Exit(0);
   }
-  std::string out = absl::StrFormat("{\"workers\": %d, \"interval_ms\": %d, \"formed_s\": %.3f", n,
-                                    absl::ToInt64Milliseconds(interval), formed);
+  std::string out = absl::StrFormat(
+      "{\"workers\": %d, \"interval_ms\": %d, \"progress_groups\": %d, \"formed_s\": %.3f", n,
+      absl::ToInt64Milliseconds(interval), static_cast<int>(f.Int("progress-groups", 0)), formed);
   auto phase = [&](const std::string& name, absl::Duration pace, absl::Duration duration) {
     fleet->MeasureHeartbeats(pace, duration);
     Fleet::HeartbeatStats s = fleet->heartbeat_stats();

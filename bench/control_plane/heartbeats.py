@@ -17,6 +17,7 @@ from _common import benchlib  # noqa: E402
 NAME = "heartbeats"
 INTERVAL_MS = 1000  # heartbeat_interval of the job
 TIMEOUT_MS = 10000  # heartbeat_timeout, and the etcd lease TTL
+PROGRESS_GROUPS = 3  # communicators in a progress report (dp, tp, pp)
 
 
 def run(mode_fn, what):
@@ -25,6 +26,34 @@ def run(mode_fn, what):
     except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
         benchlib.log("  %s failed: %s" % (what, e))
         return None, "%s failed: %s" % (what, str(e).splitlines()[0][:150] if str(e) else "?")
+
+
+def progress_cost(rows, quick):
+    """The cost of progress reports (issue 17): the closed-loop capacity with
+    every heartbeat carrying a RankProgress of PROGRESS_GROUPS communicators,
+    against the same fleet without them on a fresh coordinator, back to back."""
+    for n in ([256] if quick else [1024, 4096]):
+        got = {}
+        for groups in (0, PROGRESS_GROUPS):
+            benchlib.log("%s: %d workers, closed loop, progress_groups=%d" % (NAME, n, groups))
+            coord = _common.Coordinator("heartbeats-progress-%d-%d" % (n, groups))
+            try:
+                got[groups] = run(lambda: _common.cp_load(
+                    "heartbeats", address=coord.address, workers=n, interval_ms=INTERVAL_MS,
+                    timeout_ms=TIMEOUT_MS, seconds=1, closed_seconds=5, progress_groups=groups,
+                    form_timeout_s=60, timeout=600), "shardline progress_groups=%d" % groups)
+            finally:
+                coord.stop()
+        (with_p, with_err), (without, without_err) = got[PROGRESS_GROUPS], got[0]
+        res = with_p.get("closed") if with_p and not with_p.get("formation_failed") else None
+        peer = without.get("closed") if without and not without.get("formation_failed") else None
+        note = "; ".join(x for x in (with_err, without_err) if x)
+        if res is not None:
+            note += " with progress: lost=%d errors=%d" % (res["lost"], res["errors"])
+        rows.add("heartbeats/s closed loop with progress reports (%d communicators)" % PROGRESS_GROUPS,
+                 "workers=%d" % n, res["per_s"] if res else None,
+                 "shardline heartbeats without progress reports", peer["per_s"] if peer else None,
+                 "heartbeats/s", True, note.replace(",", ";").strip())
 
 
 def main():
@@ -88,6 +117,7 @@ def main():
                 evicted = None
             rows.add("false evictions " + case, param, evicted, "etcd 3.4 lease keep-alive",
                      ed["expired"] if ed else None, "members", False, "must be 0; " + note)
+    progress_cost(rows, quick)
     benchlib.write_notes(out, """
 **How measured.** A fresh `shardline-coordinator --state memory` per case; one job of N workers
 (heartbeat_interval = %d ms, heartbeat_timeout = %d s). `cp_load heartbeats` forms the job as real workers
@@ -102,8 +132,12 @@ each kept alive over its own `LeaseKeepAlive` stream on the same schedule (same 
 keep-alive answered with TTL 0 is an expired lease, the false eviction of that design. Client and server share the
 machine's cores: at 4096 workers the one load-generator process drives 4096 connections and answers the
 coordinator's keepalive pings (every 5 s, 10 s to answer) from the same two cores, so a starved client can lose
-its connections; the note then says the job did not form.
-""" % (INTERVAL_MS, TIMEOUT_MS // 1000, TIMEOUT_MS // 1000))
+its connections; the note then says the job did not form. Progress reports: the closed loop again, each
+heartbeat of a ranked worker carrying a `RankProgress` (activity, step, step and compute time, and %d
+communicators' last collective: group, operation, sequence, count, dtype, elapsed, peer) as a training rank's
+does, against the same fleet without it on a fresh coordinator right before; the coordinator stores each
+report and feeds the straggler windows.
+""" % (INTERVAL_MS, TIMEOUT_MS // 1000, TIMEOUT_MS // 1000, PROGRESS_GROUPS))
     return 0
 
 
