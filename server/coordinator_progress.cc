@@ -126,7 +126,27 @@ void Coordinator::PublishHangLocked(JobRecord& job, const v1::HangReport& report
 std::string Coordinator::NameHoldersUpLocked(JobRecord& job, absl::Time now) {
   if (!Judged(job)) return "";
   std::optional<HangFinding> f = LocateHangLocked(job, now);
-  if (!f.has_value() || f->culprit_ranks.empty()) return "";
+  if (!f.has_value() || f->culprit_ranks.empty()) {
+    // Say what each rank reported, so that an operator (or a test) can tell
+    // why nobody was named.
+    std::string ranks;
+    int listed = 0;
+    for (const MemberRecord* m : job.by_rank) {
+      if (m == nullptr || !m->member.has_rank()) continue;
+      if (++listed > 8) {
+        absl::StrAppend(&ranks, "; ...");
+        break;
+      }
+      absl::StrAppend(&ranks, listed > 1 ? "; " : "", "rank ", m->member.rank(), " (",
+                      m->member.worker_id(), "): ",
+                      DescribeActivity(m->member.has_progress() ? &m->member.progress() : nullptr),
+                      ", last heartbeat ", Seconds1(now - m->last_heartbeat), " ago");
+    }
+    LogLine(absl::StrFormat("job %s generation %d: at an error report: no rank found holding the "
+                            "others up (%s)",
+                            job.job.job_id(), job.job.generation(), ranks));
+    return "";
+  }
   v1::HangReport& report = f->report;
   report.set_generation(job.job.generation());
   *report.mutable_stalled_for() = DurationProto(now - job.last_progress);

@@ -132,8 +132,22 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
   // the coordinator's restart directive (it sees the peer's session break
   // at once). Give the directive a moment, so that the error is only
   // reported when it is this worker's own.
-  auto classify = [&](const absl::Status& s) -> absl::StatusOr<Outcome> {
+  // `in_step`: s is a training step's, most likely a failed collective's.
+  auto classify = [&](const absl::Status& s, bool in_step = false) -> absl::StatusOr<Outcome> {
     if (absl::IsAborted(s)) return Outcome::kGenerationOver;
+    // Still held up by the failed call: the progress reports say COLLECTIVE
+    // meanwhile (with the failed call in flight, backend.h), so that the
+    // coordinator counts this rank among the waiters when it looks for the
+    // rank that holds the others up (a peer frozen whole, SIGSTOP).
+    struct StillWaiting {
+      RankProgressTracker* progress;
+      explicit StillWaiting(RankProgressTracker* p) : progress(p) {
+        if (progress != nullptr) progress->WaitBegins();
+      }
+      ~StillWaiting() {
+        if (progress != nullptr) progress->WaitEnds();
+      }
+    } still_waiting(in_step ? progress : nullptr);
     const absl::Time deadline = absl::Now() + absl::Seconds(2);
     do {
       if (GenerationOver(*agent_, gen)) return Outcome::kGenerationOver;
@@ -183,7 +197,7 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
       options_.faults->BeforeStep(static_cast<uint64_t>(trainer.step()) + 1);
     }
     absl::StatusOr<train::StepStats> st = trainer.TrainStep(checkpoint_requested_.exchange(false));
-    if (!st.ok()) return classify(st.status());
+    if (!st.ok()) return classify(st.status(), /*in_step=*/true);
     const int64_t done = trainer.step();
     // --inject-fault slow_compute: F times the step's compute, as compute.
     if (options_.faults != nullptr) st->time += options_.faults->AfterStep(st->time - st->comm_time);

@@ -408,3 +408,23 @@ def tiny_gpt_spec(name, data, ckpt, min_workers, max_workers, heartbeat_interval
     return _TINY_GPT_SPEC.format(name=name, data=data, ckpt=ckpt, min_workers=min_workers,
                                  max_workers=max_workers, heartbeat_interval=heartbeat_interval,
                                  heartbeat_timeout=heartbeat_timeout, extra_elastic=extra_elastic)
+
+
+def start_torchrun_agents(d, workers, rdzv_id, env):
+    """Starts `workers` torchrun agents (c10d rendezvous on a free port, up
+    to 3 restarts, last_call_timeout 5 s) running _torch_ddp_train.py with
+    `env`; each logs to d/agentI.log. Returns the Servers (the caller stops
+    them)."""
+    port = free_port()
+    agents = []
+    for i in range(workers):
+        agents.append(Server(
+            [PYTHON, os.path.join(HERE, "_torchrun.py"),
+             "--nnodes=1:%d" % workers,
+             "--nproc_per_node=1", "--max_restarts=3", "--rdzv_backend=c10d",
+             "--rdzv_endpoint=127.0.0.1:%d" % port, "--rdzv_id=%s" % rdzv_id,
+             "--rdzv_conf=last_call_timeout=5", "--monitor_interval=0.1",
+             os.path.join(HERE, "_torch_ddp_train.py")],
+            os.path.join(d, "agent%d.log" % i), env=env))
+        time.sleep(0.2)  # the first agent hosts the TCPStore
+    return agents

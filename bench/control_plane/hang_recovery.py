@@ -85,23 +85,13 @@ def torch_once(tag, pg_timeout_s):
     d = _common.tmpdir("hang_recovery/torch-%s" % tag)
     subprocess.run(["rm", "-rf", d])
     os.makedirs(d)
-    port = _common.free_port()
     env = dict(os.environ, BENCH_CKPT=os.path.join(d, "ckpt.pt"),
                BENCH_DATA=os.path.join(_common.REPO, "data", "tinyshakespeare.txt"),
                OMP_NUM_THREADS="1", BENCH_PG_TIMEOUT=str(pg_timeout_s),
                BENCH_STALL_RANK="1", BENCH_STALL_AT_STEP=str(STALL_AT_STEP))
     agents = []
     try:
-        for i in range(WORKERS):
-            agents.append(_common.Server(
-                [_common.PYTHON, os.path.join(_common.HERE, "_torchrun.py"),
-                 "--nnodes=1:%d" % WORKERS,
-                 "--nproc_per_node=1", "--max_restarts=3", "--rdzv_backend=c10d",
-                 "--rdzv_endpoint=127.0.0.1:%d" % port, "--rdzv_id=hang",
-                 "--rdzv_conf=last_call_timeout=5", "--monitor_interval=0.1",
-                 os.path.join(_common.HERE, "_torch_ddp_train.py")],
-                os.path.join(d, "agent%d.log" % i), env=env))
-            time.sleep(0.2)  # the first agent hosts the TCPStore
+        agents = _common.start_torchrun_agents(d, WORKERS, "hang", env)
         logs = [a.log_path for a in agents]
         stall_re = re.compile(r"^stalling before step \d+ t=([\d.]+)", re.M)
 

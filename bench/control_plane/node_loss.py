@@ -122,21 +122,11 @@ def torch_once(rep, data):
     d = _common.tmpdir("node_loss/torch-%d" % rep)
     subprocess.run(["rm", "-rf", d])
     os.makedirs(d)
-    port = _common.free_port()
     env = dict(os.environ, BENCH_CKPT=os.path.join(d, "ckpt.pt"), BENCH_DATA=data,
                OMP_NUM_THREADS="1")
     agents = []
     try:
-        for i in range(WORKERS):
-            agents.append(_common.Server(
-                [_common.PYTHON, os.path.join(_common.HERE, "_torchrun.py"),
-                 "--nnodes=1:%d" % WORKERS,
-                 "--nproc_per_node=1", "--max_restarts=3", "--rdzv_backend=c10d",
-                 "--rdzv_endpoint=127.0.0.1:%d" % port, "--rdzv_id=nl",
-                 "--rdzv_conf=last_call_timeout=5", "--monitor_interval=0.1",
-                 os.path.join(_common.HERE, "_torch_ddp_train.py")],
-                os.path.join(d, "agent%d.log" % i), env=env))
-            time.sleep(0.2)  # the first agent hosts the TCPStore
+        agents = _common.start_torchrun_agents(d, WORKERS, "nl", env)
         logs = [a.log_path for a in agents]
         step_re = r"^step (\d+) t="
         if not wait_until(lambda: max_step((read(p) for p in logs), r"(?m)" + step_re)

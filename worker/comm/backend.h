@@ -108,7 +108,10 @@ struct OpProgress {
   // input for reduce_scatter and all_to_all, the buffer otherwise.
   size_t count = 0;
   DType dtype = DType::kFloat32;
-  // Issued and not completed yet.
+  // Issued and not completed yet. One that failed and broke the
+  // communicator (a timeout, a lost peer, a mismatch) never completes: it
+  // stays in flight, elapsed growing, until the backend is destroyed; one
+  // refused for bad arguments (InvalidArgument) is done.
   bool in_flight = false;
   // in_flight: running for this long so far (from when it started to run,
   // not when it was queued). Else: how long it took.

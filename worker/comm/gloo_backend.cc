@@ -225,11 +225,17 @@ void State::Loop() {
     {
       absl::MutexLock lock(&mu);
       running.reset();
-      current.in_flight = false;
-      current.elapsed = absl::Now() - current_start;
+      // A collective that broke the communicator (timed out, lost a peer,
+      // mismatched) never completed: it stays in flight, its elapsed
+      // growing, so that the rank's progress reports keep saying what it
+      // is stuck on until the generation ends (backend.h OpProgress). One
+      // refused for bad arguments moved nothing and is done.
+      const bool broken = !s.ok() && !absl::IsInvalidArgument(s);
+      current.in_flight = broken;
+      if (!broken) current.elapsed = absl::Now() - current_start;
       if (aborted && !s.ok())
         s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
-      if (!s.ok() && !absl::IsInvalidArgument(s) && sticky.ok()) sticky = s;
+      if (broken && sticky.ok()) sticky = s;
     }
     work->Complete(std::move(s));
   }

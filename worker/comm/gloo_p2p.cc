@@ -127,7 +127,9 @@ std::shared_ptr<Work> PostPointToPoint(const std::shared_ptr<State>& st, void* d
     if (!s.ok()) st->RecordFailure(s);
     {
       absl::MutexLock lock(&st->mu);
-      st->p2p_in_flight.erase(number);
+      // A failed send / recv stays in flight, as a failed collective does
+      // (gloo_backend.cc State::Loop).
+      if (s.ok() || absl::IsInvalidArgument(s)) st->p2p_in_flight.erase(number);
       if (st->aborted && !s.ok() && !absl::IsAborted(s))
         s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
     }

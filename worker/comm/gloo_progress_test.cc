@@ -151,5 +151,38 @@ TEST(GlooProgressTest, P2PInFlightNamesThePeer) {
   });
 }
 
+// A collective that times out never completed: it stays in flight, its
+// elapsed growing, so that the rank's reports keep saying what it is stuck
+// on while it waits for the coordinator (a peer frozen whole). A call
+// refused for bad arguments is done at once and changes nothing.
+TEST(GlooProgressTest, ATimedOutCollectiveStaysInFlight) {
+  absl::Notification timed_out;
+  RunRanks(2, [&](int r, Backend& b) {
+    std::vector<float> data(1000, 1.0f);
+    SL_EXPECT_OK_WORK(b.Barrier());
+    if (r == 1) {  // never issues the all_reduce
+      ASSERT_TRUE(timed_out.WaitForNotificationWithTimeout(absl::Seconds(30)));
+      return;
+    }
+    const absl::Status refused = b.AllReduce(nullptr, 10, DType::kFloat32, ReduceOp::kSum)->Wait();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_FALSE(b.Progress().collective.in_flight);
+    const absl::Status s =
+        b.AllReduce(data.data(), 1000, DType::kFloat32, ReduceOp::kSum)->Wait(absl::Seconds(30));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    BackendProgress p = b.Progress();
+    EXPECT_TRUE(p.collective.in_flight);
+    EXPECT_EQ(p.collective.operation, "all_reduce");
+    EXPECT_EQ(p.collective.sequence, 2u);
+    EXPECT_GE(p.collective.elapsed, absl::Milliseconds(300));
+    const absl::Duration first = p.collective.elapsed;
+    absl::SleepFor(absl::Milliseconds(50));
+    p = b.Progress();
+    EXPECT_TRUE(p.collective.in_flight);
+    EXPECT_GE(p.collective.elapsed, first + absl::Milliseconds(50));
+    timed_out.Notify();
+  }, TestOptions(absl::Milliseconds(300)));
+}
+
 }  // namespace
 }  // namespace shardline::worker
