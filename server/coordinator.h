@@ -566,8 +566,11 @@ class Coordinator {
   // ReportError's: the ranks that hold up the others by their latest
   // reports, for the reason of the generation's end: "; held up by ..."
   // (empty when none is found); emits HangDetected (REPORT) and marks the
-  // culprits' details when it finds some.
-  std::string NameHoldersUpLocked(JobRecord& job, absl::Time now)
+  // culprits' details when it finds some. `frozen` gets the culprits whose
+  // last heartbeat is older than 2 heartbeat intervals (a process stopped
+  // whole: it will not re-join soon, so ReportError declares it lost).
+  std::string NameHoldersUpLocked(JobRecord& job, absl::Time now,
+                                  std::vector<MemberRecord*>* frozen)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Both of those: LocaliseHang (server/progress_monitor.h) over the ACTIVE
   // ranks' latest reports at `now`; and recording a report (Job.last_hang,

@@ -154,9 +154,18 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
       request.operation().empty() ? "" : absl::StrCat(" in ", request.operation()), ": ",
       request.message());
   // The report ends the generation: name the ranks the others waited for.
+  // Those frozen whole (no heartbeat either) are lost: the next generation
+  // forms without waiting for them (they may re-join once they run again).
+  std::vector<MemberRecord*> frozen;
   if (job->job.phase() == v1::JOB_PHASE_RUNNING &&
       job->job.generation() == request.fence().generation()) {
-    what += NameHoldersUpLocked(*job, clock_->Now());
+    what += NameHoldersUpLocked(*job, clock_->Now(), &frozen);
+  }
+  for (MemberRecord* culprit : frozen) {
+    if (culprit->member.state() == v1::MEMBER_STATE_ACTIVE && culprit != *m) {
+      LoseMemberLocked(*job, *culprit, v1::LOSS_REASON_ERROR_REPORTED,
+                       absl::StrCat("held up the job and sends no heartbeats: ", what), ended);
+    }
   }
   if (request.has_peer_rank()) {
     // Declare the peer lost only if it also looks dead from here.

@@ -123,7 +123,8 @@ void Coordinator::PublishHangLocked(JobRecord& job, const v1::HangReport& report
   EmitLocked(job, std::move(event));
 }
 
-std::string Coordinator::NameHoldersUpLocked(JobRecord& job, absl::Time now) {
+std::string Coordinator::NameHoldersUpLocked(JobRecord& job, absl::Time now,
+                                             std::vector<MemberRecord*>* frozen) {
   if (!Judged(job)) return "";
   std::optional<HangFinding> f = LocateHangLocked(job, now);
   if (!f.has_value() || f->culprit_ranks.empty()) {
@@ -152,10 +153,12 @@ std::string Coordinator::NameHoldersUpLocked(JobRecord& job, absl::Time now) {
   *report.mutable_stalled_for() = DurationProto(now - job.last_progress);
   report.set_action(v1::HANG_POLICY_REPORT);
   *report.mutable_time() = ToProto(now);
+  const absl::Duration stale = 2 * FromProto(job.job.spec().elastic().heartbeat_interval());
   for (uint32_t rank : f->culprit_ranks) {
     MemberRecord* m = rank < job.by_rank.size() ? job.by_rank[rank] : nullptr;
     if (m == nullptr) continue;
     m->member.set_detail(absl::StrCat("held up the job: ", report.summary()));
+    if (now - m->last_heartbeat > stale) frozen->push_back(m);
   }
   PublishHangLocked(job, report);
   LogLine(absl::StrFormat("job %s generation %d: at an error report: %s", job.job.job_id(),
@@ -211,20 +214,11 @@ void Coordinator::DetectHangLocked(JobRecord& job, absl::Time now,
       culprits.push_back(job.by_rank[rank]);
     }
   }
+  // Too few left to re-form: the job waits in RECOVERING for join_timeout,
+  // as after any loss (a new process may take the evicted one's place; the
+  // evicted incarnation itself may not re-join).
   for (MemberRecord* m : culprits) {
     LoseMemberLocked(job, *m, v1::LOSS_REASON_HUNG, report.summary(), ended);
-  }
-  // As ExcludeMemberLocked: would the others still form a generation?
-  int others = 0;
-  for (const auto& [id, other] : job.members) others += IsLive(other.member.state()) ? 1 : 0;
-  if (!IsTerminal(job.job.phase()) && !spec::ChooseWorldSize(job.job.spec(), others).has_value()) {
-    SetPhaseLocked(job, v1::JOB_PHASE_FAILED,
-                   absl::StrCat(culprits.size(), culprits.size() == 1 ? " rank was" : " ranks were",
-                                " evicted as hung (", report.summary(), "); the other ", others,
-                                " workers are fewer than the job needs (min_workers=",
-                                e.min_workers(), ", tp*pp and a dp dividing the global batch)"));
-    StopAllLocked(job);
-    PersistAllMembersLocked(job).IgnoreError();
   }
 }
 

@@ -234,7 +234,7 @@ TEST_F(HangDetectionTest, RecoveredCoordinatorJudgesFromTheRecovery) {
 
 // Evicting the culprit leaves fewer than min_workers: the job fails at
 // once, naming the hang.
-TEST_F(HangDetectionTest, EvictionBelowMinWorkersFailsTheJob) {
+TEST_F(HangDetectionTest, EvictionBelowMinWorkersWaitsForAReplacement) {
   Form(absl::Seconds(5), v1::HANG_POLICY_EVICT, 4, v1::STRAGGLER_POLICY_UNSPECIFIED,
        /*min_workers=*/4);
   const absl::Time start = clock_.Now();
@@ -244,13 +244,43 @@ TEST_F(HangDetectionTest, EvictionBelowMinWorkersFailsTheJob) {
     BeatStalled(start);
     coordinator_->Tick();
   }
-  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_FAILED);
-  EXPECT_THAT(Job().phase_reason(),
-              StartsWith("1 rank was evicted as hung (no progress for 5.0 s"));
-  EXPECT_THAT(Job().phase_reason(),
-              HasSubstr("the other 3 workers are fewer than the job needs (min_workers=4"));
+  // Evicted; the other three are too few, so the job waits (join_timeout,
+  // as after any loss) rather than failing at once.
   EXPECT_EQ(Members()["c"].loss_reason(), v1::LOSS_REASON_HUNG);
-  EXPECT_TRUE(Beat("a", 2)->directive().has_stop());
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
+  EXPECT_THAT(Job().phase_reason(), HasSubstr("no progress for 5.0 s"));
+  for (const char* w : {"a", "b", "d"}) ASSERT_TRUE(Join(w).ok()) << w;
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
+  // The evicted incarnation may not come back; a new process may.
+  EXPECT_EQ(Join("c").status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Join("c", /*incarnation=*/8).ok());
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(Job().world_size(), 4u);
+  EXPECT_EQ(Job().generation(), 2u);
+}
+
+// Nobody replaces the evicted rank: the job fails after join_timeout.
+TEST_F(HangDetectionTest, EvictionBelowMinWorkersFailsAfterJoinTimeout) {
+  Form(absl::Seconds(5), v1::HANG_POLICY_EVICT, 4, v1::STRAGGLER_POLICY_UNSPECIFIED,
+       /*min_workers=*/4);
+  const absl::Time start = clock_.Now();
+  BeatStalled(start);
+  for (int s = 1; s <= 5; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    BeatStalled(start);
+    coordinator_->Tick();
+  }
+  ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
+  const absl::Duration join_timeout =
+      absl::Seconds(Job().spec().elastic().join_timeout().seconds());
+  for (const char* w : {"a", "b", "d"}) ASSERT_TRUE(Join(w).ok()) << w;
+  clock_.Advance(join_timeout - absl::Seconds(1));
+  coordinator_->Tick();
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
+  clock_.Advance(absl::Seconds(2));
+  coordinator_->Tick();
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_FAILED);
+  EXPECT_THAT(Job().phase_reason(), HasSubstr("join_timeout"));
 }
 
 TEST_F(HangDetectionTest, ReportPolicyReportsOncePerStall) {
@@ -390,10 +420,44 @@ TEST_F(HangDetectionTest, TheErrorReportNamesTheRankThatHeldTheOthersUp) {
   EXPECT_EQ(hangs[0].action(), v1::HANG_POLICY_REPORT);
   EXPECT_EQ(hangs[0].culprits(0).rank(), 2u);
   EXPECT_EQ(hangs[0].num_waiting(), 3u);
+  // Frozen whole (no heartbeat for 6.1 s): lost, so that the others re-form
+  // without waiting for it; it may re-join once it runs again.
+  const v1::Member c = Members()["c"];
+  EXPECT_EQ(c.state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(c.loss_reason(), v1::LOSS_REASON_ERROR_REPORTED);
+  EXPECT_THAT(c.detail(), StartsWith("held up the job and sends no heartbeats: rank 0 (a) reported"));
+  EXPECT_THAT(c.detail(), HasSubstr(held));
+  for (const char* w : {"a", "b", "d"}) ASSERT_TRUE(Join(w).ok()) << w;
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(Job().world_size(), 3u);
+  ASSERT_TRUE(Join("c").ok());
+  EXPECT_EQ(Members()["c"].state(), v1::MEMBER_STATE_SPARE);
+}
+
+// The culprit of an error report still heartbeats (its training thread is
+// stuck, its process is not): named, FENCED like the others, not lost.
+TEST_F(HangDetectionTest, TheErrorReportNamesALiveCulpritWithoutLosingIt) {
+  Form(absl::ZeroDuration());
+  const absl::Time start = clock_.Now();
+  clock_.Advance(absl::Seconds(6));
+  for (const char* w : {"a", "b", "d"}) {
+    ASSERT_TRUE(BeatP(w, 1, Waiting(15, 47, clock_.Now() - start)).ok());
+  }
+  ASSERT_TRUE(BeatP("c", 1, Computing(15, 46)).ok());
+  v1::ReportErrorRequest r;
+  *r.mutable_fence() = Fence("a", 1);
+  r.set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  r.set_operation("all_reduce");
+  r.set_message("timed out after 5 s");
+  std::vector<GenerationEnded> ended;
+  auto response = coordinator_->ReportError(r, &ended);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_THAT(Job().phase_reason(),
+              HasSubstr("held up by rank 2 (c on host-c): in compute at step 15, last heartbeat "
+                        "0.0 s ago"));
   const v1::Member c = Members()["c"];
   EXPECT_EQ(c.state(), v1::MEMBER_STATE_FENCED);
   EXPECT_THAT(c.detail(), StartsWith("held up the job: 3 ranks wait in all_reduce #47 of dp/0"));
-  EXPECT_THAT(c.detail(), HasSubstr(held));
 }
 
 // A member lost by its heartbeat timeout says what it was doing.

@@ -181,12 +181,19 @@ TEST_F(HangTrainingTest, FrozenRankIsNamedByTheSurvivorsTimeout) {
   // Ranks follow join order, not worker names: the frozen rank's number.
   const std::string named = absl::StrCat("held up by rank ", report.culprits(0).rank(), " (w2");
   // While it is still frozen, its member detail says it held the job up.
-  bool detail = false;
+  // Frozen whole, it is lost: the survivors re-form without waiting for it.
+  bool detail = false, lost = false;
   const v1::ListMembersResponse members = Members();
   for (const v1::Member& m : members.members()) {
-    if (m.worker_id() == "w2") detail = absl::StrContains(m.detail(), "held up the job");
+    if (m.worker_id() != "w2") continue;
+    detail = absl::StrContains(m.detail(), "held up the job");
+    lost = m.state() == v1::MEMBER_STATE_LOST;
   }
   EXPECT_TRUE(detail) << members.DebugString();
+  EXPECT_TRUE(lost) << members.DebugString();
+  const v1::Job second = WaitJob([](const v1::Job& j) { return j.phase() == v1::JOB_PHASE_RUNNING; },
+                                 absl::Seconds(30));
+  EXPECT_EQ(second.world_size(), 2u) << Logs();
   workers_[2]->Signal(SIGCONT);
   // The reason the generation ended names it too.
   bool reason_names = false, event_names = false;
