@@ -263,8 +263,9 @@ void Coordinator::UpdateStragglersLocked(JobRecord& job) {
     v1::Straggler s = to_proto(c, *m);
     const std::string line = absl::StrFormat(
         "rank %d (%s on %s): median compute %s over %d steps, %.2fx the generation's %s",
-        c.rank, m->member.worker_id(), m->member.host(), Seconds1(c.compute_time),
-        o.window_steps, c.ratio, Seconds1(c.median_compute_time));
+        c.rank, m->member.worker_id(), m->member.host(),
+        absl::FormatDuration(absl::Trunc(c.compute_time, absl::Milliseconds(1))), o.window_steps,
+        c.ratio, absl::FormatDuration(absl::Trunc(c.median_compute_time, absl::Milliseconds(1))));
     if (c.cleared) {
       m->member.clear_straggler();
     } else {

@@ -591,8 +591,8 @@ TEST_F(HangDetectionTest, ReplacePolicyDrainsTheStragglerWhenASpareExists) {
   }
   const v1::Member c = Members()["c"];
   EXPECT_THAT(c.drain_reason(),
-              StartsWith("straggler: rank 2 (c on host-c): median compute 0.3 s over 10 steps, "
-                         "3.00x the generation's 0.1 s"));
+              StartsWith("straggler: rank 2 (c on host-c): median compute 300ms over 10 steps, "
+                         "3.00x the generation's 100ms"));
   EXPECT_TRUE(c.straggler().replacing());
   EXPECT_TRUE(Job().stragglers(0).replacing());
   ASSERT_EQ(StragglerEvents().size(), 1u);

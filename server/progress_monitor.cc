@@ -398,8 +398,9 @@ std::vector<StragglerChange> StragglerTracker::Evaluate() {
   for (auto& [rank, w] : windows_) {
     if (w.times.size() < options_.window_steps) continue;
     const double ratio = absl::FDivDuration(w.median, generation_median);
-    const bool slow = ratio > options_.factor;
     auto it = flagged_.find(rank);
+    // Flagged above factor; cleared only at or under clear_ratio().
+    const bool slow = it == flagged_.end() ? ratio > options_.factor : ratio > clear_ratio();
     StragglerChange c;
     c.rank = rank;
     c.compute_time = w.median;

@@ -141,8 +141,11 @@ struct StragglerChange {
 // Per rank, a window of the compute_time of its last window_steps distinct
 // steps; a rank whose window median exceeds factor x the generation median
 // (the median of the window medians of the ranks whose windows are full;
-// for an even count the lower middle one) is flagged, and cleared when it
-// is back at or under it. Only ranks with full windows are judged.
+// for an even count the lower middle one) is flagged, and cleared only
+// when it is back at or under clear_ratio() = 1 + (factor - 1) / 2 x that
+// median (1.25x for the default 1.5x): a rank hovering around the factor on
+// a noisy host is flagged once, not flagged and cleared at every report.
+// Only ranks with full windows are judged.
 class StragglerTracker {
  public:
   struct Options {
@@ -155,6 +158,8 @@ class StragglerTracker {
   // Forgets every window and flag (a new generation, or new options).
   void Reset(Options options);
   const Options& options() const { return options_; }
+  // The ratio at or under which a flagged rank is cleared (see above).
+  double clear_ratio() const { return 1 + (options_.factor - 1) / 2; }
 
   // Records `rank`'s compute time of `step`; a step not after the last one
   // recorded for the rank, or a non-positive compute_time, is ignored.

@@ -285,6 +285,34 @@ TEST(ProgressMonitorTest, StragglerFlaggedOnceTheWindowIsFullAndCleared) {
   EXPECT_TRUE(t.flagged().empty());
 }
 
+// A rank hovering around the factor (1.6x, then 1.4x, then 1.6x ...) is
+// flagged once and stays flagged; it is cleared at 1.25x (clear_ratio).
+TEST(ProgressMonitorTest, StragglerHoveringAroundTheFactorDoesNotFlap) {
+  StragglerTracker t({1.5, 3});
+  EXPECT_DOUBLE_EQ(t.clear_ratio(), 1.25);
+  int flags = 0, clears = 0;
+  uint64_t step = 0;
+  auto run = [&](int steps, int slow_ms) {
+    for (int i = 0; i < steps; ++i) {
+      ++step;
+      for (uint32_t r = 0; r < 4; ++r) t.Record(r, step, absl::Milliseconds(r == 3 ? slow_ms : 100));
+      for (const StragglerChange& c : t.Evaluate()) (c.cleared ? clears : flags) += 1;
+    }
+  };
+  for (int round = 0; round < 5; ++round) {
+    run(3, 160);
+    run(3, 140);
+  }
+  EXPECT_EQ(flags, 1);
+  EXPECT_EQ(clears, 0);
+  EXPECT_EQ(t.flagged().count(3), 1u);
+  run(3, 126);  // above 1.25x: still flagged
+  EXPECT_EQ(clears, 0);
+  run(3, 125);  // at 1.25x: cleared
+  EXPECT_EQ(clears, 1);
+  EXPECT_TRUE(t.flagged().empty());
+}
+
 TEST(ProgressMonitorTest, JitterOfTwentyPercentFlagsNobody) {
   StragglerTracker t({1.5, 10});
   // Deterministic jitter in [-20 %, +20 %] around 100 ms, different per rank.
