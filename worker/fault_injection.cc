@@ -1,5 +1,6 @@
 #include "worker/fault_injection.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "spec/job_spec.h"
 
 namespace shardline::worker {
 namespace {
@@ -21,10 +23,16 @@ absl::Status FaultError(absl::string_view item, absl::string_view why) {
                                                  ", several comma-separated or the flag repeated"));
 }
 
+// Decimal digits only (no sign, no 0x): what a person writes.
+bool AllDigits(absl::string_view v) {
+  return !v.empty() && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 absl::StatusOr<uint64_t> ParseStep(absl::string_view item, absl::string_view value) {
   uint64_t n = 0;
-  if (value.empty() || value[0] == '+' || !absl::SimpleAtoi(value, &n) || n < 1) {
-    return FaultError(item, "needs a whole step number N >= 1");
+  if (!AllDigits(value) || !absl::SimpleAtoi(value, &n) || n < 1 || n > spec::kMaxTrainSteps) {
+    return FaultError(item, absl::StrCat("needs a whole step number N in 1..",
+                                         spec::kMaxTrainSteps, " (training.train_steps' range)"));
   }
   return n;
 }
@@ -103,8 +111,13 @@ absl::StatusOr<FaultSpec> ParseFaultSpecs(const std::vector<std::string>& values
       } else if (kind == "slow_compute") {
         if (slow_set) return FaultError(item, "is given twice");
         double f = 0;
-        if (!absl::SimpleAtod(v, &f) || !std::isfinite(f) || f < 1.0) {
-          return FaultError(item, "needs a finite factor F >= 1 (e.g. slow_compute=2)");
+        const bool decimal = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) {
+          return (c >= '0' && c <= '9') || c == '.';
+        });
+        if (!decimal || !absl::SimpleAtod(v, &f) || !std::isfinite(f) || f < 1.0 ||
+            f > kMaxSlowCompute) {
+          return FaultError(item, absl::StrCat("needs a decimal factor F in 1..", kMaxSlowCompute,
+                                               " (e.g. slow_compute=2)"));
         }
         spec.slow_compute = f;
         slow_set = true;

@@ -16,7 +16,7 @@
 //       (a hung training thread: a stuck kernel or data loader), while the
 //       agent's heartbeats go on. Its reports say COMPUTE at step N-1. Once
 //       per process.
-//   slow_compute=F    (F >= 1, finite) after each step the training thread
+//   slow_compute=F    (1 <= F <= kMaxSlowCompute = 100, decimal) after each step the training thread
 //       sleeps (F-1) x that step's compute time (its time minus its
 //       communication waits), counted as compute in its reports: its
 //       compute is F times slower (a straggler).
@@ -63,12 +63,18 @@ struct FaultSpec {
 // Parses the values of every --inject-fault flag (see the file comment).
 // InvalidArgument naming --inject-fault, the offending item and the valid
 // forms: an empty item, a kind not listed, a missing '=' or value, N not a
-// whole number >= 1, F not a finite number >= 1, a kind given twice.
+// decimal whole number in 1..spec::kMaxTrainSteps, F not a decimal number
+// in 1..kMaxSlowCompute, a kind given twice.
 absl::StatusOr<FaultSpec> ParseFaultSpecs(const std::vector<std::string>& values);
+
+// The largest slow_compute factor: 100x slower is a straggler; more is a
+// hang, which stall_at_step makes.
+inline constexpr double kMaxSlowCompute = 100;
 
 // The valid forms, for --help and the errors.
 inline constexpr char kFaultForms[] =
-    "stall_at_step=N, slow_compute=F (F >= 1), collective_count_mismatch_at_step=N (N >= 1)";
+    "stall_at_step=N, slow_compute=F (1 <= F <= 100), collective_count_mismatch_at_step=N "
+    "(N >= 1)";
 
 class FaultInjector {
  public:
