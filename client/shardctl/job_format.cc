@@ -191,6 +191,36 @@ void AddHangAndStragglers(const v1::Job& job,
   }
 }
 
+// The spec's hang detection, as the coordinator applies it (job.proto
+// ElasticPolicy, spec/job_spec.h): "progress_timeout auto (max(30s, 10x
+// median step)), evict", "progress_timeout 5s, report", "off
+// (progress_timeout 0s)".
+std::string HangDetection(const v1::ElasticPolicy& e) {
+  if (e.has_progress_timeout() && FromProto(e.progress_timeout()) == absl::ZeroDuration()) {
+    return "off (progress_timeout 0s)";
+  }
+  const std::string timeout =
+      e.has_progress_timeout()
+          ? absl::FormatDuration(FromProto(e.progress_timeout()))
+          : absl::StrCat("auto (max(", absl::FormatDuration(spec::kMinAutoProgressTimeout), ", ",
+                         spec::kAutoProgressStepFactor, "x median step))");
+  return absl::StrCat("progress_timeout ", timeout, ", ",
+                      e.hang_policy() == v1::HANG_POLICY_REPORT ? "report" : "evict");
+}
+
+// The spec's straggler detection: "1.5x the median compute over 10 steps,
+// report" or "..., replace by a spare" (defaults applied).
+std::string StragglerDetection(const v1::ElasticPolicy& e) {
+  const double factor =
+      e.straggler_factor() == 0 ? spec::kDefaultStragglerFactor : e.straggler_factor();
+  const uint32_t window = e.straggler_window_steps() == 0 ? spec::kDefaultStragglerWindowSteps
+                                                          : e.straggler_window_steps();
+  return absl::StrCat(absl::StrFormat("%g", factor), "x the median compute over ", window,
+                      " steps, ",
+                      e.straggler_policy() == v1::STRAGGLER_POLICY_REPLACE ? "replace by a spare"
+                                                                           : "report");
+}
+
 // The World line of a job whose first generation has not formed. The
 // coordinator forms it (Coordinator::MaybeFormLocked) once ChooseDp accepts
 // the JOINING workers and either max_workers have joined or the last call
@@ -405,6 +435,10 @@ std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members
                                              " workers, heartbeat ",
                                              Duration(e.heartbeat_interval()), ", timeout ",
                                              Duration(e.heartbeat_timeout())));
+  // The settings; "Stragglers" above lists the ranks flagged now. (Not for
+  // an external job: it sends no progress reports, so is never judged.)
+  lines.emplace_back("Hang detection", HangDetection(e));
+  lines.emplace_back("Straggler check", StragglerDetection(e));
   lines.emplace_back("Created", FormatTimestamp(job.create_time()));
   lines.emplace_back("Updated", FormatTimestamp(job.update_time()));
   return KeyValueBlock(lines);

@@ -72,8 +72,42 @@ TEST(JobFormatTest, PendingJob) {
             "Data:             data/tinyshakespeare.txt\n"
             "Checkpoints:      every 100 steps into /tmp/shardline-ckpt, keep last 3\n"
             "Elastic:          4..5 workers, heartbeat 1s, timeout 10s\n"
+            "Hang detection:   progress_timeout auto (max(30s, 10x median step)), evict\n"
+            "Straggler check:  1.5x the median compute over 10 steps, report\n"
             "Created:          2024-05-01T10:00:00Z\n"
             "Updated:          2024-05-01T10:00:05Z\n");
+}
+
+// The hang and straggler settings (job.proto ElasticPolicy) as set, and
+// with their defaults (spec/job_spec.h) when unset.
+TEST(JobFormatTest, HangAndStragglerSettings) {
+  v1::Job job = DemoJob();
+  v1::ElasticPolicy* e = job.mutable_spec()->mutable_elastic();
+  e->mutable_progress_timeout()->set_seconds(5);
+  e->set_hang_policy(v1::HANG_POLICY_REPORT);
+  e->set_straggler_factor(2.25);
+  e->set_straggler_window_steps(20);
+  e->set_straggler_policy(v1::STRAGGLER_POLICY_REPLACE);
+  EXPECT_THAT(FormatJob(job),
+              HasSubstr("Elastic:          4..5 workers, heartbeat 1s, timeout 10s\n"
+                        "Hang detection:   progress_timeout 5s, report\n"
+                        "Straggler check:  2.25x the median compute over 20 steps, replace by a "
+                        "spare\n"
+                        "Created:"));
+  e->mutable_progress_timeout()->set_seconds(0);
+  e->mutable_progress_timeout()->set_nanos(250000000);
+  e->set_hang_policy(v1::HANG_POLICY_EVICT);
+  e->set_straggler_policy(v1::STRAGGLER_POLICY_REPORT);
+  EXPECT_THAT(FormatJob(job), AllOf(HasSubstr("Hang detection:   progress_timeout 250ms, evict\n"),
+                                    HasSubstr("Straggler check:  2.25x the median compute over 20 "
+                                              "steps, report\n")));
+  // 0s turns hang detection off.
+  e->mutable_progress_timeout()->set_nanos(0);
+  EXPECT_THAT(FormatJob(job), HasSubstr("Hang detection:   off (progress_timeout 0s)\n"));
+  // An external job is never judged (no progress reports): no such lines.
+  job.mutable_spec()->mutable_external()->set_framework("torchrun");
+  EXPECT_THAT(FormatJob(job),
+              AllOf(Not(HasSubstr("Hang detection")), Not(HasSubstr("Straggler check"))));
 }
 
 TEST(JobFormatTest, RunningJobWithCheckpointAndReason) {
