@@ -1056,7 +1056,8 @@ TEST_F(RealCoordinatorTest, WhatIfSaysWhatALossWouldDo) {
   // Only the spare: nothing re-forms.
   out = Run("whatif", {"job-a", "--lose", "s0"});
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_THAT(*out, HasSubstr("Generation:         goes on: no rank is among the losses"));
+  EXPECT_THAT(*out, HasSubstr("Generation:         goes on: no rank is among the losses (only "
+                              "spares or joining workers), nothing re-forms\n"));
 
   // Nothing changed.
   v1::GetJobRequest get;

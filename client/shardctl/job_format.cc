@@ -516,6 +516,61 @@ std::string FormatMembers(const std::string& job_id, const v1::ListMembersRespon
   return absl::StrCat("Job ", job_id, ", generation ", response.generation(), "\n", t.Render());
 }
 
+namespace {
+
+// "a", "a and b", "a, b and c"; past 8 names "a, ..., h and 5 more".
+std::string NameList(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 8;
+  if (names.size() <= 1) return names.empty() ? "" : names[0];
+  const size_t shown = std::min(names.size(), kShown);
+  std::vector<std::string> head(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(shown));
+  if (shown < names.size()) {
+    return absl::StrCat(absl::StrJoin(head, ", "), " and ", names.size() - shown, " more");
+  }
+  const std::string last = head.back();
+  head.pop_back();
+  return absl::StrCat(absl::StrJoin(head, ", "), " and ", last);
+}
+
+// The Generation line of a loss that ends nothing (no lost rank): what the
+// losses are. Spares and joining workers only: "(only spares or joining
+// workers)"; a LOST or LEFT worker is not live, and a FENCED one (or any
+// other rankless state) holds no rank, so losing either changes nothing
+// and the line says so, naming them with their state.
+std::string GoesOn(const v1::WhatIfResponse& r) {
+  std::vector<std::string> gone, rankless;
+  bool spares = false;
+  for (const v1::WhatIfLoss& l : r.losses()) {
+    const std::string who = absl::StrCat(Printable(l.worker_id(), 128), " (",
+                                         EnumName(v1::MemberState_descriptor(), l.state()), ")");
+    if (l.state() == v1::MEMBER_STATE_SPARE || l.state() == v1::MEMBER_STATE_JOINING) {
+      spares = true;
+    } else if (l.state() == v1::MEMBER_STATE_LOST || l.state() == v1::MEMBER_STATE_LEFT) {
+      gone.push_back(who);
+    } else {
+      rankless.push_back(who);
+    }
+  }
+  if (gone.empty() && rankless.empty()) {
+    return "goes on: no rank is among the losses (only spares or joining workers), nothing "
+           "re-forms";
+  }
+  std::string out = "goes on: no rank is among the losses, nothing re-forms";
+  if (!gone.empty()) {
+    absl::StrAppend(&out, "; ", NameList(gone), gone.size() == 1 ? " is" : " are",
+                    " not live: losing ", gone.size() == 1 ? "it" : "them", " changes nothing");
+  }
+  if (!rankless.empty()) {
+    absl::StrAppend(&out, "; ", NameList(rankless), rankless.size() == 1 ? " holds" : " hold",
+                    " no rank: losing ", rankless.size() == 1 ? "it" : "them",
+                    " changes nothing");
+  }
+  if (spares) absl::StrAppend(&out, "; the others are spares or joining workers");
+  return out;
+}
+
+}  // namespace
+
 std::string FormatWhatIf(const v1::WhatIfResponse& r) {
   std::string out = absl::StrCat("Generation ", r.generation(), " now: world ", r.world_size(),
                                  ", dp ", r.dp(), "\n");
@@ -535,9 +590,7 @@ std::string FormatWhatIf(const v1::WhatIfResponse& r) {
   std::vector<std::string> spares;
   for (const std::string& s : r.spares_used()) spares.push_back(Printable(s, 128));
   if (!r.generation_ends()) {
-    lines.emplace_back("Generation",
-                       "goes on: no rank is among the losses (only spares or joining workers), "
-                       "nothing re-forms");
+    lines.emplace_back("Generation", GoesOn(r));
     lines.emplace_back("Spares", "none needed");
     lines.emplace_back("New world", absl::StrCat("unchanged: world ", r.world_size(), ", dp ",
                                                  r.dp()));

@@ -628,7 +628,8 @@ TEST(JobFormatTest, WhatIfDpShrinks) {
                     Not(HasSubstr("Summary"))));
 }
 
-// Losing only a spare (and a worker already lost) ends nothing.
+// Losing only a spare (and a worker already lost) ends nothing; the
+// Generation line says which losses are spares and which are not live.
 TEST(JobFormatTest, WhatIfOfSparesOnlyChangesNothing) {
   v1::WhatIfResponse r;
   r.set_generation(3);
@@ -644,12 +645,31 @@ TEST(JobFormatTest, WhatIfOfSparesOnlyChangesNothing) {
             "s0    SPARE     -   -   -   -            0              0\n"
             "old   LOST      -   -   -   -            0              0\n"
             "\n"
-            "Generation:         goes on: no rank is among the losses (only spares or joining "
-            "workers), nothing re-forms\n"
+            "Generation:         goes on: no rank is among the losses, nothing re-forms; old "
+            "(LOST) is not live: losing it changes nothing; the others are spares or joining "
+            "workers\n"
             "Spares:             none needed\n"
             "New world:          unchanged: world 2, dp 2\n"
             "Below min workers:  no\n"
             "Restore:            nothing (the generation goes on)\n");
+
+  // Only spares (and joining workers): says so.
+  v1::WhatIfResponse spares = r;
+  spares.mutable_losses(1)->set_state(v1::MEMBER_STATE_JOINING);
+  EXPECT_THAT(FormatWhatIf(spares),
+              HasSubstr("Generation:         goes on: no rank is among the losses (only spares "
+                        "or joining workers), nothing re-forms\n"));
+
+  // Only workers that are not live or hold no rank: no spare is mentioned.
+  v1::WhatIfResponse gone = r;
+  gone.mutable_losses(0)->set_worker_id("w9");
+  gone.mutable_losses(0)->set_state(v1::MEMBER_STATE_LEFT);
+  gone.add_losses()->set_worker_id("f1");
+  gone.mutable_losses(2)->set_state(v1::MEMBER_STATE_FENCED);
+  EXPECT_THAT(FormatWhatIf(gone),
+              HasSubstr("Generation:         goes on: no rank is among the losses, nothing "
+                        "re-forms; w9 (LEFT) and old (LOST) are not live: losing them changes "
+                        "nothing; f1 (FENCED) holds no rank: losing it changes nothing\n"));
 }
 
 // `whatif --json` is the response: parsed back it is the same message.
