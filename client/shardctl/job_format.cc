@@ -85,11 +85,12 @@ std::string ActivityName(v1::Activity a) {
   return absl::AsciiStrToLower(EnumName(v1::Activity_descriptor(), a));
 }
 
-// "all_reduce #66 dp/0", "recv #3 pp/1 from rank 2", with " (waiting 3.1s)"
-// while in flight.
+// In flight: "all_reduce #66 dp/0 (waiting 3.1s)", "recv #3 pp/1 from rank
+// 2 (waiting 250ms)"; the last one finished (none in flight): "last
+// all_reduce #66 dp/0", so the two never read alike.
 std::string CollectiveText(const v1::CollectiveProgress& c) {
-  std::string out =
-      absl::StrCat(Printable(c.operation(), 32), " #", c.sequence(), " ", Printable(c.group(), 64));
+  std::string out = absl::StrCat(c.in_flight() ? "" : "last ", Printable(c.operation(), 32), " #",
+                                 c.sequence(), " ", Printable(c.group(), 64));
   if (c.has_peer_rank()) {
     absl::StrAppend(&out, c.operation() == "recv" ? " from rank " : " to rank ", c.peer_rank());
   }

@@ -434,7 +434,8 @@ TEST(JobFormatTest, MembersShowProgressAndStragglers) {
   p->set_activity(v1::ACTIVITY_COLLECTIVE);
   *p->add_collectives() = Op("tp/0", "all_reduce", 130, true, 40);
   *p->add_collectives() = Op("dp/0", "all_reduce", 66, true, 3100);
-  // Computing, slow: its latest completed collective is tp/1's #131.
+  // Computing, slow: its latest completed collective is tp/1's #131, shown
+  // as the last one ("last all_reduce #131 tp/1"), not as one it is in.
   v1::Member* slow = add("w1", 1);
   p = slow->mutable_progress();
   p->set_activity(v1::ACTIVITY_COMPUTE);
@@ -467,7 +468,7 @@ TEST(JobFormatTest, MembersShowProgressAndStragglers) {
             "w0      1            ACTIVE     0    4    15  TRAINING      collective  "
             "all_reduce #66 dp/0 (waiting 3.1s)        -          -     -       -\n"
             "w1      1            ACTIVE     1    4    15  TRAINING      compute     "
-            "all_reduce #131 tp/1                      1.9x       -     -       -\n"
+            "last all_reduce #131 tp/1                 1.9x       -     -       -\n"
             "w2      1            ACTIVE     2    4    15  TRAINING      collective  "
             "recv #3 pp/0 from rank 0 (waiting 250ms)  -          -     -       -\n"
             "w3      1            ACTIVE     3    4    15  TRAINING      checkpoint  "
