@@ -7,18 +7,27 @@
 
 namespace shardline {
 
-void ArgParser::AddInt(const std::string& name, int64_t* out, const std::string& help) {
-  flags_[name] = {Type::kInt, out, help};
+void ArgParser::AddInt(const std::string& name, int64_t* out, const std::string& help,
+                       const std::string& value_name) {
+  flags_[name] = {Type::kInt, out, help, value_name};
 }
-void ArgParser::AddString(const std::string& name, std::string* out, const std::string& help) {
-  flags_[name] = {Type::kString, out, help};
+void ArgParser::AddString(const std::string& name, std::string* out, const std::string& help,
+                          const std::string& value_name) {
+  flags_[name] = {Type::kString, out, help, value_name};
 }
 void ArgParser::AddBool(const std::string& name, bool* out, const std::string& help) {
-  flags_[name] = {Type::kBool, out, help};
+  flags_[name] = {Type::kBool, out, help, ""};
 }
 void ArgParser::AddStrings(const std::string& name, std::vector<std::string>* out,
-                           const std::string& help) {
-  flags_[name] = {Type::kStrings, out, help};
+                           const std::string& help, const std::string& value_name) {
+  flags_[name] = {Type::kStrings, out, help, value_name};
+}
+
+bool ArgParser::IsFlag(const std::string& arg) const {
+  if (arg == "--") return true;
+  if (!absl::StartsWith(arg, "--")) return false;
+  const size_t eq = arg.find('=');
+  return flags_.count(arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2)) > 0;
 }
 
 absl::Status ArgParser::Assign(const std::string& name, const Flag& flag,
@@ -83,10 +92,15 @@ absl::StatusOr<std::vector<std::string>> ArgParser::Parse(const std::vector<std:
       value = arg.substr(eq + 1);
     } else if (it->second.type == Type::kBool) {
       value = "true";
-    } else if (i + 1 < args.size()) {
+    } else if (i + 1 < args.size() && !IsFlag(args[i + 1])) {
       value = args[++i];
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value (", it->second.help, ")"));
+      // "--lose needs a value: WORKER[,WORKER...]; worker ids to ...".
+      const Flag& f = it->second;
+      std::string what = f.value_name;
+      if (!f.help.empty()) absl::StrAppend(&what, what.empty() ? "" : "; ", f.help);
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " needs a value", what.empty() ? "" : ": ", what));
     }
     if (absl::Status s = Assign(name, it->second, value); !s.ok()) return s;
   }
@@ -96,7 +110,11 @@ absl::StatusOr<std::vector<std::string>> ArgParser::Parse(const std::vector<std:
 std::string ArgParser::Usage() const {
   std::string out = absl::StrCat("Flags of ", command_, ":\n");
   for (const auto& [name, flag] : flags_) {
-    const std::string left = absl::StrCat("  --", name, flag.type == Type::kBool ? "" : " VALUE");
+    const std::string left =
+        absl::StrCat("  --", name,
+                     flag.type == Type::kBool
+                         ? ""
+                         : absl::StrCat(" ", flag.value_name.empty() ? "VALUE" : flag.value_name));
     absl::StrAppend(&out, left, std::string(left.size() < 28 ? 28 - left.size() : 1, ' '),
                     flag.help, "\n");
   }

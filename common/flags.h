@@ -29,19 +29,26 @@ class ArgParser {
   explicit ArgParser(std::string command) : command_(std::move(command)) {}
 
   // Registers a flag; `out` (not owned) keeps its value unless the flag is
-  // given. `help` is one line for Usage().
-  void AddInt(const std::string& name, int64_t* out, const std::string& help);
-  void AddString(const std::string& name, std::string* out, const std::string& help);
+  // given. `help` is one line for Usage(). `value_name` names the value in
+  // Usage() and in the missing-value error ("--lose WORKER[,WORKER...]");
+  // empty means "VALUE" in Usage() and no name in the error.
+  void AddInt(const std::string& name, int64_t* out, const std::string& help,
+              const std::string& value_name = "");
+  void AddString(const std::string& name, std::string* out, const std::string& help,
+                 const std::string& value_name = "");
   void AddBool(const std::string& name, bool* out, const std::string& help);
   // A repeatable flag: every occurrence appends its value to `out` (the one
   // kind of flag that may be given more than once).
   void AddStrings(const std::string& name, std::vector<std::string>* out,
-                  const std::string& help);
+                  const std::string& help, const std::string& value_name = "");
 
   // Parses `args` (without the program and subcommand words) and returns the
   // positional arguments. Errors (InvalidArgument, naming the flag and what
   // would be valid): an unknown flag, a missing value, a value that is not
-  // an integer, a flag other than an AddStrings one given twice.
+  // an integer, a flag other than an AddStrings one given twice. A value
+  // flag followed by "--" or by another of this parser's flags ("--lose
+  // --json") lacks its value: the next word is not taken as it ("--name=V"
+  // still gives any value).
   absl::StatusOr<std::vector<std::string>> Parse(const std::vector<std::string>& args);
 
   bool WasSet(const std::string& name) const { return set_.count(name) > 0; }
@@ -63,7 +70,11 @@ class ArgParser {
     Type type;
     void* out;
     std::string help;
+    std::string value_name;
   };
+  // Whether `arg` is "--" or one of the registered flags (with or without
+  // "=value").
+  bool IsFlag(const std::string& arg) const;
   absl::Status Assign(const std::string& name, const Flag& flag, const std::string& value);
 
   std::string command_;

@@ -47,7 +47,8 @@ TEST(ArgParserTest, ErrorsNameTheFlag) {
               HasSubstr("--tp='two' is not an integer"));
   EXPECT_THAT(std::string(ParseWith({"--tp", "99999999999999999999"}, p).status().message()),
               HasSubstr("is not an integer"));
-  EXPECT_THAT(std::string(ParseWith({"--tp"}, p).status().message()), HasSubstr("--tp needs a value"));
+  EXPECT_EQ(ParseWith({"--tp"}, p).status().message(),
+            "--tp needs a value: tensor-parallel degree");
   EXPECT_THAT(std::string(ParseWith({"--tp=1", "--tp=2"}, p).status().message()),
               HasSubstr("more than once"));
   EXPECT_THAT(std::string(ParseWith({"--json=maybe"}, p).status().message()),
@@ -73,6 +74,44 @@ TEST(ArgParserTest, AStringsFlagMayRepeatAndKeepsEveryValueInOrder) {
               HasSubstr("--job is given more than once"));
   EXPECT_THAT(std::string(again.Parse({"--inject-fault"}).status().message()),
               HasSubstr("--inject-fault needs a value"));
+}
+
+// A value flag followed by another of the parser's flags, or by "--", lacks
+// its value rather than taking the flag as it; "--name=VALUE" takes any.
+TEST(ArgParserTest, AFlagIsNotTheValueOfTheFlagBeforeIt) {
+  Parsed p;
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--schedule", "--json"},
+                                             {"--schedule", "--tp=2"},
+                                             {"--schedule", "--"},
+                                             {"job", "--schedule", "--json", "x"}}) {
+    EXPECT_EQ(ParseWith(args, p).status().message(), "--schedule needs a value: schedule name")
+        << args.size();
+  }
+  // Anything else that starts with dashes is a value, and "=" gives any.
+  Parsed q;
+  ASSERT_TRUE(ParseWith({"--schedule", "--other"}, q).ok());
+  EXPECT_EQ(q.schedule, "--other");
+  ASSERT_TRUE(ParseWith({"--schedule=--json"}, q).ok());
+  EXPECT_EQ(q.schedule, "--json");
+}
+
+TEST(ArgParserTest, AValueNameShowsInUsageAndTheMissingValueError) {
+  ArgParser parser("shardctl whatif");
+  std::vector<std::string> lose;
+  std::string reason;
+  parser.AddStrings("lose", &lose, "workers to suppose lost", "WORKER[,WORKER...]");
+  parser.AddString("reason", &reason, "", "TEXT");
+  EXPECT_THAT(parser.Usage(), HasSubstr("  --lose WORKER[,WORKER...] workers to suppose lost\n"));
+  EXPECT_THAT(parser.Usage(), HasSubstr("  --reason TEXT"));
+  EXPECT_EQ(parser.Parse({"j", "--lose"}).status().message(),
+            "--lose needs a value: WORKER[,WORKER...]; workers to suppose lost");
+  ArgParser other("x");
+  other.AddString("reason", &reason, "", "TEXT");
+  EXPECT_EQ(other.Parse({"--reason"}).status().message(), "--reason needs a value: TEXT");
+  ArgParser bare("x");
+  bare.AddString("reason", &reason, "");
+  EXPECT_EQ(bare.Parse({"--reason"}).status().message(), "--reason needs a value");
 }
 
 TEST(ArgParserTest, UsageListsEveryFlag) {

@@ -76,9 +76,9 @@ std::string LossesSentence(const v1::WhatIfResponse& r) {
     absl::StrAppend(&out, " ", Names(rankless), rankless.size() == 1 ? " holds" : " hold",
                     " no rank in it: no change.");
   }
-  if (!gone.empty()) {
+  if (!gone.empty()) {  // LOST or LEFT
     absl::StrAppend(&out, " ", Names(gone), gone.size() == 1 ? " is" : " are",
-                    " gone already: no change.");
+                    " not live: losing ", gone.size() == 1 ? "it" : "them", " changes nothing.");
   }
   return out;
 }

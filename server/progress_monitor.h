@@ -46,9 +46,10 @@ inline constexpr size_t kMaxStragglersListed = 16;
 
 // The automatic progress timeout (ElasticPolicy.progress_timeout unset):
 // max(kMinAutoProgressTimeout, kAutoProgressStepFactor x the median of the
-// ranks' latest step_time).
-inline constexpr absl::Duration kMinAutoProgressTimeout = absl::Seconds(30);
-inline constexpr int kAutoProgressStepFactor = 10;
+// ranks' latest step_time). Defined in spec/job_spec.h, which shardctl
+// shares.
+inline constexpr absl::Duration kMinAutoProgressTimeout = spec::kMinAutoProgressTimeout;
+inline constexpr int kAutoProgressStepFactor = spec::kAutoProgressStepFactor;
 
 // The content checks of a heartbeat's RankProgress (its sizes are
 // server/limits.h's, checked by the RPC adapter). `world_size`: of the

@@ -61,6 +61,12 @@ inline constexpr int kMinTimeoutIntervals = 2;
 //   straggler_policy   UNSPECIFIED -> REPORT
 // An external job accepts them too (same checks) but is never judged: its
 // agents send no progress reports (session.proto HeartbeatRequest.progress).
+// The automatic progress timeout (progress_timeout unset), which the
+// coordinator applies (server/progress_monitor.h) and shardctl job get
+// describes: max(kMinAutoProgressTimeout, kAutoProgressStepFactor x the
+// median of the ranks' latest step_time).
+inline constexpr absl::Duration kMinAutoProgressTimeout = absl::Seconds(30);
+inline constexpr int kAutoProgressStepFactor = 10;
 inline constexpr absl::Duration kMinProgressTimeout = absl::Milliseconds(100);
 inline constexpr absl::Duration kMaxProgressTimeout = absl::Hours(24);
 inline constexpr double kDefaultStragglerFactor = 1.5;

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "absl/status/status.h"
@@ -9,6 +10,9 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "spec/job_spec.h"
 
 namespace shardline::spec {
 namespace {
@@ -65,6 +69,46 @@ TEST(SpecFileTest, ExampleSpecParses) {
   EXPECT_EQ(spec->elastic().heartbeat_interval().seconds(), 1);
   EXPECT_EQ(spec->elastic().heartbeat_timeout().seconds(), 10);
   EXPECT_FALSE(spec->elastic().has_join_timeout());
+}
+
+// The example's commented-out hang and straggler lines: left as they are
+// they set nothing (the defaults apply); uncommented, each is a valid
+// setting that the coordinator accepts.
+TEST(SpecFileTest, ExampleSpecHangAndStragglerLinesAreValidWhenUncommented) {
+  absl::StatusOr<v1::JobSpec> as_is = ReadJobSpecFile(kExample);
+  ASSERT_TRUE(as_is.ok()) << as_is.status();
+  EXPECT_FALSE(as_is->elastic().has_progress_timeout());
+  EXPECT_EQ(as_is->elastic().hang_policy(), v1::HANG_POLICY_UNSPECIFIED);
+  EXPECT_EQ(as_is->elastic().straggler_factor(), 0);
+  EXPECT_EQ(as_is->elastic().straggler_window_steps(), 0u);
+  EXPECT_EQ(as_is->elastic().straggler_policy(), v1::STRAGGLER_POLICY_UNSPECIFIED);
+
+  std::ifstream in(kExample);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string uncommented;
+  int settings = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    for (const char* field : {"progress_timeout", "hang_policy", "straggler_factor",
+                              "straggler_window_steps", "straggler_policy"}) {
+      if (absl::StartsWith(line, absl::StrCat("  # ", field, ": "))) {
+        line.remove_prefix(4);  // "  # " -> ""; keep the elastic: indentation below
+        ++settings;
+        uncommented += "  ";
+        break;
+      }
+    }
+    absl::StrAppend(&uncommented, line, "\n");
+  }
+  ASSERT_EQ(settings, 5) << text;
+  absl::StatusOr<v1::JobSpec> spec = Yaml(uncommented);
+  ASSERT_TRUE(spec.ok()) << spec.status() << "\n" << uncommented;
+  EXPECT_EQ(spec->elastic().progress_timeout().seconds(), 120);
+  EXPECT_EQ(spec->elastic().hang_policy(), v1::HANG_POLICY_REPORT);
+  EXPECT_DOUBLE_EQ(spec->elastic().straggler_factor(), 2.0);
+  EXPECT_EQ(spec->elastic().straggler_window_steps(), 20u);
+  EXPECT_EQ(spec->elastic().straggler_policy(), v1::STRAGGLER_POLICY_REPLACE);
+  absl::StatusOr<v1::JobSpec> resolved = ResolveJobSpec(*spec);
+  EXPECT_TRUE(resolved.ok()) << resolved.status();
 }
 
 // The external example (job.proto ExternalWorkload): only name, external

@@ -422,7 +422,8 @@ absl::Status WhatIf(const std::vector<std::string>& args, std::ostream& out) {
   Command c("shardctl whatif");
   std::vector<std::string> lose;
   c.parser.AddStrings("lose", &lose,
-                      "worker ids to suppose lost, comma-separated (1 to 1024; may repeat)");
+                      "worker ids to suppose lost, comma-separated (1 to 1024; may repeat)",
+                      "WORKER[,WORKER...]");
   bool help = false;
   absl::StatusOr<std::string> job = OneJob(c, args, kWhatIfUsage,
                                            "shardctl whatif shakespeare --lose node3:cpu", out,

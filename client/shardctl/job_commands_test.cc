@@ -802,6 +802,21 @@ std::string ManyWorkers(int n) {
   return absl::StrJoin(ids, ",");
 }
 
+// "whatif JOB --lose" with nothing after --lose (or another flag after it)
+// says that --lose needs a value, not that the job id is missing (the shared
+// ArgParser, common/flags.h).
+TEST_F(JobCommandsTest, WhatIfLoseWithoutAValueSaysSo) {
+  for (const Args& args : {Args{"shakespeare", "--lose"}, Args{"shakespeare", "--lose", "--json"},
+                           Args{"--lose", "--json", "shakespeare"}}) {
+    absl::StatusOr<std::string> out = RunRaw("whatif", args);
+    ASSERT_FALSE(out.ok()) << args.size();
+    EXPECT_EQ(out.status().message(),
+              "--lose needs a value: WORKER[,WORKER...]; worker ids to suppose lost, "
+              "comma-separated (1 to 1024; may repeat)");
+    EXPECT_EQ(ExitCodeFor(out.status()), 2);
+  }
+}
+
 TEST_F(JobCommandsTest, UsageErrors) {
   // A TLS file that is not PEM is named with the reason (common/tls_files.h).
   const std::string not_pem = ::testing::TempDir() + "/not-pem-ca.crt";
@@ -822,6 +837,10 @@ TEST_F(JobCommandsTest, UsageErrors) {
       {"members", {}, "takes one job id"},
       {"whatif", {"--lose", "w1"}, "takes one job id, e.g. 'shardctl whatif shakespeare --lose"},
       {"whatif", {"j"}, "whatif needs --lose WORKER[,WORKER...]"},
+      {"whatif", {"j", "--lose"}, "--lose needs a value: WORKER[,WORKER...]"},
+      {"whatif", {"j", "--lose", "--json"}, "--lose needs a value: WORKER[,WORKER...]"},
+      {"drain", {"j", "w", "--reason"}, "--reason needs a value"},
+      {"job", {"get", "j", "--timeout", "--json"}, "--timeout needs a value"},
       {"whatif", {"j", "--lose", ""}, "--lose is empty; give 1 to 1024 worker ids"},
       {"whatif", {"j", "--lose", "w1,,w2"}, "--lose='w1,,w2': worker 2 is empty"},
       {"whatif", {"j", "--lose", "w1,"}, "--lose='w1,': worker 2 is empty"},
@@ -1037,7 +1056,8 @@ TEST_F(RealCoordinatorTest, WhatIfSaysWhatALossWouldDo) {
   // Only the spare: nothing re-forms.
   out = Run("whatif", {"job-a", "--lose", "s0"});
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_THAT(*out, HasSubstr("Generation:         goes on: no rank is among the losses"));
+  EXPECT_THAT(*out, HasSubstr("Generation:         goes on: no rank is among the losses (only "
+                              "spares or joining workers), nothing re-forms\n"));
 
   // Nothing changed.
   v1::GetJobRequest get;

@@ -85,11 +85,12 @@ std::string ActivityName(v1::Activity a) {
   return absl::AsciiStrToLower(EnumName(v1::Activity_descriptor(), a));
 }
 
-// "all_reduce #66 dp/0", "recv #3 pp/1 from rank 2", with " (waiting 3.1s)"
-// while in flight.
+// In flight: "all_reduce #66 dp/0 (waiting 3.1s)", "recv #3 pp/1 from rank
+// 2 (waiting 250ms)"; the last one finished (none in flight): "last
+// all_reduce #66 dp/0", so the two never read alike.
 std::string CollectiveText(const v1::CollectiveProgress& c) {
-  std::string out =
-      absl::StrCat(Printable(c.operation(), 32), " #", c.sequence(), " ", Printable(c.group(), 64));
+  std::string out = absl::StrCat(c.in_flight() ? "" : "last ", Printable(c.operation(), 32), " #",
+                                 c.sequence(), " ", Printable(c.group(), 64));
   if (c.has_peer_rank()) {
     absl::StrAppend(&out, c.operation() == "recv" ? " from rank " : " to rank ", c.peer_rank());
   }
@@ -189,6 +190,36 @@ void AddHangAndStragglers(const v1::Job& job,
     if (more > 0) rows.push_back(absl::StrCat("and ", more, " more"));
     lines->emplace_back("Stragglers", absl::StrJoin(rows, "\n"));
   }
+}
+
+// The spec's hang detection, as the coordinator applies it (job.proto
+// ElasticPolicy, spec/job_spec.h): "progress_timeout auto (max(30s, 10x
+// median step)), evict", "progress_timeout 5s, report", "off
+// (progress_timeout 0s)".
+std::string HangDetection(const v1::ElasticPolicy& e) {
+  if (e.has_progress_timeout() && FromProto(e.progress_timeout()) == absl::ZeroDuration()) {
+    return "off (progress_timeout 0s)";
+  }
+  const std::string timeout =
+      e.has_progress_timeout()
+          ? absl::FormatDuration(FromProto(e.progress_timeout()))
+          : absl::StrCat("auto (max(", absl::FormatDuration(spec::kMinAutoProgressTimeout), ", ",
+                         spec::kAutoProgressStepFactor, "x median step))");
+  return absl::StrCat("progress_timeout ", timeout, ", ",
+                      e.hang_policy() == v1::HANG_POLICY_REPORT ? "report" : "evict");
+}
+
+// The spec's straggler detection: "1.5x the median compute over 10 steps,
+// report" or "..., replace by a spare" (defaults applied).
+std::string StragglerDetection(const v1::ElasticPolicy& e) {
+  const double factor =
+      e.straggler_factor() == 0 ? spec::kDefaultStragglerFactor : e.straggler_factor();
+  const uint32_t window = e.straggler_window_steps() == 0 ? spec::kDefaultStragglerWindowSteps
+                                                          : e.straggler_window_steps();
+  return absl::StrCat(absl::StrFormat("%g", factor), "x the median compute over ", window,
+                      " steps, ",
+                      e.straggler_policy() == v1::STRAGGLER_POLICY_REPLACE ? "replace by a spare"
+                                                                           : "report");
 }
 
 // The World line of a job whose first generation has not formed. The
@@ -405,6 +436,10 @@ std::string FormatJob(const v1::Job& job, const v1::ListMembersResponse* members
                                              " workers, heartbeat ",
                                              Duration(e.heartbeat_interval()), ", timeout ",
                                              Duration(e.heartbeat_timeout())));
+  // The settings; "Stragglers" above lists the ranks flagged now. (Not for
+  // an external job: it sends no progress reports, so is never judged.)
+  lines.emplace_back("Hang detection", HangDetection(e));
+  lines.emplace_back("Straggler check", StragglerDetection(e));
   lines.emplace_back("Created", FormatTimestamp(job.create_time()));
   lines.emplace_back("Updated", FormatTimestamp(job.update_time()));
   return KeyValueBlock(lines);
@@ -482,6 +517,61 @@ std::string FormatMembers(const std::string& job_id, const v1::ListMembersRespon
   return absl::StrCat("Job ", job_id, ", generation ", response.generation(), "\n", t.Render());
 }
 
+namespace {
+
+// "a", "a and b", "a, b and c"; past 8 names "a, ..., h and 5 more".
+std::string NameList(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 8;
+  if (names.size() <= 1) return names.empty() ? "" : names[0];
+  const size_t shown = std::min(names.size(), kShown);
+  std::vector<std::string> head(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(shown));
+  if (shown < names.size()) {
+    return absl::StrCat(absl::StrJoin(head, ", "), " and ", names.size() - shown, " more");
+  }
+  const std::string last = head.back();
+  head.pop_back();
+  return absl::StrCat(absl::StrJoin(head, ", "), " and ", last);
+}
+
+// The Generation line of a loss that ends nothing (no lost rank): what the
+// losses are. Spares and joining workers only: "(only spares or joining
+// workers)"; a LOST or LEFT worker is not live, and a FENCED one (or any
+// other rankless state) holds no rank, so losing either changes nothing
+// and the line says so, naming them with their state.
+std::string GoesOn(const v1::WhatIfResponse& r) {
+  std::vector<std::string> gone, rankless;
+  bool spares = false;
+  for (const v1::WhatIfLoss& l : r.losses()) {
+    const std::string who = absl::StrCat(Printable(l.worker_id(), 128), " (",
+                                         EnumName(v1::MemberState_descriptor(), l.state()), ")");
+    if (l.state() == v1::MEMBER_STATE_SPARE || l.state() == v1::MEMBER_STATE_JOINING) {
+      spares = true;
+    } else if (l.state() == v1::MEMBER_STATE_LOST || l.state() == v1::MEMBER_STATE_LEFT) {
+      gone.push_back(who);
+    } else {
+      rankless.push_back(who);
+    }
+  }
+  if (gone.empty() && rankless.empty()) {
+    return "goes on: no rank is among the losses (only spares or joining workers), nothing "
+           "re-forms";
+  }
+  std::string out = "goes on: no rank is among the losses, nothing re-forms";
+  if (!gone.empty()) {
+    absl::StrAppend(&out, "; ", NameList(gone), gone.size() == 1 ? " is" : " are",
+                    " not live: losing ", gone.size() == 1 ? "it" : "them", " changes nothing");
+  }
+  if (!rankless.empty()) {
+    absl::StrAppend(&out, "; ", NameList(rankless), rankless.size() == 1 ? " holds" : " hold",
+                    " no rank: losing ", rankless.size() == 1 ? "it" : "them",
+                    " changes nothing");
+  }
+  if (spares) absl::StrAppend(&out, "; the others are spares or joining workers");
+  return out;
+}
+
+}  // namespace
+
 std::string FormatWhatIf(const v1::WhatIfResponse& r) {
   std::string out = absl::StrCat("Generation ", r.generation(), " now: world ", r.world_size(),
                                  ", dp ", r.dp(), "\n");
@@ -501,9 +591,7 @@ std::string FormatWhatIf(const v1::WhatIfResponse& r) {
   std::vector<std::string> spares;
   for (const std::string& s : r.spares_used()) spares.push_back(Printable(s, 128));
   if (!r.generation_ends()) {
-    lines.emplace_back("Generation",
-                       "goes on: no rank is among the losses (only spares or joining workers), "
-                       "nothing re-forms");
+    lines.emplace_back("Generation", GoesOn(r));
     lines.emplace_back("Spares", "none needed");
     lines.emplace_back("New world", absl::StrCat("unchanged: world ", r.world_size(), ", dp ",
                                                  r.dp()));

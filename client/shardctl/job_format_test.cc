@@ -72,8 +72,42 @@ TEST(JobFormatTest, PendingJob) {
             "Data:             data/tinyshakespeare.txt\n"
             "Checkpoints:      every 100 steps into /tmp/shardline-ckpt, keep last 3\n"
             "Elastic:          4..5 workers, heartbeat 1s, timeout 10s\n"
+            "Hang detection:   progress_timeout auto (max(30s, 10x median step)), evict\n"
+            "Straggler check:  1.5x the median compute over 10 steps, report\n"
             "Created:          2024-05-01T10:00:00Z\n"
             "Updated:          2024-05-01T10:00:05Z\n");
+}
+
+// The hang and straggler settings (job.proto ElasticPolicy) as set, and
+// with their defaults (spec/job_spec.h) when unset.
+TEST(JobFormatTest, HangAndStragglerSettings) {
+  v1::Job job = DemoJob();
+  v1::ElasticPolicy* e = job.mutable_spec()->mutable_elastic();
+  e->mutable_progress_timeout()->set_seconds(5);
+  e->set_hang_policy(v1::HANG_POLICY_REPORT);
+  e->set_straggler_factor(2.25);
+  e->set_straggler_window_steps(20);
+  e->set_straggler_policy(v1::STRAGGLER_POLICY_REPLACE);
+  EXPECT_THAT(FormatJob(job),
+              HasSubstr("Elastic:          4..5 workers, heartbeat 1s, timeout 10s\n"
+                        "Hang detection:   progress_timeout 5s, report\n"
+                        "Straggler check:  2.25x the median compute over 20 steps, replace by a "
+                        "spare\n"
+                        "Created:"));
+  e->mutable_progress_timeout()->set_seconds(0);
+  e->mutable_progress_timeout()->set_nanos(250000000);
+  e->set_hang_policy(v1::HANG_POLICY_EVICT);
+  e->set_straggler_policy(v1::STRAGGLER_POLICY_REPORT);
+  EXPECT_THAT(FormatJob(job), AllOf(HasSubstr("Hang detection:   progress_timeout 250ms, evict\n"),
+                                    HasSubstr("Straggler check:  2.25x the median compute over 20 "
+                                              "steps, report\n")));
+  // 0s turns hang detection off.
+  e->mutable_progress_timeout()->set_nanos(0);
+  EXPECT_THAT(FormatJob(job), HasSubstr("Hang detection:   off (progress_timeout 0s)\n"));
+  // An external job is never judged (no progress reports): no such lines.
+  job.mutable_spec()->mutable_external()->set_framework("torchrun");
+  EXPECT_THAT(FormatJob(job),
+              AllOf(Not(HasSubstr("Hang detection")), Not(HasSubstr("Straggler check"))));
 }
 
 TEST(JobFormatTest, RunningJobWithCheckpointAndReason) {
@@ -400,7 +434,8 @@ TEST(JobFormatTest, MembersShowProgressAndStragglers) {
   p->set_activity(v1::ACTIVITY_COLLECTIVE);
   *p->add_collectives() = Op("tp/0", "all_reduce", 130, true, 40);
   *p->add_collectives() = Op("dp/0", "all_reduce", 66, true, 3100);
-  // Computing, slow: its latest completed collective is tp/1's #131.
+  // Computing, slow: its latest completed collective is tp/1's #131, shown
+  // as the last one ("last all_reduce #131 tp/1"), not as one it is in.
   v1::Member* slow = add("w1", 1);
   p = slow->mutable_progress();
   p->set_activity(v1::ACTIVITY_COMPUTE);
@@ -433,7 +468,7 @@ TEST(JobFormatTest, MembersShowProgressAndStragglers) {
             "w0      1            ACTIVE     0    4    15  TRAINING      collective  "
             "all_reduce #66 dp/0 (waiting 3.1s)        -          -     -       -\n"
             "w1      1            ACTIVE     1    4    15  TRAINING      compute     "
-            "all_reduce #131 tp/1                      1.9x       -     -       -\n"
+            "last all_reduce #131 tp/1                 1.9x       -     -       -\n"
             "w2      1            ACTIVE     2    4    15  TRAINING      collective  "
             "recv #3 pp/0 from rank 0 (waiting 250ms)  -          -     -       -\n"
             "w3      1            ACTIVE     3    4    15  TRAINING      checkpoint  "
@@ -594,7 +629,8 @@ TEST(JobFormatTest, WhatIfDpShrinks) {
                     Not(HasSubstr("Summary"))));
 }
 
-// Losing only a spare (and a worker already lost) ends nothing.
+// Losing only a spare (and a worker already lost) ends nothing; the
+// Generation line says which losses are spares and which are not live.
 TEST(JobFormatTest, WhatIfOfSparesOnlyChangesNothing) {
   v1::WhatIfResponse r;
   r.set_generation(3);
@@ -610,12 +646,31 @@ TEST(JobFormatTest, WhatIfOfSparesOnlyChangesNothing) {
             "s0    SPARE     -   -   -   -            0              0\n"
             "old   LOST      -   -   -   -            0              0\n"
             "\n"
-            "Generation:         goes on: no rank is among the losses (only spares or joining "
-            "workers), nothing re-forms\n"
+            "Generation:         goes on: no rank is among the losses, nothing re-forms; old "
+            "(LOST) is not live: losing it changes nothing; the others are spares or joining "
+            "workers\n"
             "Spares:             none needed\n"
             "New world:          unchanged: world 2, dp 2\n"
             "Below min workers:  no\n"
             "Restore:            nothing (the generation goes on)\n");
+
+  // Only spares (and joining workers): says so.
+  v1::WhatIfResponse spares = r;
+  spares.mutable_losses(1)->set_state(v1::MEMBER_STATE_JOINING);
+  EXPECT_THAT(FormatWhatIf(spares),
+              HasSubstr("Generation:         goes on: no rank is among the losses (only spares "
+                        "or joining workers), nothing re-forms\n"));
+
+  // Only workers that are not live or hold no rank: no spare is mentioned.
+  v1::WhatIfResponse gone = r;
+  gone.mutable_losses(0)->set_worker_id("w9");
+  gone.mutable_losses(0)->set_state(v1::MEMBER_STATE_LEFT);
+  gone.add_losses()->set_worker_id("f1");
+  gone.mutable_losses(2)->set_state(v1::MEMBER_STATE_FENCED);
+  EXPECT_THAT(FormatWhatIf(gone),
+              HasSubstr("Generation:         goes on: no rank is among the losses, nothing "
+                        "re-forms; w9 (LEFT) and old (LOST) are not live: losing them changes "
+                        "nothing; f1 (FENCED) holds no rank: losing it changes nothing\n"));
 }
 
 // `whatif --json` is the response: parsed back it is the same message.
