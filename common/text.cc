@@ -1,11 +1,13 @@
 #include "common/text.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace shardline {
 namespace {
@@ -113,6 +115,19 @@ size_t Utf8Length(absl::string_view text, size_t i) {
     if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) return 0;
   }
   return n;
+}
+
+std::string JoinForPeople(const std::vector<std::string>& names, size_t max_shown) {
+  if (names.empty()) return "";
+  if (names.size() == 1) return names[0];
+  const size_t shown = std::max<size_t>(1, std::min(names.size(), max_shown));
+  std::vector<std::string> head(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(shown));
+  if (shown < names.size()) {
+    return absl::StrCat(absl::StrJoin(head, ", "), " and ", names.size() - shown, " more");
+  }
+  const std::string last = head.back();
+  head.pop_back();
+  return absl::StrCat(absl::StrJoin(head, ", "), " and ", last);
 }
 
 }  // namespace shardline

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -52,6 +53,11 @@ bool IsDisplayText(absl::string_view text);
 //    use at most 1024 bytes of printable text on one line"
 absl::Status CheckText(absl::string_view field, absl::string_view value, size_t max_bytes,
                        bool required = false);
+
+// Names for a sentence: "" (none), "a", "a and b", "a, b and c"; past
+// `max_shown` names the first max_shown and "and N more":
+//   JoinForPeople({"w1", ..., "w10"}, 8) == "w1, w2, ..., w8 and 2 more"
+std::string JoinForPeople(const std::vector<std::string>& names, size_t max_shown = 8);
 
 }  // namespace shardline
 

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/time_util.h"
+#include "common/text.h"
 #include "server/coordinator.h"
 #include "server/coordinator_records.h"
 #include "server/formation.h"
@@ -37,16 +38,7 @@ std::string Count(uint64_t n, const char* one, const char* many) {
 
 // "w1, w2 and w3"; past kMaxNamesInSummary "w1, ..., w8 and 5 more".
 std::string Names(const std::vector<std::string>& names) {
-  if (names.empty()) return "";
-  if (names.size() == 1) return names[0];
-  const size_t shown = std::min(names.size(), kMaxNamesInSummary);
-  std::vector<std::string> head(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(shown));
-  if (shown < names.size()) {
-    return absl::StrCat(absl::StrJoin(head, ", "), " and ", names.size() - shown, " more");
-  }
-  const std::string last = head.back();
-  head.pop_back();
-  return absl::StrCat(absl::StrJoin(head, ", "), " and ", last);
+  return JoinForPeople(names, kMaxNamesInSummary);
 }
 
 // The summary's first sentence: what is lost.

@@ -102,6 +102,18 @@ class HangDetectionTest : public CoordinatorFixture {
     ASSERT_TRUE(BeatP("c", 1, Computing(14, 46)).ok());
   }
 
+  // a, b and d wait in all_reduce #47 from now, c computes after #46;
+  // every one beats and the coordinator ticks each second for 5 s.
+  void StallFiveSeconds() {
+    const absl::Time start = clock_.Now();
+    BeatStalled(start);
+    for (int s = 1; s <= 5; ++s) {
+      clock_.Advance(absl::Seconds(1));
+      BeatStalled(start);
+      coordinator_->Tick();
+    }
+  }
+
   std::vector<v1::JobEvent> Events() {
     auto events = coordinator_->WaitEvents("job", std::nullopt, absl::InfinitePast());
     EXPECT_TRUE(events.ok()) << events.status();
@@ -237,13 +249,7 @@ TEST_F(HangDetectionTest, RecoveredCoordinatorJudgesFromTheRecovery) {
 TEST_F(HangDetectionTest, EvictionBelowMinWorkersWaitsForAReplacement) {
   Form(absl::Seconds(5), v1::HANG_POLICY_EVICT, 4, v1::STRAGGLER_POLICY_UNSPECIFIED,
        /*min_workers=*/4);
-  const absl::Time start = clock_.Now();
-  BeatStalled(start);
-  for (int s = 1; s <= 5; ++s) {
-    clock_.Advance(absl::Seconds(1));
-    BeatStalled(start);
-    coordinator_->Tick();
-  }
+  StallFiveSeconds();
   // Evicted; the other three are too few, so the job waits (join_timeout,
   // as after any loss) rather than failing at once.
   EXPECT_EQ(Members()["c"].loss_reason(), v1::LOSS_REASON_HUNG);
@@ -263,13 +269,7 @@ TEST_F(HangDetectionTest, EvictionBelowMinWorkersWaitsForAReplacement) {
 TEST_F(HangDetectionTest, EvictionBelowMinWorkersFailsAfterJoinTimeout) {
   Form(absl::Seconds(5), v1::HANG_POLICY_EVICT, 4, v1::STRAGGLER_POLICY_UNSPECIFIED,
        /*min_workers=*/4);
-  const absl::Time start = clock_.Now();
-  BeatStalled(start);
-  for (int s = 1; s <= 5; ++s) {
-    clock_.Advance(absl::Seconds(1));
-    BeatStalled(start);
-    coordinator_->Tick();
-  }
+  StallFiveSeconds();
   ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RECOVERING);
   const absl::Duration join_timeout =
       absl::Seconds(Job().spec().elastic().join_timeout().seconds());

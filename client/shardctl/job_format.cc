@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/shardctl/table.h"
+#include "common/text.h"
 #include "google/protobuf/util/json_util.h"
 #include "spec/job_spec.h"
 
@@ -519,19 +520,6 @@ std::string FormatMembers(const std::string& job_id, const v1::ListMembersRespon
 
 namespace {
 
-// "a", "a and b", "a, b and c"; past 8 names "a, ..., h and 5 more".
-std::string NameList(const std::vector<std::string>& names) {
-  constexpr size_t kShown = 8;
-  if (names.size() <= 1) return names.empty() ? "" : names[0];
-  const size_t shown = std::min(names.size(), kShown);
-  std::vector<std::string> head(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(shown));
-  if (shown < names.size()) {
-    return absl::StrCat(absl::StrJoin(head, ", "), " and ", names.size() - shown, " more");
-  }
-  const std::string last = head.back();
-  head.pop_back();
-  return absl::StrCat(absl::StrJoin(head, ", "), " and ", last);
-}
 
 // The Generation line of a loss that ends nothing (no lost rank): what the
 // losses are. Spares and joining workers only: "(only spares or joining
@@ -558,11 +546,11 @@ std::string GoesOn(const v1::WhatIfResponse& r) {
   }
   std::string out = "goes on: no rank is among the losses, nothing re-forms";
   if (!gone.empty()) {
-    absl::StrAppend(&out, "; ", NameList(gone), gone.size() == 1 ? " is" : " are",
+    absl::StrAppend(&out, "; ", JoinForPeople(gone), gone.size() == 1 ? " is" : " are",
                     " not live: losing ", gone.size() == 1 ? "it" : "them", " changes nothing");
   }
   if (!rankless.empty()) {
-    absl::StrAppend(&out, "; ", NameList(rankless), rankless.size() == 1 ? " holds" : " hold",
+    absl::StrAppend(&out, "; ", JoinForPeople(rankless), rankless.size() == 1 ? " holds" : " hold",
                     " no rank: losing ", rankless.size() == 1 ? "it" : "them",
                     " changes nothing");
   }
