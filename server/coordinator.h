@@ -568,9 +568,12 @@ class Coordinator {
   // (empty when none is found); emits HangDetected (REPORT) and marks the
   // culprits' details when it finds some. `frozen` gets the culprits whose
   // last heartbeat is older than 2 heartbeat intervals (a process stopped
-  // whole: it will not re-join soon, so ReportError declares it lost).
+  // whole: it will not re-join soon, so ReportError declares it lost);
+  // `stuck` the others (heartbeats go on, the training thread is behind:
+  // hung, evicted by ReportError unless hang_policy is REPORT).
   std::string NameHoldersUpLocked(JobRecord& job, absl::Time now,
-                                  std::vector<MemberRecord*>* frozen)
+                                  std::vector<MemberRecord*>* frozen,
+                                  std::vector<MemberRecord*>* stuck)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Both of those: LocaliseHang (server/progress_monitor.h) over the ACTIVE
   // ranks' latest reports at `now`; and recording a report (Job.last_hang,

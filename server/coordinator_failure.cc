@@ -156,15 +156,29 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
   // The report ends the generation: name the ranks the others waited for.
   // Those frozen whole (no heartbeat either) are lost: the next generation
   // forms without waiting for them (they may re-join once they run again).
-  std::vector<MemberRecord*> frozen;
+  // Those whose heartbeats go on while their training thread is behind are
+  // hung (a collective_timeout shorter than progress_timeout ends the wait
+  // first): evicted as a stall would be, unless hang_policy is REPORT, or
+  // they would re-join and hold up every generation after this one too.
+  std::vector<MemberRecord*> frozen, stuck;
   if (job->job.phase() == v1::JOB_PHASE_RUNNING &&
       job->job.generation() == request.fence().generation()) {
-    what += NameHoldersUpLocked(*job, clock_->Now(), &frozen);
+    what += NameHoldersUpLocked(*job, clock_->Now(), &frozen, &stuck);
   }
   for (MemberRecord* culprit : frozen) {
     if (culprit->member.state() == v1::MEMBER_STATE_ACTIVE && culprit != *m) {
       LoseMemberLocked(*job, *culprit, v1::LOSS_REASON_ERROR_REPORTED,
                        absl::StrCat("held up the job and sends no heartbeats: ", what), ended);
+    }
+  }
+  if (job->job.spec().elastic().hang_policy() != v1::HANG_POLICY_REPORT) {
+    for (MemberRecord* culprit : stuck) {
+      if (culprit->member.state() == v1::MEMBER_STATE_ACTIVE && culprit != *m) {
+        LoseMemberLocked(*job, *culprit, v1::LOSS_REASON_HUNG,
+                         absl::StrCat("held up the job (its heartbeats go on, its training does "
+                                      "not): ", what),
+                         ended);
+      }
     }
   }
   if (request.has_peer_rank()) {

@@ -124,7 +124,8 @@ void Coordinator::PublishHangLocked(JobRecord& job, const v1::HangReport& report
 }
 
 std::string Coordinator::NameHoldersUpLocked(JobRecord& job, absl::Time now,
-                                             std::vector<MemberRecord*>* frozen) {
+                                             std::vector<MemberRecord*>* frozen,
+                                             std::vector<MemberRecord*>* stuck) {
   if (!Judged(job)) return "";
   std::optional<HangFinding> f = LocateHangLocked(job, now);
   if (!f.has_value() || f->culprit_ranks.empty()) {
@@ -151,14 +152,16 @@ std::string Coordinator::NameHoldersUpLocked(JobRecord& job, absl::Time now,
   v1::HangReport& report = f->report;
   report.set_generation(job.job.generation());
   *report.mutable_stalled_for() = DurationProto(now - job.last_progress);
-  report.set_action(v1::HANG_POLICY_REPORT);
+  // ReportError removes the culprits unless hang_policy is REPORT.
+  const bool evict = job.job.spec().elastic().hang_policy() != v1::HANG_POLICY_REPORT;
+  report.set_action(evict ? v1::HANG_POLICY_EVICT : v1::HANG_POLICY_REPORT);
   *report.mutable_time() = ToProto(now);
   const absl::Duration stale = 2 * FromProto(job.job.spec().elastic().heartbeat_interval());
   for (uint32_t rank : f->culprit_ranks) {
     MemberRecord* m = rank < job.by_rank.size() ? job.by_rank[rank] : nullptr;
     if (m == nullptr) continue;
     m->member.set_detail(absl::StrCat("held up the job: ", report.summary()));
-    if (now - m->last_heartbeat > stale) frozen->push_back(m);
+    (now - m->last_heartbeat > stale ? frozen : stuck)->push_back(m);
   }
   PublishHangLocked(job, report);
   LogLine(absl::StrFormat("job %s generation %d: at an error report: %s", job.job.job_id(),

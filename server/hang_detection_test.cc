@@ -417,7 +417,7 @@ TEST_F(HangDetectionTest, TheErrorReportNamesTheRankThatHeldTheOthersUp) {
   EXPECT_THAT(ended[0].reason, HasSubstr(held));
   const std::vector<v1::HangReport> hangs = Hangs();
   ASSERT_EQ(hangs.size(), 1u);
-  EXPECT_EQ(hangs[0].action(), v1::HANG_POLICY_REPORT);
+  EXPECT_EQ(hangs[0].action(), v1::HANG_POLICY_EVICT);
   EXPECT_EQ(hangs[0].culprits(0).rank(), 2u);
   EXPECT_EQ(hangs[0].num_waiting(), 3u);
   // Frozen whole (no heartbeat for 6.1 s): lost, so that the others re-form
@@ -435,29 +435,62 @@ TEST_F(HangDetectionTest, TheErrorReportNamesTheRankThatHeldTheOthersUp) {
 }
 
 // The culprit of an error report still heartbeats (its training thread is
-// stuck, its process is not): named, FENCED like the others, not lost.
-TEST_F(HangDetectionTest, TheErrorReportNamesALiveCulpritWithoutLosingIt) {
-  Form(absl::ZeroDuration());
-  const absl::Time start = clock_.Now();
-  clock_.Advance(absl::Seconds(6));
-  for (const char* w : {"a", "b", "d"}) {
-    ASSERT_TRUE(BeatP(w, 1, Waiting(15, 47, clock_.Now() - start)).ok());
+// stuck, its process is not: a collective_timeout shorter than
+// progress_timeout ended the wait first). With hang_policy EVICT (the
+// default) it is evicted as a stall would be — else it would re-join and
+// hold up every later generation; with REPORT it is only named (FENCED).
+class ErrorReportCulpritTest : public HangDetectionTest {
+ protected:
+  // a, b, d have waited 6 s in all_reduce #47; c beats now, in compute
+  // after #46; a reports its timeout.
+  void ReportWithALiveCulprit() {
+    const absl::Time start = clock_.Now();
+    clock_.Advance(absl::Seconds(6));
+    for (const char* w : {"a", "b", "d"}) {
+      ASSERT_TRUE(BeatP(w, 1, Waiting(15, 47, clock_.Now() - start)).ok());
+    }
+    ASSERT_TRUE(BeatP("c", 1, Computing(15, 46)).ok());
+    v1::ReportErrorRequest r;
+    *r.mutable_fence() = Fence("a", 1);
+    r.set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+    r.set_operation("all_reduce");
+    r.set_message("timed out after 5 s");
+    std::vector<GenerationEnded> ended;
+    auto response = coordinator_->ReportError(r, &ended);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_THAT(Job().phase_reason(),
+                HasSubstr("held up by rank 2 (c on host-c): in compute at step 15, last heartbeat "
+                          "0.0 s ago"));
   }
-  ASSERT_TRUE(BeatP("c", 1, Computing(15, 46)).ok());
-  v1::ReportErrorRequest r;
-  *r.mutable_fence() = Fence("a", 1);
-  r.set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
-  r.set_operation("all_reduce");
-  r.set_message("timed out after 5 s");
-  std::vector<GenerationEnded> ended;
-  auto response = coordinator_->ReportError(r, &ended);
-  ASSERT_TRUE(response.ok()) << response.status();
-  EXPECT_THAT(Job().phase_reason(),
-              HasSubstr("held up by rank 2 (c on host-c): in compute at step 15, last heartbeat "
-                        "0.0 s ago"));
+};
+
+TEST_F(ErrorReportCulpritTest, ALiveCulpritIsEvictedByDefault) {
+  Form(absl::ZeroDuration());
+  ASSERT_NO_FATAL_FAILURE(ReportWithALiveCulprit());
+  const v1::Member c = Members()["c"];
+  EXPECT_EQ(c.state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(c.loss_reason(), v1::LOSS_REASON_HUNG);
+  EXPECT_THAT(c.detail(), StartsWith("held up the job (its heartbeats go on, its training does "
+                                     "not): rank 0 (a) reported DEADLINE_EXCEEDED"));
+  ASSERT_EQ(Hangs().size(), 1u);
+  EXPECT_EQ(Hangs()[0].action(), v1::HANG_POLICY_EVICT);
+  // Excluded like a stalled rank: its heartbeats get STOP; the others re-form.
+  auto beat = Beat("c", 1);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_TRUE(beat->directive().has_stop());
+  for (const char* w : {"a", "b", "d"}) ASSERT_TRUE(Join(w).ok()) << w;
+  EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(Job().world_size(), 3u);
+}
+
+TEST_F(ErrorReportCulpritTest, ALiveCulpritIsOnlyNamedWithReportPolicy) {
+  Form(absl::ZeroDuration(), v1::HANG_POLICY_REPORT);
+  ASSERT_NO_FATAL_FAILURE(ReportWithALiveCulprit());
   const v1::Member c = Members()["c"];
   EXPECT_EQ(c.state(), v1::MEMBER_STATE_FENCED);
   EXPECT_THAT(c.detail(), StartsWith("held up the job: 3 ranks wait in all_reduce #47 of dp/0"));
+  ASSERT_EQ(Hangs().size(), 1u);
+  EXPECT_EQ(Hangs()[0].action(), v1::HANG_POLICY_REPORT);
 }
 
 // A member lost by its heartbeat timeout says what it was doing.

@@ -153,6 +153,34 @@ TEST_F(HangTrainingTest, StalledRankIsFoundNamedEvictedAndTheJobCompletes) {
   EXPECT_TRUE(lost_hung) << Logs();
 }
 
+// A rank stalls with progress_timeout (automatic: 30 s) longer than
+// collective_timeout (3 s): the survivors' collective timeout ends the wait
+// first, and their error report names and evicts the stalled rank, whose
+// heartbeats go on; the job completes without it (before, it re-joined and
+// held every later generation up while building communicators).
+TEST_F(HangTrainingTest, StallEndedByTheCollectiveTimeoutEvictsTheStalledRank) {
+  v1::JobSpec spec = Spec("stall-ct", dir_ + "/ckpt", 30, 2, 3);
+  SetDuration(absl::Seconds(3), spec.mutable_elastic()->mutable_collective_timeout());
+  const double reference = UninterruptedFinalLoss(spec);
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator());
+  ASSERT_NO_FATAL_FAILURE(CreateJob(spec));
+  ASSERT_NO_FATAL_FAILURE(StartWorkers(3, /*faulty=*/1, "stall_at_step=12"));
+  EXPECT_EQ(workers_[1]->WaitExit(absl::Seconds(120)), 1) << Logs();
+  const double final_loss = WaitForCompletion();
+  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs();
+  bool lost_hung = false;
+  for (const v1::JobEvent& e : Events()) {
+    lost_hung = lost_hung || (e.has_worker_lost() && e.worker_lost().worker_id() == "w1" &&
+                              e.worker_lost().reason() == v1::LOSS_REASON_HUNG);
+  }
+  EXPECT_TRUE(lost_hung) << Logs();
+  const v1::Job job = GetJob();
+  ASSERT_TRUE(job.has_last_hang()) << Logs();
+  ASSERT_EQ(job.last_hang().culprits_size(), 1);
+  EXPECT_EQ(job.last_hang().culprits(0).worker_id(), "w1");
+  EXPECT_EQ(job.last_hang().action(), v1::HANG_POLICY_EVICT);
+}
+
 // A rank frozen whole (SIGSTOP) while the others wait for it in a
 // collective: the survivors' collective timeout (5 s) ends the generation
 // long before the heartbeat timeout (60 s), and every place that says why
