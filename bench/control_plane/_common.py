@@ -397,17 +397,18 @@ elastic:
   heartbeat_timeout: {heartbeat_timeout}
   last_call: 500ms
   join_timeout: 60s
-  collective_timeout: 20s
+  collective_timeout: {collective_timeout}
 {extra_elastic}"""
 
 
 def tiny_gpt_spec(name, data, ckpt, min_workers, max_workers, heartbeat_interval,
-                  heartbeat_timeout, extra_elastic=""):
+                  heartbeat_timeout, extra_elastic="", collective_timeout="20s"):
     """The tiny GPT job's YAML; `extra_elastic`: more "  key: value" lines of
     its elastic section."""
     return _TINY_GPT_SPEC.format(name=name, data=data, ckpt=ckpt, min_workers=min_workers,
                                  max_workers=max_workers, heartbeat_interval=heartbeat_interval,
-                                 heartbeat_timeout=heartbeat_timeout, extra_elastic=extra_elastic)
+                                 heartbeat_timeout=heartbeat_timeout, extra_elastic=extra_elastic,
+                                 collective_timeout=collective_timeout)
 
 
 def start_torchrun_agents(d, workers, rdzv_id, env):

@@ -47,7 +47,10 @@ def shardline_once(tag, progress_timeout):
     extra = "  progress_timeout: %s\n" % progress_timeout if progress_timeout else ""
     with open(spec, "w") as f:
         f.write(_common.tiny_gpt_spec("hang", os.path.join(_common.REPO, "data", "tinyshakespeare.txt"),
-                                      os.path.join(d, "ckpt"), 2, 4, "200ms", "10s", extra))
+                                      os.path.join(d, "ckpt"), 2, 4, "200ms", "10s", extra,
+                                      # longer than progress_timeout: the
+                                      # progress reports find the hang
+                                      collective_timeout="60s"))
     coord = _common.Coordinator("hang-coordinator-%s" % tag, state=os.path.join(d, "state.db"))
     workers = []
     try:
@@ -145,7 +148,8 @@ def main():
                  statistics.median(pt) if pt else None, "s", False, note)
     benchlib.write_notes(out, """
 **How measured.** Shardline: `shardline-coordinator` and 4 `shardline-worker` processes train the tiny GPT of
-`node_loss` (dp = 4, a checkpoint every 5 steps, heartbeats every 200 ms); worker w%d runs with
+`node_loss` (dp = 4, a checkpoint every 5 steps, heartbeats every 200 ms, collective_timeout 60 s so that the
+progress reports, not a timeout, find the hang); worker w%d runs with
 `--inject-fault stall_at_step=%d` (a test facility: its training thread blocks for good before that step
 while its process and heartbeats go on). The time runs from that worker's `the training thread stalls before step` log
 line to the first survivor's `recovery (...): ... first resumed step N` line: the coordinator sees no
