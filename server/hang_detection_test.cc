@@ -102,6 +102,17 @@ class HangDetectionTest : public CoordinatorFixture {
     ASSERT_TRUE(BeatP("c", 1, Computing(14, 46)).ok());
   }
 
+  // `worker` (generation 1) reports its all_reduce timed out.
+  absl::StatusOr<v1::ReportErrorResponse> ReportTimeout(const std::string& worker,
+                                                        std::vector<GenerationEnded>* ended) {
+    v1::ReportErrorRequest r;
+    *r.mutable_fence() = Fence(worker, 1);
+    r.set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+    r.set_operation("all_reduce");
+    r.set_message("timed out after 5 s");
+    return coordinator_->ReportError(r, ended);
+  }
+
   // a, b and d wait in all_reduce #47 from now, c computes after #46;
   // every one beats and the coordinator ticks each second for 5 s.
   void StallFiveSeconds() {
@@ -398,13 +409,8 @@ TEST_F(HangDetectionTest, TheErrorReportNamesTheRankThatHeldTheOthersUp) {
   for (const char* w : {"a", "b", "d"}) {
     ASSERT_TRUE(BeatP(w, 1, Waiting(15, 47, clock_.Now() - start)).ok());
   }
-  v1::ReportErrorRequest r;
-  *r.mutable_fence() = Fence("a", 1);
-  r.set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
-  r.set_operation("all_reduce");
-  r.set_message("timed out after 5 s");
   std::vector<GenerationEnded> ended;
-  auto response = coordinator_->ReportError(r, &ended);
+  auto response = ReportTimeout("a", &ended);
   ASSERT_TRUE(response.ok()) << response.status();
   const std::string held =
       "held up by rank 2 (c on host-c): in compute at step 15, last heartbeat 6.1 s ago";
@@ -450,13 +456,8 @@ class ErrorReportCulpritTest : public HangDetectionTest {
       ASSERT_TRUE(BeatP(w, 1, Waiting(15, 47, clock_.Now() - start)).ok());
     }
     ASSERT_TRUE(BeatP("c", 1, Computing(15, 46)).ok());
-    v1::ReportErrorRequest r;
-    *r.mutable_fence() = Fence("a", 1);
-    r.set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
-    r.set_operation("all_reduce");
-    r.set_message("timed out after 5 s");
     std::vector<GenerationEnded> ended;
-    auto response = coordinator_->ReportError(r, &ended);
+    auto response = ReportTimeout("a", &ended);
     ASSERT_TRUE(response.ok()) << response.status();
     EXPECT_THAT(Job().phase_reason(),
                 HasSubstr("held up by rank 2 (c on host-c): in compute at step 15, last heartbeat "
