@@ -156,7 +156,8 @@ void Coordinator::FormGenerationLocked(JobRecord& job, std::vector<MemberRecord*
   SetPhaseLocked(job, v1::JOB_PHASE_RUNNING,
                  absl::StrCat("generation ", job.job.generation(), " formed: world ", world,
                               job.plan.has_value() ? absl::StrCat(", dp ", dp) : "", ", ",
-                              job.job.num_spares(), " spares"));
+                              job.job.num_spares(),
+                              job.job.num_spares() == 1 ? " spare" : " spares"));
   EmitLocked(job, std::move(e));
   for (MemberRecord* m : candidates) {
     v1::SessionMessage msg;

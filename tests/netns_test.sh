@@ -60,7 +60,7 @@ check() {  # check NAME COMMAND...
 S="$OUT/summary.txt"
 check "demo.sh completed its scenario (exit 0)" [ "$rc" -eq 0 ]
 check "generation 1 formed world 4 (pp 2 x dp 2)" \
-  grep -q "generation 1 formed: world 4, dp 2, 1 spares" "$OUT/coordinator.log"
+  grep -q "generation 1 formed: world 4, dp 2, 1 spare" "$OUT/coordinator.log"
 check "the cut-off workers were LOST by heartbeat timeout" \
   bash -c "[ \$(grep -c 'lost: no heartbeat for' '$OUT/coordinator.log') -ge 2 ]"
 check "generation 2 re-formed with world 2" grep -q "re-formed at generation 2, world 2," "$S"
