@@ -286,10 +286,11 @@ echo
 SAMPLE_LOG=$(grep -a -l "shardline-worker.*: sample:$" "$OUT"/worker*.log | head -1)
 [ -n "$SAMPLE_LOG" ] || die "no worker printed a sample"
 echo "== A sample from the trained model ($SAMPLE_LENGTH bytes after a newline, temperature 0.8)"
-# The lines between "sample:" and the worker's next log line; control bytes
+# The lines between "sample:" and the worker's next log line (its stamp
+# 2026-12-02T14:35:38.793Z, or 14:35:38.793 from an older worker); control bytes
 # the model may emit are dropped.
 awk '/shardline-worker.*: sample:$/ {on = 1; next}
-     on && /^[0-9][0-9]:[0-9][0-9]:[0-9][0-9]\.[0-9]+ shardline-worker[^:]*: / {exit}
+     on && /^([0-9-]+T)?[0-9][0-9]:[0-9][0-9]:[0-9][0-9]\.[0-9]+Z? shardline-worker[^:]*: / {exit}
      on {print "  | " $0}' "$SAMPLE_LOG" | LC_ALL=C tr -d '\000-\010\013-\037\177'
 echo
 
