@@ -38,6 +38,11 @@ def _fix_std_from_str() -> None:
     api.Std.from_str = staticmethod(from_str)
 
 
+# How many times the agent runs again after its round ended under it (see
+# main); each time is a new round, so more means the job keeps re-forming.
+MAX_ROUND_RETRIES = 3
+
+
 def _given(args, names):
     """The values torchrun's own parser reads for `names` (None where the
     command line leaves them at torchrun's default): the flags of the
@@ -71,12 +76,26 @@ def main(argv=None) -> None:
         # current (no RPC), so polling twice a second costs nothing and
         # bounds that part of a recovery to 0.5 s (torch 1.13's default: 5 s).
         args = ["--monitor_interval", str(DEFAULT_MONITOR_INTERVAL_S)] + args
-    try:
-        run.main(args)
-    except (rdzv_api.RendezvousError, errors.ShardlineError, ValueError) as e:
-        # One line that names the cause, not the agent's traceback.
-        print("shardline.torchrun: error: %s: %s" % (type(e).__name__, e), file=sys.stderr)
-        sys.exit(1)
+    for attempt in range(MAX_ROUND_RETRIES + 1):
+        try:
+            run.main(args)
+            return
+        except errors.AbortedError as e:
+            # The round ended (a node joined or was lost) while torch's agent
+            # was still exchanging its ranks through the round's store, after
+            # next_rendezvous: torch lets that error end the agent. No worker
+            # of that round has started, so the agent runs again and joins
+            # the next round (its handler left the job on the way out).
+            if attempt == MAX_ROUND_RETRIES:
+                print("shardline.torchrun: error: %s: %s" % (type(e).__name__, e),
+                      file=sys.stderr)
+                sys.exit(1)
+            print("shardline.torchrun: the round ended while the agent assigned ranks (%s); "
+                  "joining the next round" % e, file=sys.stderr)
+        except (rdzv_api.RendezvousError, errors.ShardlineError, ValueError) as e:
+            # One line that names the cause, not the agent's traceback.
+            print("shardline.torchrun: error: %s: %s" % (type(e).__name__, e), file=sys.stderr)
+            sys.exit(1)
 
 
 if __name__ == "__main__":
