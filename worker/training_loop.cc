@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -139,15 +140,8 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
     // meanwhile (with the failed call in flight, backend.h), so that the
     // coordinator counts this rank among the waiters when it looks for the
     // rank that holds the others up (a peer frozen whole, SIGSTOP).
-    struct StillWaiting {
-      RankProgressTracker* progress;
-      explicit StillWaiting(RankProgressTracker* p) : progress(p) {
-        if (progress != nullptr) progress->WaitBegins();
-      }
-      ~StillWaiting() {
-        if (progress != nullptr) progress->WaitEnds();
-      }
-    } still_waiting(in_step ? progress : nullptr);
+    std::optional<train::ObservedCommWait> still_waiting;
+    if (in_step) still_waiting.emplace();
     const absl::Time deadline = absl::Now() + absl::Seconds(2);
     do {
       if (GenerationOver(*agent_, gen)) return Outcome::kGenerationOver;

@@ -18,23 +18,15 @@ namespace {
 
 thread_local CommWaitObserver* t_wait_observer = nullptr;
 
-// Reports one wait to the thread's observer, if any, for its scope.
-class ObservedWait {
- public:
-  ObservedWait() : observer_(t_wait_observer) {
-    if (observer_ != nullptr) observer_->WaitBegins();
-  }
-  ~ObservedWait() {
-    if (observer_ != nullptr) observer_->WaitEnds();
-  }
-  ObservedWait(const ObservedWait&) = delete;
-  ObservedWait& operator=(const ObservedWait&) = delete;
-
- private:
-  CommWaitObserver* const observer_;
-};
-
 }  // namespace
+
+ObservedCommWait::ObservedCommWait() : observer_(t_wait_observer) {
+  if (observer_ != nullptr) observer_->WaitBegins();
+}
+
+ObservedCommWait::~ObservedCommWait() {
+  if (observer_ != nullptr) observer_->WaitEnds();
+}
 
 ScopedCommWaitObserver::ScopedCommWaitObserver(CommWaitObserver* observer)
     : previous_(t_wait_observer) {
@@ -44,7 +36,7 @@ ScopedCommWaitObserver::ScopedCommWaitObserver(CommWaitObserver* observer)
 ScopedCommWaitObserver::~ScopedCommWaitObserver() { t_wait_observer = previous_; }
 
 absl::Status Collectives::Wait(const std::shared_ptr<Work>& work) {
-  const ObservedWait observed;
+  const ObservedCommWait observed;
   const absl::Time start = absl::Now();
   absl::Status s = work->Wait();
   if (comm_time_ != nullptr) *comm_time_ += absl::Now() - start;
@@ -60,7 +52,7 @@ absl::Status Collectives::AllReduce(Device& device, float* data, int64_t count, 
   if (size() == 1) return absl::OkStatus();
   if (device.host_memory()) return AllReduce(data, count, op);
   // Staged through host memory; the copies count as communication.
-  const ObservedWait observed;
+  const ObservedCommWait observed;
   const absl::Time start = absl::Now();
   std::vector<float> host(static_cast<size_t>(count));
   const size_t bytes = sizeof(float) * host.size();

@@ -75,6 +75,21 @@ class ScopedCommWaitObserver {
   CommWaitObserver* const previous_;
 };
 
+// One wait of the calling thread, reported to its observer (if any) for as
+// long as it lives: WaitBegins at construction, WaitEnds at destruction.
+// Collectives' waits use it; so does a caller that is still held up by a
+// failed collective (worker/training_loop.cc).
+class ObservedCommWait {
+ public:
+  ObservedCommWait();
+  ~ObservedCommWait();
+  ObservedCommWait(const ObservedCommWait&) = delete;
+  ObservedCommWait& operator=(const ObservedCommWait&) = delete;
+
+ private:
+  CommWaitObserver* const observer_;
+};
+
 // All-reduces over one group and counts the time spent waiting (the
 // "time in communication" the trainer reports). A group of size 1 costs
 // nothing. Not thread-safe.
