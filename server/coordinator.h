@@ -570,7 +570,8 @@ class Coordinator {
   // last heartbeat is older than 2 heartbeat intervals (a process stopped
   // whole: it will not re-join soon, so ReportError declares it lost);
   // `stuck` the others (heartbeats go on, the training thread is behind:
-  // hung, evicted by ReportError unless hang_policy is REPORT).
+  // hung, evicted by ReportError) unless hang_policy is REPORT, which only
+  // names them.
   std::string NameHoldersUpLocked(JobRecord& job, absl::Time now,
                                   std::vector<MemberRecord*>* frozen,
                                   std::vector<MemberRecord*>* stuck)

@@ -171,14 +171,12 @@ absl::StatusOr<v1::ReportErrorResponse> Coordinator::ReportError(
                        absl::StrCat("held up the job and sends no heartbeats: ", what), ended);
     }
   }
-  if (job->job.spec().elastic().hang_policy() != v1::HANG_POLICY_REPORT) {
-    for (MemberRecord* culprit : stuck) {
-      if (culprit->member.state() == v1::MEMBER_STATE_ACTIVE && culprit != *m) {
-        LoseMemberLocked(*job, *culprit, v1::LOSS_REASON_HUNG,
-                         absl::StrCat("held up the job (its heartbeats go on, its training does "
-                                      "not): ", what),
-                         ended);
-      }
+  for (MemberRecord* culprit : stuck) {
+    if (culprit->member.state() == v1::MEMBER_STATE_ACTIVE && culprit != *m) {
+      LoseMemberLocked(*job, *culprit, v1::LOSS_REASON_HUNG,
+                       absl::StrCat("held up the job (its heartbeats go on, its training does "
+                                    "not): ", what),
+                       ended);
     }
   }
   if (request.has_peer_rank()) {

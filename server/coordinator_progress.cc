@@ -161,7 +161,11 @@ std::string Coordinator::NameHoldersUpLocked(JobRecord& job, absl::Time now,
     MemberRecord* m = rank < job.by_rank.size() ? job.by_rank[rank] : nullptr;
     if (m == nullptr) continue;
     m->member.set_detail(absl::StrCat("held up the job: ", report.summary()));
-    (now - m->last_heartbeat > stale ? frozen : stuck)->push_back(m);
+    if (now - m->last_heartbeat > stale) {
+      frozen->push_back(m);
+    } else if (evict) {
+      stuck->push_back(m);
+    }
   }
   PublishHangLocked(job, report);
   LogLine(absl::StrFormat("job %s generation %d: at an error report: %s", job.job.job_id(),
