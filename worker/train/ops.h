@@ -57,8 +57,19 @@ void LayerNormBackward(const float* x, const float* gamma, const float* mean, co
                        int64_t width);
 
 // GELU, tanh approximation as in GPT-2 (Hendrycks & Gimpel, 2016, Section 2):
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Elementwise over n.
+// 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). Elementwise over n.
 // y may alias x in the forward.
+// Computed as x s with s = 1 / (1 + exp(-2u)) (= 0.5 (1 + tanh(u)), without
+// the cancellation of 1 + tanh(u) for negative x), and the derivative as
+// s + 2 x s (1 - s) du/dx (d tanh(u)/du = 4 s (1 - s)), through one
+// vectorised exp (ops.cc: 16 lanes, compiled for AVX-512, AVX2 and baseline
+// x86-64, picked at load time). Accuracy against the double-precision
+// formula, checked over every float of [-12, 12] in steps of 2^-10
+// (ops_test VectorisedGeluMatchesTheDoubleFormula): relative error at most
+// 2e-7 (1 + |2u|), i.e. 1.5e-6 for |x| <= 3; below x = -10 the value is
+// about 6e-39 x instead of underflowing to 0; the derivative also within
+// 1.2e-7 absolute where it crosses zero. NaN gives NaN; results for one
+// element do not depend on n or on its position.
 void GeluForward(const float* x, float* y, int64_t n);
 // dx = dy * gelu'(x); dx may alias dy.
 void GeluBackward(const float* x, const float* dy, float* dx, int64_t n);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <random>
@@ -279,6 +280,91 @@ TEST_F(OpsTest, GeluBackwardMatchesFiniteDifferences) {
   std::vector<float> aliased = dy;
   GeluBackward(x.data(), aliased.data(), aliased.data(), n);
   EXPECT_EQ(aliased, dx);
+}
+
+// The GELU of ops.h and its derivative in double precision, the references
+// of the float kernels: written with s = 1 / (1 + exp(-2u)) = 0.5 (1 +
+// tanh(u)), since 1 + tanh(u) cancels to nothing even in double below x = -6.
+double GeluReference(double x) {
+  const double u = 0.79788456080286535588 * (x + 0.044715 * x * x * x);
+  return x / (1.0 + std::exp(-2.0 * u));
+}
+double GeluGradReference(double x) {
+  const double c = 0.79788456080286535588, a = 0.044715;
+  const double s = 1.0 / (1.0 + std::exp(-2.0 * c * (x + a * x * x * x)));
+  return s + 2.0 * x * s * (1.0 - s) * c * (1.0 + 3.0 * a * x * x);
+}
+
+// Every float of [-12, 12] in steps of 2^-10 (24577 values: the whole range
+// where GELU is neither x nor 0 in float), against the double formulas.
+// Bound (ops.h): relative error <= 2e-7 (1 + |2u|), u the tanh argument
+// (float's rounding of u, magnified |2u| times by exp), for both the value
+// and the derivative; plus, for the value, 1e-36 absolute below x = -10,
+// where exp's clamp at 88 stops the result shrinking at about 6e-39 |x|
+// instead of 0, and for the derivative 1.2e-7 absolute (2 ulp of its two
+// terms, about 0.5 each where it crosses zero near x = -0.75).
+TEST_F(OpsTest, VectorisedGeluMatchesTheDoubleFormula) {
+  std::vector<float> x;
+  for (int i = -12 * 1024; i <= 12 * 1024; ++i) x.push_back(static_cast<float>(i) / 1024.0f);
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> y(n), ones(n, 1.0f), g(n);
+  GeluForward(x.data(), y.data(), n);
+  GeluBackward(x.data(), ones.data(), g.data(), n);
+  double worst_y = 0, worst_g = 0;  // in units of the bound
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    const double two_u = 2 * 0.79788456080286535588 * (v + 0.044715 * v * v * v);
+    const double rel_bound = 2e-7 * (1 + std::fabs(two_u));
+    const double want = GeluReference(v);
+    const double bound = std::max(rel_bound * std::fabs(want), 1e-36);
+    const double err = std::fabs(y[i] - want);
+    worst_y = std::max(worst_y, err / bound);
+    EXPECT_LE(err, bound) << "gelu(" << v << ") = " << y[i] << ", want " << want;
+    const double gwant = GeluGradReference(v);
+    const double gbound = std::max(rel_bound * std::fabs(gwant), 1.2e-7);
+    const double gerr = std::fabs(g[i] - gwant);
+    worst_g = std::max(worst_g, gerr / gbound);
+    EXPECT_LE(gerr, gbound) << "gelu'(" << v << ") = " << g[i] << ", want " << gwant;
+  }
+  std::printf("worst error as a fraction of the bound: forward %.3g, backward %.3g\n", worst_y,
+              worst_g);
+}
+
+// Far outside [-12, 12] GELU is x (above) or 0 (below); exp's clamping keeps
+// every result finite; NaN stays NaN; every length gives the same values
+// (the vector blocks and the padded tail agree).
+TEST_F(OpsTest, VectorisedGeluEdgesAndLengths) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {40.0f, 1e30f, -40.0f, -1e30f, inf, std::nanf("")};
+  std::vector<float> y(x.size()), g(x.size()), ones(x.size(), 1.0f);
+  GeluForward(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  GeluBackward(x.data(), ones.data(), g.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(y[0], 40.0f);
+  EXPECT_EQ(y[1], 1e30f);
+  EXPECT_LE(std::fabs(y[2]), 1e-30f);
+  EXPECT_LE(std::fabs(y[3]), 1e-7f);  // -1e30 * 6e-39
+  EXPECT_EQ(y[4], inf);
+  EXPECT_TRUE(std::isnan(y[5]));
+  EXPECT_EQ(g[0], 1.0f);
+  EXPECT_LE(std::fabs(g[2]), 1e-30f);
+  EXPECT_TRUE(std::isnan(g[5]));
+
+  const auto big = Random(100, 62, -6.0f, 6.0f);
+  const auto dy = Random(100, 63);
+  std::vector<float> all(100), all_dx(100);
+  GeluForward(big.data(), all.data(), 100);
+  GeluBackward(big.data(), dy.data(), all_dx.data(), 100);
+  for (int64_t len = 1; len <= 40; ++len) {
+    for (int64_t start : {int64_t{0}, int64_t{3}, int64_t{17}}) {
+      std::vector<float> part(len), part_dx(len);
+      GeluForward(big.data() + start, part.data(), len);
+      GeluBackward(big.data() + start, dy.data() + start, part_dx.data(), len);
+      for (int64_t i = 0; i < len; ++i) {
+        ASSERT_EQ(part[i], all[start + i]) << "len " << len << " start " << start << " i " << i;
+        ASSERT_EQ(part_dx[i], all_dx[start + i]) << "len " << len << " start " << start;
+      }
+    }
+  }
 }
 
 // --- Attention --------------------------------------------------------------
