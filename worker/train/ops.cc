@@ -148,7 +148,7 @@ namespace {
 // and the loader picks the best the CPU has (GCC/Clang target_clones); the
 // 16-lane vector type below becomes one, two or four registers accordingly.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SL_VECTOR_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#define SL_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define SL_VECTOR_CLONES
 #endif
