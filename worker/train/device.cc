@@ -2,11 +2,36 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/train/ops.h"
 
 namespace shardline::worker::train {
+
+// Idle blocks by size, and the size of every live cached-size block (Free
+// gets only the pointer).
+struct CpuDevice::BlockCache {
+  mutable absl::Mutex mu;
+  absl::flat_hash_map<size_t, std::vector<void*>> idle ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<void*, size_t> live ABSL_GUARDED_BY(mu);
+  size_t idle_bytes ABSL_GUARDED_BY(mu) = 0;
+};
+
+CpuDevice::CpuDevice() : cache_(new BlockCache) {}
+
+CpuDevice::~CpuDevice() {
+  {
+    absl::MutexLock lock(&cache_->mu);
+    for (auto& [bytes, blocks] : cache_->idle) {
+      for (void* p : blocks) std::free(p);
+    }
+  }
+  delete cache_;
+}
 
 CpuDevice* CpuDevice::Default() {
   static CpuDevice* const device = new CpuDevice();
@@ -15,16 +40,58 @@ CpuDevice* CpuDevice::Default() {
 
 absl::StatusOr<void*> CpuDevice::AllocBytes(size_t bytes) {
   if (bytes == 0) return nullptr;
-  // Zero-filled like the std::vector buffers this replaces.
+  if (bytes >= kMinCachedBlock) {
+    void* reused = nullptr;
+    {
+      absl::MutexLock lock(&cache_->mu);
+      auto it = cache_->idle.find(bytes);
+      if (it != cache_->idle.end() && !it->second.empty()) {
+        reused = it->second.back();
+        it->second.pop_back();
+        cache_->idle_bytes -= bytes;
+        cache_->live.emplace(reused, bytes);
+      }
+    }
+    if (reused != nullptr) {
+      // Zero-filled like a fresh block (the pages are already mapped).
+      std::memset(reused, 0, bytes);
+      return reused;
+    }
+  }
   void* p = std::calloc(bytes, 1);
   if (p == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cpu: cannot allocate ", bytes, " bytes of host memory"));
   }
+  if (bytes >= kMinCachedBlock) {
+    absl::MutexLock lock(&cache_->mu);
+    cache_->live.emplace(p, bytes);
+  }
   return p;
 }
 
-void CpuDevice::Free(void* ptr) { std::free(ptr); }
+void CpuDevice::Free(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    absl::MutexLock lock(&cache_->mu);
+    auto it = cache_->live.find(ptr);
+    if (it != cache_->live.end()) {
+      const size_t bytes = it->second;
+      cache_->live.erase(it);
+      if (cache_->idle_bytes + bytes <= kMaxCachedBytes) {
+        cache_->idle[bytes].push_back(ptr);
+        cache_->idle_bytes += bytes;
+        return;
+      }
+    }
+  }
+  std::free(ptr);
+}
+
+size_t CpuDevice::cached_bytes() const {
+  absl::MutexLock lock(&cache_->mu);
+  return cache_->idle_bytes;
+}
 
 absl::Status CpuDevice::CopyToDevice(void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);

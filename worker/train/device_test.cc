@@ -44,6 +44,52 @@ TEST(DeviceBufferTest, ResizeReuseMoveAndReset) {
   EXPECT_TRUE(absl::IsInvalidArgument(b.Resize(d, -1)));
 }
 
+// A freed block of a cached size comes back for the same size, zero-filled
+// as a fresh one; other sizes and small blocks get fresh memory; idle bytes
+// never exceed the cap.
+TEST(CpuDeviceTest, ReusesFreedBlocksZeroFilled) {
+  CpuDevice d;
+  const size_t big = CpuDevice::kMinCachedBlock * 4;
+  absl::StatusOr<void*> a = d.AllocBytes(big);
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::memset(*a, 0x5A, big);
+  d.Free(*a);
+  EXPECT_EQ(d.cached_bytes(), big);
+
+  absl::StatusOr<void*> other = d.AllocBytes(big + 4);  // another size: fresh
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, *a);
+  EXPECT_EQ(d.cached_bytes(), big);
+
+  absl::StatusOr<void*> again = d.AllocBytes(big);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *a);
+  EXPECT_EQ(d.cached_bytes(), 0u);
+  const auto* bytes = static_cast<const unsigned char*>(*again);
+  for (size_t i = 0; i < big; ++i) ASSERT_EQ(bytes[i], 0) << "byte " << i;
+  d.Free(*again);
+  d.Free(*other);
+  EXPECT_EQ(d.cached_bytes(), 2 * big + 4);
+
+  absl::StatusOr<void*> small = d.AllocBytes(CpuDevice::kMinCachedBlock - 1);
+  ASSERT_TRUE(small.ok());
+  d.Free(*small);
+  EXPECT_EQ(d.cached_bytes(), 2 * big + 4);  // not kept
+
+  // Fill the cache to its cap: the block that would pass it is freed.
+  const size_t block = CpuDevice::kMaxCachedBytes / 4;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<void*> p = d.AllocBytes(block);
+    ASSERT_TRUE(p.ok());
+    blocks.push_back(*p);
+  }
+  for (void* p : blocks) d.Free(p);
+  EXPECT_LE(d.cached_bytes(), CpuDevice::kMaxCachedBytes);
+  EXPECT_GE(d.cached_bytes(), 3 * block);
+  d.Free(nullptr);  // a no-op
+}
+
 TEST(CpuDeviceTest, IsHostMemoryAndCopies) {
   CpuDevice& d = *CpuDevice::Default();
   EXPECT_TRUE(d.host_memory());
