@@ -96,6 +96,12 @@ class Trainer::Impl {
   // Between a rank's own consecutive chunks (pp == 1, vpp > 1), by tag.
   std::map<uint32_t, std::vector<float>> local_handoff;
   std::vector<PendingSend> pending_sends;
+  // Data-parallel gradient all-reduces started during the backward, by unit
+  // (StartGradReduce), and this step's backward passes done per chunk.
+  std::map<int, std::shared_ptr<Work>> grad_reduces;
+  std::map<int, int> backwards_done;
+
+  ~Impl() { DrainGradReduces(); }
 
   int tp_rank() const { return groups.coordinates.tp_rank; }
   int dp_rank() const { return groups.coordinates.dp_rank; }
@@ -292,6 +298,46 @@ class Trainer::Impl {
     return absl::OkStatus();
   }
 
+  // --- Overlapping the data-parallel gradient reduction with the backward --
+
+  // Whether a layer unit's dp all-reduce may start as soon as its last
+  // backward of the step is done (as torch DDP's gradient buckets do): its
+  // gradients are then final, and layer units are never shared with another
+  // chunk (the tied word embedding is: it waits for the embedding group's
+  // all-reduce). Host memory only (a device's gradients reach the host
+  // buffers after the whole backward) and ZeRO 0-1 (an all-reduce of the
+  // whole unit; ZeRO-2/3 reduce-scatter after the backward as before).
+  bool OverlapsGradReduce() const {
+    return on_host() && zero() <= 1 && dp.size() > 1 && dp.backend() != nullptr;
+  }
+  // Starts unit u's all-reduce on the dp group's ordered stream: every dp
+  // rank of this pipeline stage runs the same schedule, so they issue these
+  // in the same order; the dp group has no other collective during a
+  // backward at ZeRO 0-1. The gradients stay untouched until it is waited
+  // for (WaitGradReduce, DrainGradReduces).
+  void StartGradReduce(int u) {
+    UnitState& s = units[u];
+    if (s.grads.empty()) s.grads.assign(s.unit.padded, 0.0f);
+    grad_reduces[u] = dp.backend()->AllReduce(s.grads.data(), static_cast<size_t>(s.unit.padded),
+                                              DType::kFloat32, ReduceOp::kAvg);
+  }
+  // Waits for unit u's all-reduce if one was started (true in *started).
+  absl::Status WaitGradReduce(int u, bool* started) {
+    auto it = grad_reduces.find(u);
+    *started = it != grad_reduces.end();
+    if (!*started) return absl::OkStatus();
+    std::shared_ptr<Work> work = std::move(it->second);
+    grad_reduces.erase(it);
+    return dp.Wait(work);
+  }
+  // After a failed step (or at destruction): waits for every started
+  // all-reduce, whose error the step has already returned or will not
+  // matter, so no Gloo thread writes into gradients being reused or freed.
+  void DrainGradReduces() {
+    for (auto& [u, work] : grad_reduces) work->Wait().IgnoreError();
+    grad_reduces.clear();
+  }
+
   // --- Forward and backward of one chunk ----------------------------------
 
   // Runs chunk c forward for one micro-batch. tokens/targets are HOST
@@ -397,6 +443,7 @@ class Trainer::Impl {
       SL_RETURN_IF_ERROR(device->CopyToDevice(dy.data(), host.data(), dy.bytes()));
     }
     if (!layout.layer_units.empty()) SL_RETURN_IF_ERROR(dx.Resize(*device, n));
+    const bool last_backward = ++backwards_done[c] == options.parallel.micro_batches;
     for (size_t k = layout.layer_units.size(); k-- > 0;) {
       const int u = layout.layer_units[k];
       SL_RETURN_IF_ERROR(Acquire(u));
@@ -408,6 +455,7 @@ class Trainer::Impl {
       }
       Release(u);
       SL_RETURN_IF_ERROR(s);
+      if (last_backward && OverlapsGradReduce()) StartGradReduce(u);
       std::swap(dx, dy);
     }
     if (layout.embedding_unit >= 0) {
@@ -449,6 +497,8 @@ class Trainer::Impl {
   absl::StatusOr<StepStats> TrainStep(bool request_checkpoint) {
     const absl::Time start = absl::Now();
     comm_time = absl::ZeroDuration();
+    DrainGradReduces();  // a failed step's
+    backwards_done.clear();
     ResetDeviceState();
     const int m = options.parallel.micro_batches;
     const int64_t global_batch = options.parallel.global_batch();
@@ -490,6 +540,9 @@ class Trainer::Impl {
       UnitState& s = units[u];
       if (s.grads.empty()) s.grads.assign(s.unit.padded, 0.0f);
       if (zero() <= 1) {
+        bool started = false;
+        if (absl::Status st = WaitGradReduce(static_cast<int>(u), &started); !st.ok()) return st;
+        if (started) continue;
         if (absl::Status st = dp.AllReduce(s.grads.data(), s.unit.padded, ReduceOp::kAvg); !st.ok())
           return st;
       } else {
