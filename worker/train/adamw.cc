@@ -4,10 +4,16 @@
 #include <cmath>
 #include <cstdint>
 
+#include "worker/train/vector_clones.h"
+
 namespace shardline::worker::train {
 
-void AdamWStep(const AdamWConfig& config, float lr, int64_t t, float* param, const float* grad,
-               float* exp_avg, float* exp_avg_sq, const uint8_t* decay_mask, int64_t n) {
+// Vectorised per target (vector_clones.h); every lane does the scalar
+// float arithmetic below, so the clones agree bit for bit.
+SL_VECTOR_CLONES void AdamWStep(const AdamWConfig& config, float lr, int64_t t,
+                                float* __restrict param, const float* __restrict grad,
+                                float* __restrict exp_avg, float* __restrict exp_avg_sq,
+                                const uint8_t* __restrict decay_mask, int64_t n) {
   const double bias_correction1 = 1.0 - std::pow(config.beta1, static_cast<double>(t));
   const double bias_correction2 = 1.0 - std::pow(config.beta2, static_cast<double>(t));
   // As torch.optim.AdamW (single-tensor path): step_size = lr / bc1,
@@ -20,17 +26,18 @@ void AdamWStep(const AdamWConfig& config, float lr, int64_t t, float* param, con
   const float one_minus_b2 = static_cast<float>(1.0 - config.beta2);
   const float eps = static_cast<float>(config.epsilon);
   const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * config.weight_decay);
-  const bool any_decay = config.weight_decay != 0.0;
+  // p * 1.0f == p exactly, so elements without decay can take the same path.
+  const float no_mask_decay = config.weight_decay != 0.0 ? decay : 1.0f;
   for (int64_t i = 0; i < n; ++i) {
-    float p = param[i];
-    if (any_decay && (decay_mask == nullptr || decay_mask[i] != 0)) p *= decay;
+    const float d = decay_mask == nullptr ? no_mask_decay
+                                          : (decay_mask[i] != 0 ? no_mask_decay : 1.0f);
+    const float p = param[i] * d;
     const float g = grad[i];
     const float m = b1 * exp_avg[i] + one_minus_b1 * g;
     const float v = b2 * exp_avg_sq[i] + one_minus_b2 * g * g;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    p -= step_size * m / (std::sqrt(v) * inv_sqrt_bc2 + eps);
-    param[i] = p;
+    param[i] = p - step_size * m / (std::sqrt(v) * inv_sqrt_bc2 + eps);
   }
 }
 

@@ -8,8 +8,12 @@
 #include <limits>
 #include <vector>
 
+#include "worker/train/vector_clones.h"
+
 namespace shardline::worker::train {
 namespace {
+
+#define SL_INLINE static inline __attribute__((always_inline))
 
 // GELU tanh-approximation constants (GPT-2).
 constexpr double kSqrt2OverPi = 0.79788456080286535587989211986876;
@@ -80,23 +84,72 @@ void LinearBackward(const float* x, const float* w, const float* dy, float* dx, 
   }
 }
 
-void LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
-                      float* mean, float* rstd, int64_t rows, int64_t width) {
+namespace {
+
+using simd::VecD;
+using simd::VecF8;
+constexpr int kDLanes = simd::kDoubleLanes;
+
+SL_INLINE void LoadWide(const float* p, VecD* v) {
+  VecF8 f;
+  std::memcpy(&f, p, sizeof f);
+  *v = __builtin_convertvector(f, VecD);
+}
+SL_INLINE void StoreNarrow(const VecD& v, float* p) {
+  const VecF8 f = __builtin_convertvector(v, VecF8);
+  std::memcpy(p, &f, sizeof f);
+}
+SL_INLINE void LoadD(const double* p, VecD* v) { std::memcpy(v, p, sizeof(VecD)); }
+SL_INLINE void StoreD(const VecD& v, double* p) { std::memcpy(p, &v, sizeof(VecD)); }
+// The lanes' sum, lane 0 first (a fixed order: the same on every clone).
+SL_INLINE double LaneSum(const VecD& v) {
+  double s = 0;
+  for (int l = 0; l < kDLanes; ++l) s += v[l];
+  return s;
+}
+
+}  // namespace
+
+// LayerNorm in double (as before vectorisation): the row sums run in 8
+// partial sums, one per lane, added in lane order at the end, and the tail
+// elements after them.
+SL_VECTOR_CLONES void LayerNormForward(const float* x, const float* gamma, const float* beta,
+                                       float* y, float* mean, float* rstd, int64_t rows,
+                                       int64_t width) {
+  const int64_t body = width - width % kDLanes;
   for (int64_t t = 0; t < rows; ++t) {
     const float* xr = x + t * width;
     float* yr = y + t * width;
-    double sum = 0.0;
-    for (int64_t i = 0; i < width; ++i) sum += xr[i];
+    VecD acc = {}, v;
+    for (int64_t i = 0; i < body; i += kDLanes) {
+      LoadWide(xr + i, &v);
+      acc += v;
+    }
+    double sum = LaneSum(acc);
+    for (int64_t i = body; i < width; ++i) sum += xr[i];
     const double mu = width > 0 ? sum / width : 0.0;
     // Two-pass variance: no cancellation for rows with a large mean.
-    double sq = 0.0;
-    for (int64_t i = 0; i < width; ++i) {
+    VecD sq_acc = {};
+    for (int64_t i = 0; i < body; i += kDLanes) {
+      LoadWide(xr + i, &v);
+      const VecD d = v - mu;
+      sq_acc += d * d;
+    }
+    double sq = LaneSum(sq_acc);
+    for (int64_t i = body; i < width; ++i) {
       const double d = xr[i] - mu;
       sq += d * d;
     }
     const double var = width > 0 ? sq / width : 0.0;
     const double rs = 1.0 / std::sqrt(var + kLayerNormEpsilon);
-    for (int64_t i = 0; i < width; ++i) {
+    VecD g, b;
+    for (int64_t i = 0; i < body; i += kDLanes) {
+      LoadWide(xr + i, &v);
+      LoadWide(gamma + i, &g);
+      LoadWide(beta + i, &b);
+      StoreNarrow((v - mu) * rs * g + b, yr + i);
+    }
+    for (int64_t i = body; i < width; ++i) {
       yr[i] = static_cast<float>((xr[i] - mu) * rs * gamma[i] + beta[i]);
     }
     mean[t] = static_cast<float>(mu);
@@ -104,11 +157,13 @@ void LayerNormForward(const float* x, const float* gamma, const float* beta, flo
   }
 }
 
-void LayerNormBackward(const float* x, const float* gamma, const float* mean, const float* rstd,
-                       const float* dy, float* dx, float* dgamma, float* dbeta, int64_t rows,
-                       int64_t width) {
+SL_VECTOR_CLONES void LayerNormBackward(const float* x, const float* gamma, const float* mean,
+                                        const float* rstd, const float* dy, float* dx,
+                                        float* dgamma, float* dbeta, int64_t rows,
+                                        int64_t width) {
   // With xhat = (x - mean) * rstd and g = dy * gamma:
   //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+  const int64_t body = width - width % kDLanes;
   std::vector<double> dgamma_acc(width, 0.0);
   std::vector<double> dbeta_acc(width, 0.0);
   for (int64_t t = 0; t < rows; ++t) {
@@ -117,9 +172,23 @@ void LayerNormBackward(const float* x, const float* gamma, const float* mean, co
     float* dxr = dx + t * width;
     const double mu = mean[t];
     const double rs = rstd[t];
-    double sum_g = 0.0;
-    double sum_g_xhat = 0.0;
-    for (int64_t i = 0; i < width; ++i) {
+    VecD sum_g_v = {}, sum_gx_v = {}, xv, dyv, gam, acc;
+    for (int64_t i = 0; i < body; i += kDLanes) {
+      LoadWide(xr + i, &xv);
+      LoadWide(dyr + i, &dyv);
+      LoadWide(gamma + i, &gam);
+      const VecD xhat = (xv - mu) * rs;
+      const VecD g = dyv * gam;
+      sum_g_v += g;
+      sum_gx_v += g * xhat;
+      LoadD(dgamma_acc.data() + i, &acc);
+      StoreD(acc + dyv * xhat, dgamma_acc.data() + i);
+      LoadD(dbeta_acc.data() + i, &acc);
+      StoreD(acc + dyv, dbeta_acc.data() + i);
+    }
+    double sum_g = LaneSum(sum_g_v);
+    double sum_g_xhat = LaneSum(sum_gx_v);
+    for (int64_t i = body; i < width; ++i) {
       const double xhat = (xr[i] - mu) * rs;
       const double g = static_cast<double>(dyr[i]) * gamma[i];
       sum_g += g;
@@ -129,7 +198,14 @@ void LayerNormBackward(const float* x, const float* gamma, const float* mean, co
     }
     const double mean_g = width > 0 ? sum_g / width : 0.0;
     const double mean_g_xhat = width > 0 ? sum_g_xhat / width : 0.0;
-    for (int64_t i = 0; i < width; ++i) {
+    for (int64_t i = 0; i < body; i += kDLanes) {
+      LoadWide(xr + i, &xv);
+      LoadWide(dyr + i, &dyv);
+      LoadWide(gamma + i, &gam);
+      const VecD xhat = (xv - mu) * rs;
+      StoreNarrow(rs * (dyv * gam - mean_g - xhat * mean_g_xhat), dxr + i);
+    }
+    for (int64_t i = body; i < width; ++i) {
       const double xhat = (xr[i] - mu) * rs;
       const double g = static_cast<double>(dyr[i]) * gamma[i];
       dxr[i] = static_cast<float>(rs * (g - mean_g - xhat * mean_g_xhat));
@@ -143,20 +219,11 @@ void LayerNormBackward(const float* x, const float* gamma, const float* mean, co
 
 namespace {
 
-// GELU through one vectorised exp (see ops.h for the identities used). The
-// public functions are compiled three times (AVX-512, AVX2, baseline x86-64)
-// and the loader picks the best the CPU has (GCC/Clang target_clones); the
-// 16-lane vector type below becomes one, two or four registers accordingly.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SL_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SL_VECTOR_CLONES
-#endif
-#define SL_INLINE static inline __attribute__((always_inline))
-
-constexpr int kLanes = 16;
-typedef float VecF __attribute__((vector_size(kLanes * sizeof(float))));
-typedef int32_t VecI __attribute__((vector_size(kLanes * sizeof(int32_t))));
+// GELU through one vectorised exp (see ops.h for the identities used); the
+// public functions are compiled per vector target (vector_clones.h).
+using simd::VecF;
+using simd::VecI;
+constexpr int kLanes = simd::kFloatLanes;
 
 SL_INLINE void Load(const float* p, VecF* v) { std::memcpy(v, p, sizeof(VecF)); }
 SL_INLINE void Store(const VecF& v, float* p) { std::memcpy(p, &v, sizeof(VecF)); }
@@ -249,8 +316,6 @@ SL_VECTOR_CLONES void GeluBackward(const float* x, const float* dy, float* dx, i
   }
 }
 
-#undef SL_INLINE
-#undef SL_VECTOR_CLONES
 
 void AttentionForward(const float* qkv, float* probs, float* y, int64_t batch, int64_t seq,
                       int64_t heads, int64_t head_dim) {
@@ -426,5 +491,7 @@ void CrossEntropyBackward(const float* logits, const float* row_max, const float
 void AddInPlace(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
+
+#undef SL_INLINE
 
 }  // namespace shardline::worker::train
