@@ -35,11 +35,10 @@ void StridedGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
     }
     return;
   }
-  if (beta == 0.0f) {
-    // OpenBLAS zeroes C for beta == 0, but be explicit so that NaN garbage in
-    // an uninitialised C can never leak through any BLAS build.
-    for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
-  }
+  // With beta == 0 the BLAS does not read C (the reference BLAS's definition,
+  // which OpenBLAS follows: it writes zeros before accumulating), so NaN
+  // garbage in an uninitialised C cannot leak (ops_test
+  // GemmBetaZeroIgnoresGarbageInC, AttentionBackward's NaN-filled dqkv).
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
               static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
