@@ -1,7 +1,9 @@
 """Helpers shared by the benchmark scripts (see bench/README.md for the interface)."""
 import csv
+import functools
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -88,3 +90,35 @@ def median_time(fn, repeats):
         fn()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
+
+
+DEBIAN_PYTHON = "/usr/bin/python3"
+
+
+@functools.lru_cache(maxsize=None)
+def torch_version(python):
+    """torch's version under `python` ("1.13.1", "2.15.0+cu130"), or None."""
+    try:
+        r = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                           timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+
+
+def torch_peers():
+    """The torch installations to measure as peers, as [(label, python)]:
+    Debian's torch 1.13 (/usr/bin/python3) and current torch from PyPI in the
+    virtualenv deploy/install_deps.sh --bench makes ($SHARDLINE_BENCH_VENV,
+    default ~/.cache/shardline-bench-venv) when it is there. label is
+    "torch 1.13", "torch 2.15", ... (major.minor)."""
+    venv = os.environ.get("SHARDLINE_BENCH_VENV",
+                          os.path.expanduser("~/.cache/shardline-bench-venv"))
+    peers = []
+    for python in (DEBIAN_PYTHON, os.path.join(venv, "bin", "python")):
+        version = torch_version(python) if os.path.exists(python) else None
+        if version is None:
+            continue
+        peers.append(("torch " + ".".join(version.split("+")[0].split(".")[:2]), python))
+    return peers

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Benchmark 7, trainer: tokens/s of shardline-train-local vs torch 1.13 on the CPU
+"""Benchmark 7, trainer: tokens/s of shardline-train-local vs torch (Debian's 1.13 and
+current torch from PyPI, bench/benchlib.py torch_peers) on the CPU
 for the same GPT (deploy/jobs/nanogpt-cpu.yaml: 4 layers, 4 heads, width 128,
 context 64, batch 12, byte vocabulary, fp32; torch model in bench/torch_gpt.py):
 one process with 1 and with 2 BLAS/intra-op threads, and data parallel over 2
@@ -47,12 +48,12 @@ def ours(steps, skip, threads, dp):
     return statistics.mean(rates)
 
 
-def torch_peer(steps, skip, threads, dp, blas_threads=None):
-    """torch's tokens/s with `threads` intra-op (OpenMP) threads and `blas_threads`
-    (default: `threads`) OpenBLAS threads."""
+def torch_peer(python, steps, skip, threads, dp, blas_threads=None):
+    """torch's tokens/s under `python` with `threads` intra-op (OpenMP) threads and
+    `blas_threads` (default: `threads`) OpenBLAS threads."""
     here = os.path.dirname(os.path.abspath(__file__))
     blas = blas_threads or threads
-    cmd = [sys.executable, os.path.join(here, "torch_gpt.py"), "--steps", str(steps),
+    cmd = [python, os.path.join(here, "torch_gpt.py"), "--steps", str(steps),
            "--skip", str(skip), "--threads", str(threads), "--data", DATA]
     if dp > 1:
         cmd += ["--ddp", str(dp), "--port", "29611"]
@@ -142,28 +143,38 @@ def main():
     rounds = 1 if quick else 2  # best of `rounds`, Shardline and torch alternating
     cases = [("1 process 1 thread", 1, 1), ("1 process 2 threads", 2, 1),
              ("dp=2 (1 thread per rank)", 1, 2)]
+    peers = benchlib.torch_peers()
     for name, threads, dp in cases:
-        a, b, b1, failed = 0.0, 0.0, 0.0, ""
+        a = 0.0
+        best = {label: [0.0, 0.0, ""] for label, _ in peers}  # default, intra-op 1, failure
         for _ in range(rounds):
             a = max(a, ours(steps, skip, threads, dp))
-            try:
-                b = max(b, torch_peer(steps, skip, threads, dp))
-                if threads > 1 and dp == 1:
-                    # torch's OpenMP threads spin-wait; with as many threads as cores any
-                    # other load stalls them. Give torch the better of its default and
-                    # intra-op 1 with a 2-thread OpenBLAS.
-                    b1 = max(b1, torch_peer(steps, skip, 1, dp, blas_threads=threads))
-            except Exception as e:
-                benchlib.log("torch peer failed: %s" % e)
-                failed = "peer failed"
-        note = failed
-        if not failed and threads > 1 and dp == 1:
-            note = "best of torch intra-op %d + BLAS %d (%.0f) and intra-op 1 + BLAS %d (%.0f)" % (
-                threads, threads, b, threads, b1)
-            b = max(b, b1)
-        peer = "torch 1.13 DDP gloo" if dp > 1 else "torch 1.13"
-        rows.add(name, "threads=%d" % (threads * dp), a, peer, None if failed else b,
-                 "tokens/s", note=note)
+            for label, python in peers:
+                b = best[label]
+                try:
+                    b[0] = max(b[0], torch_peer(python, steps, skip, threads, dp))
+                    if threads > 1 and dp == 1:
+                        # torch's OpenMP threads spin-wait; with as many threads as cores
+                        # any other load stalls them. Give torch the better of its default
+                        # and intra-op 1 with a 2-thread BLAS.
+                        b[1] = max(b[1], torch_peer(python, steps, skip, 1, dp,
+                                                    blas_threads=threads))
+                except Exception as e:
+                    benchlib.log("%s peer failed: %s" % (label, e))
+                    b[2] = "peer failed"
+        for label, _ in peers:
+            value, value1, failed = best[label]
+            note = failed
+            if not failed and threads > 1 and dp == 1:
+                note = ("best of torch intra-op %d + BLAS %d (%.0f) and intra-op 1 + BLAS %d "
+                        "(%.0f)" % (threads, threads, value, threads, value1))
+                value = max(value, value1)
+            peer = label + (" DDP gloo" if dp > 1 else "")
+            rows.add(name, "threads=%d" % (threads * dp), a, peer, None if failed else value,
+                     "tokens/s", note=note)
+        if not peers:
+            rows.add(name, "threads=%d" % (threads * dp), a, "torch", None, "tokens/s",
+                     note="no torch installed")
     gpu_mfu(rows, quick)
     blas = os.environ.get("OPENBLAS_CORETYPE", "")
     benchlib.write_notes(out, """
@@ -177,7 +188,8 @@ head, `torch.set_num_threads(T)` and OPENBLAS_NUM_THREADS=T, since Debian's torc
 not hand its thread count to OpenBLAS, which would otherwise use every core); Debian's torch 1.13 is built with BLAS_INFO=generic and
 calls the system libblas.so.3, which here is OpenBLAS 0.3.21 (pthread) too, so both sides
 run the same GEMM kernels (OPENBLAS_CORETYPE=%s set for both: OpenBLAS 0.3.21 misdetects
-this VM's CPU as Prescott). DDP: 2 processes, gloo all-reduce of gradients in buckets.
+this VM's CPU as Prescott). Current torch (%s: PyPI's wheel, in the virtualenv
+`deploy/install_deps.sh --bench` makes) brings its own GEMM and OpenMP runtime. DDP: 2 processes, gloo all-reduce of gradients in buckets.
 On a machine with an NVIDIA GPU the GPU rows measure `shardline-train-local --device cuda:0`
 on a GPT-2-small-sized model (12 layers, width 768, context 256, batch 16) and report model
 FLOPs utilisation against the GPU's fp32 peak (6N + 12Lhs FLOPs per token, PaLM Appendix B);
@@ -189,7 +201,9 @@ threads spin-wait, so any other load on the machine stalls them; for "1 process 
 torch is therefore run twice, with its default (2 intra-op threads, 2 OpenBLAS threads) and
 with 1 intra-op thread and 2 OpenBLAS threads, and the better figure is its value (both are
 in the CSV's note).
-""" % (steps - skip, skip, rounds, SPEC, blas or "unset"))
+""" % (steps - skip, skip, rounds, SPEC, blas or "unset",
+       ", ".join(benchlib.torch_version(p) for label, p in peers
+                 if not label.startswith("torch 1.")) or "not installed here"))
     return 0
 
 

@@ -4,7 +4,9 @@
 # Needs root (or sudo) only when something is missing.
 #
 #   deploy/install_deps.sh           # build and test
-#   deploy/install_deps.sh --bench   # also the peers of bench/run.sh (torch, etcd, ...)
+#   deploy/install_deps.sh --bench   # also the peers of bench/run.sh (torch, etcd, ...),
+#                                    # and current torch from PyPI in a virtualenv
+#                                    # ($SHARDLINE_BENCH_VENV, default ~/.cache/shardline-bench-venv)
 #   deploy/install_deps.sh --check   # also clang (tests/run.sh's thread-safety build)
 set -euo pipefail
 
@@ -58,7 +60,23 @@ for p in "${PACKAGES[@]}"; do
   [[ "$p" == \#* ]] && continue
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+# Current torch from PyPI for bench/run.sh, beside Debian's 1.13 (the product
+# never uses it): a virtualenv of its own, made once. Without PyPI the
+# benchmarks run with Debian's torch only, and say so.
+BENCH_TORCH=torch==2.15.0
+bench_venv() {
+  local venv="${SHARDLINE_BENCH_VENV:-$HOME/.cache/shardline-bench-venv}"
+  if "$venv/bin/python" -c 'import torch' 2>/dev/null; then return 0; fi
+  echo "install_deps: installing $BENCH_TORCH from PyPI into $venv (bench peers only; ~4 GB with its CUDA libraries)" >&2
+  if ! { /usr/bin/python3 -m venv "$venv" && "$venv/bin/pip" install -q "$BENCH_TORCH" numpy; }; then
+    echo "install_deps: could not install $BENCH_TORCH from PyPI; benchmarks compare with Debian's torch 1.13 only" >&2
+  fi
+}
+
+if [ ${#missing[@]} -eq 0 ]; then
+  if [ "${1:-}" = --bench ]; then bench_venv; fi
+  exit 0
+fi
 
 SUDO=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -69,3 +87,4 @@ echo "install_deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 "${SUDO[@]}" apt-get update -qq
 "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ "${1:-}" = --bench ]; then bench_venv; fi
