@@ -32,6 +32,10 @@ StragglerTracker::Options StragglerOptions(const v1::ElasticPolicy& e) {
   o.factor = e.straggler_factor() > 1 ? e.straggler_factor() : spec::kDefaultStragglerFactor;
   o.window_steps = e.straggler_window_steps() > 0 ? e.straggler_window_steps()
                                                   : spec::kDefaultStragglerWindowSteps;
+  o.min_excess = e.has_straggler_min_excess()
+                     ? absl::Seconds(e.straggler_min_excess().seconds()) +
+                           absl::Nanoseconds(e.straggler_min_excess().nanos())
+                     : spec::kDefaultStragglerMinExcess;
   return o;
 }
 

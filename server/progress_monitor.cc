@@ -398,9 +398,13 @@ std::vector<StragglerChange> StragglerTracker::Evaluate() {
   for (auto& [rank, w] : windows_) {
     if (w.times.size() < options_.window_steps) continue;
     const double ratio = absl::FDivDuration(w.median, generation_median);
+    const absl::Duration excess = w.median - generation_median;
     auto it = flagged_.find(rank);
-    // Flagged above factor; cleared only at or under clear_ratio().
-    const bool slow = it == flagged_.end() ? ratio > options_.factor : ratio > clear_ratio();
+    // Flagged above factor and min_excess; cleared only at or under
+    // clear_ratio() or half the min_excess.
+    const bool slow = it == flagged_.end()
+                          ? ratio > options_.factor && excess > options_.min_excess
+                          : ratio > clear_ratio() && excess > options_.min_excess / 2;
     StragglerChange c;
     c.rank = rank;
     c.compute_time = w.median;

@@ -10,7 +10,8 @@
 //   if (f.has_value()) ... f->report.summary() ...
 //
 //   // Stragglers: one tracker per job, reset at each generation.
-//   StragglerTracker t({/*factor=*/1.5, /*window_steps=*/10});
+//   StragglerTracker t({/*factor=*/1.5, /*window_steps=*/10,
+//                       /*min_excess=*/absl::Milliseconds(5)});
 //   t.Record(/*rank=*/3, /*step=*/17, absl::Milliseconds(210));
 //   for (const StragglerChange& c : t.Evaluate()) ...
 //
@@ -142,16 +143,20 @@ struct StragglerChange {
 // Per rank, a window of the compute_time of its last window_steps distinct
 // steps; a rank whose window median exceeds factor x the generation median
 // (the median of the window medians of the ranks whose windows are full;
-// for an even count the lower middle one) is flagged, and cleared only
-// when it is back at or under clear_ratio() = 1 + (factor - 1) / 2 x that
-// median (1.25x for the default 1.5x): a rank hovering around the factor on
-// a noisy host is flagged once, not flagged and cleared at every report.
-// Only ranks with full windows are judged.
+// for an even count the lower middle one) and exceeds it by more than
+// min_excess is flagged, and cleared only when it is back at or under
+// clear_ratio() = 1 + (factor - 1) / 2 x that median (1.25x for the default
+// 1.5x) or within min_excess / 2 of it: a rank hovering around either
+// threshold on a noisy host is flagged once, not flagged and cleared at
+// every report. min_excess keeps scheduler noise from flagging a rank whose
+// steps compute for a millisecond (job.proto straggler_min_excess). Only
+// ranks with full windows are judged.
 class StragglerTracker {
  public:
   struct Options {
     double factor = spec::kDefaultStragglerFactor;              // > 1
     uint32_t window_steps = spec::kDefaultStragglerWindowSteps;  // >= 1
+    absl::Duration min_excess = spec::kDefaultStragglerMinExcess;  // >= 0
   };
   StragglerTracker() = default;
   explicit StragglerTracker(Options options) : options_(options) {}

@@ -326,6 +326,54 @@ TEST(ProgressMonitorTest, JitterOfTwentyPercentFlagsNobody) {
   EXPECT_TRUE(t.flagged().empty());
 }
 
+// Found in CI: steps of ~0.5 ms compute on a loaded 2-core host, where one
+// rank's window median was 1.04 ms (2.07x) from scheduler noise alone.
+// Under min_excess nobody is flagged whatever the ratio; with 0 s the
+// factor alone decides, as before the field existed.
+TEST(ProgressMonitorTest, StragglerNeedsMoreThanMinExcess) {
+  auto judge = [](absl::Duration min_excess, absl::Duration slow) {
+    StragglerTracker t({1.5, 3, min_excess});
+    for (uint64_t step = 1; step <= 3; ++step) {
+      t.Record(0, step, absl::Microseconds(504));
+      t.Record(1, step, slow);
+      t.Record(2, step, absl::Microseconds(480));
+    }
+    return t.Evaluate();
+  };
+  EXPECT_TRUE(judge(absl::Milliseconds(5), absl::Microseconds(1040)).empty());
+  EXPECT_TRUE(judge(absl::Milliseconds(5), absl::Microseconds(5504)).empty());  // 5 ms more
+  std::vector<StragglerChange> c = judge(absl::Milliseconds(5), absl::Microseconds(5505));
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].rank, 1u);
+  EXPECT_EQ(c[0].median_compute_time, absl::Microseconds(504));
+  c = judge(absl::ZeroDuration(), absl::Microseconds(1040));
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].rank, 1u);
+  EXPECT_NEAR(c[0].ratio, 1040.0 / 504, 1e-9);
+}
+
+// A flagged rank whose excess falls to half of min_excess is cleared even
+// while its ratio stays above clear_ratio; just above half, it stays.
+TEST(ProgressMonitorTest, StragglerClearedAtHalfTheMinExcess) {
+  StragglerTracker t({1.5, 3, absl::Milliseconds(10)});
+  uint64_t step = 0;
+  auto run = [&](absl::Duration slow) {
+    std::vector<StragglerChange> all;
+    for (int i = 0; i < 3; ++i) {
+      ++step;
+      for (uint32_t r = 0; r < 3; ++r) t.Record(r, step, r == 2 ? slow : absl::Milliseconds(4));
+      for (const StragglerChange& c : t.Evaluate()) all.push_back(c);
+    }
+    return all;
+  };
+  ASSERT_EQ(run(absl::Milliseconds(20)).size(), 1u);  // 16 ms over: flagged
+  EXPECT_TRUE(run(absl::Microseconds(9100)).empty());  // 5.1 ms over, 2.3x: stays
+  std::vector<StragglerChange> c = run(absl::Milliseconds(9));  // 5 ms over, 2.25x
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_TRUE(c[0].cleared);
+  EXPECT_TRUE(t.flagged().empty());
+}
+
 TEST(ProgressMonitorTest, ResetForgetsWindowsAndFlags) {
   StragglerTracker t({1.5, 3});
   for (uint64_t step = 1; step <= 3; ++step) {

@@ -264,6 +264,17 @@ absl::Status ResolveProgressPolicy(v1::ElasticPolicy& e) {
                                 kMaxStragglerWindowSteps, " steps, or 0 for the default ",
                                 kDefaultStragglerWindowSteps));
   }
+  if (!e.has_straggler_min_excess()) {
+    *e.mutable_straggler_min_excess() =
+        TimeUtil::NanosecondsToDuration(absl::ToInt64Nanoseconds(kDefaultStragglerMinExcess));
+  } else if (FromProto(e.straggler_min_excess()) < absl::ZeroDuration() ||
+             FromProto(e.straggler_min_excess()) > kMaxStragglerMinExcess) {
+    return Invalid(absl::StrCat(
+        "spec.elastic.straggler_min_excess=", TimeUtil::ToString(e.straggler_min_excess()),
+        " is invalid; give 0s .. ", absl::FormatDuration(kMaxStragglerMinExcess),
+        " (e.g. \"20ms\"; 0s judges by straggler_factor alone), or leave it unset for ",
+        absl::FormatDuration(kDefaultStragglerMinExcess)));
+  }
   if (e.straggler_policy() == v1::STRAGGLER_POLICY_UNSPECIFIED) {
     e.set_straggler_policy(v1::STRAGGLER_POLICY_REPORT);
   }

@@ -58,6 +58,7 @@ inline constexpr int kMinTimeoutIntervals = 2;
 //   hang_policy        UNSPECIFIED -> EVICT
 //   straggler_factor   0 -> 1.5; else finite, > 1 and <= 100
 //   straggler_window_steps  0 -> 10; else 3 .. 1000
+//   straggler_min_excess    unset -> 5 ms; else 0 s (off) .. 10 min
 //   straggler_policy   UNSPECIFIED -> REPORT
 // An external job accepts them too (same checks) but is never judged: its
 // agents send no progress reports (session.proto HeartbeatRequest.progress).
@@ -74,6 +75,10 @@ inline constexpr double kMaxStragglerFactor = 100;
 inline constexpr uint32_t kDefaultStragglerWindowSteps = 10;
 inline constexpr uint32_t kMinStragglerWindowSteps = 3;
 inline constexpr uint32_t kMaxStragglerWindowSteps = 1000;
+// A few of Linux's scheduler slices on a small host (a slice is ~3 ms on a
+// 2-CPU machine): compute-time differences under it are noise.
+inline constexpr absl::Duration kDefaultStragglerMinExcess = absl::Milliseconds(5);
+inline constexpr absl::Duration kMaxStragglerMinExcess = absl::Minutes(10);
 
 // Bounds of the spec's counts, checked before anything uses them (each in
 // spec terms, printed unsigned): model sizes as the planner's limits

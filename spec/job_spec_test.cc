@@ -431,10 +431,14 @@ TEST(ResolveJobSpecTest, ProgressPolicyDefaults) {
   EXPECT_DOUBLE_EQ(r->elastic().straggler_factor(), 1.5);
   EXPECT_EQ(r->elastic().straggler_window_steps(), 10u);
   EXPECT_EQ(r->elastic().straggler_policy(), v1::STRAGGLER_POLICY_REPORT);
+  ASSERT_TRUE(r->elastic().has_straggler_min_excess());
+  EXPECT_EQ(r->elastic().straggler_min_excess().seconds(), 0);
+  EXPECT_EQ(r->elastic().straggler_min_excess().nanos(), 5000000);
   // 0 s (off) and the bounds are kept as given.
   v1::JobSpec spec = Valid();
   v1::ElasticPolicy* e = spec.mutable_elastic();
   e->mutable_progress_timeout()->set_seconds(0);
+  e->mutable_straggler_min_excess()->set_seconds(0);
   e->set_hang_policy(v1::HANG_POLICY_REPORT);
   e->set_straggler_factor(100);
   e->set_straggler_window_steps(3);
@@ -447,8 +451,12 @@ TEST(ResolveJobSpecTest, ProgressPolicyDefaults) {
   EXPECT_DOUBLE_EQ(r->elastic().straggler_factor(), 100);
   EXPECT_EQ(r->elastic().straggler_window_steps(), 3u);
   EXPECT_EQ(r->elastic().straggler_policy(), v1::STRAGGLER_POLICY_REPLACE);
+  EXPECT_TRUE(r->elastic().has_straggler_min_excess());
+  EXPECT_EQ(r->elastic().straggler_min_excess().seconds(), 0);
+  EXPECT_EQ(r->elastic().straggler_min_excess().nanos(), 0);
   e->mutable_progress_timeout()->set_nanos(100000000);  // 100 ms, the shortest
   e->set_straggler_window_steps(1000);
+  e->mutable_straggler_min_excess()->set_seconds(600);  // the longest
   EXPECT_TRUE(ResolveJobSpec(spec).ok());
   e->mutable_progress_timeout()->set_seconds(86400);
   e->mutable_progress_timeout()->set_nanos(0);
@@ -494,6 +502,17 @@ TEST(ResolveJobSpecTest, ProgressPolicyRefusalsNameTheField) {
          e->set_straggler_policy(static_cast<v1::StragglerPolicy>(3));
        },
        "spec.elastic.straggler_policy=3 is not a StragglerPolicy"},
+      {[](v1::ElasticPolicy* e) { e->mutable_straggler_min_excess()->set_nanos(-1000000); },
+       "spec.elastic.straggler_min_excess=-0.001s is invalid; give 0s .. 10m (e.g. \"20ms\"; "
+       "0s judges by straggler_factor alone), or leave it unset for 5ms"},
+      {[](v1::ElasticPolicy* e) { e->mutable_straggler_min_excess()->set_seconds(601); },
+       "spec.elastic.straggler_min_excess=601s is invalid"},
+      {[](v1::ElasticPolicy* e) {
+         e->mutable_straggler_min_excess()->set_seconds(1);
+         e->mutable_straggler_min_excess()->set_nanos(-1);
+       },
+       "spec.elastic.straggler_min_excess={seconds: 1, nanos: -1} is not a valid "
+       "google.protobuf.Duration"},
   };
   for (const Case& c : cases) {
     v1::JobSpec spec = Valid();

@@ -82,6 +82,7 @@ TEST(SpecFileTest, ExampleSpecHangAndStragglerLinesAreValidWhenUncommented) {
   EXPECT_EQ(as_is->elastic().straggler_factor(), 0);
   EXPECT_EQ(as_is->elastic().straggler_window_steps(), 0u);
   EXPECT_EQ(as_is->elastic().straggler_policy(), v1::STRAGGLER_POLICY_UNSPECIFIED);
+  EXPECT_FALSE(as_is->elastic().has_straggler_min_excess());
 
   std::ifstream in(kExample);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -89,7 +90,8 @@ TEST(SpecFileTest, ExampleSpecHangAndStragglerLinesAreValidWhenUncommented) {
   int settings = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     for (const char* field : {"progress_timeout", "hang_policy", "straggler_factor",
-                              "straggler_window_steps", "straggler_policy"}) {
+                              "straggler_window_steps", "straggler_min_excess",
+                              "straggler_policy"}) {
       if (absl::StartsWith(line, absl::StrCat("  # ", field, ": "))) {
         line.remove_prefix(4);  // "  # " -> ""; keep the elastic: indentation below
         ++settings;
@@ -99,13 +101,14 @@ TEST(SpecFileTest, ExampleSpecHangAndStragglerLinesAreValidWhenUncommented) {
     }
     absl::StrAppend(&uncommented, line, "\n");
   }
-  ASSERT_EQ(settings, 5) << text;
+  ASSERT_EQ(settings, 6) << text;
   absl::StatusOr<v1::JobSpec> spec = Yaml(uncommented);
   ASSERT_TRUE(spec.ok()) << spec.status() << "\n" << uncommented;
   EXPECT_EQ(spec->elastic().progress_timeout().seconds(), 120);
   EXPECT_EQ(spec->elastic().hang_policy(), v1::HANG_POLICY_REPORT);
   EXPECT_DOUBLE_EQ(spec->elastic().straggler_factor(), 2.0);
   EXPECT_EQ(spec->elastic().straggler_window_steps(), 20u);
+  EXPECT_EQ(spec->elastic().straggler_min_excess().nanos(), 20000000);
   EXPECT_EQ(spec->elastic().straggler_policy(), v1::STRAGGLER_POLICY_REPLACE);
   absl::StatusOr<v1::JobSpec> resolved = ResolveJobSpec(*spec);
   EXPECT_TRUE(resolved.ok()) << resolved.status();
@@ -189,8 +192,10 @@ TEST(SpecFileTest, UnknownFieldIsNamedWithItsLine) {
 TEST(SpecFileTest, ProgressPolicyKeys) {
   absl::StatusOr<v1::JobSpec> spec = Yaml(
       "elastic:\n  progress_timeout: 30s\n  hang_policy: report\n  straggler_factor: 2.5\n"
-      "  straggler_window_steps: 20\n  straggler_policy: replace\n");
+      "  straggler_window_steps: 20\n  straggler_policy: replace\n  straggler_min_excess: 0s\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->elastic().has_straggler_min_excess());  // 0s is set: the factor alone
+  EXPECT_EQ(spec->elastic().straggler_min_excess().seconds(), 0);
   EXPECT_TRUE(spec->elastic().has_progress_timeout());
   EXPECT_EQ(spec->elastic().progress_timeout().seconds(), 30);
   EXPECT_EQ(spec->elastic().hang_policy(), v1::HANG_POLICY_REPORT);

@@ -265,16 +265,23 @@ TEST_F(HangTrainingTest, CountMismatchIsAClearErrorOnEveryRankAndTheJobReforms) 
   }
 }
 
-// A rank 2x slower in compute is flagged within 20 steps.
+// A rank 3x slower in compute is flagged within 20 steps.
 TEST_F(HangTrainingTest, SlowRankIsFlaggedAStraggler) {
   v1::JobSpec spec = Spec("straggler", dir_ + "/ckpt", 60, 3, 3);
+  // Steps of ~5-10 ms compute (the tiny model's take ~0.5 ms), so that the
+  // slow rank's excess is well over straggler_min_excess (5 ms). Three
+  // ranks share two cores (and CI runs two tests at once), so each rank's
+  // wall-clock compute also carries the time it waits for a core: 2x
+  // measured 1.6x..3.3x here, hence 3x and the wide bounds below.
+  spec.mutable_model()->set_hidden_size(64);
+  spec.mutable_model()->set_seq_length(32);
   // A heartbeat carries only its rank's latest step: with steps of ~20 ms
   // and heartbeats every 200 ms, a window of N reports spans several times
   // N steps. A window of 5 reports keeps the flag within 20 steps here.
   spec.mutable_elastic()->set_straggler_window_steps(5);
   ASSERT_NO_FATAL_FAILURE(StartCoordinator());
   ASSERT_NO_FATAL_FAILURE(CreateJob(spec));
-  ASSERT_NO_FATAL_FAILURE(StartWorkers(3, /*faulty=*/1, "slow_compute=2"));
+  ASSERT_NO_FATAL_FAILURE(StartWorkers(3, /*faulty=*/1, "slow_compute=3"));
   const v1::Job job = WaitJob([](const v1::Job& j) { return j.num_stragglers() > 0; },
                               absl::Seconds(120));
   ASSERT_EQ(job.num_stragglers(), 1u) << Logs();
@@ -282,7 +289,7 @@ TEST_F(HangTrainingTest, SlowRankIsFlaggedAStraggler) {
   EXPECT_EQ(job.stragglers(0).worker_id(), "w1");
   EXPECT_LE(job.stragglers(0).since_step(), 20u);
   EXPECT_GT(job.stragglers(0).ratio(), 1.5);
-  EXPECT_LT(job.stragglers(0).ratio(), 4.0);
+  EXPECT_LT(job.stragglers(0).ratio(), 6.0);
   bool flagged_member = false;
   const v1::ListMembersResponse members = Members();
   for (const v1::Member& m : members.members()) {

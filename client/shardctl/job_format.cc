@@ -210,17 +210,24 @@ std::string HangDetection(const v1::ElasticPolicy& e) {
                       e.hang_policy() == v1::HANG_POLICY_REPORT ? "report" : "evict");
 }
 
-// The spec's straggler detection: "1.5x the median compute over 10 steps,
-// report" or "..., replace by a spare" (defaults applied).
+// The spec's straggler detection: "1.5x the median compute (and 5ms more)
+// over 10 steps, report" or "..., replace by a spare" (defaults applied; no
+// parenthesis when straggler_min_excess is 0 s).
 std::string StragglerDetection(const v1::ElasticPolicy& e) {
   const double factor =
       e.straggler_factor() == 0 ? spec::kDefaultStragglerFactor : e.straggler_factor();
   const uint32_t window = e.straggler_window_steps() == 0 ? spec::kDefaultStragglerWindowSteps
                                                           : e.straggler_window_steps();
-  return absl::StrCat(absl::StrFormat("%g", factor), "x the median compute over ", window,
-                      " steps, ",
-                      e.straggler_policy() == v1::STRAGGLER_POLICY_REPLACE ? "replace by a spare"
-                                                                           : "report");
+  const absl::Duration min_excess = e.has_straggler_min_excess()
+                                        ? FromProto(e.straggler_min_excess())
+                                        : spec::kDefaultStragglerMinExcess;
+  return absl::StrCat(
+      absl::StrFormat("%g", factor), "x the median compute",
+      min_excess > absl::ZeroDuration()
+          ? absl::StrCat(" (and ", absl::FormatDuration(min_excess), " more)")
+          : "",
+      " over ", window, " steps, ",
+      e.straggler_policy() == v1::STRAGGLER_POLICY_REPLACE ? "replace by a spare" : "report");
 }
 
 // The World line of a job whose first generation has not formed. The

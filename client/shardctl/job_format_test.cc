@@ -73,7 +73,7 @@ TEST(JobFormatTest, PendingJob) {
             "Checkpoints:      every 100 steps into /tmp/shardline-ckpt, keep last 3\n"
             "Elastic:          4..5 workers, heartbeat 1s, timeout 10s\n"
             "Hang detection:   progress_timeout auto (max(30s, 10x median step)), evict\n"
-            "Straggler check:  1.5x the median compute over 10 steps, report\n"
+            "Straggler check:  1.5x the median compute (and 5ms more) over 10 steps, report\n"
             "Created:          2024-05-01T10:00:00Z\n"
             "Updated:          2024-05-01T10:00:05Z\n");
 }
@@ -88,16 +88,18 @@ TEST(JobFormatTest, HangAndStragglerSettings) {
   e->set_straggler_factor(2.25);
   e->set_straggler_window_steps(20);
   e->set_straggler_policy(v1::STRAGGLER_POLICY_REPLACE);
+  e->mutable_straggler_min_excess()->set_nanos(20000000);
   EXPECT_THAT(FormatJob(job),
               HasSubstr("Elastic:          4..5 workers, heartbeat 1s, timeout 10s\n"
                         "Hang detection:   progress_timeout 5s, report\n"
-                        "Straggler check:  2.25x the median compute over 20 steps, replace by a "
-                        "spare\n"
+                        "Straggler check:  2.25x the median compute (and 20ms more) over 20 "
+                        "steps, replace by a spare\n"
                         "Created:"));
   e->mutable_progress_timeout()->set_seconds(0);
   e->mutable_progress_timeout()->set_nanos(250000000);
   e->set_hang_policy(v1::HANG_POLICY_EVICT);
   e->set_straggler_policy(v1::STRAGGLER_POLICY_REPORT);
+  e->mutable_straggler_min_excess()->set_nanos(0);  // 0s: the factor alone
   EXPECT_THAT(FormatJob(job), AllOf(HasSubstr("Hang detection:   progress_timeout 250ms, evict\n"),
                                     HasSubstr("Straggler check:  2.25x the median compute over 20 "
                                               "steps, report\n")));
