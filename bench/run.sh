@@ -38,7 +38,8 @@ for f in bench/control_plane/*; do
   if [ ! -f "$f" ] || [ ! -x "$f" ]; then continue; fi
   BENCHES+=("${b%.*}:$f")
 done
-BENCHES+=("checkpoint:/usr/bin/python3 bench/checkpoint.py" "trainer:/usr/bin/python3 bench/trainer.py")
+BENCHES+=("planner:/usr/bin/python3 bench/planner.py" "checkpoint:/usr/bin/python3 bench/checkpoint.py"
+         "trainer:/usr/bin/python3 bench/trainer.py")
 
 if [ -n "$ONLY" ]; then
   IFS=, read -r -a WANT <<< "$ONLY"
@@ -59,8 +60,9 @@ PY=/usr/bin/python3
 deploy/install_deps.sh --bench || { echo "bench/run.sh: installing packages failed" >&2; exit 1; }
 
 if [ "$BUILD" = 1 ]; then
-  # Items 1, 6, 7: bench/'s own binaries and the programs they run. Must build.
-  CORE=(//bench:all //worker/comm:shardline-bench-collectives //worker/train:shardline-train-local)
+  # Items 1, 6, 7 and the planner: bench/'s own binaries and the programs they run. Must build.
+  CORE=(//bench:all //worker/comm:shardline-bench-collectives //worker/train:shardline-train-local
+        //client/shardctl:shardctl)
   # Item 7 on a GPU machine: the GPU plugin for shardline-train-local --device cuda:0.
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     CORE+=(//worker/gpu:libshardline_gpu.so)

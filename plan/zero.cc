@@ -103,6 +103,31 @@ absl::StatusOr<ZeroPlan> MakeZeroPlan(const GptConfig& model, const ParallelConf
   if (!params.ok()) return params.status();
   const int tp = parallel.tp, dp = parallel.dp;
 
+  // Each parameter's (name, tp-local size), grouped once by role and layer:
+  // a chunk then touches only its own layers (the planner's largest layouts
+  // have thousands of (pp, tp, chunk) triples and thousands of parameters).
+  using Sizes = std::vector<std::pair<std::string, int64_t>>;
+  Sizes embedding, head;
+  std::vector<Sizes> layer_sizes(model.num_layers);
+  for (const ParameterSpec& p : *params) {
+    std::pair<std::string, int64_t> entry{p.name, p.local_numel(tp)};
+    switch (p.role) {
+      case ParameterRole::kEmbedding:
+        embedding.push_back(std::move(entry));
+        break;
+      case ParameterRole::kHead:
+        head.push_back(std::move(entry));
+        break;
+      case ParameterRole::kLayer:
+        layer_sizes[p.layer].push_back(std::move(entry));
+        break;
+    }
+  }
+  // The output head is tied to the word embedding. When the last chunk
+  // lives on another pp rank than chunk 0, that rank keeps a copy.
+  Sizes head_with_copy = head;
+  head_with_copy.push_back({(*params)[0].name, (*params)[0].local_numel(tp)});
+
   ZeroPlan zero;
   zero.dp = dp;
   zero.zero_stage = parallel.zero_stage;
@@ -111,8 +136,7 @@ absl::StatusOr<ZeroPlan> MakeZeroPlan(const GptConfig& model, const ParallelConf
     for (int tp_rank = 0; tp_rank < tp; ++tp_rank) {
       for (int c : pipeline.ChunksOfRank(pp_rank)) {
         const Chunk& chunk = pipeline.chunks[c];
-        auto add_unit = [&](std::string name, std::vector<std::pair<std::string, int64_t>> sizes,
-                            bool last_is_tied_copy) {
+        auto add_unit = [&](std::string name, const Sizes& sizes, bool last_is_tied_copy) {
           Unit unit = MakeUnit(std::move(name), sizes, dp, parallel.zero_alignment);
           if (last_is_tied_copy) unit.pieces.back().tied_copy = true;
           unit.tp_rank = tp_rank;
@@ -120,35 +144,12 @@ absl::StatusOr<ZeroPlan> MakeZeroPlan(const GptConfig& model, const ParallelConf
           unit.chunk = c;
           zero.units.push_back(std::move(unit));
         };
-        std::vector<std::pair<std::string, int64_t>> embedding, head;
-        std::vector<std::vector<std::pair<std::string, int64_t>>> layers(
-            chunk.last_layer - chunk.first_layer + 1);
-        for (const ParameterSpec& p : *params) {
-          const std::pair<std::string, int64_t> entry{p.name, p.local_numel(tp)};
-          switch (p.role) {
-            case ParameterRole::kEmbedding:
-              if (chunk.has_embedding) embedding.push_back(entry);
-              break;
-            case ParameterRole::kHead:
-              if (chunk.has_head) head.push_back(entry);
-              break;
-            case ParameterRole::kLayer:
-              if (p.layer >= chunk.first_layer && p.layer <= chunk.last_layer) {
-                layers[p.layer - chunk.first_layer].push_back(entry);
-              }
-              break;
-          }
-        }
-        // The output head is tied to the word embedding. When the last chunk
-        // lives on another pp rank than chunk 0, that rank keeps a copy.
         const bool tied_copy = chunk.has_head && pipeline.chunks[0].pp_rank != pp_rank;
-        if (tied_copy) head.push_back({(*params)[0].name, (*params)[0].local_numel(tp)});
         if (chunk.has_embedding) add_unit("embedding", embedding, false);
-        for (size_t i = 0; i < layers.size(); ++i) {
-          add_unit(absl::StrCat("layers.", chunk.first_layer + static_cast<int64_t>(i)), layers[i],
-                   false);
+        for (int layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
+          add_unit(absl::StrCat("layers.", layer), layer_sizes[layer], false);
         }
-        if (chunk.has_head) add_unit("head", head, tied_copy);
+        if (chunk.has_head) add_unit("head", tied_copy ? head_with_copy : head, tied_copy);
       }
     }
   }

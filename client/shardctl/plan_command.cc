@@ -311,7 +311,7 @@ absl::Status RunPlan(const std::vector<std::string>& args, std::ostream& out) {
     absl::StatusOr<plan::MemoryEstimate> m = plan::EstimateFromParameterCount(f.params, *parallel);
     if (!m.ok()) return m.status();
     if (f.json) {
-      out << MemoryEstimateToJson(f.params, *parallel, *m).dump(2) << "\n";
+      out << MemoryEstimateToJson(f.params, *parallel, *m);
     } else {
       out << "Memory estimate for " << Count(f.params) << " parameters, "
           << plan::PrecisionName(parallel->precision) << ", tp " << parallel->tp << " x pp "
@@ -340,8 +340,7 @@ absl::Status RunPlan(const std::vector<std::string>& args, std::ostream& out) {
         plan::FindOwners(p->zero, p->topology, p->parameters, (*positional)[1], element);
     if (!holders.ok()) return holders.status();
     if (f.json) {
-      out << OwnersToJson((*positional)[1], element, parallel->zero_stage, *holders).dump(2)
-          << "\n";
+      out << OwnersToJson((*positional)[1], element, parallel->zero_stage, *holders);
       return absl::OkStatus();
     }
     out << absl::StrFormat("%-10s %5s %4s %4s %4s  %-10s %-18s %s\n", "KIND", "RANK", "TP", "DP",
@@ -370,7 +369,7 @@ absl::Status RunPlan(const std::vector<std::string>& args, std::ostream& out) {
       return s;
     }
   }
-  out << (f.json ? PlanToJson(*p).dump(2) + "\n" : Summary(*p));
+  out << (f.json ? PlanToJson(*p) : Summary(*p));
   return absl::OkStatus();
 }
 

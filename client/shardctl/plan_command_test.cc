@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -69,6 +70,30 @@ TEST(PlanCommandTest, JsonContractFields) {
   EXPECT_EQ(bytes["optimizer"].get<int64_t>(), bytes["params"].get<int64_t>());
   EXPECT_EQ(j["memory"]["ranks"].size(), 8u);
   EXPECT_EQ(j["parallel"]["world_size"], 8);
+}
+
+// Every --json output is laid out as nlohmann::json's dump(2) of the same
+// document, key order kept (the writer streams it; scripts and diffs see
+// the layout they saw when the document was built first), and ends in a
+// newline. Covers the plan (integers, doubles, bools, nested arrays, empty
+// shards), --params and owner (null and integer element).
+TEST(PlanCommandTest, JsonTextIsDumpTwoOfItsDocument) {
+  const std::vector<Args> cases = {
+      With({"--tp", "2", "--pp", "2", "--dp", "2", "--zero", "2", "--micro-batches", "4",
+            "--json"}),
+      With({"--pp", "2", "--vpp", "2", "--dp", "3", "--zero", "3", "--micro-batches", "8",
+            "--precision", "mixed", "--json"}),
+      {"--params", "1000000", "--tp", "2", "--dp", "2", "--json"},
+      With({"owner", "embedding.word_embeddings.weight", "--tp", "2", "--pp", "2", "--dp", "2",
+            "--zero", "3", "--json"}),
+      With({"owner", "layers.0.input_layernorm.weight", "--element", "5", "--dp", "2",
+            "--json"}),
+  };
+  for (const Args& args : cases) {
+    absl::StatusOr<std::string> out = RunPlan(args);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(*out, nlohmann::ordered_json::parse(*out).dump(2) + "\n") << absl::StrJoin(args, " ");
+  }
 }
 
 TEST(PlanCommandTest, InterleavedWithUnevenMicroBatchesSaysSo) {

@@ -1,9 +1,11 @@
 // JSON renderings of the planner's results for `shardctl plan --json`.
 // The field names are a contract that scripts use; see README.md
 // ("shardctl plan --json"). Integers are JSON numbers (never strings).
+// Each returns the whole text, ending in a newline, laid out as
+// nlohmann::json's dump(2) (two-space indent), written as it goes: the
+// plan of a 3072-rank layout is ~4 MB.
 //
-//   nlohmann::ordered_json j = PlanToJson(plan);
-//   j["schedule"]["bubble_ratio"];
+//   std::cout << PlanToJson(plan);
 //
 // Pure functions; thread-safe.
 #ifndef SHARDLINE_CLIENT_SHARDCTL_PLAN_JSON_H_
@@ -14,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "nlohmann/json.hpp"
 #include "plan/memory.h"
 #include "plan/plan.h"
 #include "plan/zero.h"
@@ -23,15 +24,15 @@ namespace shardline::shardctl {
 
 // The full plan: model, parallel, parameters, topology, pipeline, schedule,
 // zero, memory.
-nlohmann::ordered_json PlanToJson(const plan::Plan& plan);
+std::string PlanToJson(const plan::Plan& plan);
 
 // A memory-only estimate from a parameter count (`--params N`).
-nlohmann::ordered_json MemoryEstimateToJson(int64_t parameters, const plan::ParallelConfig& parallel,
-                                    const plan::MemoryEstimate& memory);
+std::string MemoryEstimateToJson(int64_t parameters, const plan::ParallelConfig& parallel,
+                                 const plan::MemoryEstimate& memory);
 
 // The answer to `shardctl plan owner`: one entry per holder.
-nlohmann::ordered_json OwnersToJson(const std::string& parameter, std::optional<int64_t> element,
-                            int zero_stage, const std::vector<plan::Holder>& holders);
+std::string OwnersToJson(const std::string& parameter, std::optional<int64_t> element,
+                         int zero_stage, const std::vector<plan::Holder>& holders);
 
 }  // namespace shardline::shardctl
 
