@@ -60,7 +60,7 @@ class Device {
   virtual bool host_memory() const = 0;
 
   // --- Memory (sizes in BYTES) ----------------------------------------------
-  // `bytes` of device memory, contents unspecified (CpuDevice zero-fills).
+  // `bytes` of device memory, contents unspecified.
   // bytes == 0 may return null. Errors: ResourceExhausted (out of memory),
   // Unavailable (the device failed).
   virtual absl::StatusOr<void*> AllocBytes(size_t bytes) = 0;
@@ -128,7 +128,9 @@ class Device {
 // results, no copies). Never fails except AllocBytes. Thread-safe. BLAS
 // threads: SetBlasThreads (ops.h).
 //
-// Memory: AllocBytes returns zero-filled host memory. Freed blocks of 64 KiB
+// Memory: AllocBytes returns host memory; a fresh block is zero-filled, a
+// reused one holds what its last user left (unspecified, as on every
+// device). Freed blocks of 64 KiB
 // or more are kept for reuse by an allocation of exactly the same size (a
 // training step asks for the same activation shapes at every micro-batch
 // and step; handing the pages back and faulting them in again took about

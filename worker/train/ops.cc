@@ -290,6 +290,45 @@ SL_INLINE void GeluBackwardBlock(const float* x, const float* dy, float* dx) {
   Store(g * (s + 2.0f * v * s * (1.0f - s) * du), dx);
 }
 
+// out[j] = scale * exp(x[j] - shift) for j < n (out may be x, or null to
+// store nothing); returns the sum of exp(x[j] - shift), accumulated in 16
+// float lanes and then in double. exp as ExpInPlace (at most 2 ulp).
+SL_INLINE double ExpShifted(const float* x, float shift, float scale, float* out, int64_t n) {
+  VecF acc{};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    VecF v;
+    Load(x + j, &v);
+    v -= shift;
+    ExpInPlace(&v);
+    acc += v;
+    if (out != nullptr) Store(v * scale, out + j);
+  }
+  double sum = 0.0;
+  for (int lane = 0; lane < kLanes; ++lane) sum += acc[lane];
+  if (j < n) {  // the tail, through a padded block; only its n - j lanes count
+    float in[kLanes] = {}, e[kLanes];
+    std::memcpy(in, x + j, sizeof(float) * (n - j));
+    VecF v;
+    Load(in, &v);
+    v -= shift;
+    ExpInPlace(&v);
+    Store(v, e);
+    for (int64_t t = 0; t < n - j; ++t) {
+      sum += e[t];
+      if (out != nullptr) out[j + t] = e[t] * scale;
+    }
+  }
+  return sum;
+}
+
+// Max of x[0..n), n >= 1.
+SL_INLINE float RowMax(const float* x, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
+  return mx;
+}
+
 }  // namespace
 
 SL_VECTOR_CLONES void GeluForward(const float* x, float* y, int64_t n) {
@@ -316,7 +355,7 @@ SL_VECTOR_CLONES void GeluBackward(const float* x, const float* dy, float* dx, i
 }
 
 
-void AttentionForward(const float* qkv, float* probs, float* y, int64_t batch, int64_t seq,
+SL_VECTOR_CLONES void AttentionForward(const float* qkv, float* probs, float* y, int64_t batch, int64_t seq,
                       int64_t heads, int64_t head_dim) {
   const int64_t tok_stride = heads * 3 * head_dim;  // qkv row stride
   const int64_t y_stride = heads * head_dim;        // y row stride
@@ -332,14 +371,8 @@ void AttentionForward(const float* qkv, float* probs, float* y, int64_t batch, i
                   seq);
       for (int64_t i = 0; i < seq; ++i) {
         float* row = p + i * seq;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
-        double sum = 0.0;
-        for (int64_t j = 0; j <= i; ++j) {
-          row[j] = std::exp(row[j] - mx);
-          sum += row[j];
-        }
-        const float inv = static_cast<float>(1.0 / sum);
+        const float mx = RowMax(row, i + 1);
+        const float inv = static_cast<float>(1.0 / ExpShifted(row, mx, 1.0f, row, i + 1));
         for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
         for (int64_t j = i + 1; j < seq; ++j) row[j] = 0.0f;
       }
@@ -438,24 +471,21 @@ void AddPositionBackward(const float* dy, float* dpos, int64_t rows, int64_t seq
   for (int64_t i = 0; i < used; ++i) dpos[i] += static_cast<float>(acc[i]);
 }
 
-void LocalRowMax(const float* logits, float* row_max, int64_t rows, int64_t vocab_local) {
+SL_VECTOR_CLONES void LocalRowMax(const float* logits, float* row_max, int64_t rows,
+                                  int64_t vocab_local) {
   for (int64_t t = 0; t < rows; ++t) {
-    const float* lr = logits + t * vocab_local;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < vocab_local; ++j) mx = std::max(mx, lr[j]);
-    row_max[t] = mx;
+    row_max[t] = vocab_local > 0 ? RowMax(logits + t * vocab_local, vocab_local)
+                                 : -std::numeric_limits<float>::infinity();
   }
 }
 
-void LocalSumExpAndTarget(const float* logits, const float* row_max, const int32_t* targets,
-                          float* sum_exp, float* target_logit, int64_t rows,
-                          int64_t vocab_begin, int64_t vocab_local) {
+SL_VECTOR_CLONES void LocalSumExpAndTarget(const float* logits, const float* row_max,
+                                           const int32_t* targets, float* sum_exp,
+                                           float* target_logit, int64_t rows,
+                                           int64_t vocab_begin, int64_t vocab_local) {
   for (int64_t t = 0; t < rows; ++t) {
     const float* lr = logits + t * vocab_local;
-    const float mx = row_max[t];
-    double sum = 0.0;
-    for (int64_t j = 0; j < vocab_local; ++j) sum += std::exp(static_cast<double>(lr[j] - mx));
-    sum_exp[t] = static_cast<float>(sum);
+    sum_exp[t] = static_cast<float>(ExpShifted(lr, row_max[t], 1.0f, nullptr, vocab_local));
     const int64_t local = static_cast<int64_t>(targets[t]) - vocab_begin;
     target_logit[t] = (local >= 0 && local < vocab_local) ? lr[local] : 0.0f;
   }
@@ -469,21 +499,17 @@ void TokenLoss(const float* row_max, const float* sum_exp, const float* target_l
   }
 }
 
-void CrossEntropyBackward(const float* logits, const float* row_max, const float* sum_exp,
-                          const int32_t* targets, float scale, float* dlogits, int64_t rows,
-                          int64_t vocab_begin, int64_t vocab_local) {
+SL_VECTOR_CLONES void CrossEntropyBackward(const float* logits, const float* row_max,
+                                           const float* sum_exp, const int32_t* targets,
+                                           float scale, float* dlogits, int64_t rows,
+                                           int64_t vocab_begin, int64_t vocab_local) {
   for (int64_t t = 0; t < rows; ++t) {
     const float* lr = logits + t * vocab_local;
     float* dr = dlogits + t * vocab_local;
-    const double mx = row_max[t];
-    const double inv = 1.0 / static_cast<double>(sum_exp[t]);
-    for (int64_t j = 0; j < vocab_local; ++j) {
-      dr[j] = static_cast<float>(scale * (std::exp(lr[j] - mx) * inv));
-    }
+    const float inv = static_cast<float>(1.0 / static_cast<double>(sum_exp[t]));
+    ExpShifted(lr, row_max[t], scale * inv, dr, vocab_local);  // scale * softmax
     const int64_t local = static_cast<int64_t>(targets[t]) - vocab_begin;
-    if (local >= 0 && local < vocab_local) {
-      dr[local] = static_cast<float>(scale * (std::exp(lr[local] - mx) * inv - 1.0));
-    }
+    if (local >= 0 && local < vocab_local) dr[local] -= scale;
   }
 }
 

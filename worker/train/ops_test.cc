@@ -629,6 +629,35 @@ TEST_F(OpsTest, CrossEntropyMatchesNaiveAndStableForLargeLogits) {
   }
 }
 
+// The exps run in 16-float vectors (ops.cc ExpShifted): whole blocks and a
+// tail, at the trainer's byte vocabulary and at a ragged one, against the
+// formula in double.
+TEST_F(OpsTest, CrossEntropyMatchesDoubleAtTrainerAndRaggedVocab) {
+  for (const int64_t vocab : {int64_t{256}, int64_t{37}}) {
+    const int64_t rows = 4;
+    const auto logits = Random(rows * vocab, 130, -6.0f, 6.0f);
+    const std::vector<int32_t> targets = {0, 5, static_cast<int32_t>(vocab - 1), 16};
+    const float scale = 0.25f;
+    const CeResult r = VocabParallelCe(logits, targets, rows, vocab, 1, scale);
+    for (int64_t t = 0; t < rows; ++t) {
+      double mx = -1e30, sum = 0.0;
+      for (int64_t j = 0; j < vocab; ++j) {
+        mx = std::max(mx, static_cast<double>(logits[t * vocab + j]));
+      }
+      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(logits[t * vocab + j] - mx);
+      const double loss = std::log(sum) + mx - logits[t * vocab + targets[t]];
+      EXPECT_THAT(r.loss[t], FloatNear(static_cast<float>(loss), 2e-6f * std::abs(loss) + 1e-6f))
+          << "vocab " << vocab << " row " << t;
+      for (int64_t j = 0; j < vocab; ++j) {
+        const double want =
+            scale * (std::exp(logits[t * vocab + j] - mx) / sum - (j == targets[t] ? 1.0 : 0.0));
+        EXPECT_THAT(r.dlogits[t * vocab + j], FloatNear(static_cast<float>(want), 1e-7f))
+            << "vocab " << vocab << " row " << t << " column " << j;
+      }
+    }
+  }
+}
+
 TEST_F(OpsTest, CrossEntropyVocabSplitMatchesUnsplit) {
   const int64_t rows = 6, vocab = 32;
   const auto logits = Random(rows * vocab, 110, -4.0f, 4.0f);
