@@ -45,6 +45,7 @@ BENCH_PACKAGES=(
 # and clang-format (.clang-format).
 CHECK_PACKAGES=(
   clang
+  libomp-dev               # OpenMP for clang (worker/train/parallel.cc; GCC brings libgomp)
   libclang-rt-14-dev
   clang-format
 )

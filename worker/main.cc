@@ -9,7 +9,7 @@
 //       [--device cpu|cuda:N] [--backend auto|gloo|nccl] [--token T]
 //       [--host NAME] [--interface IPV4] [--tls-ca F] [--tls-cert F --tls-key F]
 //       [--timeout D] [--connect-timeout D] [--log-interval N]
-//       [--sample-length N] [--blas-threads N] [--metrics-port N [--metrics-host ADDR]]
+//       [--sample-length N] [--threads N] [--metrics-port N [--metrics-host ADDR]]
 //       [--inject-fault KIND=VALUE[,KIND=VALUE...]]...
 //
 // --inject-fault is a TEST FACILITY (worker/fault_injection.h), off unless
@@ -63,6 +63,7 @@
 #include "worker/rank_progress.h"
 #include "metrics/metrics.h"
 #include "worker/gpu/gpu_compute_device.h"
+#include "worker/train/parallel.h"
 #include "worker/training_loop.h"
 #include "worker/worker_metrics.h"
 
@@ -182,7 +183,7 @@ int Run(int argc, char** argv) {
   std::string job, worker_id, device = "cpu", backend_flag = "auto", host, interface = "127.0.0.1";
   std::string connect_timeout = "10s";
   bool help = false;
-  int64_t log_interval = 10, sample_length = 0, blas_threads = 1, metrics_port = -1;
+  int64_t log_interval = 10, sample_length = 0, threads = 1, metrics_port = -1;
   parser.AddInt("metrics-port", &metrics_port,
                 "serve Prometheus /metrics and /healthz on this port of --metrics-host (0 picks "
                 "one; default off)");
@@ -193,7 +194,9 @@ int Run(int argc, char** argv) {
   parser.AddInt("log-interval", &log_interval, "log a training line every N steps (default 10)");
   parser.AddInt("sample-length", &sample_length,
                 "bytes of text to sample from the model after the last step (default 0)");
-  parser.AddInt("blas-threads", &blas_threads, "OpenBLAS threads per matrix product (default 1)");
+  parser.AddInt("threads", &threads,
+                "threads of the rank's kernels (intra-op, as torch.set_num_threads; 1..256, "
+                "default 1)");
   parser.AddString("connect-timeout", &connect_timeout,
                    "how long to keep retrying an unreachable coordinator at start (default 10s)");
   parser.AddString("job", &job, "job id to join (required)");
@@ -248,12 +251,16 @@ int Run(int argc, char** argv) {
   }
   for (const auto& [flag, value, min] : {std::tuple<const char*, int64_t, int64_t>{
                                              "log-interval", log_interval, 1},
-                                         {"blas-threads", blas_threads, 1},
                                          {"sample-length", sample_length, 0}}) {
     if (value < min) {
       std::cerr << "shardline-worker: --" << flag << "=" << value << " must be >= " << min << "\n";
       return 2;
     }
+  }
+  if (threads < 1 || threads > train::kMaxIntraOpThreads) {
+    std::cerr << "shardline-worker: --threads=" << threads << " must be in 1.."
+              << train::kMaxIntraOpThreads << "\n";
+    return 2;
   }
   absl::StatusOr<FaultSpec> faults = ParseFaultSpecs(fault_flags);
   if (!faults.ok()) {
@@ -416,7 +423,7 @@ int Run(int argc, char** argv) {
   loop_options.metrics = &metrics;
   loop_options.log_interval = log_interval;
   loop_options.sample_length = sample_length;
-  loop_options.blas_threads = static_cast<int>(blas_threads);
+  loop_options.threads = static_cast<int>(threads);
   loop_options.log = Log;
   loop_options.device = gpu.get();  // null: the CPU
   loop_options.progress = &progress;

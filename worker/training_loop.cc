@@ -77,7 +77,7 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
   options->device = options_.device;
   absl::StatusOr<const train::Corpus*> corpus = CorpusFor(*spec);
   if (!corpus.ok()) return corpus.status();
-  train::SetBlasThreads(options_.blas_threads);
+  train::SetIntraOpThreads(options_.threads);
 
   RankProgressTracker* const progress = options_.progress;
   // The activity reports of this generation: IDLE again however Run returns.

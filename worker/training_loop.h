@@ -48,8 +48,8 @@ struct TrainingLoopOptions {
   // by rank 0); 0 skips sampling.
   int64_t sample_length = 0;
   std::string sample_prompt = "\n";
-  // OpenBLAS threads per matrix product.
-  int blas_threads = 1;
+  // Threads of the rank's kernels (worker/train/parallel.h).
+  int threads = 1;
   // Where to log (one line per call).
   std::function<void(const std::string&)> log;
   // Where to count steps, checkpoints and restores (not owned; may be null).

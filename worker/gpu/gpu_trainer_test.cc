@@ -86,7 +86,7 @@ class GpuTrainerTest : public ::testing::TestWithParam<Layout> {
     }
     ASSERT_TRUE(probe.ok()) << probe.status();
     plugin_ = std::make_unique<GpuPlugin>(*std::move(plugin));
-    train::SetBlasThreads(1);
+    train::SetIntraOpThreads(1);
   }
 
   // Trains kSteps at options.parallel, every rank a thread; on the GPU (one

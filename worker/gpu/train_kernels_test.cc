@@ -104,7 +104,7 @@ class TrainKernelsTest : public ::testing::Test {
     }
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     gpu_ = std::move(*gpu);
-    ops::SetBlasThreads(1);
+    ops::SetIntraOpThreads(1);
   }
 
   void TearDown() override {

@@ -126,7 +126,7 @@ class Device {
 
 // ops.h on host memory: every call is the ops.h function itself (bit-identical
 // results, no copies). Never fails except AllocBytes. Thread-safe. BLAS
-// threads: SetBlasThreads (ops.h).
+// threads: SetIntraOpThreads (parallel.h).
 //
 // Memory: AllocBytes returns host memory; a fresh block is zero-filled, a
 // reused one holds what its last user left (unspecified, as on every

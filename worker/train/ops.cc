@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "worker/train/parallel.h"
 #include "worker/train/vector_clones.h"
 
 namespace shardline::worker::train {
@@ -19,10 +20,32 @@ namespace {
 constexpr double kSqrt2OverPi = 0.79788456080286535587989211986876;
 constexpr double kGeluCubic = 0.044715;
 
+// One cblas_sgemm call (OpenBLAS single-threaded: parallel.h).
+// With beta == 0 the BLAS does not read C (the reference BLAS's definition,
+// which OpenBLAS follows: it writes zeros before accumulating), so NaN
+// garbage in an uninitialised C cannot leak (ops_test
+// GemmBetaZeroIgnoresGarbageInC, AttentionBackward's NaN-filled dqkv).
+void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+           int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+// Intra-op parts (parallel.h) of a product: at least kMinGemmPartFlops each
+// (a few microseconds of a core), and at least kMinGemmPart rows or columns.
+constexpr double kMinGemmPartFlops = 2e6;
+constexpr int64_t kMinGemmPart = 32;
+
 // C[m, n] (row stride ldc) = alpha * op(A) op(B) + beta * C with explicit row
 // strides (in elements), so attention can address one head inside the
 // interleaved qkv layout without copying. With beta == 0, C is written
-// without being read.
+// without being read. Split over the rows of C (m >= n) or its columns
+// into intra-op parts: each element of C is still one BLAS dot product over
+// all of k, so the result does not depend on the split.
 void StridedGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                  int64_t ldc) {
@@ -35,20 +58,22 @@ void StridedGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
     }
     return;
   }
-  // With beta == 0 the BLAS does not read C (the reference BLAS's definition,
-  // which OpenBLAS follows: it writes zeros before accumulating), so NaN
-  // garbage in an uninitialised C cannot leak (ops_test
-  // GemmBetaZeroIgnoresGarbageInC, AttentionBackward's NaN-filled dqkv).
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
+  const bool by_rows = m >= n;
+  const int64_t other = by_rows ? n : m;
+  const int64_t min_part = std::max<int64_t>(
+      kMinGemmPart, static_cast<int64_t>(kMinGemmPartFlops / (2.0 * other * k)) + 1);
+  ParallelFor(by_rows ? m : n, min_part, /*align=*/8, [&](int64_t begin, int64_t end) {
+    if (by_rows) {  // rows [begin, end) of C: of op(A), the same rows
+      Sgemm(trans_a, trans_b, end - begin, n, k, alpha, trans_a ? a + begin : a + begin * lda,
+            lda, b, ldb, beta, c + begin * ldc, ldc);
+    } else {  // columns [begin, end) of C: of op(B), the same columns
+      Sgemm(trans_a, trans_b, m, end - begin, k, alpha, a, lda,
+            trans_b ? b + begin * ldb : b + begin, ldb, beta, c + begin, ldc);
+    }
+  });
 }
 
 }  // namespace
-
-void SetBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
 
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, const float* b, float beta, float* c) {
@@ -74,12 +99,16 @@ void LinearBackward(const float* x, const float* w, const float* dy, float* dx, 
   // dw[out, in] += dy^T x.
   Gemm(true, false, out, in, rows, 1.0f, dy, x, 1.0f, dw);
   if (db != nullptr) {
-    std::vector<double> acc(out, 0.0);
-    for (int64_t t = 0; t < rows; ++t) {
-      const float* row = dy + t * out;
-      for (int64_t o = 0; o < out; ++o) acc[o] += row[o];
-    }
-    for (int64_t o = 0; o < out; ++o) db[o] += static_cast<float>(acc[o]);
+    // Column parts: each column summed over the rows in order, in double.
+    ParallelFor(out, std::max<int64_t>(16, 32768 / std::max<int64_t>(1, rows)), 16,
+                [&](int64_t begin, int64_t end) {
+                  std::vector<double> acc(end - begin, 0.0);
+                  for (int64_t t = 0; t < rows; ++t) {
+                    const float* row = dy + t * out + begin;
+                    for (int64_t o = 0; o < end - begin; ++o) acc[o] += row[o];
+                  }
+                  for (int64_t o = begin; o < end; ++o) db[o] += static_cast<float>(acc[o - begin]);
+                });
   }
 }
 
@@ -109,12 +138,16 @@ SL_INLINE double LaneSum(const VecD& v) {
 
 }  // namespace
 
+// Kernels of one intra-op part (parallel.h), compiled per vector target.
+// External linkage: GCC's target_clones needs it.
+namespace ops_parts {
+
 // LayerNorm in double (as before vectorisation): the row sums run in 8
 // partial sums, one per lane, added in lane order at the end, and the tail
 // elements after them.
-SL_VECTOR_CLONES void LayerNormForward(const float* x, const float* gamma, const float* beta,
-                                       float* y, float* mean, float* rstd, int64_t rows,
-                                       int64_t width) {
+SL_VECTOR_CLONES void LayerNormForwardRows(const float* x, const float* gamma, const float* beta,
+                                           float* y, float* mean, float* rstd, int64_t rows,
+                                           int64_t width) {
   const int64_t body = width - width % kDLanes;
   for (int64_t t = 0; t < rows; ++t) {
     const float* xr = x + t * width;
@@ -156,22 +189,20 @@ SL_VECTOR_CLONES void LayerNormForward(const float* x, const float* gamma, const
   }
 }
 
-SL_VECTOR_CLONES void LayerNormBackward(const float* x, const float* gamma, const float* mean,
-                                        const float* rstd, const float* dy, float* dx,
-                                        float* dgamma, float* dbeta, int64_t rows,
-                                        int64_t width) {
-  // With xhat = (x - mean) * rstd and g = dy * gamma:
-  //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+// dx of rows [0, rows): with xhat = (x - mean) * rstd and g = dy * gamma,
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+SL_VECTOR_CLONES void LayerNormBackwardDxRows(const float* x, const float* gamma,
+                                              const float* mean, const float* rstd,
+                                              const float* dy, float* dx, int64_t rows,
+                                              int64_t width) {
   const int64_t body = width - width % kDLanes;
-  std::vector<double> dgamma_acc(width, 0.0);
-  std::vector<double> dbeta_acc(width, 0.0);
   for (int64_t t = 0; t < rows; ++t) {
     const float* xr = x + t * width;
     const float* dyr = dy + t * width;
     float* dxr = dx + t * width;
     const double mu = mean[t];
     const double rs = rstd[t];
-    VecD sum_g_v = {}, sum_gx_v = {}, xv, dyv, gam, acc;
+    VecD sum_g_v = {}, sum_gx_v = {}, xv, dyv, gam;
     for (int64_t i = 0; i < body; i += kDLanes) {
       LoadWide(xr + i, &xv);
       LoadWide(dyr + i, &dyv);
@@ -180,10 +211,6 @@ SL_VECTOR_CLONES void LayerNormBackward(const float* x, const float* gamma, cons
       const VecD g = dyv * gam;
       sum_g_v += g;
       sum_gx_v += g * xhat;
-      LoadD(dgamma_acc.data() + i, &acc);
-      StoreD(acc + dyv * xhat, dgamma_acc.data() + i);
-      LoadD(dbeta_acc.data() + i, &acc);
-      StoreD(acc + dyv, dbeta_acc.data() + i);
     }
     double sum_g = LaneSum(sum_g_v);
     double sum_g_xhat = LaneSum(sum_gx_v);
@@ -192,8 +219,6 @@ SL_VECTOR_CLONES void LayerNormBackward(const float* x, const float* gamma, cons
       const double g = static_cast<double>(dyr[i]) * gamma[i];
       sum_g += g;
       sum_g_xhat += g * xhat;
-      dgamma_acc[i] += dyr[i] * xhat;
-      dbeta_acc[i] += dyr[i];
     }
     const double mean_g = width > 0 ? sum_g / width : 0.0;
     const double mean_g_xhat = width > 0 ? sum_g_xhat / width : 0.0;
@@ -210,10 +235,80 @@ SL_VECTOR_CLONES void LayerNormBackward(const float* x, const float* gamma, cons
       dxr[i] = static_cast<float>(rs * (g - mean_g - xhat * mean_g_xhat));
     }
   }
-  for (int64_t i = 0; i < width; ++i) {
-    dgamma[i] += static_cast<float>(dgamma_acc[i]);
-    dbeta[i] += static_cast<float>(dbeta_acc[i]);
+}
+
+// dgamma[c] += sum over rows of dy * xhat and dbeta[c] += sum of dy, for the
+// columns c in [begin, end): each column's sum in double, rows in order.
+SL_VECTOR_CLONES void LayerNormBackwardParamColumns(const float* x, const float* mean,
+                                                    const float* rstd, const float* dy,
+                                                    float* dgamma, float* dbeta, int64_t rows,
+                                                    int64_t width, int64_t begin, int64_t end) {
+  const int64_t cols = end - begin;
+  const int64_t body = cols - cols % kDLanes;
+  std::vector<double> dgamma_acc(cols, 0.0), dbeta_acc(cols, 0.0);
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* xr = x + t * width + begin;
+    const float* dyr = dy + t * width + begin;
+    const double mu = mean[t];
+    const double rs = rstd[t];
+    VecD xv, dyv, acc;
+    for (int64_t i = 0; i < body; i += kDLanes) {
+      LoadWide(xr + i, &xv);
+      LoadWide(dyr + i, &dyv);
+      const VecD xhat = (xv - mu) * rs;
+      LoadD(dgamma_acc.data() + i, &acc);
+      StoreD(acc + dyv * xhat, dgamma_acc.data() + i);
+      LoadD(dbeta_acc.data() + i, &acc);
+      StoreD(acc + dyv, dbeta_acc.data() + i);
+    }
+    for (int64_t i = body; i < cols; ++i) {
+      const double xhat = (xr[i] - mu) * rs;
+      dgamma_acc[i] += dyr[i] * xhat;
+      dbeta_acc[i] += dyr[i];
+    }
   }
+  for (int64_t i = 0; i < cols; ++i) {
+    dgamma[begin + i] += static_cast<float>(dgamma_acc[i]);
+    dbeta[begin + i] += static_cast<float>(dbeta_acc[i]);
+  }
+}
+
+}  // namespace ops_parts
+
+namespace {
+
+// Intra-op parts of row-wise kernels: at least this many elements each.
+constexpr int64_t kMinPartElements = 16384;
+
+int64_t MinRows(int64_t width) {
+  return std::max<int64_t>(1, kMinPartElements / std::max<int64_t>(1, width));
+}
+
+}  // namespace
+
+void LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                      float* mean, float* rstd, int64_t rows, int64_t width) {
+  ParallelFor(rows, MinRows(width), 1, [&](int64_t begin, int64_t end) {
+    ops_parts::LayerNormForwardRows(x + begin * width, gamma, beta, y + begin * width,
+                                    mean + begin, rstd + begin, end - begin, width);
+  });
+}
+
+// The rows' dx, then the columns' parameter gradients: each element of
+// dgamma and dbeta is summed over the rows in order whatever the parts.
+void LayerNormBackward(const float* x, const float* gamma, const float* mean, const float* rstd,
+                       const float* dy, float* dx, float* dgamma, float* dbeta, int64_t rows,
+                       int64_t width) {
+  ParallelFor(rows, MinRows(width), 1, [&](int64_t begin, int64_t end) {
+    ops_parts::LayerNormBackwardDxRows(x + begin * width, gamma, mean + begin, rstd + begin,
+                                       dy + begin * width, dx + begin * width, end - begin,
+                                       width);
+  });
+  ParallelFor(width, std::max<int64_t>(kDLanes, kMinPartElements / std::max<int64_t>(1, rows)),
+              kDLanes, [&](int64_t begin, int64_t end) {
+                ops_parts::LayerNormBackwardParamColumns(x, mean, rstd, dy, dgamma, dbeta, rows,
+                                                         width, begin, end);
+              });
 }
 
 namespace {
@@ -331,7 +426,9 @@ SL_INLINE float RowMax(const float* x, int64_t n) {
 
 }  // namespace
 
-SL_VECTOR_CLONES void GeluForward(const float* x, float* y, int64_t n) {
+namespace ops_parts {
+
+SL_VECTOR_CLONES void GeluForwardPart(const float* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) GeluForwardBlock(x + i, y + i);
   if (i < n) {  // the tail, through a padded block
@@ -342,7 +439,7 @@ SL_VECTOR_CLONES void GeluForward(const float* x, float* y, int64_t n) {
   }
 }
 
-SL_VECTOR_CLONES void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
+SL_VECTOR_CLONES void GeluBackwardPart(const float* x, const float* dy, float* dx, int64_t n) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) GeluBackwardBlock(x + i, dy + i, dx + i);
   if (i < n) {
@@ -355,13 +452,16 @@ SL_VECTOR_CLONES void GeluBackward(const float* x, const float* dy, float* dx, i
 }
 
 
-SL_VECTOR_CLONES void AttentionForward(const float* qkv, float* probs, float* y, int64_t batch, int64_t seq,
-                      int64_t heads, int64_t head_dim) {
+// Attention of the (batch, head) pairs [begin, end), pair = b * heads + h.
+SL_VECTOR_CLONES void AttentionForwardPairs(const float* qkv, float* probs, float* y, int64_t seq,
+                                            int64_t heads, int64_t head_dim, int64_t begin,
+                                            int64_t end) {
   const int64_t tok_stride = heads * 3 * head_dim;  // qkv row stride
   const int64_t y_stride = heads * head_dim;        // y row stride
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t h = 0; h < heads; ++h) {
+  for (int64_t pair = begin; pair < end; ++pair) {
+    const int64_t b = pair / heads, h = pair % heads;
+    {
       const float* q = qkv + b * seq * tok_stride + h * 3 * head_dim;
       const float* k = q + head_dim;
       const float* v = q + 2 * head_dim;
@@ -383,14 +483,16 @@ SL_VECTOR_CLONES void AttentionForward(const float* qkv, float* probs, float* y,
   }
 }
 
-void AttentionBackward(const float* qkv, const float* probs, const float* dy, float* dqkv,
-                       int64_t batch, int64_t seq, int64_t heads, int64_t head_dim) {
+void AttentionBackwardPairs(const float* qkv, const float* probs, const float* dy, float* dqkv,
+                            int64_t seq, int64_t heads, int64_t head_dim, int64_t begin,
+                            int64_t end) {
   const int64_t tok_stride = heads * 3 * head_dim;
   const int64_t y_stride = heads * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<float> ds(seq * seq);  // dP, then dS (gradient of the scaled scores)
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t h = 0; h < heads; ++h) {
+  for (int64_t pair = begin; pair < end; ++pair) {
+    const int64_t b = pair / heads, h = pair % heads;
+    {
       const int64_t off = b * seq * tok_stride + h * 3 * head_dim;
       const float* q = qkv + off;
       const float* k = q + head_dim;
@@ -423,6 +525,36 @@ void AttentionBackward(const float* qkv, const float* probs, const float* dy, fl
                   dk, tok_stride);
     }
   }
+}
+
+}  // namespace ops_parts
+
+void GeluForward(const float* x, float* y, int64_t n) {
+  ParallelFor(n, kMinPartElements, kLanes, [&](int64_t begin, int64_t end) {
+    ops_parts::GeluForwardPart(x + begin, y + begin, end - begin);
+  });
+}
+
+void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
+  ParallelFor(n, kMinPartElements, kLanes, [&](int64_t begin, int64_t end) {
+    ops_parts::GeluBackwardPart(x + begin, dy + begin, dx + begin, end - begin);
+  });
+}
+
+// Parts of whole (batch, head) pairs: each pair's products and softmax are
+// its own, whatever the parts.
+void AttentionForward(const float* qkv, float* probs, float* y, int64_t batch, int64_t seq,
+                      int64_t heads, int64_t head_dim) {
+  ParallelFor(batch * heads, 1, 1, [&](int64_t begin, int64_t end) {
+    ops_parts::AttentionForwardPairs(qkv, probs, y, seq, heads, head_dim, begin, end);
+  });
+}
+
+void AttentionBackward(const float* qkv, const float* probs, const float* dy, float* dqkv,
+                       int64_t batch, int64_t seq, int64_t heads, int64_t head_dim) {
+  ParallelFor(batch * heads, 1, 1, [&](int64_t begin, int64_t end) {
+    ops_parts::AttentionBackwardPairs(qkv, probs, dy, dqkv, seq, heads, head_dim, begin, end);
+  });
 }
 
 void EmbeddingForward(const int32_t* tokens, const float* table, float* y, int64_t rows,
@@ -471,18 +603,20 @@ void AddPositionBackward(const float* dy, float* dpos, int64_t rows, int64_t seq
   for (int64_t i = 0; i < used; ++i) dpos[i] += static_cast<float>(acc[i]);
 }
 
-SL_VECTOR_CLONES void LocalRowMax(const float* logits, float* row_max, int64_t rows,
-                                  int64_t vocab_local) {
+namespace ops_parts {
+
+SL_VECTOR_CLONES void LocalRowMaxRows(const float* logits, float* row_max, int64_t rows,
+                                      int64_t vocab_local) {
   for (int64_t t = 0; t < rows; ++t) {
     row_max[t] = vocab_local > 0 ? RowMax(logits + t * vocab_local, vocab_local)
                                  : -std::numeric_limits<float>::infinity();
   }
 }
 
-SL_VECTOR_CLONES void LocalSumExpAndTarget(const float* logits, const float* row_max,
-                                           const int32_t* targets, float* sum_exp,
-                                           float* target_logit, int64_t rows,
-                                           int64_t vocab_begin, int64_t vocab_local) {
+SL_VECTOR_CLONES void LocalSumExpAndTargetRows(const float* logits, const float* row_max,
+                                               const int32_t* targets, float* sum_exp,
+                                               float* target_logit, int64_t rows,
+                                               int64_t vocab_begin, int64_t vocab_local) {
   for (int64_t t = 0; t < rows; ++t) {
     const float* lr = logits + t * vocab_local;
     sum_exp[t] = static_cast<float>(ExpShifted(lr, row_max[t], 1.0f, nullptr, vocab_local));
@@ -490,6 +624,22 @@ SL_VECTOR_CLONES void LocalSumExpAndTarget(const float* logits, const float* row
     target_logit[t] = (local >= 0 && local < vocab_local) ? lr[local] : 0.0f;
   }
 }
+
+SL_VECTOR_CLONES void CrossEntropyBackwardRows(const float* logits, const float* row_max,
+                                               const float* sum_exp, const int32_t* targets,
+                                               float scale, float* dlogits, int64_t rows,
+                                               int64_t vocab_begin, int64_t vocab_local) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* lr = logits + t * vocab_local;
+    float* dr = dlogits + t * vocab_local;
+    const float inv = static_cast<float>(1.0 / static_cast<double>(sum_exp[t]));
+    ExpShifted(lr, row_max[t], scale * inv, dr, vocab_local);  // scale * softmax
+    const int64_t local = static_cast<int64_t>(targets[t]) - vocab_begin;
+    if (local >= 0 && local < vocab_local) dr[local] -= scale;
+  }
+}
+
+}  // namespace ops_parts
 
 void TokenLoss(const float* row_max, const float* sum_exp, const float* target_logit,
                float* loss, int64_t rows) {
@@ -499,18 +649,32 @@ void TokenLoss(const float* row_max, const float* sum_exp, const float* target_l
   }
 }
 
-SL_VECTOR_CLONES void CrossEntropyBackward(const float* logits, const float* row_max,
-                                           const float* sum_exp, const int32_t* targets,
-                                           float scale, float* dlogits, int64_t rows,
-                                           int64_t vocab_begin, int64_t vocab_local) {
-  for (int64_t t = 0; t < rows; ++t) {
-    const float* lr = logits + t * vocab_local;
-    float* dr = dlogits + t * vocab_local;
-    const float inv = static_cast<float>(1.0 / static_cast<double>(sum_exp[t]));
-    ExpShifted(lr, row_max[t], scale * inv, dr, vocab_local);  // scale * softmax
-    const int64_t local = static_cast<int64_t>(targets[t]) - vocab_begin;
-    if (local >= 0 && local < vocab_local) dr[local] -= scale;
-  }
+void LocalRowMax(const float* logits, float* row_max, int64_t rows, int64_t vocab_local) {
+  ParallelFor(rows, MinRows(vocab_local), 1, [&](int64_t begin, int64_t end) {
+    ops_parts::LocalRowMaxRows(logits + begin * vocab_local, row_max + begin, end - begin,
+                               vocab_local);
+  });
+}
+
+void LocalSumExpAndTarget(const float* logits, const float* row_max, const int32_t* targets,
+                          float* sum_exp, float* target_logit, int64_t rows, int64_t vocab_begin,
+                          int64_t vocab_local) {
+  ParallelFor(rows, MinRows(vocab_local), 1, [&](int64_t begin, int64_t end) {
+    ops_parts::LocalSumExpAndTargetRows(logits + begin * vocab_local, row_max + begin,
+                                        targets + begin, sum_exp + begin, target_logit + begin,
+                                        end - begin, vocab_begin, vocab_local);
+  });
+}
+
+void CrossEntropyBackward(const float* logits, const float* row_max, const float* sum_exp,
+                          const int32_t* targets, float scale, float* dlogits, int64_t rows,
+                          int64_t vocab_begin, int64_t vocab_local) {
+  ParallelFor(rows, MinRows(vocab_local), 1, [&](int64_t begin, int64_t end) {
+    ops_parts::CrossEntropyBackwardRows(logits + begin * vocab_local, row_max + begin,
+                                        sum_exp + begin, targets + begin, scale,
+                                        dlogits + begin * vocab_local, end - begin, vocab_begin,
+                                        vocab_local);
+  });
 }
 
 void AddInPlace(const float* x, float* y, int64_t n) {

@@ -13,9 +13,14 @@
 //   * Parameter gradients (dw, db, dgamma, ...) ACCUMULATE (+=) so that
 //     micro-batches add up; activation gradients (dx, ...) are OVERWRITTEN.
 //   * Output buffers must not alias inputs unless a function says so.
-//   * Matrix products go through cblas_sgemm (OpenBLAS). Callers choose the
-//     BLAS thread count (SetBlasThreads); results are deterministic for a fixed
-//     thread count and shape.
+//   * Matrix products go through cblas_sgemm (OpenBLAS, one thread per call).
+//   * Intra-op threads (parallel.h SetIntraOpThreads): products split the
+//     rows or columns of their output, row-wise kernels their rows,
+//     element-wise kernels their elements, attention its (batch, head)
+//     pairs; sums over rows (bias, LayerNorm gamma/beta gradients) split
+//     their columns. Each output element is computed the same way whatever
+//     the split: results are bit-identical for every thread count
+//     (ops_test IntraOpThreadsGiveBitIdenticalResults).
 // Thread-safety: pure functions over caller-owned buffers; safe to call from
 // many threads on disjoint buffers.
 #ifndef SHARDLINE_WORKER_TRAIN_OPS_H_
@@ -23,10 +28,9 @@
 
 #include <cstdint>
 
-namespace shardline::worker::train {
+#include "worker/train/parallel.h"  // SetIntraOpThreads
 
-// Threads OpenBLAS may use for one product (>= 1). Process-wide.
-void SetBlasThreads(int threads);
+namespace shardline::worker::train {
 
 // C[m, n] = alpha * op(A) op(B) + beta * C, op(X) = X or X^T. A is [m, k]
 // (or [k, m] when trans_a), B is [k, n] (or [n, k] when trans_b). With

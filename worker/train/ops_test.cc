@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -22,7 +24,7 @@ using ::testing::FloatNear;
 
 class OpsTest : public ::testing::Test {
  protected:
-  void SetUp() override { SetBlasThreads(1); }
+  void SetUp() override { SetIntraOpThreads(1); }
 };
 
 std::vector<float> Random(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
@@ -700,6 +702,117 @@ TEST_F(OpsTest, AddInPlaceAdds) {
   std::vector<float> y = {10, 20, 30};
   AddInPlace(x.data(), y.data(), 3);
   EXPECT_THAT(y, ::testing::ElementsAre(11, 22, 33));
+}
+
+}  // namespace
+}  // namespace shardline::worker::train
+
+namespace shardline::worker::train {
+namespace {
+
+// Every kernel with intra-op threads (parallel.h) gives the very bits it
+// gives with one thread, at the trainer's shapes (nanoGPT CPU recipe: 768
+// tokens, width 128, 4 heads, vocab 256) and at ragged ones; the split
+// points move with the thread count (2, 3, 4) and none may change a value.
+TEST(IntraOpThreadsTest, GiveBitIdenticalResults) {
+  struct Shape {
+    int64_t batch, seq, heads, head_dim, vocab;
+  };
+  for (const Shape& sh : {Shape{12, 64, 4, 32, 256}, Shape{5, 37, 3, 12, 101}}) {
+    const int64_t rows = sh.batch * sh.seq, width = sh.heads * sh.head_dim, ffn = 4 * width;
+    const auto x = Random(rows * width, 1), w = Random(ffn * width, 2), b = Random(ffn, 3);
+    const auto dyf = Random(rows * ffn, 4), gamma = Random(width, 5), beta = Random(width, 6);
+    const auto qkv = Random(rows * 3 * width, 7), dya = Random(rows * width, 8);
+    const auto logits = Random(rows * sh.vocab, 9, -5.0f, 5.0f);
+    std::vector<int32_t> targets(rows);
+    for (int64_t t = 0; t < rows; ++t) targets[t] = static_cast<int32_t>((t * 7919) % sh.vocab);
+    // Every output of every kernel, one after another.
+    auto run = [&](int threads) {
+      SetIntraOpThreads(threads);
+      std::vector<std::vector<float>> out;
+      auto add = [&](std::vector<float> v) { out.push_back(std::move(v)); };
+      std::vector<float> y(rows * ffn), dx(rows * width), dw(ffn * width, 0.5f), db(ffn, 0.25f);
+      LinearForward(x.data(), w.data(), b.data(), y.data(), rows, width, ffn);
+      add(y);
+      LinearBackward(x.data(), w.data(), dyf.data(), dx.data(), dw.data(), db.data(), rows, width,
+                     ffn);
+      add(dx), add(dw), add(db);
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {  // C[rows, ffn] = op(A) op(B), k = width
+          std::vector<float> c(rows * ffn);
+          Gemm(ta, tb, rows, ffn, width, 0.5f, x.data(), w.data(), 0.0f, c.data());
+          add(c);
+        }
+      }
+      std::vector<float> ln(rows * width), mean(rows), rstd(rows), dln(rows * width);
+      std::vector<float> dgamma(width, 1.0f), dbeta(width, -1.0f);
+      LayerNormForward(x.data(), gamma.data(), beta.data(), ln.data(), mean.data(), rstd.data(),
+                       rows, width);
+      LayerNormBackward(x.data(), gamma.data(), mean.data(), rstd.data(), dya.data(), dln.data(),
+                        dgamma.data(), dbeta.data(), rows, width);
+      add(ln), add(mean), add(rstd), add(dln), add(dgamma), add(dbeta);
+      std::vector<float> g(rows * ffn), dg(rows * ffn);
+      GeluForward(dyf.data(), g.data(), rows * ffn);
+      GeluBackward(dyf.data(), y.data(), dg.data(), rows * ffn);
+      add(g), add(dg);
+      std::vector<float> probs(sh.batch * sh.heads * sh.seq * sh.seq), att(rows * width);
+      std::vector<float> dqkv(rows * 3 * width);
+      AttentionForward(qkv.data(), probs.data(), att.data(), sh.batch, sh.seq, sh.heads,
+                       sh.head_dim);
+      AttentionBackward(qkv.data(), probs.data(), dya.data(), dqkv.data(), sh.batch, sh.seq,
+                        sh.heads, sh.head_dim);
+      add(probs), add(att), add(dqkv);
+      std::vector<float> mx(rows), se(rows), tl(rows), dl(rows * sh.vocab);
+      LocalRowMax(logits.data(), mx.data(), rows, sh.vocab);
+      LocalSumExpAndTarget(logits.data(), mx.data(), targets.data(), se.data(), tl.data(), rows,
+                           0, sh.vocab);
+      CrossEntropyBackward(logits.data(), mx.data(), se.data(), targets.data(), 0.1f, dl.data(),
+                           rows, 0, sh.vocab);
+      add(mx), add(se), add(tl), add(dl);
+      return out;
+    };
+    const std::vector<std::vector<float>> one = run(1);
+    for (int threads : {2, 3, 4}) {
+      const std::vector<std::vector<float>> many = run(threads);
+      ASSERT_EQ(many.size(), one.size());
+      for (size_t i = 0; i < one.size(); ++i) {
+        ASSERT_EQ(many[i].size(), one[i].size());
+        EXPECT_EQ(std::memcmp(many[i].data(), one[i].data(), one[i].size() * sizeof(float)), 0)
+            << "output " << i << " differs with " << threads << " threads at rows " << rows;
+      }
+    }
+    SetIntraOpThreads(1);
+  }
+}
+
+// The partition: consecutive parts that cover [0, n), boundaries on the
+// alignment, parts no shorter than min_part (so small n stays one part),
+// and at most as many parts as threads.
+TEST(IntraOpThreadsTest, ParallelForPartition) {
+  SetIntraOpThreads(3);
+  auto parts = [](int64_t n, int64_t min_part, int64_t align) {
+    std::vector<std::pair<int64_t, int64_t>> got(8, {-1, -1});
+    std::atomic<int> calls{0};
+    ParallelFor(n, min_part, align, [&](int64_t begin, int64_t end) {
+      got[calls++] = {begin, end};
+    });
+    got.resize(calls.load());
+    std::sort(got.begin(), got.end());
+    return got;
+  };
+  using P = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(parts(100, 1, 1), (P{{0, 33}, {33, 66}, {66, 100}}));
+  EXPECT_EQ(parts(100, 1, 16), (P{{0, 32}, {32, 64}, {64, 100}}));
+  EXPECT_EQ(parts(100, 40, 1), (P{{0, 50}, {50, 100}}));  // 2 parts of >= 40
+  EXPECT_EQ(parts(100, 100, 1), (P{{0, 100}}));
+  EXPECT_EQ(parts(20, 1, 16), (P{{0, 16}, {16, 20}}));  // 2 units of 16
+  EXPECT_TRUE(parts(0, 1, 1).empty());
+  EXPECT_EQ(IntraOpThreads(), 3);
+  SetIntraOpThreads(0);
+  EXPECT_EQ(IntraOpThreads(), 1);
+  SetIntraOpThreads(100000);
+  EXPECT_EQ(IntraOpThreads(), kMaxIntraOpThreads);
+  SetIntraOpThreads(1);
 }
 
 }  // namespace

@@ -95,7 +95,7 @@ inline TrainingOptions SmallGptOptions(const Layout& l, int total_steps) {
 inline std::vector<StepStats> Train(
     const TrainingOptions& options, int steps,
     const std::function<void(int rank, Trainer&)>& after = nullptr) {
-  SetBlasThreads(1);
+  SetIntraOpThreads(1);
   const int world = options.parallel.world_size();
   std::vector<std::vector<StepStats>> stats(world);
   GlooOptions gloo;

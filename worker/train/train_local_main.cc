@@ -61,7 +61,7 @@ int Main(int argc, char** argv) {
   ArgParser args("shardline-train-local SPEC");
   constexpr int64_t kSpecSteps = std::numeric_limits<int64_t>::min();  // --steps not given
   int64_t dp = 1, steps = kSpecSteps, log_interval = 10, eval_interval = 0, eval_samples = 240,
-          sample_length = 0, blas_threads = 1;
+          sample_length = 0, threads = 1;
   std::string data_override, prompt = "\n", device_name = "cpu", gpu_plugin;
   args.AddInt("dp", &dp, "data-parallel degree (world = tp * pp * dp threads); default 1");
   args.AddInt("steps", &steps, "optimizer steps (default: the spec's training.train_steps)");
@@ -71,7 +71,9 @@ int Main(int argc, char** argv) {
   args.AddInt("eval-samples", &eval_samples, "validation samples per evaluation (default 240)");
   args.AddInt("sample-length", &sample_length, "bytes of text to sample at the end (default 0)");
   args.AddString("prompt", &prompt, "prompt of the text sample (default a newline)");
-  args.AddInt("blas-threads", &blas_threads, "OpenBLAS threads per product (default 1)");
+  args.AddInt("threads", &threads,
+              "threads of each rank's kernels (intra-op, as torch.set_num_threads; 1..256, "
+              "default 1)");
   args.AddString("data", &data_override, "corpus path (default: the spec's data.dataset_path)");
   args.AddString("device", &device_name,
                  "where the layers run: cpu (default) or cuda[:N] (the GPU plugin's CUDA math)");
@@ -94,7 +96,9 @@ int Main(int argc, char** argv) {
   if (positional->size() != 1) return Fail("give one job spec file (YAML or JSON)\n" + args.Usage());
   if (dp < 1) return Fail(absl::StrCat("--dp=", dp, " must be >= 1"));
   if (log_interval < 1) return Fail(absl::StrCat("--log-interval=", log_interval, " must be >= 1"));
-  if (blas_threads < 1) return Fail(absl::StrCat("--blas-threads=", blas_threads, " must be >= 1"));
+  if (threads < 1 || threads > kMaxIntraOpThreads) {
+    return Fail(absl::StrCat("--threads=", threads, " must be in 1..", kMaxIntraOpThreads));
+  }
   if (eval_interval < 0 || eval_samples < 1 || sample_length < 0)
     return Fail("--eval-interval and --sample-length must be >= 0, --eval-samples >= 1");
 
@@ -121,7 +125,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Corpus> corpus =
       Corpus::Load(spec->data().dataset_path(), spec->data().validation_fraction());
   if (!corpus.ok()) return Fail(std::string(corpus.status().message()), 1);
-  SetBlasThreads(static_cast<int>(blas_threads));
+  SetIntraOpThreads(static_cast<int>(threads));
   const bool on_gpu = device_name != "cpu";
   if (on_gpu) {
     // Fail before training, naming the cause, when the GPU is not usable.
