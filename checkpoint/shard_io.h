@@ -74,14 +74,20 @@ std::string ShardFileName(int rank);
 //
 // Durable and atomic: written to a temporary name in `directory`, fsync'ed,
 // renamed, then the directory is fsync'ed; `directory` is created with its
-// parents when missing. A rank whose runs are all empty writes no file and
+// parents when missing. Written in 4 MiB blocks at 4 MiB-aligned offsets
+// (small runs gathered into one writev), each byte checksummed once (the
+// file's CRC-32C is the pieces' combined); write-back to the disk is
+// started every 8 MiB (sync_file_range) and waited for once 64 MiB behind,
+// so the disk works while later runs are copied and at most ~72 MiB of the
+// file is dirty in the page cache at a time. A rank whose runs are all empty writes no file and
 // reports nothing (a rank whose shard is all padding: field case C4).
 //
 // Errors: InvalidArgument for a negative rank or a malformed run (see
 // ValidateRun), or runs of one tensor with different global shapes; for I/O
 // failures the errno's status (PermissionDenied, ResourceExhausted for a
-// full disk, NotFound, Unavailable, ...) with the path and errno text; the
-// temporary file is removed.
+// full disk, NotFound, Unavailable, ...) with the path and errno text
+// ("cannot write", "cannot write back" for an error found during write-back,
+// "cannot fsync", ...); the temporary file is removed.
 //
 // Thread-safe (distinct ranks may write into one directory concurrently).
 // The runs' data must not change during the call.

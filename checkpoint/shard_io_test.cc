@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <utility>
@@ -622,6 +623,65 @@ TEST(WriteShardTest, FileLayoutAndChecksums) {
   EXPECT_EQ(pb.file(), "rank-00012.bin");
   // No temporary file is left behind.
   EXPECT_FALSE(Exists(dir + "/rank-00012.bin.tmp-" + std::to_string(::getpid()) + "-0"));
+}
+
+// Many small runs of odd lengths between a few huge ones, more than the
+// writer's write-back lag in all (~80 MiB): blocks gather several runs and
+// cut the huge ones, write-back is started and waited for while writing,
+// and the reader splits the huge pieces into chunks on several threads.
+struct BigShard {
+  std::string dir;
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> values;
+  v1::ReportShardRequest report;
+};
+
+const BigShard& SaveBigShard() {
+  static const BigShard* saved = [] {
+    auto* s = new BigShard;
+    s->dir = NewDir("big");
+    std::vector<LocalRun> runs;
+    for (int i = 0; i < 320; ++i) {
+      // Every 27th run is huge (~6.4 MiB, not a multiple of a page); the
+      // others 1..997 elements.
+      const int64_t n = i % 27 == 13 ? (int64_t{1600} << 10) + 7 * i : 1 + (i * 389) % 997;
+      s->names.push_back(absl::StrCat("t", i));
+      s->values.push_back(Values(n, static_cast<uint32_t>(i)));
+    }
+    for (int i = 0; i < 320; ++i) {
+      const int64_t n = static_cast<int64_t>(s->values[i].size());
+      runs.push_back(Run1D(s->names[i], n, {0, n}, s->values[i].data()));
+    }
+    absl::StatusOr<v1::ReportShardRequest> r = WriteShard(s->dir, 0, runs);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) s->report = *std::move(r);
+    return s;
+  }();
+  return *saved;
+}
+
+TEST(WriteShardTest, ManyOddRunsAndHugeOnesStreamIntact) {
+  const BigShard& s = SaveBigShard();
+  ASSERT_EQ(s.report.files_size(), 1);
+  std::ifstream in(s.dir + "/rank-00000.bin", std::ios::binary);
+  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t total = 0;
+  for (const std::vector<float>& v : s.values) total += v.size() * 4;
+  ASSERT_GT(total, uint64_t{72} << 20);
+  ASSERT_EQ(file.size(), total);
+  EXPECT_EQ(s.report.files(0).size_bytes(), total);
+  EXPECT_EQ(s.report.files(0).crc32c(), Crc32c(file.data(), file.size()));
+  ASSERT_EQ(s.report.tensors_size(), 320);
+  uint64_t offset = 0;
+  for (int i = 0; i < 320; ++i) {
+    const v1::SavedPiece& p = s.report.tensors(i).pieces(0);
+    const uint64_t bytes = s.values[i].size() * 4;
+    ASSERT_EQ(p.byte_offset(), offset) << s.names[i];
+    ASSERT_EQ(p.byte_length(), bytes) << s.names[i];
+    ASSERT_EQ(std::memcmp(file.data() + offset, s.values[i].data(), bytes), 0) << s.names[i];
+    ASSERT_EQ(p.crc32c(), Crc32c(s.values[i].data(), bytes)) << s.names[i];
+    offset += bytes;
+  }
 }
 
 // --- Async ----------------------------------------------------------------
