@@ -137,11 +137,22 @@ class AsyncShardWriter {
 // `directory` (normally manifest.directory()). Each run is mapped to global
 // row-major index intervals (one per row when a non-leading dimension is
 // split) and intersected with the saved pieces' intervals (sorted per
-// tensor, binary-searched); only the needed byte ranges are read (pread),
-// except that each piece used is first verified once per call by its
-// CRC-32C over its whole byte range. The restoring layout may differ from
-// the saving one in tp, pp, dp and zero_stage. Runs may overlap (e.g. a tied
-// copy) and may be empty.
+// tensor, binary-searched); only the needed byte ranges are read (pread).
+// Every piece used is verified once per call by its CRC-32C over its whole
+// byte range: a piece whose bytes the runs need exactly once in all (the
+// same layout reads every piece whole) is checksummed from the runs'
+// memory as it arrives, so each byte is read once; a piece needed only in
+// part (another dp or tp) is also read whole to verify it. The restoring
+// layout may differ from the saving one in tp, pp, dp and zero_stage. Runs
+// may overlap (e.g. a tied copy) and may be empty.
+//
+// The reads are planned first and then run in chunks of at most 4 MiB, in
+// file-offset order, on min(4, ceil(bytes to read / 4 MiB)) threads (the
+// calling thread is one of them; all are joined before the call returns),
+// or on the calling thread alone when two runs' buffers overlap. Files are
+// advised POSIX_FADV_SEQUENTIAL. When several problems exist, the one
+// reported is the first that reading the runs one after another would meet
+// (each piece checked at its first use), whatever the threads' timing.
 //
 // Errors:
 //   InvalidArgument: a malformed run (ValidateRun); a run whose global shape
@@ -154,7 +165,8 @@ class AsyncShardWriter {
 //     than a piece or than its ShardFile.size_bytes; a piece's CRC-32C
 //     differs (names tensor, file, expected and actual checksums).
 //   Other errno statuses (PermissionDenied, Unavailable) for I/O failures.
-// On error the runs' contents are unspecified.
+// On error the runs' contents are unspecified (reads planned before the
+// problem may have been done).
 // Thread-safe; the runs' buffers must not be touched during the call.
 absl::Status ReadRuns(const v1::Manifest& manifest, const std::string& directory,
                       const std::vector<LocalRun>& runs);
