@@ -77,9 +77,8 @@ std::string ShardFileName(int rank);
 // parents when missing. Written in 4 MiB blocks at 4 MiB-aligned offsets
 // (small runs gathered into one writev), each byte checksummed once (the
 // file's CRC-32C is the pieces' combined); write-back to the disk is
-// started every 8 MiB (sync_file_range) and waited for once 64 MiB behind,
-// so the disk works while later runs are copied and at most ~72 MiB of the
-// file is dirty in the page cache at a time. A rank whose runs are all empty writes no file and
+// started every 8 MiB (sync_file_range, not waited for), so the disk works
+// while later runs are copied. A rank whose runs are all empty writes no file and
 // reports nothing (a rank whose shard is all padding: field case C4).
 //
 // Errors: InvalidArgument for a negative rank or a malformed run (see

@@ -631,10 +631,10 @@ TEST(WriteShardTest, FileLayoutAndChecksums) {
   EXPECT_FALSE(Exists(dir + "/rank-00012.bin.tmp-" + std::to_string(::getpid()) + "-0"));
 }
 
-// Many small runs of odd lengths between a few huge ones, more than the
-// writer's write-back lag in all (~80 MiB): blocks gather several runs and
-// cut the huge ones, write-back is started and waited for while writing,
-// and the reader splits the huge pieces into chunks on several threads.
+// Many small runs of odd lengths between a few huge ones (~80 MiB): blocks
+// gather several runs and cut the huge ones, write-back is started many
+// times while writing, and the reader splits the huge pieces into chunks
+// on several threads.
 struct BigShard {
   std::string dir;
   std::vector<std::string> names;
@@ -673,7 +673,7 @@ TEST(WriteShardTest, ManyOddRunsAndHugeOnesStreamIntact) {
   std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   uint64_t total = 0;
   for (const std::vector<float>& v : s.values) total += v.size() * 4;
-  ASSERT_GT(total, uint64_t{72} << 20);
+  ASSERT_GT(total, uint64_t{64} << 20);
   ASSERT_EQ(file.size(), total);
   EXPECT_EQ(s.report.files(0).size_bytes(), total);
   EXPECT_EQ(s.report.files(0).crc32c(), Crc32c(file.data(), file.size()));
