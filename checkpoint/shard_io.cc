@@ -588,20 +588,20 @@ class Reader {
         best = std::move(s);
       }
     };
-    for (ReadTask& t : tasks) {
-      if (!t.status.ok()) consider(t.order, std::move(t.status));
+    for (const ReadTask& t : tasks) {
+      if (!t.status.ok()) consider(t.order, t.status);
     }
     for (PieceState* ps : used_) {
-      const std::vector<std::pair<size_t, size_t>>& parts = ps->crc_tasks;
       uint32_t crc = 0;
-      bool complete = true;
-      for (const auto& [first, count] : parts) {
+      bool complete = true;  // every task ran and read its bytes
+      for (const auto& [first, count] : ps->crc_tasks) {
         for (size_t i = first; i < first + count && complete; ++i) {
           complete = tasks[i].done && tasks[i].status.ok();
-          crc = Crc32cCombine(crc, tasks[i].crc, tasks[i].bytes);
+          if (complete) crc = Crc32cCombine(crc, tasks[i].crc, tasks[i].bytes);
         }
       }
-      if (!complete || crc == ps->piece->crc32c()) continue;  // a read error says why
+      // Incomplete: skipped after a failure, or a read error that says why.
+      if (!complete || crc == ps->piece->crc32c()) continue;
       const v1::SavedPiece& p = *ps->piece;
       consider(ps->order, absl::DataLossError(absl::StrCat(
                               "tensor '", ps->tensor->name(), "': piece ", ps->index,
