@@ -122,7 +122,8 @@ int Main(int argc, char** argv) {
   std::printf("repeat,bytes,save_s,restore_s\n");
   std::fflush(stdout);
   std::string line;
-  for (int64_t r = 0; stepped ? static_cast<bool>(std::getline(std::cin, line)) : r < repeats; ++r) {
+  for (int64_t r = 0; stepped ? static_cast<bool>(std::getline(std::cin, line)) : r < repeats;
+       ++r) {
     const std::string d = absl::StrCat(dir, "/shardline-", r);
     const auto t0 = Clock::now();
     absl::StatusOr<v1::ReportShardRequest> report = ckpt::WriteShard(d, 0, runs);

@@ -292,8 +292,7 @@ class BlockWriter {
   absl::Status WriteBlock() {
     size_t first = 0;
     while (first < iov_.size()) {
-      const ssize_t n =
-          ::writev(fd_, iov_.data() + first, static_cast<int>(iov_.size() - first));
+      const ssize_t n = ::writev(fd_, iov_.data() + first, static_cast<int>(iov_.size() - first));
       if (n < 0) {
         if (errno == EINTR) continue;
         return FileError(errno, "cannot write", path_);
@@ -455,11 +454,11 @@ struct PieceState {
   // Set by the Reader when the piece is first used:
   const FileCache::File* file = nullptr;
   const v1::SavedTensor* tensor = nullptr;
-  int index = 0;                   // in tensor->pieces()
-  std::vector<size_t> reads;       // its planned reads, in the runs' order
-  uint64_t order = 0;              // see ReadTask::order
-  bool chained = false;            // `chain` covers it exactly
-  std::vector<size_t> chain;       // reads whose CRCs make up the piece's
+  int index = 0;              // in tensor->pieces()
+  std::vector<size_t> reads;  // its planned reads, in the runs' order
+  uint64_t order = 0;         // see ReadTask::order
+  bool chained = false;       // `chain` covers it exactly
+  std::vector<size_t> chain;  // reads whose CRCs make up the piece's
   // The tasks whose CRCs, combined in this order, are the piece's.
   std::vector<std::pair<size_t, size_t>> crc_tasks;  // (first, count)
 };
@@ -603,12 +602,12 @@ class Reader {
       // Incomplete: skipped after a failure, or a read error that says why.
       if (!complete || crc == ps->piece->crc32c()) continue;
       const v1::SavedPiece& p = *ps->piece;
-      consider(ps->order, absl::DataLossError(absl::StrCat(
-                              "tensor '", ps->tensor->name(), "': piece ", ps->index,
-                              " in file '", ps->file->path(), "' (bytes [", p.byte_offset(),
-                              ", ", p.byte_offset() + p.byte_length(), ")) has CRC-32C ",
-                              Hex(crc), " but the manifest records ", Hex(p.crc32c()),
-                              ": the checkpoint is corrupt")));
+      consider(ps->order,
+               absl::DataLossError(absl::StrCat(
+                   "tensor '", ps->tensor->name(), "': piece ", ps->index, " in file '",
+                   ps->file->path(), "' (bytes [", p.byte_offset(), ", ",
+                   p.byte_offset() + p.byte_length(), ")) has CRC-32C ", Hex(crc),
+                   " but the manifest records ", Hex(p.crc32c()), ": the checkpoint is corrupt")));
     }
     return best;
   }
@@ -724,8 +723,8 @@ class Reader {
       }
     }
     std::vector<ReadTask> tasks;
-    auto add = [&](const PieceState& ps, uint64_t offset, uint64_t bytes, char* dest,
-                   bool checksum, uint64_t order) {
+    auto add = [&](const PieceState& ps, uint64_t offset, uint64_t bytes, char* dest, bool checksum,
+                   uint64_t order) {
       const int file_index = file_index_.at(ps.file);
       for (uint64_t done = 0; done < bytes;) {
         const uint64_t n = std::min(bytes - done, kReadChunk);
@@ -828,8 +827,8 @@ class Reader {
       }
     }
     const uint64_t by_size = (bytes + kReadBytesPerThread - 1) / kReadBytesPerThread;
-    const int want = static_cast<int>(std::min<uint64_t>(
-        {static_cast<uint64_t>(kMaxReadThreads), by_size, tasks.size()}));
+    const int want = static_cast<int>(
+        std::min<uint64_t>({static_cast<uint64_t>(kMaxReadThreads), by_size, tasks.size()}));
     if (want <= 1) return 1;
     std::sort(dests.begin(), dests.end());
     for (size_t i = 1; i < dests.size(); ++i) {
@@ -842,8 +841,8 @@ class Reader {
   FileCache files_;
   absl::flat_hash_map<std::string, const v1::SavedTensor*> by_name_;
   absl::flat_hash_map<std::string, std::unique_ptr<TensorIndex>> indexes_;
-  std::vector<PlannedRead> reads_;                            // in the runs' order
-  std::vector<PieceState*> used_;                             // in order of first use
+  std::vector<PlannedRead> reads_;                               // in the runs' order
+  std::vector<PieceState*> used_;                                // in order of first use
   absl::flat_hash_map<const FileCache::File*, int> file_index_;  // in order of first use
 };
 

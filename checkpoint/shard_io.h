@@ -74,12 +74,14 @@ std::string ShardFileName(int rank);
 //
 // Durable and atomic: written to a temporary name in `directory`, fsync'ed,
 // renamed, then the directory is fsync'ed; `directory` is created with its
-// parents when missing. Written in 4 MiB blocks at 4 MiB-aligned offsets
-// (small runs gathered into one writev), each byte checksummed once (the
-// file's CRC-32C is the pieces' combined); write-back to the disk is
-// started every 8 MiB (sync_file_range, not waited for), so the disk works
-// while later runs are copied. A rank whose runs are all empty writes no file and
+// parents when missing. A rank whose runs are all empty writes no file and
 // reports nothing (a rank whose shard is all padding: field case C4).
+//
+// Written in 4 MiB blocks at 4 MiB-aligned offsets (small runs gathered
+// into one writev), each byte checksummed once (the file's CRC-32C is the
+// pieces' combined); write-back to the disk is started every 8 MiB
+// (sync_file_range, not waited for), so the disk works while later runs
+// are copied instead of only at the fsync.
 //
 // Errors: InvalidArgument for a negative rank or a malformed run (see
 // ValidateRun), or runs of one tensor with different global shapes; for I/O
@@ -138,18 +140,20 @@ class AsyncShardWriter {
 // split) and intersected with the saved pieces' intervals (sorted per
 // tensor, binary-searched); only the needed byte ranges are read (pread).
 // Every piece used is verified once per call by its CRC-32C over its whole
-// byte range: a piece whose bytes the runs need exactly once in all (the
-// same layout reads every piece whole) is checksummed from the runs'
-// memory as it arrives, so each byte is read once; a piece needed only in
-// part (another dp or tp) is also read whole to verify it. The restoring
+// byte range: a piece whose every byte some run needs (the same layout
+// reads every piece whole) is checksummed from the runs' memory as the
+// bytes arrive, so each byte is read once; a piece needed only in part
+// (another dp or tp) is also read whole, into a scratch buffer, to verify
+// it. The restoring
 // layout may differ from the saving one in tp, pp, dp and zero_stage. Runs
 // may overlap (e.g. a tied copy) and may be empty.
 //
 // The reads are planned first and then run in chunks of at most 4 MiB, in
 // file-offset order, on min(4, ceil(bytes to read / 4 MiB)) threads (the
 // calling thread is one of them; all are joined before the call returns),
-// or on the calling thread alone when two runs' buffers overlap. Files are
-// advised POSIX_FADV_SEQUENTIAL. When several problems exist, the one
+// or on the calling thread alone when two runs' buffers overlap; memory:
+// a 4 MiB scratch buffer per thread that verifies a piece needed in part.
+// Files are advised POSIX_FADV_SEQUENTIAL. When several problems exist, the one
 // reported is the first that reading the runs one after another would meet
 // (each piece checked at its first use), whatever the threads' timing.
 //
