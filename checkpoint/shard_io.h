@@ -140,11 +140,12 @@ class AsyncShardWriter {
 // split) and intersected with the saved pieces' intervals (sorted per
 // tensor, binary-searched); only the needed byte ranges are read (pread).
 // Every piece used is verified once per call by its CRC-32C over its whole
-// byte range: a piece whose every byte some run needs (the same layout
-// reads every piece whole) is checksummed from the runs' memory as the
-// bytes arrive, so each byte is read once; a piece needed only in part
-// (another dp or tp) is also read whole, into a scratch buffer, to verify
-// it. The restoring
+// byte range. When reads into the runs tile the piece from its first byte
+// to its last, each starting where another ends (the same layout reads
+// every piece whole; a piece may also be split between runs), it is
+// checksummed from the runs' memory as the bytes arrive, so each byte is
+// read once; otherwise (needed only in part, e.g. at another dp or tp) it
+// is also read whole, into a scratch buffer, to verify it. The restoring
 // layout may differ from the saving one in tp, pp, dp and zero_stage. Runs
 // may overlap (e.g. a tied copy) and may be empty.
 //
