@@ -15,6 +15,12 @@
 // of every piece checked) into separate buffers, compared with the originals.
 // Prints CSV to stdout: repeat,bytes,save_s,restore_s. Exit 1 on any error
 // or a restored value that differs.
+//
+// --stepped: each repeat waits for a line on stdin (until end of input;
+// --repeats is ignored), so that bench/checkpoint.py can run dd between
+// the repeats of one warm process: the first save of a fresh process, just
+// after it allocated the state, was measured 2-4x slower than later ones on
+// the benchmark VM.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -74,12 +80,13 @@ int Fail(const std::string& what) {
 int Main(int argc, char** argv) {
   std::string dir;
   int64_t bytes = 64 << 20, hidden = 1024, repeats = 3;
-  bool help = false;
+  bool help = false, stepped = false;
   shardline::ArgParser args("shardline-bench-checkpoint-io");
   args.AddString("dir", &dir, "directory on the disk under test (required)");
   args.AddInt("bytes", &bytes, "state size in bytes (default 64 MiB)");
   args.AddInt("hidden", &hidden, "model width of the GPT-shaped state (default 1024)");
   args.AddInt("repeats", &repeats, "save+restore rounds (default 3)");
+  args.AddBool("stepped", &stepped, "run one repeat per line read from stdin, until its end");
   args.AddBool("help", &help, "print this help");
   std::vector<std::string> tail(argv + 1, argv + argc);
   auto positional = args.Parse(tail);
@@ -113,7 +120,10 @@ int Main(int argc, char** argv) {
     total += n * 4;
   }
   std::printf("repeat,bytes,save_s,restore_s\n");
-  for (int64_t r = 0; r < repeats; ++r) {
+  std::fflush(stdout);
+  std::string line;
+  for (int64_t r = 0; stepped ? static_cast<bool>(std::getline(std::cin, line)) : r < repeats;
+       ++r) {
     const std::string d = absl::StrCat(dir, "/shardline-", r);
     const auto t0 = Clock::now();
     absl::StatusOr<v1::ReportShardRequest> report = ckpt::WriteShard(d, 0, runs);

@@ -4,7 +4,8 @@ state as shardline-bench-checkpoint-io (GptStateShapes below mirrors the C++),
 as a dict of fp32 tensors. Save = torch.save into a temporary file, fsync,
 rename, fsync of the directory (what WriteShard does for durability); restore =
 posix_fadvise(DONTNEED) on the file, then torch.load. Prints CSV:
-repeat,bytes,save_s,restore_s."""
+repeat,bytes,save_s,restore_s. --stepped: one repeat per line read from stdin,
+until its end (as shardline-bench-checkpoint-io --stepped)."""
 import argparse
 import os
 import sys
@@ -36,13 +37,15 @@ def main():
     ap.add_argument("--bytes", type=int, required=True)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--stepped", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
     state = {name: torch.rand(r, c) for name, r, c in gpt_state_shapes(a.bytes, a.hidden)}
     total = sum(t.numel() * 4 for t in state.values())
-    print("repeat,bytes,save_s,restore_s")
+    print("repeat,bytes,save_s,restore_s", flush=True)
     os.makedirs(a.dir, exist_ok=True)
-    for rep in range(a.repeats):
+    steps = (rep for rep, _ in enumerate(sys.stdin)) if a.stepped else range(a.repeats)
+    for rep in steps:
         path = os.path.join(a.dir, "torch-%d.pt" % rep)
         t0 = time.perf_counter()
         with open(path + ".tmp", "wb") as f:

@@ -77,11 +77,18 @@ std::string ShardFileName(int rank);
 // parents when missing. A rank whose runs are all empty writes no file and
 // reports nothing (a rank whose shard is all padding: field case C4).
 //
+// Written in 4 MiB blocks at 4 MiB-aligned offsets (small runs gathered
+// into one writev), each byte checksummed once (the file's CRC-32C is the
+// pieces' combined); write-back to the disk is started every 8 MiB
+// (sync_file_range, not waited for), so the disk works while later runs
+// are copied instead of only at the fsync.
+//
 // Errors: InvalidArgument for a negative rank or a malformed run (see
 // ValidateRun), or runs of one tensor with different global shapes; for I/O
 // failures the errno's status (PermissionDenied, ResourceExhausted for a
-// full disk, NotFound, Unavailable, ...) with the path and errno text; the
-// temporary file is removed.
+// full disk, NotFound, Unavailable, ...) with the path and errno text
+// ("cannot write", "cannot write back" for an error found during write-back,
+// "cannot fsync", ...); the temporary file is removed.
 //
 // Thread-safe (distinct ranks may write into one directory concurrently).
 // The runs' data must not change during the call.
@@ -131,11 +138,25 @@ class AsyncShardWriter {
 // `directory` (normally manifest.directory()). Each run is mapped to global
 // row-major index intervals (one per row when a non-leading dimension is
 // split) and intersected with the saved pieces' intervals (sorted per
-// tensor, binary-searched); only the needed byte ranges are read (pread),
-// except that each piece used is first verified once per call by its
-// CRC-32C over its whole byte range. The restoring layout may differ from
-// the saving one in tp, pp, dp and zero_stage. Runs may overlap (e.g. a tied
-// copy) and may be empty.
+// tensor, binary-searched); only the needed byte ranges are read (pread).
+// Every piece used is verified once per call by its CRC-32C over its whole
+// byte range. When reads into the runs tile the piece from its first byte
+// to its last, each starting where another ends (the same layout reads
+// every piece whole; a piece may also be split between runs), it is
+// checksummed from the runs' memory as the bytes arrive, so each byte is
+// read once; otherwise (needed only in part, e.g. at another dp or tp) it
+// is also read whole, into a scratch buffer, to verify it. The restoring
+// layout may differ from the saving one in tp, pp, dp and zero_stage. Runs
+// may overlap (e.g. a tied copy) and may be empty.
+//
+// The reads are planned first and then run in chunks of at most 4 MiB, in
+// file-offset order, on min(4, ceil(bytes to read / 4 MiB)) threads (the
+// calling thread is one of them; all are joined before the call returns),
+// or on the calling thread alone when two runs' buffers overlap; memory:
+// a 4 MiB scratch buffer per thread that verifies a piece needed in part.
+// Files are advised POSIX_FADV_SEQUENTIAL. When several problems exist, the one
+// reported is the first that reading the runs one after another would meet
+// (each piece checked at its first use), whatever the threads' timing.
 //
 // Errors:
 //   InvalidArgument: a malformed run (ValidateRun); a run whose global shape
@@ -148,7 +169,8 @@ class AsyncShardWriter {
 //     than a piece or than its ShardFile.size_bytes; a piece's CRC-32C
 //     differs (names tensor, file, expected and actual checksums).
 //   Other errno statuses (PermissionDenied, Unavailable) for I/O failures.
-// On error the runs' contents are unspecified.
+// On error the runs' contents are unspecified (reads planned before the
+// problem may have been done).
 // Thread-safe; the runs' buffers must not be touched during the call.
 absl::Status ReadRuns(const v1::Manifest& manifest, const std::string& directory,
                       const std::vector<LocalRun>& runs);

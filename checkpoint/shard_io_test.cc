@@ -51,6 +51,12 @@ std::vector<float> Values(int64_t n, uint32_t salt) {
   return v;
 }
 
+std::string Hex32(uint32_t v) {
+  char text[16];
+  std::snprintf(text, sizeof(text), "0x%08X", v);
+  return text;
+}
+
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
@@ -622,6 +628,247 @@ TEST(WriteShardTest, FileLayoutAndChecksums) {
   EXPECT_EQ(pb.file(), "rank-00012.bin");
   // No temporary file is left behind.
   EXPECT_FALSE(Exists(dir + "/rank-00012.bin.tmp-" + std::to_string(::getpid()) + "-0"));
+}
+
+// Many small runs of odd lengths between a few huge ones (~26 MiB): blocks
+// gather several runs and cut the huge ones, write-back is started several
+// times while writing, and the reader splits the huge pieces into chunks
+// on several threads.
+struct BigShard {
+  std::string dir;
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> values;
+  v1::ReportShardRequest report;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  std::string bytes(static_cast<size_t>(in.tellg()), '\0');
+  in.seekg(0);
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return bytes;
+}
+
+const BigShard& SaveBigShard() {
+  static const BigShard* saved = [] {
+    auto* s = new BigShard;
+    s->dir = NewDir("big");
+    std::vector<LocalRun> runs;
+    for (int i = 0; i < 320; ++i) {
+      // Every 80th run is huge (~6.4 MiB: two 4 MiB read chunks, not a
+      // multiple of a page); the others 1..997 elements.
+      const int64_t n = i % 80 == 13 ? (int64_t{1600} << 10) + 7 * i : 1 + (i * 389) % 997;
+      s->names.push_back(absl::StrCat("t", i));
+      s->values.push_back(Values(n, static_cast<uint32_t>(i)));
+    }
+    for (int i = 0; i < 320; ++i) {
+      const int64_t n = static_cast<int64_t>(s->values[i].size());
+      runs.push_back(Run1D(s->names[i], n, {0, n}, s->values[i].data()));
+    }
+    absl::StatusOr<v1::ReportShardRequest> r = WriteShard(s->dir, 0, runs);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) s->report = *std::move(r);
+    return s;
+  }();
+  return *saved;
+}
+
+TEST(WriteShardTest, ManyOddRunsAndHugeOnesStreamIntact) {
+  const BigShard& s = SaveBigShard();
+  ASSERT_EQ(s.report.files_size(), 1);
+  const std::string file = ReadFile(s.dir + "/rank-00000.bin");
+  uint64_t total = 0;
+  for (const std::vector<float>& v : s.values) total += v.size() * 4;
+  ASSERT_GT(total, uint64_t{24} << 20);
+  ASSERT_EQ(file.size(), total);
+  EXPECT_EQ(s.report.files(0).size_bytes(), total);
+  EXPECT_EQ(s.report.files(0).crc32c(), Crc32c(file.data(), file.size()));
+  ASSERT_EQ(s.report.tensors_size(), 320);
+  uint64_t offset = 0;
+  for (int i = 0; i < 320; ++i) {
+    const v1::SavedPiece& p = s.report.tensors(i).pieces(0);
+    const uint64_t bytes = s.values[i].size() * 4;
+    ASSERT_EQ(p.byte_offset(), offset) << s.names[i];
+    ASSERT_EQ(p.byte_length(), bytes) << s.names[i];
+    ASSERT_EQ(std::memcmp(file.data() + offset, s.values[i].data(), bytes), 0) << s.names[i];
+    ASSERT_EQ(p.crc32c(), Crc32c(s.values[i].data(), bytes)) << s.names[i];
+    offset += bytes;
+  }
+}
+
+v1::Manifest BigManifest(const BigShard& s) { return Merge({{0, s.report}}); }
+
+TEST(ParallelReadTest, ManySmallAndAFewHugeRunsWhole) {
+  const BigShard& s = SaveBigShard();
+  std::vector<std::vector<float>> back(s.values.size());
+  std::vector<LocalRun> runs;
+  for (size_t i = 0; i < s.values.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(s.values[i].size());
+    back[i].assign(n, -1.0f);
+    runs.push_back(Run1D(s.names[i], n, {0, n}, back[i].data()));
+  }
+  // Reversed: the order of the runs is not the file's.
+  std::reverse(runs.begin(), runs.end());
+  const absl::Status st = ReadRuns(BigManifest(s), s.dir, runs);
+  ASSERT_TRUE(st.ok()) << st;
+  for (size_t i = 0; i < s.values.size(); ++i) {
+    EXPECT_TRUE(SameBits(back[i], s.values[i])) << s.names[i];
+  }
+}
+
+TEST(ParallelReadTest, PiecesNeededInPartsOrTwice) {
+  // Per tensor: the first third and the rest into separate buffers (the
+  // piece is covered exactly by two reads, checked from the buffers), the
+  // middle half again (a partial need: its own verifying read), and every
+  // huge tensor whole a second time (a tied copy).
+  const BigShard& s = SaveBigShard();
+  std::vector<std::vector<float>> back;
+  std::vector<std::pair<size_t, plan::ShardRange>> want;  // tensor, range
+  for (size_t i = 0; i < s.values.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(s.values[i].size());
+    want.push_back({i, {0, n / 3}});
+    want.push_back({i, {n / 3, n}});
+    want.push_back({i, {n / 4, n / 4 + n / 2}});
+    if (n > 1000) want.push_back({i, {0, n}});
+  }
+  back.reserve(want.size());
+  std::vector<LocalRun> runs;
+  for (const auto& [i, r] : want) {
+    const int64_t n = static_cast<int64_t>(s.values[i].size());
+    back.emplace_back(r.size(), -1.0f);
+    runs.push_back(Run1D(s.names[i], n, r, back.back().data()));
+  }
+  const absl::Status st = ReadRuns(BigManifest(s), s.dir, runs);
+  ASSERT_TRUE(st.ok()) << st;
+  for (size_t k = 0; k < want.size(); ++k) {
+    const auto& [i, r] = want[k];
+    const std::vector<float> expect(s.values[i].begin() + r.begin, s.values[i].begin() + r.end);
+    EXPECT_TRUE(SameBits(back[k], expect)) << s.names[i] << " [" << r.begin << ", " << r.end << ")";
+  }
+}
+
+TEST(ParallelReadTest, AliasingRunsAreFilledToo) {
+  // Two runs into the same memory (a caller's tied tensor): read one after
+  // the other, never by two threads at once.
+  const BigShard& s = SaveBigShard();
+  size_t huge = 0;
+  while (s.values[huge].size() < 1000) ++huge;
+  const int64_t n = static_cast<int64_t>(s.values[huge].size());
+  std::vector<float> back(n, -1.0f);
+  const std::vector<LocalRun> runs = {Run1D(s.names[huge], n, {0, n}, back.data()),
+                                      Run1D(s.names[huge], n, {0, n}, back.data())};
+  const absl::Status st = ReadRuns(BigManifest(s), s.dir, runs);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(SameBits(back, s.values[huge]));
+}
+
+// A copy of the big shard whose byte `at` is flipped.
+std::string CorruptCopy(const BigShard& s, const std::string& name, uint64_t at) {
+  const std::string dir = NewDir(name);
+  EXPECT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string bytes = ReadFile(s.dir + "/rank-00000.bin");
+  bytes[at] ^= 0x10;
+  std::ofstream(dir + "/rank-00000.bin", std::ios::binary) << bytes;
+  return dir;
+}
+
+TEST(ParallelReadTest, CorruptionInAHugePieceReadWholeIsDataLoss) {
+  const BigShard& s = SaveBigShard();
+  const v1::Manifest m = BigManifest(s);
+  size_t huge = 0;
+  while (s.values[huge].size() < 1000) ++huge;
+  const v1::SavedPiece& p = s.report.tensors(static_cast<int>(huge)).pieces(0);
+  // A byte in its second 4 MiB chunk: found by combining the chunks' CRCs.
+  const std::string dir = CorruptCopy(s, "big-flip", p.byte_offset() + (uint64_t{5} << 20) + 3);
+  std::vector<std::vector<float>> back(s.values.size());
+  std::vector<LocalRun> runs;
+  for (size_t i = 0; i < s.values.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(s.values[i].size());
+    back[i].resize(n);
+    runs.push_back(Run1D(s.names[i], n, {0, n}, back[i].data()));
+  }
+  absl::Status st = ReadRuns(m, dir, runs);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_THAT(st.message(), HasSubstr("'" + s.names[huge] + "': piece 0"));
+  EXPECT_THAT(st.message(), HasSubstr("rank-00000.bin"));
+  EXPECT_THAT(st.message(), HasSubstr("CRC-32C"));
+  EXPECT_THAT(st.message(), HasSubstr(Hex32(p.crc32c())));
+  // Needed in part, the piece is still verified whole.
+  const int64_t n = static_cast<int64_t>(s.values[huge].size());
+  std::vector<float> head(10);
+  st = ReadRuns(m, dir, {Run1D(s.names[huge], n, {0, 10}, head.data())});
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_THAT(st.message(), HasSubstr(s.names[huge]));
+  // The other tensors read fine.
+  runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(huge));
+  st = ReadRuns(m, dir, runs);
+  EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST(ParallelReadTest, TheFirstProblemInTheRunsOrderIsReported) {
+  // A corrupt piece needed before a missing tensor: the corruption (as when
+  // the runs were read one after another); after it: the missing tensor.
+  const BigShard& s = SaveBigShard();
+  const v1::SavedPiece& p = s.report.tensors(5).pieces(0);
+  const std::string dir = CorruptCopy(s, "big-first", p.byte_offset());
+  const v1::Manifest m = BigManifest(s);
+  std::vector<std::vector<float>> back(s.values.size());
+  std::vector<LocalRun> runs;
+  for (size_t i = 0; i < s.values.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(s.values[i].size());
+    back[i].resize(n);
+    runs.push_back(Run1D(s.names[i], n, {0, n}, back[i].data()));
+  }
+  std::vector<float> none(4);
+  std::vector<LocalRun> first = runs;
+  first.insert(first.begin() + 30, Run1D("nope", 4, {0, 4}, none.data()));
+  absl::Status st = ReadRuns(m, dir, first);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_THAT(st.message(), HasSubstr("'t5'"));
+  std::vector<LocalRun> second = runs;
+  second.insert(second.begin() + 3, Run1D("nope", 4, {0, 4}, none.data()));
+  st = ReadRuns(m, dir, second);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_THAT(st.message(), HasSubstr("'nope'"));
+}
+
+TEST(ParallelReadTest, TruncatedInAHugePieceIsDataLoss) {
+  const BigShard& s = SaveBigShard();
+  size_t huge = 0;
+  while (s.values[huge].size() < 1000) ++huge;
+  const v1::SavedPiece& p = s.report.tensors(static_cast<int>(huge)).pieces(0);
+  const std::string dir = CorruptCopy(s, "big-trunc", 0);
+  ASSERT_EQ(::truncate((dir + "/rank-00000.bin").c_str(),
+                       static_cast<off_t>(p.byte_offset() + (uint64_t{5} << 20))),
+            0);
+  const int64_t n = static_cast<int64_t>(s.values[huge].size());
+  std::vector<float> back(n);
+  v1::Manifest m = BigManifest(s);
+  absl::Status st = ReadRuns(m, dir, {Run1D(s.names[huge], n, {0, n}, back.data())});
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_THAT(st.message(), HasSubstr("the manifest records"));
+  m.clear_ranks();  // no recorded size: the piece's bounds catch it
+  st = ReadRuns(m, dir, {Run1D(s.names[huge], n, {0, n}, back.data())});
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_THAT(st.message(), HasSubstr("truncated"));
+  EXPECT_THAT(st.message(), HasSubstr(s.names[huge]));
+}
+
+TEST(ParallelReadTest, LargeTpSplitsAcrossLayouts) {
+  // ~14 MiB over two files: a column split read row by row from both
+  // (each piece covered exactly by 1024 reads), and at other layouts in
+  // parts (verified by their own reads), on several threads.
+  const std::vector<plan::ParameterSpec> specs = {Spec("cols", {1024, 1536}, 1),
+                                                  Spec("rows", {2048, 1024}, 0)};
+  std::map<std::string, std::vector<float>> global;
+  for (const plan::ParameterSpec& spec : specs) {
+    global[spec.name] = Values(spec.numel(), static_cast<uint32_t>(spec.name.size()));
+  }
+  const std::string dir = NewDir("tp-large");
+  const v1::Manifest m = Merge(SaveTp(dir, specs, global, /*tp=*/2, /*dp=*/1));
+  CheckRestore(m, dir, specs, global, 1, 1);
+  CheckRestore(m, dir, specs, global, 2, 1);
+  CheckRestore(m, dir, specs, global, 4, 3);
 }
 
 // --- Async ----------------------------------------------------------------
