@@ -47,6 +47,7 @@
 #include "worker/comm/gloo_checks.h"
 #include "worker/comm/gloo_internal.h"
 #include "worker/comm/gloo_state.h"
+#include "worker/comm/shm_segment.h"
 
 namespace shardline::worker {
 
@@ -122,8 +123,11 @@ std::string State::PropagateLoss(const std::string& what) {
   }
   try {
     context->closeConnections();
+    if (leaders) leaders->closeConnections();
   } catch (...) {
   }
+  // Local peers waiting for this rank in shared memory stop too.
+  if (shm) shm->MarkGone();
   return suffix;
 }
 
@@ -250,13 +254,9 @@ using gloo_checks::CallDesc;
 using gloo_checks::CheckBatch;
 using gloo_checks::Collective;
 using gloo_checks::Op;
-using gloo_internal::EstablishedSockets;
 using gloo_internal::FromFloat32;
 using gloo_internal::Fp32Reducer;
-using gloo_internal::GlooName;
-using gloo_internal::KernelSocket;
 using gloo_internal::Mentions;
-using gloo_internal::NamesInAddressBlob;
 using gloo_internal::ReduceFn;
 using gloo_internal::StoreAdapter;
 using gloo_internal::StoreError;
@@ -264,6 +264,7 @@ using gloo_internal::ToFloat32;
 using gloo_internal::ToMs;
 
 using gloo_internal::Done;
+using gloo_internal::Mode;
 using gloo_internal::g_stalled_op_threads;
 using gloo_internal::kChunkElements;
 using gloo_internal::kReduceScatterSlotPrefix;
@@ -293,6 +294,15 @@ class GlooBackend : public Backend {
     // 0.5 s here held up re-forming after every node loss). Counted in
     // GlooStalledOpThreads until it ends.
     state_->mu.Lock();
+    // An operation in shared memory notices Abort at once and leaves its
+    // waits (ShmGroup::Abort returned once it stopped touching buffers):
+    // give it the moment it needs to finish rather than count it as stalled.
+    if (state_->mode == gloo_internal::Mode::kShm && state_->running != nullptr) {
+      auto idle = [st = state_.get()]() ABSL_SHARED_LOCKS_REQUIRED(st->mu) {
+        return st->exited || st->running == nullptr;
+      };
+      state_->mu.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(2));
+    }
     if (state_->exited || state_->running == nullptr) {
       state_->mu.Await(absl::Condition(&state_->exited));
       state_->mu.Unlock();
@@ -307,6 +317,7 @@ class GlooBackend : public Backend {
 
   int rank() const override { return state_->rank; }
   int size() const override { return state_->size; }
+  TransportInfo Transport() const override { return state_->transport; }
 
   BackendProgress Progress() const override {
     BackendProgress out;
@@ -328,8 +339,11 @@ class GlooBackend : public Backend {
     const CallDesc desc = Collective(Op::kAllReduce, 0, count, dtype, static_cast<int>(op));
     return Enqueue("all_reduce", count, dtype, desc,
                    [st, data, count, dtype, op](const CallDesc& d) -> absl::Status {
+      if (st->mode == Mode::kShm)
+        return st->shm->AllReduce(data, count, dtype, op, d, st->Ctx("all_reduce"));
       absl::Status check = st->CheckCollective(d, "all_reduce");
       if (!check.ok() || st->size == 1 || count == 0) return check;
+      if (st->mode == Mode::kHierarchical) return st->HierAllReduce(data, count, dtype, op);
       std::vector<float>& tmp = st->fp32_scratch;  // reused: see reduce_scatter_acc
       float* buf = static_cast<float*>(data);
       if (dtype != DType::kFloat32) {
@@ -362,8 +376,11 @@ class GlooBackend : public Backend {
     State* st = state_.get();
     return Enqueue("all_gather", count, dtype, Collective(Op::kAllGather, 0, count, dtype),
                    [st, in, count, out, dtype](const CallDesc& d) -> absl::Status {
+      if (st->mode == Mode::kShm)
+        return st->shm->AllGather(in, count, out, dtype, d, st->Ctx("all_gather"));
       absl::Status check = st->CheckCollective(d, "all_gather");
       if (!check.ok() || count == 0) return check;
+      if (st->mode == Mode::kHierarchical) return st->HierAllGather(in, count, out, dtype);
       const size_t bytes = count * ElementSize(dtype);
       char* mine = static_cast<char*>(out) + st->rank * bytes;
       if (in != mine) std::memmove(mine, in, bytes);
@@ -398,8 +415,14 @@ class GlooBackend : public Backend {
                    Collective(Op::kReduceScatter, 0, total, dtype, static_cast<int>(op), -1,
                               gloo_checks::HashCounts(counts)),
                    [st, in, out, counts, total, mine, dtype, op](const CallDesc& d) -> absl::Status {
+      if (st->mode == Mode::kShm) {
+        return st->shm->ReduceScatter(in, out, counts, dtype, op, d,
+                                      st->Ctx("reduce_scatter"));
+      }
       absl::Status check = st->CheckCollective(d, "reduce_scatter");
       if (!check.ok() || total == 0) return check;
+      if (st->mode == Mode::kHierarchical)
+        return st->HierReduceScatter(in, out, counts, dtype, op);
       // Scratch kept across calls (ops run one at a time on this thread):
       // a fresh buffer of tens of MiB is a fresh mmap each time, and its page
       // faults cost more than the transfer.
@@ -446,7 +469,10 @@ class GlooBackend : public Backend {
                    [st, in, send_counts, out, recv_counts, dtype](const CallDesc& d) -> absl::Status {
       const int size = st->size, rank = st->rank;
       const size_t es = ElementSize(dtype);
-      absl::Status check = st->CheckCollective(d, "all_to_all");
+      // Its data moves over TCP whatever the transport; in shared memory
+      // only the descriptor check runs there.
+      absl::Status check = st->mode == Mode::kShm ? st->shm->Check(d, st->Ctx("all_to_all"))
+                                                   : st->CheckCollective(d, "all_to_all");
       if (!check.ok()) return check;
       if (size == 1) {
         if (send_counts[0] > 0) std::memmove(out, in, send_counts[0] * es);
@@ -517,8 +543,13 @@ class GlooBackend : public Backend {
     State* st = state_.get();
     return Enqueue("broadcast", count, dtype, Collective(Op::kBroadcast, 0, count, dtype, -1, root),
                    [st, data, count, dtype, root](const CallDesc& d) -> absl::Status {
+      if (st->mode == Mode::kShm) {
+        return st->shm->Broadcast(data, count * ElementSize(dtype), root, d,
+                                  st->Ctx("broadcast"));
+      }
       absl::Status check = st->CheckCollective(d, "broadcast");
       if (!check.ok() || st->size == 1 || count == 0) return check;
+      if (st->mode == Mode::kHierarchical) return st->HierBroadcast(data, count, dtype, root);
       try {
         gloo::BroadcastOptions opts(st->context);
         opts.setOutput(static_cast<char*>(data), count * ElementSize(dtype));
@@ -546,6 +577,7 @@ class GlooBackend : public Backend {
     State* st = state_.get();
     return Enqueue("barrier", 0, DType::kFloat32, Collective(Op::kBarrier, 0, 0, DType::kFloat32),
                    [st](const CallDesc& d) -> absl::Status {
+      if (st->mode == Mode::kShm) return st->shm->Check(d, st->Ctx("barrier"));
       return st->CheckCollective(d, "barrier");
     });
   }
@@ -562,11 +594,16 @@ class GlooBackend : public Backend {
       running = state_->running;
       p2p.swap(state_->p2p_pending);
     }
+    // Shared memory: local peers see this rank as gone, and our own op (if
+    // it waits there) returns Aborted at once; this returns once the op no
+    // longer touches its buffers.
+    if (state_->shm) state_->shm->Abort();
     // Close sockets: peers see this rank as lost, and our own blocked op
     // (if any) fails on its next socket event or at its op timeout.
     if (state_->context) {
       try {
         state_->context->closeConnections();
+        if (state_->leaders) state_->leaders->closeConnections();
       } catch (...) {
       }
     }
@@ -709,6 +746,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store
                                                    " entries; give none or one per rank (", size,
                                                    ")"));
   }
+  if (options.host.size() > 255) {
+    return absl::InvalidArgumentError(absl::StrCat("options.host is ", options.host.size(),
+                                                   " bytes; at most 255"));
+  }
+  if (options.shm_buffer_bytes < shm::kMinBufferBytes ||
+      options.shm_buffer_bytes > shm::kMaxBufferBytes || options.shm_buffer_bytes % 4096 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.shm_buffer_bytes=", options.shm_buffer_bytes, " must be a multiple of 4096 in [",
+        shm::kMinBufferBytes, ",", shm::kMaxBufferBytes, "]"));
+  }
   {
     // Gloo crashes (rather than throws) on some unresolvable hostnames, so
     // only IP literals reach it.
@@ -739,28 +786,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store
       StoreAdapter adapter(store, options.connect_timeout);
       context->connectFullMesh(adapter, device);
       context->setTimeout(ToMs(options.timeout));
-      const std::vector<KernelSocket> sockets = EstablishedSockets();
-      for (int r = 0; r < size; ++r) {
-        if (r == rank) continue;
-        auto it = adapter.seen().find(absl::StrCat(r));
-        if (it != adapter.seen().end()) state->peer_names[r] = NamesInAddressBlob(it->second, size);
-        const auto* self =
-            dynamic_cast<const gloo::transport::tcp::Address*>(&context->getPair(r)->address());
-        if (self == nullptr) continue;
-        const sockaddr_storage& ss = self->getSockaddr();
-        uint16_t listen_port = 0;
-        if (ss.ss_family == AF_INET) {
-          listen_port = ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
-        } else if (ss.ss_family == AF_INET6) {
-          listen_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
-        }
-        for (const KernelSocket& ks : sockets) {
-          if (listen_port != 0 && ks.local_port == listen_port) {
-            state->peer_names[r].push_back(GlooName(ks.remote));
-          }
-        }
-      }
+      gloo_internal::AddPeerNames(*context, adapter, [](int r) { return r; }, &state->peer_names);
       state->context = std::move(context);
+      absl::Status transport = state->SetUpTransport(device);
+      if (!transport.ok()) {
+        return absl::Status(transport.code(), absl::StrCat("bootstrapping rank ", rank, " of ",
+                                                           size, ": ", transport.message()));
+      }
     } catch (const StoreError& e) {
       return absl::Status(e.status.code(), absl::StrCat("bootstrapping rank ", rank, " of ", size,
                                                         ": ", e.status.message()));

@@ -1,6 +1,8 @@
 // A rank living in a fork()ed child process is SIGKILLed while the other
 // ranks (threads of this process) are inside a collective with it: they must
-// fail with Unavailable naming the dead rank, well before the op timeout.
+// fail with Unavailable naming the dead rank, well before the op timeout
+// (over TCP the closed connection tells them; in shared memory the dead
+// process, through its pidfd).
 //
 // The ranks bootstrap through a test-only file-backed Store (the in-memory
 // store cannot cross fork()). The child is forked before this process starts
@@ -25,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "worker/comm/backend.h"
 #include "worker/comm/store.h"
+#include "worker/comm/test_util.h"
 
 namespace shardline::worker {
 namespace {
@@ -86,9 +89,7 @@ TEST(GlooPeerDeathTest, SigkilledPeerIsUnavailableNamingItsRank) {
   ASSERT_NE(mkdtemp(buf.data()), nullptr);
   const std::string dir = buf.data();
   constexpr int kSize = 3, kVictim = 1;
-  GlooOptions options;
-  options.timeout = absl::Seconds(60);
-  options.connect_timeout = absl::Seconds(30);
+  GlooOptions options = testing::TestOptions(absl::Seconds(60));
 
   const pid_t child = fork();
   ASSERT_GE(child, 0);

@@ -23,10 +23,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gloo/rendezvous/context.h"
 #include "worker/comm/backend.h"
+#include "gloo/transport/device.h"
 #include "worker/comm/gloo_checks.h"
+#include "worker/comm/shm_group.h"
 #include "worker/comm/store.h"
 
 namespace shardline::worker::gloo_internal {
@@ -73,6 +76,17 @@ constexpr uint64_t kP2PSlotPrefix = uint64_t{0x5a} << 56;
 // per direction: sender -> receiver and receiver -> sender.
 constexpr uint64_t kP2PSendDescSlotPrefix = uint64_t{0x5c} << 56;
 constexpr uint64_t kP2PRecvDescSlotPrefix = uint64_t{0x5d} << 56;
+// How a group moves its collectives' data (decided at bootstrap, the same
+// on every rank; gloo_shm.cc):
+//   kTcp: Gloo over TCP between every pair (no two ranks share a host, or
+//     shared memory is off or failed).
+//   kShm: every rank is on this host: the collectives run on `shm`
+//     (all_to_all, send and recv stay on TCP).
+//   kHierarchical: ranks on several hosts, some sharing one: each host's
+//     ranks combine through their shared memory and its leader (its lowest
+//     rank) exchanges with the other hosts' leaders over `leaders`.
+enum class Mode { kTcp, kShm, kHierarchical };
+
 // Shared between the backend object and its op thread, so the thread may
 // outlive the object (destruction detaches a thread stuck in Gloo).
 struct State {
@@ -81,8 +95,23 @@ struct State {
   GlooOptions options;
   std::shared_ptr<gloo::rendezvous::Context> context;  // null when size == 1
   std::shared_ptr<Store> store;                        // the group's store
-  // By rank: the names Gloo's errors may give that peer (see GlooName).
+  // By rank: the names Gloo's errors may give that peer (see GlooName); a
+  // host leader's include its names on the `leaders` context.
   std::vector<std::vector<std::string>> peer_names;
+
+  // The transport (fixed after bootstrap). hosts: the group ranks on each
+  // host, each list ascending, hosts ordered by their lowest rank (a host
+  // whose shared memory failed counts as one host per rank); host / local:
+  // this rank's host and its index there.
+  Mode mode = Mode::kTcp;
+  std::vector<std::vector<int>> hosts;
+  int host = 0;
+  int local = 0;
+  std::unique_ptr<shm::ShmGroup> shm;  // when this host has >= 2 ranks (kShm, kHierarchical)
+  // kHierarchical, on host leaders only: one rank per host, leader i of
+  // hosts[i].
+  std::shared_ptr<gloo::rendezvous::Context> leaders;
+  TransportInfo transport;
 
   // Waiters use Mutex::Await: a change to the fields below wakes them when
   // its writer releases `mu`, with no separate notify.
@@ -121,7 +150,8 @@ struct State {
   // number of payloads posted.
   absl::flat_hash_map<std::tuple<int, uint32_t, bool>, std::pair<uint64_t, uint64_t>> p2p_order
       ABSL_GUARDED_BY(mu);
-  uint32_t next_tag = 1;  // only touched on the op thread
+  uint32_t next_tag = 1;    // only touched on the op thread
+  uint32_t leader_tag = 1;  // the same, for `leaders` (its own tags: only leaders use it)
   // CheckCollective's results (op thread only): every collective up to
   // checked_through matched on every rank, except failed_sequence (0:
   // none), which fails with failed_check.
@@ -133,6 +163,10 @@ struct State {
   std::vector<float> fp32_scratch;  // 16-bit all_reduce in fp32
   std::vector<float> reduce_scatter_acc;
   std::vector<float> reduce_scatter_incoming;
+  std::vector<char> host_scratch;  // kHierarchical leaders: packed pieces
+
+  // The time limit of a collective starting now.
+  shm::OpContext Ctx(const char* op) const { return {op, absl::Now() + options.timeout}; }
 
   // Turns the exception in flight into a status naming the op and, where it
   // can be identified, the peer rank.
@@ -146,6 +180,20 @@ struct State {
   // "; first failure in this group: rank A lost peer rank B" when someone
   // else reported first, else "". Runs on the op thread.
   std::string PropagateLoss(const std::string& what);
+
+  // Bootstrap of the transport, after `context` connected: which ranks share
+  // a host (through the store), their shared memory segment, the leaders'
+  // context (gloo_shm.cc). Errors as CreateGlooBackend's; Gloo exceptions
+  // from connecting the leaders propagate to its handlers.
+  absl::Status SetUpTransport(std::shared_ptr<gloo::transport::Device> device);
+
+  // The kHierarchical collectives (gloo_shm.cc), after CheckCollective:
+  // shapes as in backend.h.
+  absl::Status HierAllReduce(void* data, size_t count, DType dtype, ReduceOp op);
+  absl::Status HierAllGather(const void* in, size_t count, void* out, DType dtype);
+  absl::Status HierReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                                 DType dtype, ReduceOp op);
+  absl::Status HierBroadcast(void* data, size_t count, DType dtype, int root);
 
   // Makes `s` the group's sticky error (first one wins) unless it is an
   // argument error.

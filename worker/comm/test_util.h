@@ -1,8 +1,10 @@
-// Test helpers: run N ranks as threads, each with a real Gloo backend over
-// loopback TCP, bootstrapped through one shared in-memory store.
+// Test helpers: run N ranks as threads, each with a real Gloo backend (over
+// shared memory, or loopback TCP: TestsUseTcp), bootstrapped through one
+// shared in-memory store.
 #ifndef SHARDLINE_WORKER_COMM_TEST_UTIL_H_
 #define SHARDLINE_WORKER_COMM_TEST_UTIL_H_
 
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,10 +19,20 @@
 
 namespace shardline::worker::testing {
 
+// The transport the multi-rank tests run on: shared memory (every rank is
+// on this host), unless the test binary runs with
+// SHARDLINE_TEST_TRANSPORT=tcp (the *_tcp_test targets in BUILD), which
+// turns it off so that the same tests cover Gloo over TCP.
+inline bool TestsUseTcp() {
+  const char* t = std::getenv("SHARDLINE_TEST_TRANSPORT");
+  return t != nullptr && std::string(t) == "tcp";
+}
+
 inline GlooOptions TestOptions(absl::Duration timeout = absl::Seconds(30)) {
   GlooOptions o;
   o.timeout = timeout;
   o.connect_timeout = absl::Seconds(30);
+  if (TestsUseTcp()) o.shared_memory = GlooOptions::SharedMemory::kOff;
   return o;
 }
 
