@@ -776,6 +776,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store
   state->peer_names.assign(size, {});
   state->names.group = options.group_name;
   state->names.global_ranks = options.global_ranks;
+  state->hosts = {{0}};
+  state->transport.hosts = 1;
+  state->transport.local_ranks = 1;
   if (size > 1) {
     try {
       gloo::transport::tcp::attr attr;
