@@ -750,11 +750,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store
     return absl::InvalidArgumentError(absl::StrCat("options.host is ", options.host.size(),
                                                    " bytes; at most 255"));
   }
-  if (options.shm_buffer_bytes < shm::kMinBufferBytes ||
-      options.shm_buffer_bytes > shm::kMaxBufferBytes || options.shm_buffer_bytes % 4096 != 0) {
+  if (options.shm_buffer_bytes != 0 &&
+      (options.shm_buffer_bytes < shm::kMinBufferBytes ||
+       options.shm_buffer_bytes > shm::kMaxBufferBytes || options.shm_buffer_bytes % 4096 != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "options.shm_buffer_bytes=", options.shm_buffer_bytes, " must be a multiple of 4096 in [",
-        shm::kMinBufferBytes, ",", shm::kMaxBufferBytes, "]"));
+        "options.shm_buffer_bytes=", options.shm_buffer_bytes,
+        " must be 0 (automatic) or a multiple of 4096 in [", shm::kMinBufferBytes, ",",
+        shm::kMaxBufferBytes, "]"));
   }
   {
     // Gloo crashes (rather than throws) on some unresolvable hostnames, so

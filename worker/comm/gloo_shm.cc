@@ -77,6 +77,16 @@ struct Unlinker {
   }
 };
 
+// GlooOptions::shm_buffer_bytes 0: 1 MiB over the local ranks, in [64 KiB,
+// 1 MiB], whole pages. Measured on 2 cores (bench/collectives.py): with
+// more ranks than cores, larger chunks leave the caches between the ranks
+// sharing a core (64 MiB all_reduce of 4 ranks: ~40 ms CPU with 256 KiB
+// buffers, ~60 ms with 1 MiB); two ranks are the same from 256 KiB to 1 MiB.
+size_t AutomaticBufferBytes(int local_ranks) {
+  const size_t per = (size_t{1} << 20) / static_cast<size_t>(std::max(local_ranks, 1));
+  return std::clamp<size_t>(per / 4096 * 4096, size_t{64} << 10, size_t{1} << 20);
+}
+
 // The Gloo timeout for what is left of `ctx`.
 std::chrono::milliseconds Left(const shm::OpContext& ctx) {
   return ToMs(std::max(ctx.deadline - absl::Now(), absl::Milliseconds(1)));
@@ -163,13 +173,15 @@ absl::Status State::SetUpTransport(std::shared_ptr<gloo::transport::Device> devi
       shm::ReapStaleSegments();
       const uint64_t nonce = RandomNonce();
       const std::string name = shm::SegmentName(options.group_name, nonce);
+      const size_t buffer_bytes =
+          options.shm_buffer_bytes != 0 ? options.shm_buffer_bytes : AutomaticBufferBytes(m);
       absl::StatusOr<std::unique_ptr<shm::Segment>> created =
-          shm::Segment::Create(name, m, options.shm_buffer_bytes, nonce);
+          shm::Segment::Create(name, m, buffer_bytes, nonce);
       std::string value;
       if (created.ok()) {
         segment = *std::move(created);
         unlink.name = name;
-        value = absl::StrCat("ok ", nonce, " ", name);
+        value = absl::StrCat("ok ", nonce, " ", buffer_bytes, " ", name);
       } else {
         mapped = created.status();
         value = absl::StrCat("error ", mapped.message());
@@ -179,14 +191,17 @@ absl::Status State::SetUpTransport(std::shared_ptr<gloo::transport::Device> devi
       absl::StatusOr<std::string> got = store->Get(key, left());
       if (!got.ok()) return got.status();
       absl::string_view v = *got;
-      std::vector<std::string> parts = absl::StrSplit(v, absl::MaxSplits(' ', 2));
+      // "ok <nonce> <buffer bytes> <name>" or "error <why>".
+      std::vector<std::string> parts = absl::StrSplit(v, absl::MaxSplits(' ', 3));
       uint64_t nonce = 0;
-      if (parts.size() == 3 && parts[0] == "ok" && absl::SimpleAtoi(parts[1], &nonce)) {
+      size_t buffer_bytes = 0;
+      if (parts.size() == 4 && parts[0] == "ok" && absl::SimpleAtoi(parts[1], &nonce) &&
+          absl::SimpleAtoi(parts[2], &buffer_bytes)) {
         absl::StatusOr<std::unique_ptr<shm::Segment>> opened =
-            shm::Segment::Open(parts[2], m, options.shm_buffer_bytes, nonce);
+            shm::Segment::Open(parts[3], m, buffer_bytes, nonce);
         if (opened.ok()) {
           segment = *std::move(opened);
-          unlink.name = parts[2];
+          unlink.name = parts[3];
         } else {
           mapped = opened.status();
         }

@@ -38,7 +38,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-GlooOptions ShmOptions(size_t buffer_bytes = size_t{1} << 20) {
+GlooOptions ShmOptions(size_t buffer_bytes = 0) {
   GlooOptions o;
   o.timeout = absl::Seconds(60);
   o.connect_timeout = absl::Seconds(30);
@@ -247,7 +247,7 @@ std::vector<size_t> Counts(int n) {
 }
 
 TEST(ShmBackendTest, AllReduceMatchesTheRankOrderReference) {
-  for (size_t buffer : {size_t{4096}, size_t{1} << 20}) {
+  for (size_t buffer : {size_t{4096}, size_t{0}}) {
     for (int n : {1, 2, 3, 4, 5}) {
       RunRanksOn(n, ShmOptions(buffer), [&](int r, Backend& b) {
         ASSERT_EQ(b.Transport().shared_memory, n > 1);
@@ -274,7 +274,7 @@ TEST(ShmBackendTest, AllReduceMatchesTheRankOrderReference) {
 }
 
 TEST(ShmBackendTest, ReduceScatterMatchesTheRankOrderReference) {
-  for (size_t buffer : {size_t{4096}, size_t{1} << 20}) {
+  for (size_t buffer : {size_t{4096}, size_t{0}}) {
     for (int n : {1, 2, 3, 5}) {
       // Equal, uneven, empty pieces, and pieces longer than the buffer.
       std::vector<std::vector<size_t>> layouts = {std::vector<size_t>(n, 1),
@@ -314,7 +314,7 @@ TEST(ShmBackendTest, ReduceScatterMatchesTheRankOrderReference) {
 }
 
 TEST(ShmBackendTest, AllGatherAndBroadcastCopyExactly) {
-  for (size_t buffer : {size_t{4096}, size_t{1} << 20}) {
+  for (size_t buffer : {size_t{4096}, size_t{0}}) {
     for (int n : {2, 3, 4}) {
       RunRanksOn(n, ShmOptions(buffer), [&](int r, Backend& b) {
         for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
@@ -485,7 +485,7 @@ void ExpectEveryOpOnHosts(const std::vector<std::string>& host_of, size_t buffer
 
 TEST(ShmBackendTest, TwoHostsShareMemoryWithinAndUseTcpAcross) {
   // Interleaved: host A holds ranks 0, 2 and 3, host B ranks 1 and 4.
-  for (size_t buffer : {size_t{4096}, size_t{1} << 20}) {
+  for (size_t buffer : {size_t{4096}, size_t{0}}) {
     ExpectEveryOpOnHosts({"A", "B", "A", "A", "B"}, buffer);
   }
 }

@@ -26,8 +26,8 @@
 //
 // Algorithms (B = the buffer size in bytes, n the local ranks, es the
 // element size; counts in elements):
-//   all_reduce up to kDirectBytes: write the whole input; sync; every rank
-//     reduces all n buffers itself (one sync).
+//   all_reduce up to kDirectBytes (two ranks: up to B): write the whole
+//     input; sync; every rank reduces all n buffers itself (one sync).
 //   all_reduce above: in chunks of B bytes: write the chunk except your own
 //     slice (1/n of it); sync; reduce your slice over the n buffers into
 //     your output and your buffer; sync; copy the other n - 1 reduced slices
@@ -87,7 +87,8 @@ struct OpContext {
 
 class ShmGroup {
  public:
-  // Up to this many bytes an all_reduce reads every buffer directly (one sync).
+  // Up to this many bytes an all_reduce of more than two ranks reads every
+  // buffer directly (one sync); two ranks do so up to the buffer size.
   static constexpr size_t kDirectBytes = size_t{64} << 10;
 
   struct Options {
@@ -191,7 +192,6 @@ class ShmGroup {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> active_{false};
   std::atomic<bool> lost_{false};  // on_loss_ was called
-  size_t cached_spin_iterations_ = 0;
 };
 
 }  // namespace shardline::worker::shm
