@@ -145,6 +145,11 @@ class Work {
   // operation's status. If `timeout` passes first, returns DeadlineExceeded
   // without cancelling the operation (it is still bounded by
   // GlooOptions::timeout). Errors: see the file comment.
+  // Gloo, every rank on one host (shared memory): with no timeout, the
+  // calling thread may run the operation itself, with those queued before
+  // it, when the backend's thread has not started them (same order, same
+  // results; it saves handing each call to that thread and back, most of a
+  // small collective's latency); Abort still ends it at once.
   virtual absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) = 0;
 };
 

@@ -190,61 +190,93 @@ std::string State::DebugNames() {
   return out;
 }
 
-bool State::StoppingOrQueued() const {
-  return stopping || !queue.empty();
+bool State::StoppingOrRunnable() const {
+  return stopping || (!queue.empty() && running == nullptr);
 }
 
+void State::RunFrontLocked() {
+  Queued item = std::move(queue.front());
+  queue.pop_front();
+  if (aborted) {
+    item.work->Complete(absl::AbortedError("backend was aborted"));
+    return;
+  }
+  if (!sticky.ok()) {
+    item.work->Complete(sticky);
+    return;
+  }
+  running = item.work;
+  current = std::move(item.progress);
+  current.in_flight = true;
+  current_start = absl::Now();
+  mu.Unlock();
+  absl::Status s = item.fn(item.desc);
+  mu.Lock();
+  running.reset();
+  // A collective that broke the communicator (timed out, lost a peer,
+  // mismatched) never completed: it stays in flight, its elapsed growing,
+  // so that the rank's progress reports keep saying what it is stuck on
+  // until the generation ends (backend.h OpProgress). One refused for bad
+  // arguments moved nothing and is done.
+  const bool broken = !s.ok() && !absl::IsInvalidArgument(s);
+  current.in_flight = broken;
+  if (!broken) current.elapsed = absl::Now() - current_start;
+  if (aborted && !s.ok()) s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
+  if (broken && sticky.ok()) sticky = s;
+  item.work->Complete(std::move(s));
+}
+
+bool State::IdleOrDrained() const { return running == nullptr || queue.empty(); }
+
+bool State::NothingRunning() const { return running == nullptr; }
+
 void State::Loop() {
+  absl::MutexLock lock(&mu);
   for (;;) {
-    std::function<absl::Status(const CallDesc&)> fn;
-    std::shared_ptr<WorkImpl> work;
-    CallDesc desc;
-    {
-      absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(this, &State::StoppingOrQueued));
-      if (queue.empty()) {
-        exited = true;  // wakes ~GlooBackend's Await when `lock` releases mu
-        if (detached) --g_stalled_op_threads;
-        return;
-      }
-      fn = std::move(queue.front().fn);
-      work = std::move(queue.front().work);
-      OpProgress progress = std::move(queue.front().progress);
-      desc = queue.front().desc;
-      queue.pop_front();
-      if (aborted) {
-        work->Complete(absl::AbortedError("backend was aborted"));
-        continue;
-      }
-      if (!sticky.ok()) {
-        work->Complete(sticky);
-        continue;
-      }
-      running = work;
-      current = std::move(progress);
-      current.in_flight = true;
-      current_start = absl::Now();
+    mu.Await(absl::Condition(this, &State::StoppingOrRunnable));
+    if (!queue.empty() && running == nullptr) {
+      loop_busy = true;
+      RunFrontLocked();
+      loop_busy = false;
+      continue;
     }
-    absl::Status s = fn(desc);
-    {
-      absl::MutexLock lock(&mu);
-      running.reset();
-      // A collective that broke the communicator (timed out, lost a peer,
-      // mismatched) never completed: it stays in flight, its elapsed
-      // growing, so that the rank's progress reports keep saying what it
-      // is stuck on until the generation ends (backend.h OpProgress). One
-      // refused for bad arguments moved nothing and is done.
-      const bool broken = !s.ok() && !absl::IsInvalidArgument(s);
-      current.in_flight = broken;
-      if (!broken) current.elapsed = absl::Now() - current_start;
-      if (aborted && !s.ok())
-        s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
-      if (broken && sticky.ok()) sticky = s;
+    if (queue.empty()) {  // stopping
+      exited = true;  // wakes ~GlooBackend's Await when `lock` releases mu
+      if (detached) --g_stalled_op_threads;
+      return;
     }
-    work->Complete(std::move(s));
+    // Stopping with operations queued while a waiter runs one: ours next.
+    mu.Await(absl::Condition(this, &State::IdleOrDrained));
   }
 }
 
+void State::Help(WorkImpl* work) {
+  absl::MutexLock lock(&mu);
+  for (;;) {
+    if (running != nullptr || queue.empty() || !queue.front().interruptible) return;
+    bool queued = false;
+    for (const Queued& q : queue) {
+      if (q.work.get() == work) {
+        queued = true;
+        break;
+      }
+    }
+    if (!queued) return;  // running elsewhere, or done
+    RunFrontLocked();
+  }
+}
+
+absl::Status WorkImpl::Wait(absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) {
+    if (std::shared_ptr<State> owner = owner_.lock()) owner->Help(this);
+  }
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("Work::Wait: operation not complete after ", absl::FormatDuration(timeout)));
+  }
+  return status_;
+}
 
 }  // namespace gloo_internal
 
@@ -298,12 +330,10 @@ class GlooBackend : public Backend {
     // waits (ShmGroup::Abort returned once it stopped touching buffers):
     // give it the moment it needs to finish rather than count it as stalled.
     if (state_->mode == gloo_internal::Mode::kShm && state_->running != nullptr) {
-      auto idle = [st = state_.get()]() ABSL_SHARED_LOCKS_REQUIRED(st->mu) {
-        return st->exited || st->running == nullptr;
-      };
-      state_->mu.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(2));
+      state_->mu.AwaitWithTimeout(absl::Condition(state_.get(), &State::NothingRunning),
+                                  absl::Seconds(2));
     }
-    if (state_->exited || state_->running == nullptr) {
+    if (state_->exited || !state_->loop_busy) {
       state_->mu.Await(absl::Condition(&state_->exited));
       state_->mu.Unlock();
       thread_.join();
@@ -705,7 +735,7 @@ class GlooBackend : public Backend {
   // the same on every rank that issues the same collectives.
   std::shared_ptr<Work> Enqueue(const char* op, size_t count, DType dtype, CallDesc desc,
                                 std::function<absl::Status(const CallDesc&)> fn) {
-    auto work = std::make_shared<WorkImpl>();
+    auto work = std::make_shared<WorkImpl>(state_);
     {
       absl::MutexLock lock(&state_->mu);  // wakes the op thread
       if (state_->aborted) {
@@ -717,7 +747,11 @@ class GlooBackend : public Backend {
       p.sequence = desc.sequence = ++state_->issued;
       p.count = count;
       p.dtype = dtype;
-      state_->queue.push_back(State::Queued{std::move(fn), work, std::move(p), desc});
+      // all_to_all moves its data over TCP, which Abort cannot interrupt.
+      const bool interruptible =
+          state_->mode == Mode::kShm && desc.op != static_cast<uint32_t>(Op::kAllToAll);
+      state_->queue.push_back(State::Queued{std::move(fn), work, std::move(p), desc,
+                                            interruptible});
     }
     return work;
   }

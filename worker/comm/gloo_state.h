@@ -34,22 +34,24 @@
 
 namespace shardline::worker::gloo_internal {
 
+struct State;
+
 // Completed-once handle. The first Complete() wins (Abort may complete the
-// running op before its thread notices).
+// running op before its thread notices). Lock order: State::mu before mu_.
 class WorkImpl : public Work {
  public:
+  WorkImpl() = default;
+  // `owner`: the backend whose queue may run this operation on a thread
+  // that waits for it (State::Help).
+  explicit WorkImpl(std::weak_ptr<State> owner) : owner_(std::move(owner)) {}
+
   bool IsCompleted() override {
     absl::MutexLock lock(&mu_);
     return done_;
   }
-  absl::Status Wait(absl::Duration timeout) override {
-    absl::MutexLock lock(&mu_);
-    if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("Work::Wait: operation not complete after ", absl::FormatDuration(timeout)));
-    }
-    return status_;
-  }
+  // With an infinite timeout, first lets the owner run this operation on the
+  // calling thread (State::Help); then waits.
+  absl::Status Wait(absl::Duration timeout) override;
   void Complete(absl::Status s) {
     absl::MutexLock lock(&mu_);
     if (done_) return;
@@ -58,6 +60,7 @@ class WorkImpl : public Work {
   }
 
  private:
+  std::weak_ptr<State> owner_;  // set at construction
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
@@ -123,9 +126,15 @@ struct State {
     std::shared_ptr<WorkImpl> work;
     OpProgress progress;  // operation, sequence, count, dtype
     gloo_checks::CallDesc desc;
+    // It runs in shared memory only, so Abort interrupts it at once: a
+    // waiting thread may run it (Help).
+    bool interruptible = false;
   };
   std::deque<Queued> queue ABSL_GUARDED_BY(mu);
+  // The operation running now, on the op thread or a helping waiter (one at
+  // a time, in queue order).
   std::shared_ptr<WorkImpl> running ABSL_GUARDED_BY(mu);
+  bool loop_busy ABSL_GUARDED_BY(mu) = false;  // the op thread runs `running`
   bool aborted ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool exited ABSL_GUARDED_BY(mu) = false;    // op thread left Loop
@@ -150,6 +159,9 @@ struct State {
   // number of payloads posted.
   absl::flat_hash_map<std::tuple<int, uint32_t, bool>, std::pair<uint64_t, uint64_t>> p2p_order
       ABSL_GUARDED_BY(mu);
+  // Fields below marked "op thread" are touched only by the thread running
+  // an operation (the op thread, or a waiter in Help): one at a time, handed
+  // over under mu.
   uint32_t next_tag = 1;    // only touched on the op thread
   uint32_t leader_tag = 1;  // the same, for `leaders` (its own tags: only leaders use it)
   // CheckCollective's results (op thread only): every collective up to
@@ -212,8 +224,22 @@ struct State {
 
   std::string DebugNames();
 
-  // The op thread's wait in Loop.
-  bool StoppingOrQueued() const ABSL_SHARED_LOCKS_REQUIRED(mu);
+  // The op thread's wait in Loop: stopping, or an operation to run and
+  // nobody running one.
+  bool StoppingOrRunnable() const ABSL_SHARED_LOCKS_REQUIRED(mu);
+  bool IdleOrDrained() const ABSL_SHARED_LOCKS_REQUIRED(mu);
+  bool NothingRunning() const ABSL_SHARED_LOCKS_REQUIRED(mu);
+
+  // Pops the queue's front and runs it on the calling thread (requires a
+  // non-empty queue and no running operation; releases mu while it runs).
+  void RunFrontLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // A thread about to wait for `work` without a timeout runs the queued
+  // operations itself, in order, up to and including `work`, while they are
+  // interruptible and no other thread runs one: an operation issued and
+  // waited for at once then costs no hand-over to the op thread and back
+  // (two thread wake-ups). Returns when `work` is done or it cannot help.
+  void Help(WorkImpl* work);
 
   void Loop();
 };
