@@ -8,7 +8,8 @@
 // Conventions for every collective:
 //   * Every count is in ELEMENTS of the given DType, never bytes.
 //   * Calls return when the operation is enqueued. Collectives run one at a
-//     time in issue order on a thread owned by the backend; every rank must
+//     time in issue order on a thread owned by the backend (or on a thread
+//     that waits for them: see Work::Wait); every rank must
 //     issue the same collectives in the same order. Send and Recv are posted
 //     at once instead, outside that order (like torch's isend/irecv), so a
 //     rank may post a send and a receive to the same peer and wait for them
@@ -23,12 +24,14 @@
 //     (e.g. "counts.size()=3 != size=4", "root=5 out of range [0,4)",
 //     "peer=2 == rank"). Detected locally, before any communication.
 //   DeadlineExceeded: the operation did not finish within GlooOptions::timeout.
-//   Unavailable: a peer was lost (connection closed/reset, process died); the
-//     message names it ("lost peer rank 3"). The rank that notices a loss
-//     records it in the group's store and closes its own connections, so
-//     ranks not talking to the lost peer also fail at once instead of at
-//     their op timeout; they name the rank they lost and add the group's
-//     first failure ("(first failure in this group: rank 2 lost peer rank 3)").
+//   Unavailable: a peer was lost (connection closed/reset, process died; in
+//     shared memory: its process exited, or it aborted, was destroyed or
+//     failed); the message names it ("lost peer rank 3"). The rank that
+//     notices a loss records it in the group's store, closes its own
+//     connections and marks itself gone in shared memory, so ranks not
+//     talking to the lost peer also fail at once instead of at their op
+//     timeout; they name the rank they lost and add the group's first
+//     failure ("(first failure in this group: rank 2 lost peer rank 3)").
 //     Rebuild the group (under a new store prefix).
 //   Aborted: Abort() was called before or during the operation.
 //   FailedPrecondition: the ranks disagree on the call, detected before any
@@ -45,8 +48,10 @@
 //       global_ranks). Cost: one small allgather before a collective, which
 //       also carries the descriptors of up to 7 collectives queued behind it
 //       (those then skip it): about one more small-message latency for a
-//       collective issued alone, little for ones issued back to back. all_to_all
-//       also compares its splits ("split mismatch between rank 0 and rank 2").
+//       collective issued alone, little for ones issued back to back; none
+//       in shared memory, where the descriptor travels with the first sync
+//       of the call. all_to_all also compares its splits ("split mismatch
+//       between rank 0 and rank 2").
 //     * Send / recv (Gloo): the sender and the receiver exchange
 //       descriptors (count, dtype, tag) before the payload; a different
 //       count or dtype fails both: "send/recv with tag 7 of group dp/0
@@ -219,14 +224,16 @@ class Backend {
   // The default knows nothing (hosts 0).
   virtual TransportInfo Transport() const { return {}; }
 
-  // Tears the group down: closes connections so peers see this rank as lost
-  // (they get Unavailable naming this rank), completes the running and queued
-  // operations with Aborted, and returns in bounded time (milliseconds; it
-  // never waits for a peer) even if a peer is dead or silent. Later
-  // operations fail with Aborted. Idempotent. Once sockets are closed no more
-  // data can land in the aborted operation's buffers; its thread may still be
-  // blocked inside Gloo until GlooOptions::timeout, holding only its own
-  // scratch memory.
+  // Tears the group down: closes connections and marks this rank gone in
+  // shared memory so peers see it as lost (they get Unavailable naming this
+  // rank), completes the running and queued operations with Aborted, and
+  // returns in bounded time (milliseconds; it never waits for a peer) even
+  // if a peer is dead or silent. Later operations fail with Aborted.
+  // Idempotent. Once it returns no more data lands in the aborted
+  // operation's buffers: an operation in shared memory has left them (Abort
+  // waits for that, one chunk's copy at most); over TCP the sockets are
+  // closed, though its thread may stay blocked inside Gloo until
+  // GlooOptions::timeout, holding only its own scratch memory.
   virtual void Abort() = 0;
 };
 
@@ -250,11 +257,12 @@ struct GlooOptions {
   enum class SharedMemory { kAuto, kOff };
   SharedMemory shared_memory = SharedMemory::kAuto;
   // Which ranks share a host. Empty (the default): this machine as the
-  // kernel sees it (its boot, its /dev/shm and this process's pid
-  // namespace: processes that can share a segment and see each other's
-  // pids). Non-empty: ranks with the same name count as one host (tests
-  // simulate hosts with it; ranks named alike on different machines fall
-  // back to TCP). At most 255 bytes.
+  // kernel sees it (its boot, its /dev/shm, this process's pid namespace:
+  // processes that can share a segment and see each other's pids; and its
+  // network namespace, since one of its own simulates another host, as
+  // deploy/netns does). Non-empty: ranks with the same name count as one
+  // host (tests simulate hosts with it; ranks named alike on different
+  // machines fall back to TCP). At most 255 bytes.
   std::string host;
   // Bytes of each of a rank's two staging buffers in the segment (a
   // segment holds 2 x local ranks x this, plus 4 KiB per 16 ranks and a

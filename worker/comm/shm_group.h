@@ -57,7 +57,8 @@
 //   FailedPrecondition: the descriptors differ (gloo_checks::CompareCollective).
 // After an error the group is unusable.
 //
-// Thread-safety: one thread (the backend's op thread) runs the collectives;
+// Thread-safety: one thread at a time runs the collectives (the backend's op
+// thread, or a thread waiting for one; handed over under the backend's mutex);
 // Abort() and MarkGone() may be called from any thread at any time.
 #ifndef SHARDLINE_WORKER_COMM_SHM_GROUP_H_
 #define SHARDLINE_WORKER_COMM_SHM_GROUP_H_

@@ -43,12 +43,13 @@ absl::Status SystemError(const std::string& what, int err) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ErrnoText(err)));
 }
 
-// Inode of /proc/self/ns/pid, or 0.
-uint64_t PidNamespace() {
+// Inode of /proc/self/ns/<kind>, or 0.
+uint64_t Namespace(const char* kind) {
   struct stat st;
-  if (::stat("/proc/self/ns/pid", &st) != 0) return 0;
+  if (::stat(absl::StrCat("/proc/self/ns/", kind).c_str(), &st) != 0) return 0;
   return static_cast<uint64_t>(st.st_ino);
 }
+uint64_t PidNamespace() { return Namespace("pid"); }
 
 std::string ReadFirstLine(const char* path) {
   std::ifstream f(path);
@@ -223,7 +224,11 @@ std::string ThisHostIdentity() {
   struct stat shm;
   const uint64_t pidns = PidNamespace();
   if (boot.empty() || ::stat("/dev/shm", &shm) != 0 || pidns == 0) return "";
-  return absl::StrCat("boot=", boot, " devshm=", shm.st_dev, ":", shm.st_ino, " pidns=", pidns);
+  // A network namespace of its own stands for another host (deploy/netns
+  // runs "hosts" that way): a cut-off host must not go on talking to the
+  // others through memory.
+  return absl::StrCat("boot=", boot, " devshm=", shm.st_dev, ":", shm.st_ino, " pidns=", pidns,
+                      " netns=", Namespace("net"));
 }
 
 std::string SegmentName(const std::string& tag, uint64_t nonce) {

@@ -144,7 +144,9 @@ uint64_t ProcessStartTime(pid_t pid);
 
 // Which processes can share a segment: the same kernel boot, the same
 // /dev/shm and the same pid namespace (so that a peer's pid means the same
-// process here). "" when it cannot be told (then nothing is shared).
+// process here); and the same network namespace, since one of its own
+// simulates another host (deploy/netns). "" when it cannot be told (then
+// nothing is shared).
 std::string ThisHostIdentity();
 
 // "/shardline-<pidns>-<pid>-<start>-<tag>-<nonce hex>"; `tag` (e.g. the
