@@ -264,12 +264,12 @@ struct GlooOptions {
   // host (tests simulate hosts with it; ranks named alike on different
   // machines fall back to TCP). At most 255 bytes.
   std::string host;
-  // Bytes of each of a rank's two staging buffers in the segment (a
-  // segment holds 2 x local ranks x this, plus 4 KiB per 16 ranks and a
+  // Bytes of each of a rank's three staging buffers in the segment (a
+  // segment holds 3 x local ranks x this, plus 4 KiB per 16 ranks and a
   // 4 KiB header; all of it reserved in /dev/shm up front). Large buffers
   // move through them in chunks of this size. 0 (the default): 1 MiB / the
   // local ranks, between 64 KiB and 1 MiB (what the ranks' chunks leave of
-  // the CPU caches, measured on 2 cores; a segment of 2 MiB), else a
+  // the CPU caches, measured on 2 cores; a segment of about 3 MiB), else a
   // multiple of 4096 in [4096, 268435456]. The host's lowest rank decides
   // for its host.
   size_t shm_buffer_bytes = 0;

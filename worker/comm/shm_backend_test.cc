@@ -355,7 +355,7 @@ TEST(ShmBackendTest, AllGatherAndBroadcastCopyExactly) {
   }
 }
 
-// Back to back, waited on only at the end: the two staging buffers alternate
+// Back to back, waited on only at the end: the staging buffers take turns
 // while ranks run ahead of each other.
 TEST(ShmBackendTest, ManyCollectivesInFlightStayInOrder) {
   constexpr int kOps = 64;

@@ -221,35 +221,54 @@ absl::Status ShmGroup::AllReduceChunked(void* data, size_t count, DType dtype, R
   const int n = local_size(), me = options_.local_rank;
   const size_t es = ElementSize(dtype);
   const size_t chunk = segment_->buffer_bytes() / es;
-  std::vector<const void*> sources(n);
-  for (size_t off = 0; off < count; off += chunk) {
+  const uint64_t chunks = CeilDiv(count, chunk);
+  // Chunk c: its elements from `off` on, and slice j of it [begin(j), end(j)).
+  struct Chunk {
+    size_t off, len, per;
+    size_t begin(int j) const { return std::min(per * j, len); }
+    size_t end(int j) const { return std::min(per * (j + 1), len); }
+  };
+  auto chunk_at = [&](uint64_t c) {
+    const size_t off = c * chunk;
     const size_t len = std::min(chunk, count - off);
-    const size_t per = SliceElements(len, n);
-    auto begin = [&](int j) { return std::min(per * j, len); };
-    auto end = [&](int j) { return std::min(per * (j + 1), len); };
-    char* src = At(data, off * es);
-    char* mine = Mine();
-    // Every slice but this rank's own: only this rank reads its own slice,
-    // and it reads it from `data`.
-    std::memcpy(mine, src, begin(me) * es);
-    std::memcpy(mine + end(me) * es, src + end(me) * es, (len - end(me)) * es);
-    absl::Status s = Sync(off == 0 ? &desc : nullptr, ctx);
+    return Chunk{off, len, SliceElements(len, n)};
+  };
+  std::vector<const void*> sources(n);
+  for (uint64_t c = 0; c <= chunks; ++c) {
+    if (c < chunks) {
+      // Every slice of chunk c but this rank's own: only this rank reads its
+      // own slice, and it reads it from `data`.
+      const Chunk k = chunk_at(c);
+      const char* src = At(data, k.off * es);
+      char* mine = Mine(c);
+      std::memcpy(mine, src, k.begin(me) * es);
+      std::memcpy(mine + k.end(me) * es, src + k.end(me) * es, (k.len - k.end(me)) * es);
+    }
+    absl::Status s = Sync(c == 0 ? &desc : nullptr, ctx);
     if (!s.ok()) return s;
-    if (end(me) > begin(me)) {
+    if (c > 0) {
+      // Chunk c - 1's slices, reduced by their owners before this sync.
+      const Chunk k = chunk_at(c - 1);
+      char* dst = At(data, k.off * es);
       for (int j = 0; j < n; ++j) {
-        sources[j] = j == me ? At(src, begin(me) * es) : At(Theirs(j), begin(me) * es);
+        if (j == me || k.end(j) == k.begin(j)) continue;
+        std::memcpy(dst + k.begin(j) * es, Theirs(j, c - 1) + k.begin(j) * es,
+                    (k.end(j) - k.begin(j)) * es);
       }
-      kernels::Reduce(sources.data(), n, end(me) - begin(me), dtype, op, src + begin(me) * es,
-                      mine + begin(me) * es, options_.group_size);
     }
-    s = Sync(nullptr, ctx);
-    if (!s.ok()) return s;
-    for (int j = 0; j < n; ++j) {
-      if (j == me || end(j) == begin(j)) continue;
-      std::memcpy(src + begin(j) * es, Theirs(j) + begin(j) * es, (end(j) - begin(j)) * es);
+    if (c < chunks) {
+      const Chunk k = chunk_at(c);
+      if (k.end(me) > k.begin(me)) {
+        char* src = At(data, (k.off + k.begin(me)) * es);
+        for (int j = 0; j < n; ++j) {
+          sources[j] = j == me ? src : At(Theirs(j, c), k.begin(me) * es);
+        }
+        kernels::Reduce(sources.data(), n, k.end(me) - k.begin(me), dtype, op, src,
+                        Mine(c) + k.begin(me) * es, options_.group_size);
+      }
     }
-    ++step_;
   }
+  step_ += chunks;
   return absl::OkStatus();
 }
 

@@ -12,26 +12,29 @@
 // Protocol. Every local rank passes the same sequence of sync points: at
 // sync k a rank stores k in its RankControl::arrived (and wakes the peers
 // sleeping on it), then waits until every other local rank's arrived is at
-// least k. Data moves in steps; step s uses buffer s % 2 of every rank, and
+// least k. Data moves in steps; step s uses buffer s % 3 of every rank, and
 // only its owner writes a buffer: write your own buffer, sync, read the
-// others'. Each step has at least one sync after its writes and before its
-// reads, so by the time a rank writes buffer s % 2 again (step s + 2) it has
-// passed a sync of step s + 1, which every peer reached only after it was
-// done reading step s: two buffers make the writes of one step overlap the
-// reads of the previous one without any further wait. The first sync of
-// each collective also carries the rank's descriptor of the call
-// (gloo_checks::CallDesc in RankControl::desc[k % 2], reused on the same
-// two-sync rule); every rank compares them before any data moves, so a
-// mismatch fails every rank with the same FailedPrecondition message.
+// others'. A step's reads are done before the rank arrives at the second
+// sync after the step's first, and a rank writes buffer s % 3 again only at
+// step s + 3, after passing at least two more syncs: so no write ever meets
+// a peer still reading, with no wait beyond the syncs themselves, and the
+// writes of a step overlap the reads of the one before. (Two buffers would
+// do for algorithms that finish a step's reads before its next sync; the
+// pipelined all_reduce reads a step's results one sync later.) The first
+// sync of each collective also carries the rank's descriptor of the call
+// (gloo_checks::CallDesc in RankControl::desc[k % 2]); every rank compares
+// them before any data moves, so a mismatch fails every rank with the same
+// FailedPrecondition message.
 //
 // Algorithms (B = the buffer size in bytes, n the local ranks, es the
 // element size; counts in elements):
 //   all_reduce up to kDirectBytes (two ranks: up to B): write the whole
 //     input; sync; every rank reduces all n buffers itself (one sync).
-//   all_reduce above: in chunks of B bytes: write the chunk except your own
-//     slice (1/n of it); sync; reduce your slice over the n buffers into
-//     your output and your buffer; sync; copy the other n - 1 reduced slices
-//     (reduce-scatter + all-gather: each rank reduces 1/n of the data).
+//   all_reduce above: in chunks of B bytes, pipelined: write chunk s except
+//     your own slice (1/n of it); sync; copy the other n - 1 reduced slices
+//     of chunk s - 1 and reduce your slice of chunk s over the n buffers
+//     into your output and your buffer (reduce-scatter + all-gather: each
+//     rank reduces 1/n of the data; one sync per chunk, plus one).
 //   reduce_scatter: per step, B/n bytes of every piece but your own; sync;
 //     reduce your piece's chunk (one sync per step).
 //   all_gather, broadcast: per step, B bytes of your piece (the root's
@@ -169,8 +172,13 @@ class ShmGroup {
   absl::Status Lost(int local, const std::string& why, const OpContext& ctx);
   absl::Status Aborted(const OpContext& ctx) const;
 
-  char* Mine() const { return segment_->buffer(options_.local_rank, step_ & 1); }
-  char* Theirs(int local) const { return segment_->buffer(local, step_ & 1); }
+  // This step's buffers (`ahead` steps on).
+  char* Mine(uint64_t ahead = 0) const {
+    return segment_->buffer(options_.local_rank, static_cast<int>((step_ + ahead) % kBuffers));
+  }
+  char* Theirs(int local, uint64_t ahead = 0) const {
+    return segment_->buffer(local, static_cast<int>((step_ + ahead) % kBuffers));
+  }
   RankControl* Me() const { return segment_->control(options_.local_rank); }
   int GroupRank(int local) const { return options_.group_ranks[local]; }
 

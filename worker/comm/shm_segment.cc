@@ -61,7 +61,8 @@ std::string ReadFirstLine(const char* path) {
 }  // namespace
 
 size_t Segment::SizeFor(int ranks, size_t buffer_bytes) {
-  return kHeaderBytes + ControlsBytes(ranks) + static_cast<size_t>(ranks) * 2 * buffer_bytes;
+  return kHeaderBytes + ControlsBytes(ranks) +
+         static_cast<size_t>(ranks) * kBuffers * buffer_bytes;
 }
 
 RankControl* Segment::control(int local) const {
@@ -70,7 +71,7 @@ RankControl* Segment::control(int local) const {
 
 char* Segment::buffer(int local, int which) const {
   return base_ + kHeaderBytes + ControlsBytes(ranks_) +
-         (static_cast<size_t>(local) * 2 + which) * buffer_bytes_;
+         (static_cast<size_t>(local) * kBuffers + which) * buffer_bytes_;
 }
 
 namespace {

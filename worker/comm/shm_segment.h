@@ -16,7 +16,7 @@
 //                                sync counter (a futex word), the number of
 //                                threads sleeping on it, its state, its
 //                                process and the descriptors of its calls
-//   buffers[ranks][2]            each rank's two staging buffers of
+//   buffers[ranks][kBuffers]     each rank's staging buffers of
 //                                buffer_bytes; only their owner writes them
 //
 // Names: "/shardline-<pid namespace>-<pid>-<start time>-<tag>-<nonce>" (the
@@ -49,6 +49,8 @@ constexpr size_t kMaxBufferBytes = size_t{256} << 20;
 // Local ranks in one segment (group sizes are at most this anyway: a host
 // rarely holds more than a few hundred ranks).
 constexpr int kMaxLocalRanks = 1024;
+// Staging buffers per rank (shm_group.h says why three).
+constexpr int kBuffers = 3;
 
 // A rank's state in its RankControl.
 enum RankState : uint32_t {
@@ -77,8 +79,8 @@ struct RankControl {
   int32_t pid;                              // its process
   uint64_t start_time;  // of that process, clock ticks after boot (/proc/PID/stat)
   // The descriptor of the collective whose first sync point is sync k, in
-  // desc[k % 2] (the same two-phase reuse rule as the buffers: see
-  // shm_group.h).
+  // desc[k % 2] (read by the peers after sync k, rewritten after sync k + 1:
+  // see shm_group.h).
   gloo_checks::CallDesc desc[2];
 };
 static_assert(sizeof(RankControl) <= 256, "RankControl is one 256-byte block");
@@ -89,7 +91,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be p
 class Segment {
  public:
   // Creates and maps segment `name` (see SegmentName), sized for `ranks`
-  // local ranks with two buffers of `buffer_bytes` each (a multiple of 4 KiB
+  // local ranks with kBuffers buffers of `buffer_bytes` each (a multiple of 4 KiB
   // in [kMinBufferBytes, kMaxBufferBytes]), its pages reserved up front so
   // that a full /dev/shm fails here (ResourceExhausted) rather than with
   // SIGBUS later. Possible errors:
@@ -118,7 +120,7 @@ class Segment {
   size_t buffer_bytes() const { return buffer_bytes_; }
   Header* header() const { return reinterpret_cast<Header*>(base_); }
   RankControl* control(int local) const;
-  // Local rank `local`'s buffer `which` (0 or 1); buffer_bytes() long,
+  // Local rank `local`'s buffer `which` (0 .. kBuffers - 1); buffer_bytes() long,
   // 4 KiB aligned.
   char* buffer(int local, int which) const;
 
