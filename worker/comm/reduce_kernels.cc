@@ -180,6 +180,15 @@ void Reduce(const void* const* sources, int n, size_t count, DType dtype, Reduce
   }
 }
 
+void CopyTwice(void* dst0, void* dst1, const void* src, size_t bytes) {
+  constexpr size_t kCopyBlock = size_t{16} << 10;  // stays in L1 between the two copies
+  for (size_t off = 0; off < bytes; off += kCopyBlock) {
+    const size_t len = std::min(kCopyBlock, bytes - off);
+    std::memcpy(static_cast<char*>(dst0) + off, static_cast<const char*>(src) + off, len);
+    std::memcpy(static_cast<char*>(dst1) + off, static_cast<char*>(dst0) + off, len);
+  }
+}
+
 SL_COMM_VECTOR_CLONES
 void Accumulate(float* acc, const void* src, size_t count, DType dtype, ReduceOp op) {
   const size_t es = ElementSize(dtype);

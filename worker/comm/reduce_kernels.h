@@ -44,6 +44,11 @@ void ToFloat32(const void* src, size_t count, DType dtype, float* acc);
 // behind the read position).
 void FromFloat32(const float* acc, size_t count, DType dtype, int divisor, void* out);
 
+// dst0[0..bytes) = dst1[0..bytes) = src[0..bytes), reading `src` from memory
+// once (each block is copied to dst0, then from the cache to dst1). No
+// overlaps.
+void CopyTwice(void* dst0, void* dst1, const void* src, size_t bytes);
+
 // The branch-free fp16 conversions the kernels use, exposed for the
 // exhaustive test against float16.h.
 uint32_t HalfBitsToFloatBits(uint16_t h);

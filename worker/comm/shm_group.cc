@@ -317,20 +317,26 @@ absl::Status ShmGroup::AllGather(const void* in, size_t count, void* out, DType 
   const size_t bytes = count * ElementSize(dtype);
   if (bytes == 0) return Sync(&desc, ctx);
   const size_t step_bytes = segment_->buffer_bytes();
+  char* own = At(out, me * bytes);
+  // Out of place, this rank's own piece goes to `own` while it is copied to
+  // the buffer (read once), except the first chunk: nothing is written to
+  // `out` before the descriptors matched.
+  const bool copy_own = own != in;
   for (size_t off = 0; off < bytes; off += step_bytes) {
     const size_t len = std::min(step_bytes, bytes - off);
-    std::memcpy(Mine(), At(in, off), len);
+    if (copy_own && off > 0) {
+      kernels::CopyTwice(Mine(), own + off, At(in, off), len);
+    } else {
+      std::memcpy(Mine(), At(in, off), len);
+    }
     absl::Status s = Sync(off == 0 ? &desc : nullptr, ctx);
     if (!s.ok()) return s;
+    if (copy_own && off == 0) std::memcpy(own, Mine(), len);
     for (int j = 0; j < n; ++j) {
       if (j != me) std::memcpy(At(out, j * bytes + off), Theirs(j), len);
     }
     ++step_;
   }
-  // This rank's own piece last: `in` may be it (in place), and nothing is
-  // written before the descriptors matched.
-  char* own = At(out, me * bytes);
-  if (own != in) std::memmove(own, in, bytes);
   return absl::OkStatus();
 }
 
