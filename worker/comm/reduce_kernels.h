@@ -45,9 +45,17 @@ void ToFloat32(const void* src, size_t count, DType dtype, float* acc);
 void FromFloat32(const float* acc, size_t count, DType dtype, int divisor, void* out);
 
 // dst0[0..bytes) = dst1[0..bytes) = src[0..bytes), reading `src` from memory
-// once (each block is copied to dst0, then from the cache to dst1). No
-// overlaps.
-void CopyTwice(void* dst0, void* dst1, const void* src, size_t bytes);
+// once (each block is copied to dst0, then from the cache to dst1, with
+// streaming stores when `stream_dst1`: see CopyStreaming). No overlaps.
+void CopyTwice(void* dst0, void* dst1, const void* src, size_t bytes, bool stream_dst1);
+
+// dst[0..bytes) = src[0..bytes) with non-temporal (streaming) stores where
+// the CPU has them (x86-64): the destination's lines are written without
+// being read first and do not displace the cache. For outputs far larger
+// than the caches, where it copies about twice as fast as memcpy (measured
+// here: 512 KiB chunks from a cache-hot source into 64 MiB, 27 vs 11-17
+// GB/s). No overlap.
+void CopyStreaming(void* dst, const void* src, size_t bytes);
 
 // The branch-free fp16 conversions the kernels use, exposed for the
 // exhaustive test against float16.h.

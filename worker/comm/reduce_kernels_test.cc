@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -186,6 +187,29 @@ TEST(ReduceKernelsTest, AccumulateAndConversionsMatchTheScalarDefinition) {
       }
       EXPECT_EQ(wrong, 0u) << "dtype " << static_cast<int>(dtype) << " op "
                            << static_cast<int>(op);
+    }
+  }
+}
+
+TEST(ReduceKernelsTest, CopiesAreExactAtEveryAlignmentAndLength) {
+  std::vector<uint8_t> src(5000), dst(5100), dst2(5100), shm(5100);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 3);
+  for (size_t dst_off : {0, 1, 8, 15, 16, 33}) {
+    for (size_t src_off : {0, 3}) {
+      for (size_t len : {0, 1, 15, 16, 63, 64, 65, 1000, 4000}) {
+        std::fill(dst.begin(), dst.end(), 0xee);
+        std::fill(dst2.begin(), dst2.end(), 0xee);
+        CopyStreaming(dst.data() + dst_off, src.data() + src_off, len);
+        CopyTwice(shm.data(), dst2.data() + dst_off, src.data() + src_off, len, len % 2 == 0);
+        for (size_t i = 0; i < dst.size(); ++i) {
+          const bool inside = i >= dst_off && i < dst_off + len;
+          const uint8_t want = inside ? src[src_off + i - dst_off] : 0xee;
+          ASSERT_EQ(dst[i], want) << "streaming dst_off " << dst_off << " src_off " << src_off
+                                  << " len " << len << " at " << i;
+          ASSERT_EQ(dst2[i], want) << "twice dst_off " << dst_off << " len " << len << " at " << i;
+        }
+        ASSERT_EQ(std::memcmp(shm.data(), src.data() + src_off, len), 0);
+      }
     }
   }
 }

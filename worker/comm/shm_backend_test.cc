@@ -355,6 +355,40 @@ TEST(ShmBackendTest, AllGatherAndBroadcastCopyExactly) {
   }
 }
 
+// Outputs of 8 MiB and more are copied out with streaming stores; odd
+// counts put the pieces at every 16-byte misalignment.
+TEST(ShmBackendTest, LargeOutputsAreExact) {
+  const size_t count = (size_t{9} << 20) / 4 + 3;  // 9 MiB of fp32, odd
+  RunRanksOn(2, ShmOptions(), [&](int r, Backend& b) {
+    Buffer data(count, DType::kFloat32);
+    for (size_t i = 0; i < count; ++i) data.Set(i, Encode(Input(r, i), DType::kFloat32));
+    SL_EXPECT_OK_WORK(b.AllReduce(data.data(), count, DType::kFloat32, ReduceOp::kSum));
+    size_t wrong = 0;
+    for (size_t i = 0; i < count; ++i)
+      wrong += data.Get(i) != Reference(2, i, DType::kFloat32, ReduceOp::kSum);
+    EXPECT_EQ(wrong, 0u) << "all_reduce rank " << r;
+    // 4718600 bytes a piece (not a multiple of 16: the second piece starts
+    // misaligned); an output of 9 MiB.
+    const size_t piece = count / 2 + 1;
+    Buffer in(piece, DType::kFloat32), out(2 * piece, DType::kFloat32);
+    for (size_t i = 0; i < piece; ++i) in.Set(i, Encode(Input(r, i), DType::kFloat32));
+    SL_EXPECT_OK_WORK(b.AllGather(in.data(), piece, out.data(), DType::kFloat32));
+    wrong = 0;
+    for (int p = 0; p < 2; ++p)
+      for (size_t i = 0; i < piece; ++i)
+        wrong += out.Get(p * piece + i) != Encode(Input(p, i), DType::kFloat32);
+    EXPECT_EQ(wrong, 0u) << "all_gather rank " << r;
+    EXPECT_EQ(out.bytes.back(), 0xee);
+    Buffer bcast(count, DType::kFloat32);
+    for (size_t i = 0; i < count; ++i) bcast.Set(i, Encode(Input(r, i), DType::kFloat32));
+    SL_EXPECT_OK_WORK(b.Broadcast(bcast.data(), count, DType::kFloat32, 1));
+    wrong = 0;
+    for (size_t i = 0; i < count; ++i) wrong += bcast.Get(i) != Encode(Input(1, i), DType::kFloat32);
+    EXPECT_EQ(wrong, 0u) << "broadcast rank " << r;
+    EXPECT_EQ(bcast.bytes.back(), 0xee);
+  });
+}
+
 // Back to back, waited on only at the end: the staging buffers take turns
 // while ranks run ahead of each other.
 TEST(ShmBackendTest, ManyCollectivesInFlightStayInOrder) {

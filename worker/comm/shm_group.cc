@@ -44,6 +44,19 @@ inline char* At(void* p, size_t bytes) { return static_cast<char*>(p) + bytes; }
 
 size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
 
+// From this many bytes written to the caller's buffer, a collective copies
+// out of the staging buffers with streaming stores (kernels::CopyStreaming):
+// such an output outgrows the caches anyway.
+constexpr size_t kStreamingBytes = size_t{8} << 20;
+
+void CopyOut(void* dst, const void* src, size_t bytes, bool streaming) {
+  if (streaming) {
+    kernels::CopyStreaming(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
 // Elements of each all_reduce slice: 1/n of the chunk, rounded up to 16
 // elements so that slices start on cache-line boundaries.
 size_t SliceElements(size_t len, int n) {
@@ -233,6 +246,7 @@ absl::Status ShmGroup::AllReduceChunked(void* data, size_t count, DType dtype, R
     const size_t len = std::min(chunk, count - off);
     return Chunk{off, len, SliceElements(len, n)};
   };
+  const bool streaming = count * es >= kStreamingBytes;
   std::vector<const void*> sources(n);
   for (uint64_t c = 0; c <= chunks; ++c) {
     if (c < chunks) {
@@ -252,8 +266,8 @@ absl::Status ShmGroup::AllReduceChunked(void* data, size_t count, DType dtype, R
       char* dst = At(data, k.off * es);
       for (int j = 0; j < n; ++j) {
         if (j == me || k.end(j) == k.begin(j)) continue;
-        std::memcpy(dst + k.begin(j) * es, Theirs(j, c - 1) + k.begin(j) * es,
-                    (k.end(j) - k.begin(j)) * es);
+        CopyOut(dst + k.begin(j) * es, Theirs(j, c - 1) + k.begin(j) * es,
+                (k.end(j) - k.begin(j)) * es, streaming);
       }
     }
     if (c < chunks) {
@@ -322,18 +336,19 @@ absl::Status ShmGroup::AllGather(const void* in, size_t count, void* out, DType 
   // the buffer (read once), except the first chunk: nothing is written to
   // `out` before the descriptors matched.
   const bool copy_own = own != in;
+  const bool streaming = bytes * n >= kStreamingBytes;
   for (size_t off = 0; off < bytes; off += step_bytes) {
     const size_t len = std::min(step_bytes, bytes - off);
     if (copy_own && off > 0) {
-      kernels::CopyTwice(Mine(), own + off, At(in, off), len);
+      kernels::CopyTwice(Mine(), own + off, At(in, off), len, streaming);
     } else {
       std::memcpy(Mine(), At(in, off), len);
     }
     absl::Status s = Sync(off == 0 ? &desc : nullptr, ctx);
     if (!s.ok()) return s;
-    if (copy_own && off == 0) std::memcpy(own, Mine(), len);
+    if (copy_own && off == 0) CopyOut(own, Mine(), len, streaming);
     for (int j = 0; j < n; ++j) {
-      if (j != me) std::memcpy(At(out, j * bytes + off), Theirs(j), len);
+      if (j != me) CopyOut(At(out, j * bytes + off), Theirs(j), len, streaming);
     }
     ++step_;
   }
@@ -345,12 +360,13 @@ absl::Status ShmGroup::Broadcast(void* data, size_t bytes, int root, const CallD
   Active active(this);
   if (bytes == 0) return Sync(&desc, ctx);
   const size_t step_bytes = segment_->buffer_bytes();
+  const bool streaming = bytes >= kStreamingBytes;
   for (size_t off = 0; off < bytes; off += step_bytes) {
     const size_t len = std::min(step_bytes, bytes - off);
     if (options_.local_rank == root) std::memcpy(Mine(), At(data, off), len);
     absl::Status s = Sync(off == 0 ? &desc : nullptr, ctx);
     if (!s.ok()) return s;
-    if (options_.local_rank != root) std::memcpy(At(data, off), Theirs(root), len);
+    if (options_.local_rank != root) CopyOut(At(data, off), Theirs(root), len, streaming);
     ++step_;
   }
   return absl::OkStatus();
@@ -359,12 +375,13 @@ absl::Status ShmGroup::Broadcast(void* data, size_t bytes, int root, const CallD
 absl::Status ShmGroup::BroadcastLocal(void* data, size_t bytes, int root, const OpContext& ctx) {
   Active active(this);
   const size_t step_bytes = segment_->buffer_bytes();
+  const bool streaming = bytes >= kStreamingBytes;
   for (size_t off = 0; off < bytes; off += step_bytes) {
     const size_t len = std::min(step_bytes, bytes - off);
     if (options_.local_rank == root) std::memcpy(Mine(), At(data, off), len);
     absl::Status s = Sync(nullptr, ctx);
     if (!s.ok()) return s;
-    if (options_.local_rank != root) std::memcpy(At(data, off), Theirs(root), len);
+    if (options_.local_rank != root) CopyOut(At(data, off), Theirs(root), len, streaming);
     ++step_;
   }
   return absl::OkStatus();
