@@ -22,10 +22,11 @@ def sweeps(quick):
     """(sizes, iters, warmup) groups: small sizes get many iterations."""
     if quick:
         return [([4 * 16 ** k for k in range(6)], 5, 1)]        # 4 B .. 4 MiB
-    # 1..16 MiB: 20 timed calls, not 5: at 5 the timed stretch of the fast
-    # peers was a few ms, shorter than a scheduler time slice on this shared
-    # 2-core host, and one preemption decided the figure.
-    return [([4 * 4 ** k for k in range(9)], 40, 5),             # 4 B .. 256 KiB
+    # 200 timed calls up to 256 KiB and 20 at 1..16 MiB (were 40 and 5):
+    # the fastest peer's timed stretch was then under a millisecond (a few ms
+    # at 1 MiB), shorter than a scheduler time slice on this shared 2-core
+    # host, and whether one preemption fell into it decided the figure.
+    return [([4 * 4 ** k for k in range(9)], 200, 10),           # 4 B .. 256 KiB
             ([1 << 20, 4 << 20, 16 << 20], 20, 3),
             ([64 << 20, 256 << 20], 3, 1)]
 
