@@ -2,7 +2,10 @@
 // collectives, in the layout of nccl-tests. N ranks run as threads in this
 // process, each with a real backend, bootstrapped through one in-memory store
 // (as worker/comm/test_util.h does for the tests):
-//   --backend gloo (default): Gloo over loopback TCP, host buffers.
+//   --backend gloo (default): the Gloo backend, host buffers; its ranks share
+//     this host, so they exchange through shared memory (--transport tcp:
+//     shared memory off, Gloo over loopback TCP; --shm-buffer-bytes sets
+//     GlooOptions::shm_buffer_bytes).
 //   --backend nccl: the NCCL backend through the GPU plugin, rank r on GPU r
 //     (NCCL allows one rank per GPU per communicator, so --ranks <= GPUs),
 //     device buffers; inputs are uploaded and results downloaded outside the
