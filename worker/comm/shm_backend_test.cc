@@ -411,6 +411,32 @@ TEST(ShmBackendTest, ManyCollectivesInFlightStayInOrder) {
   });
 }
 
+// A thread waiting with no timeout runs the collective itself (Work::Wait);
+// Abort from another thread still ends it at once, and the backend's other
+// calls after it fail with Aborted.
+TEST(ShmBackendTest, AbortEndsACollectiveRunByItsWaitingThread) {
+  absl::Notification aborted;
+  RunRanksOn(2, ShmOptions(), [&](int r, Backend& b) {
+    if (r == 1) {  // never issues: rank 0 waits for it
+      ASSERT_TRUE(aborted.WaitForNotificationWithTimeout(absl::Seconds(60)));
+      return;
+    }
+    std::vector<float> data(1000, 1.0f);
+    std::thread aborter([&] {
+      absl::SleepFor(absl::Milliseconds(200));
+      b.Abort();
+    });
+    const absl::Status s =
+        b.AllReduce(data.data(), data.size(), DType::kFloat32, ReduceOp::kSum)->Wait();
+    aborter.join();
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_EQ(b.Barrier()->Wait().code(), absl::StatusCode::kAborted);
+    // Nothing was written: the peer never arrived.
+    EXPECT_EQ(std::count(data.begin(), data.end(), 1.0f), 1000);
+    aborted.Notify();
+  });
+}
+
 // --- Several hosts ---
 
 // Inputs whose sums are exact in any order (the TCP part among host leaders
