@@ -132,13 +132,17 @@ void Coordinator::FormGenerationLocked(JobRecord& job, std::vector<MemberRecord*
   job.job.set_num_spares(static_cast<uint32_t>(candidates.size()) - world);
   job.last_call_deadline.reset();
 
+  job.restore_fixed = true;
+  job.restore.reset();
+  if (job.job.has_last_checkpoint()) job.restore = job.job.last_checkpoint();
+
   v1::JobEvent e;
   v1::GenerationFormed* formed = e.mutable_generation_formed();
   formed->set_generation(job.job.generation());
   formed->set_reason(job.pending_reason);
   formed->set_world_size(world);
   formed->set_dp(dp);
-  if (job.job.has_last_checkpoint()) *formed->mutable_restore() = job.job.last_checkpoint();
+  if (job.restore.has_value()) *formed->mutable_restore() = *job.restore;
   for (size_t i = 0; i < candidates.size(); ++i) {
     v1::Member& m = candidates[i]->member;
     if (static_cast<int>(i) < world) {
@@ -195,8 +199,9 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord&
   const v1::JobSpec& spec = job.job.spec();
   if (m.member.state() == v1::MEMBER_STATE_ACTIVE) {
     a = spec::AssignmentFor(*job.plan, job.plan_groups, static_cast<int>(m.member.rank()));
-    if (job.job.has_last_checkpoint()) *a.mutable_restore() = job.job.last_checkpoint();
-    const uint64_t start = RestoreStep(job.job);
+    const std::optional<v1::CheckpointRef> restore = job.RestorePoint();
+    if (restore.has_value()) *a.mutable_restore() = *restore;
+    const uint64_t start = restore.has_value() ? restore->step() : 0;
     a.set_start_step(start);
     a.set_data_cursor(start * spec.training().global_batch());
   } else {

@@ -169,6 +169,21 @@ struct Coordinator::JobRecord {
       job.set_num_spares(job.num_spares() - 1);
     }
   }
+  // The current generation's restore point, fixed when it formed
+  // (FormGenerationLocked): every rank's assignment names the same one even
+  // when job.last_checkpoint moves on after the formation (an older
+  // generation's checkpoint commits late when its last shard report raced
+  // the generation's end; ranks that asked at different moments restored
+  // different steps and paired collectives of different steps). Not
+  // persisted: after a restart, last_checkpoint as loaded.
+  bool restore_fixed = false;
+  std::optional<v1::CheckpointRef> restore;  // nullopt: from the seed
+  // The restore point assignments of the current generation name.
+  std::optional<v1::CheckpointRef> RestorePoint() const {
+    if (restore_fixed) return restore;
+    if (job.has_last_checkpoint()) return job.last_checkpoint();
+    return std::nullopt;
+  }
   absl::Time waiting_since;                     // entered PENDING / RECOVERING
   std::string last_end_reason;                  // why the last generation ended (not persisted)
   std::optional<absl::Time> last_call_deadline;

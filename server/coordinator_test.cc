@@ -886,6 +886,36 @@ TEST_F(CoordinatorGrowTest, GrowsOnlyUpToMaxWorkers) {
   EXPECT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
 }
 
+// A checkpoint of an ended generation that commits after the next one
+// formed (its last shard report raced the generation's end) does not change
+// what the new generation restores: every rank's assignment, asked before
+// or after the commit, names the restore point it formed with (found by
+// tests/elastic_training_test: two ranks restored steps 15 and 10).
+TEST_F(CoordinatorGrowTest, AssignmentsKeepTheRestorePointTheirGenerationFormedWith) {
+  Create(Spec(2, 3, /*pp=*/2));  // world 2 + spare c
+  for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
+  EXPECT_TRUE(Commit(10).empty());
+  auto sb = coordinator_->OpenSession(Id("b"));
+  ASSERT_TRUE(sb.ok());
+  ASSERT_EQ(coordinator_->CloseSession(Id("b"), *sb).size(), 1u);  // generation 1 ends
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("c").ok());
+  ASSERT_EQ(Job().generation(), 2u);
+  ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(AssignmentOf("a", 2).restore().step(), 10u);
+  EXPECT_TRUE(Commit(15).empty());  // generation 1's, late
+  EXPECT_EQ(Job().last_checkpoint().step(), 15u);  // the next generation's restore point
+  for (const char* w : {"a", "c"}) {
+    const v1::Assignment a = AssignmentOf(w, 2);
+    EXPECT_EQ(a.restore().step(), 10u) << w;
+    EXPECT_EQ(a.start_step(), 10u) << w;
+  }
+  const std::optional<v1::JobEvent> formed =
+      LastEvent([](const v1::JobEvent& e) { return e.has_generation_formed(); });
+  ASSERT_TRUE(formed.has_value());
+  EXPECT_EQ(formed->generation_formed().restore().step(), 10u);
+}
+
 TEST_F(CoordinatorGrowTest, NoGrowWhenDpWouldNotChange) {
   Create(Spec(2, 4, /*pp=*/1, /*global_batch=*/8));  // dp in {1, 2, 4, 8}: not 3
   FormWorldOfTwo();

@@ -306,8 +306,15 @@ TEST_F(HaTrainingTest, PausedLeaderIsFencedAndFollows) {
 // kept its lease), nobody is declared lost for the outage, and the job
 // completes in its first generation.
 TEST_F(HaTrainingTest, EtcdMemberLossAndQuorumLoss) {
-  v1::JobSpec spec = Spec(/*steps=*/400);
-  spec.mutable_checkpoint()->set_interval_steps(200);
+  // The outage starts within about a second of the first step, and the
+  // workers must train on through it until a checkpoint needs a state
+  // write: 400 steps with a checkpoint at 200 did while the ranks'
+  // all_reduces went over loopback TCP, but on shared memory a step of the
+  // tiny model takes ~1 ms and step 200 came (and blocked) before quorum
+  // was even lost. A checkpoint at step 2000 of 3000 is seconds away at
+  // that speed.
+  v1::JobSpec spec = Spec(/*steps=*/3000);
+  spec.mutable_checkpoint()->set_interval_steps(2000);
   const double reference = UninterruptedFinalLoss(spec);
   ASSERT_NO_FATAL_FAILURE(CreateJob(spec));
   StartWorker(0);

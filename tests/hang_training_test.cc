@@ -265,9 +265,10 @@ TEST_F(HangTrainingTest, CountMismatchIsAClearErrorOnEveryRankAndTheJobReforms) 
   }
 }
 
-// A rank 3x slower in compute is flagged within 20 steps.
+// A rank 3x slower in compute is flagged within about two seconds of
+// training.
 TEST_F(HangTrainingTest, SlowRankIsFlaggedAStraggler) {
-  v1::JobSpec spec = Spec("straggler", dir_ + "/ckpt", 60, 3, 3);
+  v1::JobSpec spec = Spec("straggler", dir_ + "/ckpt", 200, 3, 3);
   // Steps of ~5-10 ms compute (the tiny model's take ~0.5 ms), so that the
   // slow rank's excess is well over straggler_min_excess (5 ms). Three
   // ranks share two cores (and CI runs two tests at once), so each rank's
@@ -275,9 +276,14 @@ TEST_F(HangTrainingTest, SlowRankIsFlaggedAStraggler) {
   // measured 1.6x..3.3x here, hence 3x and the wide bounds below.
   spec.mutable_model()->set_hidden_size(64);
   spec.mutable_model()->set_seq_length(32);
-  // A heartbeat carries only its rank's latest step: with steps of ~20 ms
-  // and heartbeats every 200 ms, a window of N reports spans several times
-  // N steps. A window of 5 reports keeps the flag within 20 steps here.
+  // A heartbeat carries only its rank's latest step, so a window of N
+  // reports spans (200 ms heartbeats / step time) x N steps: the flag's
+  // delay is fixed in time, not in steps. A window of 5 reports flagged the
+  // rank within 20 steps (~2 s) while the all_reduces went over loopback
+  // TCP (steps of ~80-100 ms); between ranks of one host they now go
+  // through shared memory, steps take ~10-35 ms, and the flag came at steps
+  // 25-75 (~1 s): the bound is the ~2 s in steps of ~15 ms, and 200 steps
+  // leave the job running when the flag comes.
   spec.mutable_elastic()->set_straggler_window_steps(5);
   ASSERT_NO_FATAL_FAILURE(StartCoordinator());
   ASSERT_NO_FATAL_FAILURE(CreateJob(spec));
@@ -287,7 +293,7 @@ TEST_F(HangTrainingTest, SlowRankIsFlaggedAStraggler) {
   ASSERT_EQ(job.num_stragglers(), 1u) << Logs();
   ASSERT_EQ(job.stragglers_size(), 1);
   EXPECT_EQ(job.stragglers(0).worker_id(), "w1");
-  EXPECT_LE(job.stragglers(0).since_step(), 20u);
+  EXPECT_LE(job.stragglers(0).since_step(), 130u);
   EXPECT_GT(job.stragglers(0).ratio(), 1.5);
   EXPECT_LT(job.stragglers(0).ratio(), 6.0);
   bool flagged_member = false;
@@ -340,7 +346,6 @@ TEST_F(HangTrainingTest, WhatIfThenKillMatches) {
   const v1::Job before = GetJob();
   const v1::WhatIfResponse predicted = WhatIf(*Jobs(), job_id_, "w1");
   workers_[1]->Kill();
-  const v1::Job at_kill = GetJob();
   EXPECT_TRUE(predicted.generation_ends());
   EXPECT_FALSE(predicted.spares_cover());
   EXPECT_FALSE(predicted.below_min_workers());
@@ -359,7 +364,15 @@ TEST_F(HangTrainingTest, WhatIfThenKillMatches) {
     EXPECT_EQ(e.generation_formed().world_size(), predicted.new_world_size());
     EXPECT_EQ(e.generation_formed().dp(), predicted.new_dp());
     EXPECT_EQ(e.generation_formed().spares_size(), 0);
-    if (before.last_checkpoint().checkpoint_id() == at_kill.last_checkpoint().checkpoint_id()) {
+    // The restore is the checkpoint that was the latest when WhatIf
+    // answered unless another committed before the job re-formed: that one
+    // can land after the kill (its last shard report was already in), so
+    // compare only when the restore is the one that was the latest before
+    // WhatIf was asked. (Checking the latest right after the kill missed
+    // such commits; with the ranks' steps several times faster on shared
+    // memory, a checkpoint every 10 steps fell into that gap in 1 of 3 runs.)
+    if (e.generation_formed().restore().checkpoint_id() ==
+        before.last_checkpoint().checkpoint_id()) {
       EXPECT_EQ(e.generation_formed().restore().checkpoint_id(),
                 predicted.restore().checkpoint_id());
       EXPECT_EQ(e.generation_formed().restore().step(), predicted.restore().step());

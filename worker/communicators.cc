@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "worker/coordinator_store.h"
 
 namespace shardline::worker {
@@ -116,6 +117,28 @@ void Communicators::Progress(v1::RankProgress* out) const {
       ToProgress(g, *p.p2p, out->add_collectives());
     }
   }
+}
+
+std::string Communicators::TransportSummary() const {
+  std::vector<std::string> parts;
+  for (const Group& g : groups_) {
+    if (g.backend == nullptr || g.ranks.size() < 2) continue;
+    const TransportInfo t = g.backend->Transport();
+    if (t.hosts == 0) continue;  // the backend does not say (NCCL)
+    std::string part = absl::StrCat(g.name, " ");
+    if (t.shared_memory) {
+      absl::StrAppend(&part, "shared memory (", t.local_ranks, " ranks on this host");
+      if (t.hosts > 1) absl::StrAppend(&part, ", TCP to ", t.hosts - 1, " other hosts");
+      absl::StrAppend(&part, ")");
+    } else if (t.local_ranks > 1) {
+      absl::StrAppend(&part, "TCP (", t.local_ranks, " ranks on this host",
+                      t.note.empty() ? "" : ": ", t.note, ")");
+    } else {
+      absl::StrAppend(&part, "TCP (", t.hosts, " hosts)");
+    }
+    parts.push_back(std::move(part));
+  }
+  return absl::StrJoin(parts, "; ");
 }
 
 void Communicators::Abort() {

@@ -78,6 +78,13 @@ class Communicators {
   static constexpr size_t kMaxProgressEntries = 64;
   void Progress(shardline::v1::RankProgress* out) const;
 
+  // How each group reaches its peers (Backend::Transport), for the log:
+  // "tp/0 shared memory (2 ranks on this host); dp/0 TCP (2 hosts)", a
+  // group whose local ranks could not share memory with why ("... TCP (2
+  // ranks on this host: <note>)"). Groups of one rank are left out; "" when
+  // none is left.
+  std::string TransportSummary() const;
+
   uint64_t generation() const { return generation_; }
   const std::vector<Group>& groups() const { return groups_; }
 

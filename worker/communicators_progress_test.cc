@@ -194,6 +194,12 @@ TEST(CommunicatorsProgressTest, RealGlooGroupAfterAnAllReduce) {
     comms.push_back(Communicators::FromGroups(1, std::move(groups)));
   }
   for (int r = 0; r < 2; ++r) {
+    // Both ranks are threads of this host.
+    EXPECT_EQ(comms[r]->TransportSummary(),
+              testing::TestsUseTcp()
+                  ? "dp/0 TCP (2 ranks on this host: shared memory is off "
+                    "(GlooOptions::shared_memory) on rank 0)"
+                  : "dp/0 shared memory (2 ranks on this host)");
     v1::RankProgress out;
     comms[r]->Progress(&out);
     ASSERT_LE(out.collectives_size(), 1) << out.DebugString();

@@ -508,8 +508,9 @@ int Run(int argc, char** argv) {
         if (std::shared_ptr<Communicators> c = holder.Take()) c->Abort();
         continue;
       }
+      const std::string transports = comms->TransportSummary();
       Log(absl::StrCat("generation ", gen, " rank ", a->rank(), " world ", a->world_size(),
-                       ": communicators ready"));
+                       ": communicators ready", transports.empty() ? "" : ": ", transports));
       loop.NoteCommunicatorsReady(absl::Now());
       agent->SetProgress(a->start_step(), v1::WORKER_STATE_READY);
       absl::StatusOr<TrainingLoop::Outcome> outcome = loop.Run(*a, *comms);

@@ -8,7 +8,8 @@
 // Conventions for every collective:
 //   * Every count is in ELEMENTS of the given DType, never bytes.
 //   * Calls return when the operation is enqueued. Collectives run one at a
-//     time in issue order on a thread owned by the backend; every rank must
+//     time in issue order on a thread owned by the backend (or on a thread
+//     that waits for them: see Work::Wait); every rank must
 //     issue the same collectives in the same order. Send and Recv are posted
 //     at once instead, outside that order (like torch's isend/irecv), so a
 //     rank may post a send and a receive to the same peer and wait for them
@@ -23,12 +24,14 @@
 //     (e.g. "counts.size()=3 != size=4", "root=5 out of range [0,4)",
 //     "peer=2 == rank"). Detected locally, before any communication.
 //   DeadlineExceeded: the operation did not finish within GlooOptions::timeout.
-//   Unavailable: a peer was lost (connection closed/reset, process died); the
-//     message names it ("lost peer rank 3"). The rank that notices a loss
-//     records it in the group's store and closes its own connections, so
-//     ranks not talking to the lost peer also fail at once instead of at
-//     their op timeout; they name the rank they lost and add the group's
-//     first failure ("(first failure in this group: rank 2 lost peer rank 3)").
+//   Unavailable: a peer was lost (connection closed/reset, process died; in
+//     shared memory: its process exited, or it aborted, was destroyed or
+//     failed); the message names it ("lost peer rank 3"). The rank that
+//     notices a loss records it in the group's store, closes its own
+//     connections and marks itself gone in shared memory, so ranks not
+//     talking to the lost peer also fail at once instead of at their op
+//     timeout; they name the rank they lost and add the group's first
+//     failure ("(first failure in this group: rank 2 lost peer rank 3)").
 //     Rebuild the group (under a new store prefix).
 //   Aborted: Abort() was called before or during the operation.
 //   FailedPrecondition: the ranks disagree on the call, detected before any
@@ -45,8 +48,10 @@
 //       global_ranks). Cost: one small allgather before a collective, which
 //       also carries the descriptors of up to 7 collectives queued behind it
 //       (those then skip it): about one more small-message latency for a
-//       collective issued alone, little for ones issued back to back. all_to_all
-//       also compares its splits ("split mismatch between rank 0 and rank 2").
+//       collective issued alone, little for ones issued back to back; none
+//       in shared memory, where the descriptor travels with the first sync
+//       of the call. all_to_all also compares its splits ("split mismatch
+//       between rank 0 and rank 2").
 //     * Send / recv (Gloo): the sender and the receiver exchange
 //       descriptors (count, dtype, tag) before the payload; a different
 //       count or dtype fails both: "send/recv with tag 7 of group dp/0
@@ -76,21 +81,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/comm/store.h"
+#include "worker/comm/types.h"
 
 namespace shardline::worker {
 
-enum class DType { kFloat32, kFloat16, kBFloat16 };
-
-// Bytes per element of `dtype`.
-constexpr size_t ElementSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+// DType, ElementSize and ReduceOp are in worker/comm/types.h.
 const char* DTypeName(DType dtype);
-
-enum class ReduceOp {
-  kSum,
-  kAvg,  // kSum, then divide by size() (in fp32 for 16-bit types).
-  kMax,
-  kMin,
-};
 const char* ReduceOpName(ReduceOp op);
 
 // Where one group's operations are, for the rank's progress reports
@@ -127,6 +123,21 @@ struct BackendProgress {
   std::optional<OpProgress> p2p;
 };
 
+// How one rank of a group reaches the others (Backend::Transport).
+struct TransportInfo {
+  // Distinct hosts among the group's ranks (GlooOptions::host); 0: unknown.
+  int hosts = 0;
+  // Ranks of the group on this rank's host, this one included.
+  int local_ranks = 0;
+  // True when those local ranks (at least 2) exchange through a POSIX
+  // shared memory segment; the other hosts are reached over TCP.
+  bool shared_memory = false;
+  // Why local ranks do not use shared memory although they share a host
+  // (GlooOptions::shared_memory off, or the segment could not be made or
+  // mapped: names the cause); empty otherwise.
+  std::string note;
+};
+
 // The handle of one enqueued operation. Thread-safe.
 class Work {
  public:
@@ -139,6 +150,11 @@ class Work {
   // operation's status. If `timeout` passes first, returns DeadlineExceeded
   // without cancelling the operation (it is still bounded by
   // GlooOptions::timeout). Errors: see the file comment.
+  // Gloo, every rank on one host (shared memory): with no timeout, the
+  // calling thread may run the operation itself, with those queued before
+  // it, when the backend's thread has not started them (same order, same
+  // results; it saves handing each call to that thread and back, most of a
+  // small collective's latency); Abort still ends it at once.
   virtual absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) = 0;
 };
 
@@ -204,14 +220,20 @@ class Backend {
   // Completes once every rank has entered the barrier.
   virtual std::shared_ptr<Work> Barrier() = 0;
 
-  // Tears the group down: closes connections so peers see this rank as lost
-  // (they get Unavailable naming this rank), completes the running and queued
-  // operations with Aborted, and returns in bounded time (milliseconds; it
-  // never waits for a peer) even if a peer is dead or silent. Later
-  // operations fail with Aborted. Idempotent. Once sockets are closed no more
-  // data can land in the aborted operation's buffers; its thread may still be
-  // blocked inside Gloo until GlooOptions::timeout, holding only its own
-  // scratch memory.
+  // How this rank reaches the others (fixed when the backend is created).
+  // The default knows nothing (hosts 0).
+  virtual TransportInfo Transport() const { return {}; }
+
+  // Tears the group down: closes connections and marks this rank gone in
+  // shared memory so peers see it as lost (they get Unavailable naming this
+  // rank), completes the running and queued operations with Aborted, and
+  // returns in bounded time (milliseconds; it never waits for a peer) even
+  // if a peer is dead or silent. Later operations fail with Aborted.
+  // Idempotent. Once it returns no more data lands in the aborted
+  // operation's buffers: an operation in shared memory has left them (Abort
+  // waits for that, one chunk's copy at most); over TCP the sockets are
+  // closed, though its thread may stay blocked inside Gloo until
+  // GlooOptions::timeout, holding only its own scratch memory.
   virtual void Abort() = 0;
 };
 
@@ -229,14 +251,70 @@ struct GlooOptions {
   // given, has one entry per rank (else InvalidArgument naming it).
   std::string group_name;
   std::vector<int> global_ranks;
+
+  // Ranks on one host (equal `host`) exchange through POSIX shared memory
+  // (see "Shared memory" below) unless this is kOff. The same on every rank.
+  enum class SharedMemory { kAuto, kOff };
+  SharedMemory shared_memory = SharedMemory::kAuto;
+  // Which ranks share a host. Empty (the default): this machine as the
+  // kernel sees it (its boot, its /dev/shm, this process's pid namespace:
+  // processes that can share a segment and see each other's pids; and its
+  // network namespace, since one of its own simulates another host, as
+  // deploy/netns does). Non-empty: ranks with the same name count as one
+  // host (tests simulate hosts with it; ranks named alike on different
+  // machines fall back to TCP). At most 255 bytes.
+  std::string host;
+  // Bytes of each of a rank's three staging buffers in the segment (a
+  // segment holds 3 x local ranks x this, plus 4 KiB per 16 ranks and a
+  // 4 KiB header; all of it reserved in /dev/shm up front). Large buffers
+  // move through them in chunks of this size. 0 (the default): 1 MiB / the
+  // local ranks, between 64 KiB and 1 MiB (what the ranks' chunks leave of
+  // the CPU caches, measured on 2 cores; a segment of about 3 MiB), else a
+  // multiple of 4096 in [4096, 268435456]. The host's lowest rank decides
+  // for its host.
+  size_t shm_buffer_bytes = 0;
 };
 
-// Creates a connected Gloo (CPU, TCP) backend. Blocks until every one of
+// Creates a connected Gloo (CPU) backend. Blocks until every one of
 // `size` ranks has called it with the same `store` namespace, or
 // connect_timeout passes. Keys are written under `store` as given; scope
-// groups with PrefixStore. Possible errors:
+// groups with PrefixStore.
+//
+// Shared memory. Ranks on the same host (GlooOptions::host) exchange their
+// collectives through one POSIX shared memory segment per host per group,
+// ranks on different hosts over TCP, as NCCL's SHM and socket transports
+// do:
+//   * every rank on this host: all_reduce, all_gather, reduce_scatter,
+//     broadcast and barrier run in the segment (worker/comm/shm_group.h:
+//     staging buffers of shm_buffer_bytes, sequence-numbered flags with
+//     futex waits, fp32 accumulation in vectorised loops, large buffers in
+//     chunks); all_to_all, send and recv stay on TCP.
+//   * ranks on several hosts, some sharing one: each host's ranks combine in
+//     their segment and its lowest rank (the host's leader) runs the TCP
+//     part with the other hosts' leaders (e.g. all_reduce: reduce to the
+//     leader, all_reduce among leaders, broadcast from the leader).
+// Bootstrap through the store: every rank publishes its host; one segment
+// per host is created by its lowest rank under a fresh random name
+// ("/shardline-<pid namespace>-<pid>-<start time>-<group>-<nonce>") and
+// unlinked as soon as every rank of that host has mapped it, so no name
+// outlives the bootstrap; a segment left by a creator that died during it
+// (SIGKILL) is removed by the next one created on that host. When a host's
+// segment cannot be made or mapped (e.g. /dev/shm full: the space is
+// reserved up front, never a SIGBUS later), that host's ranks use TCP
+// (Transport().note says why).
+// Failure semantics are the TCP path's (see "Errors" above): a peer whose
+// process exits (even SIGKILLed: a pidfd reports it at once), or that
+// aborts or is destroyed, fails its local peers' waits within ~10 ms with
+// Unavailable "lost peer rank N", and the loss propagates to the other
+// hosts as a closed connection does; mismatched calls fail every rank with
+// the same FailedPrecondition before any data moves (the descriptors travel
+// in the segment); a waiting op notices Abort at once; a rank that does not
+// arrive is DeadlineExceeded at the op timeout, naming whom it waits for.
+//
+// Possible errors:
 //   InvalidArgument: size < 1, rank outside [0,size), bad interface_address,
-//     or non-positive timeouts (message names the field).
+//     non-positive timeouts, host over 255 bytes, shm_buffer_bytes out of
+//     range (message names the field).
 //   DeadlineExceeded: some rank did not arrive within connect_timeout.
 //   Unavailable: connecting to a peer failed (names the peer rank).
 //   Aborted: the store's generation ended.

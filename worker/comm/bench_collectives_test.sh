@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # shardline-bench-collectives as a user runs it: a small checked sweep of every
-# op (exit 0, every op has rows, #wrong is 0 in every row) and bad flags (exit
-# 2, the flag named on stderr, nothing on stdout).
+# op (exit 0, every op has rows, #wrong is 0 in every row; shared memory, then
+# loopback TCP) and bad flags (exit 2, the flag named on stderr, nothing on
+# stdout).
 set -uo pipefail
 BENCH="$1"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -56,6 +57,14 @@ bad_flag "non-integer ranks" "--ranks='two'" -- --ranks two
 bad_flag "max below min" "--max-bytes=4" -- --min-bytes 8 --max-bytes 4
 bad_flag "factor 1" "--factor=1" -- --factor 1
 bad_flag "positional" "unexpected argument 'extra'" -- extra
+bad_flag "unknown transport" "--transport='udp'" -- --transport udp
+bad_flag "staging buffer not whole pages" "--shm-buffer-bytes=5000" -- --shm-buffer-bytes 5000
+
+# Loopback TCP (shared memory off) is checked too.
+"$BENCH" --ranks 2 --op all_reduce --min-bytes 4 --max-bytes 4096 --iters 2 --warmup 1 --check \
+  --transport tcp >"$TMP/out" 2>"$TMP/err" || { fail "tcp sweep failed"; cat "$TMP/out" "$TMP/err"; }
+grep -qF "# Wrong elements : 0 OK" "$TMP/out" || fail "tcp sweep: no '# Wrong elements : 0 OK'"
+grep -qF "loopback TCP" "$TMP/out" || fail "tcp sweep: header does not say loopback TCP"
 
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "all passed"

@@ -2,7 +2,10 @@
 // collectives, in the layout of nccl-tests. N ranks run as threads in this
 // process, each with a real backend, bootstrapped through one in-memory store
 // (as worker/comm/test_util.h does for the tests):
-//   --backend gloo (default): Gloo over loopback TCP, host buffers.
+//   --backend gloo (default): the Gloo backend, host buffers; its ranks share
+//     this host, so they exchange through shared memory (--transport tcp:
+//     shared memory off, Gloo over loopback TCP; --shm-buffer-bytes sets
+//     GlooOptions::shm_buffer_bytes).
 //   --backend nccl: the NCCL backend through the GPU plugin, rank r on GPU r
 //     (NCCL allows one rank per GPU per communicator, so --ranks <= GPUs),
 //     device buffers; inputs are uploaded and results downloaded outside the
@@ -130,6 +133,8 @@ struct Config {
   bool check = false;
   std::string csv;
   bool nccl = false;       // --backend nccl
+  bool tcp = false;        // --transport tcp: Gloo with shared memory off
+  int64_t shm_buffer_bytes = 0;  // --shm-buffer-bytes (0: automatic)
   std::string gpu_plugin;  // --gpu-plugin; empty = next to the executable or in its runfiles
 };
 
@@ -426,6 +431,8 @@ void RunRank(const Config& cfg, const std::vector<Step>& steps, std::shared_ptr<
     GlooOptions options;
     options.timeout = absl::Minutes(2);
     options.connect_timeout = absl::Seconds(60);
+    if (cfg.tcp) options.shared_memory = GlooOptions::SharedMemory::kOff;
+    options.shm_buffer_bytes = static_cast<size_t>(cfg.shm_buffer_bytes);
     created = CreateGlooBackend(store, r, cfg.ranks, options);
   }
   absl::Status failed = created.status();
@@ -543,6 +550,13 @@ absl::StatusOr<Config> ParseFlags(const std::vector<std::string>& argv, bool* he
   args.AddString("backend", &backend,
                  "gloo (host buffers, loopback TCP) | nccl (GPU r for rank r, device buffers); "
                  "default gloo");
+  std::string transport = "auto";
+  args.AddString("transport", &transport,
+                 "gloo: auto (shared memory between the ranks, which share this host) | tcp "
+                 "(loopback TCP, shared memory off); default auto");
+  args.AddInt("shm-buffer-bytes", &cfg.shm_buffer_bytes,
+              "gloo, shared memory: bytes of each staging buffer (GlooOptions::shm_buffer_bytes: "
+              "0, automatic, or a multiple of 4096 in [4096, 268435456]; default 0)");
   args.AddString("gpu-plugin", &cfg.gpu_plugin,
                  "libshardline_gpu.so for --backend nccl (default: next to this program, or in "
                  "its Bazel runfiles)");
@@ -577,6 +591,19 @@ absl::StatusOr<Config> ParseFlags(const std::vector<std::string>& argv, bool* he
   } else if (backend != "gloo") {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend='", backend, "' is not a backend; use gloo or nccl"));
+  }
+  if (transport == "tcp") {
+    cfg.tcp = true;
+  } else if (transport != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transport='", transport, "' is not a transport; use auto or tcp"));
+  }
+  if (cfg.shm_buffer_bytes != 0 &&
+      (cfg.shm_buffer_bytes < 4096 || cfg.shm_buffer_bytes > (int64_t{256} << 20) ||
+       cfg.shm_buffer_bytes % 4096 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--shm-buffer-bytes=", cfg.shm_buffer_bytes,
+                                                   " must be 0 (automatic) or a multiple of 4096 "
+                                                   "in [4096, 268435456]"));
   }
   if (op == "all") {
     cfg.ops.assign(std::begin(kAllOps), std::end(kAllOps));
@@ -715,8 +742,14 @@ int Main(int argc, char** argv) {
   std::vector<std::string> op_names;
   for (Op op : cfg.ops) op_names.push_back(OpName(op));
   std::cout << "# " << kProgram << ": " << cfg.ranks << " ranks as threads in one process, "
-            << (cfg.nccl ? absl::StrCat("NCCL, rank r on GPU r, device buffers (", gpus, ")")
-                         : std::string("Gloo over loopback TCP"))
+            << (cfg.nccl   ? absl::StrCat("NCCL, rank r on GPU r, device buffers (", gpus, ")")
+                : cfg.tcp  ? std::string("Gloo over loopback TCP (shared memory off)")
+                           : absl::StrCat("Gloo backend, shared memory between the ranks (",
+                                          cfg.shm_buffer_bytes == 0
+                                              ? std::string("automatic staging buffers")
+                                              : absl::StrCat(cfg.shm_buffer_bytes,
+                                                             "-byte staging buffers"),
+                                          ")"))
             << "\n"
             << "# ops " << absl::StrJoin(op_names, ",") << "; dtype " << TypeName(cfg.dtype)
             << "; sizes " << cfg.sizes.front() << ".." << cfg.sizes.back() << " B; warmup "

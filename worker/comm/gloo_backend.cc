@@ -47,6 +47,7 @@
 #include "worker/comm/gloo_checks.h"
 #include "worker/comm/gloo_internal.h"
 #include "worker/comm/gloo_state.h"
+#include "worker/comm/shm_segment.h"
 
 namespace shardline::worker {
 
@@ -122,8 +123,11 @@ std::string State::PropagateLoss(const std::string& what) {
   }
   try {
     context->closeConnections();
+    if (leaders) leaders->closeConnections();
   } catch (...) {
   }
+  // Local peers waiting for this rank in shared memory stop too.
+  if (shm) shm->MarkGone();
   return suffix;
 }
 
@@ -186,61 +190,93 @@ std::string State::DebugNames() {
   return out;
 }
 
-bool State::StoppingOrQueued() const {
-  return stopping || !queue.empty();
+bool State::StoppingOrRunnable() const {
+  return stopping || (!queue.empty() && running == nullptr);
 }
 
+void State::RunFrontLocked() {
+  Queued item = std::move(queue.front());
+  queue.pop_front();
+  if (aborted) {
+    item.work->Complete(absl::AbortedError("backend was aborted"));
+    return;
+  }
+  if (!sticky.ok()) {
+    item.work->Complete(sticky);
+    return;
+  }
+  running = item.work;
+  current = std::move(item.progress);
+  current.in_flight = true;
+  current_start = absl::Now();
+  mu.Unlock();
+  absl::Status s = item.fn(item.desc);
+  mu.Lock();
+  running.reset();
+  // A collective that broke the communicator (timed out, lost a peer,
+  // mismatched) never completed: it stays in flight, its elapsed growing,
+  // so that the rank's progress reports keep saying what it is stuck on
+  // until the generation ends (backend.h OpProgress). One refused for bad
+  // arguments moved nothing and is done.
+  const bool broken = !s.ok() && !absl::IsInvalidArgument(s);
+  current.in_flight = broken;
+  if (!broken) current.elapsed = absl::Now() - current_start;
+  if (aborted && !s.ok()) s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
+  if (broken && sticky.ok()) sticky = s;
+  item.work->Complete(std::move(s));
+}
+
+bool State::IdleOrDrained() const { return running == nullptr || queue.empty(); }
+
+bool State::NothingRunning() const { return running == nullptr; }
+
 void State::Loop() {
+  absl::MutexLock lock(&mu);
   for (;;) {
-    std::function<absl::Status(const CallDesc&)> fn;
-    std::shared_ptr<WorkImpl> work;
-    CallDesc desc;
-    {
-      absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(this, &State::StoppingOrQueued));
-      if (queue.empty()) {
-        exited = true;  // wakes ~GlooBackend's Await when `lock` releases mu
-        if (detached) --g_stalled_op_threads;
-        return;
-      }
-      fn = std::move(queue.front().fn);
-      work = std::move(queue.front().work);
-      OpProgress progress = std::move(queue.front().progress);
-      desc = queue.front().desc;
-      queue.pop_front();
-      if (aborted) {
-        work->Complete(absl::AbortedError("backend was aborted"));
-        continue;
-      }
-      if (!sticky.ok()) {
-        work->Complete(sticky);
-        continue;
-      }
-      running = work;
-      current = std::move(progress);
-      current.in_flight = true;
-      current_start = absl::Now();
+    mu.Await(absl::Condition(this, &State::StoppingOrRunnable));
+    if (!queue.empty() && running == nullptr) {
+      loop_busy = true;
+      RunFrontLocked();
+      loop_busy = false;
+      continue;
     }
-    absl::Status s = fn(desc);
-    {
-      absl::MutexLock lock(&mu);
-      running.reset();
-      // A collective that broke the communicator (timed out, lost a peer,
-      // mismatched) never completed: it stays in flight, its elapsed
-      // growing, so that the rank's progress reports keep saying what it
-      // is stuck on until the generation ends (backend.h OpProgress). One
-      // refused for bad arguments moved nothing and is done.
-      const bool broken = !s.ok() && !absl::IsInvalidArgument(s);
-      current.in_flight = broken;
-      if (!broken) current.elapsed = absl::Now() - current_start;
-      if (aborted && !s.ok())
-        s = absl::AbortedError(absl::StrCat("backend was aborted: ", s.message()));
-      if (broken && sticky.ok()) sticky = s;
+    if (queue.empty()) {  // stopping
+      exited = true;  // wakes ~GlooBackend's Await when `lock` releases mu
+      if (detached) --g_stalled_op_threads;
+      return;
     }
-    work->Complete(std::move(s));
+    // Stopping with operations queued while a waiter runs one: ours next.
+    mu.Await(absl::Condition(this, &State::IdleOrDrained));
   }
 }
 
+void State::Help(WorkImpl* work) {
+  absl::MutexLock lock(&mu);
+  for (;;) {
+    if (running != nullptr || queue.empty() || !queue.front().interruptible) return;
+    bool queued = false;
+    for (const Queued& q : queue) {
+      if (q.work.get() == work) {
+        queued = true;
+        break;
+      }
+    }
+    if (!queued) return;  // running elsewhere, or done
+    RunFrontLocked();
+  }
+}
+
+absl::Status WorkImpl::Wait(absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) {
+    if (std::shared_ptr<State> owner = owner_.lock()) owner->Help(this);
+  }
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("Work::Wait: operation not complete after ", absl::FormatDuration(timeout)));
+  }
+  return status_;
+}
 
 }  // namespace gloo_internal
 
@@ -250,13 +286,9 @@ using gloo_checks::CallDesc;
 using gloo_checks::CheckBatch;
 using gloo_checks::Collective;
 using gloo_checks::Op;
-using gloo_internal::EstablishedSockets;
 using gloo_internal::FromFloat32;
 using gloo_internal::Fp32Reducer;
-using gloo_internal::GlooName;
-using gloo_internal::KernelSocket;
 using gloo_internal::Mentions;
-using gloo_internal::NamesInAddressBlob;
 using gloo_internal::ReduceFn;
 using gloo_internal::StoreAdapter;
 using gloo_internal::StoreError;
@@ -264,6 +296,7 @@ using gloo_internal::ToFloat32;
 using gloo_internal::ToMs;
 
 using gloo_internal::Done;
+using gloo_internal::Mode;
 using gloo_internal::g_stalled_op_threads;
 using gloo_internal::kChunkElements;
 using gloo_internal::kReduceScatterSlotPrefix;
@@ -293,7 +326,14 @@ class GlooBackend : public Backend {
     // 0.5 s here held up re-forming after every node loss). Counted in
     // GlooStalledOpThreads until it ends.
     state_->mu.Lock();
-    if (state_->exited || state_->running == nullptr) {
+    // An operation in shared memory notices Abort at once and leaves its
+    // waits (ShmGroup::Abort returned once it stopped touching buffers):
+    // give it the moment it needs to finish rather than count it as stalled.
+    if (state_->mode == gloo_internal::Mode::kShm && state_->running != nullptr) {
+      state_->mu.AwaitWithTimeout(absl::Condition(state_.get(), &State::NothingRunning),
+                                  absl::Seconds(2));
+    }
+    if (state_->exited || !state_->loop_busy) {
       state_->mu.Await(absl::Condition(&state_->exited));
       state_->mu.Unlock();
       thread_.join();
@@ -307,6 +347,7 @@ class GlooBackend : public Backend {
 
   int rank() const override { return state_->rank; }
   int size() const override { return state_->size; }
+  TransportInfo Transport() const override { return state_->transport; }
 
   BackendProgress Progress() const override {
     BackendProgress out;
@@ -328,8 +369,11 @@ class GlooBackend : public Backend {
     const CallDesc desc = Collective(Op::kAllReduce, 0, count, dtype, static_cast<int>(op));
     return Enqueue("all_reduce", count, dtype, desc,
                    [st, data, count, dtype, op](const CallDesc& d) -> absl::Status {
+      if (st->mode == Mode::kShm)
+        return st->shm->AllReduce(data, count, dtype, op, d, st->Ctx("all_reduce"));
       absl::Status check = st->CheckCollective(d, "all_reduce");
       if (!check.ok() || st->size == 1 || count == 0) return check;
+      if (st->mode == Mode::kHierarchical) return st->HierAllReduce(data, count, dtype, op);
       std::vector<float>& tmp = st->fp32_scratch;  // reused: see reduce_scatter_acc
       float* buf = static_cast<float*>(data);
       if (dtype != DType::kFloat32) {
@@ -362,8 +406,11 @@ class GlooBackend : public Backend {
     State* st = state_.get();
     return Enqueue("all_gather", count, dtype, Collective(Op::kAllGather, 0, count, dtype),
                    [st, in, count, out, dtype](const CallDesc& d) -> absl::Status {
+      if (st->mode == Mode::kShm)
+        return st->shm->AllGather(in, count, out, dtype, d, st->Ctx("all_gather"));
       absl::Status check = st->CheckCollective(d, "all_gather");
       if (!check.ok() || count == 0) return check;
+      if (st->mode == Mode::kHierarchical) return st->HierAllGather(in, count, out, dtype);
       const size_t bytes = count * ElementSize(dtype);
       char* mine = static_cast<char*>(out) + st->rank * bytes;
       if (in != mine) std::memmove(mine, in, bytes);
@@ -398,8 +445,14 @@ class GlooBackend : public Backend {
                    Collective(Op::kReduceScatter, 0, total, dtype, static_cast<int>(op), -1,
                               gloo_checks::HashCounts(counts)),
                    [st, in, out, counts, total, mine, dtype, op](const CallDesc& d) -> absl::Status {
+      if (st->mode == Mode::kShm) {
+        return st->shm->ReduceScatter(in, out, counts, dtype, op, d,
+                                      st->Ctx("reduce_scatter"));
+      }
       absl::Status check = st->CheckCollective(d, "reduce_scatter");
       if (!check.ok() || total == 0) return check;
+      if (st->mode == Mode::kHierarchical)
+        return st->HierReduceScatter(in, out, counts, dtype, op);
       // Scratch kept across calls (ops run one at a time on this thread):
       // a fresh buffer of tens of MiB is a fresh mmap each time, and its page
       // faults cost more than the transfer.
@@ -446,7 +499,10 @@ class GlooBackend : public Backend {
                    [st, in, send_counts, out, recv_counts, dtype](const CallDesc& d) -> absl::Status {
       const int size = st->size, rank = st->rank;
       const size_t es = ElementSize(dtype);
-      absl::Status check = st->CheckCollective(d, "all_to_all");
+      // Its data moves over TCP whatever the transport; in shared memory
+      // only the descriptor check runs there.
+      absl::Status check = st->mode == Mode::kShm ? st->shm->Check(d, st->Ctx("all_to_all"))
+                                                   : st->CheckCollective(d, "all_to_all");
       if (!check.ok()) return check;
       if (size == 1) {
         if (send_counts[0] > 0) std::memmove(out, in, send_counts[0] * es);
@@ -517,8 +573,13 @@ class GlooBackend : public Backend {
     State* st = state_.get();
     return Enqueue("broadcast", count, dtype, Collective(Op::kBroadcast, 0, count, dtype, -1, root),
                    [st, data, count, dtype, root](const CallDesc& d) -> absl::Status {
+      if (st->mode == Mode::kShm) {
+        return st->shm->Broadcast(data, count * ElementSize(dtype), root, d,
+                                  st->Ctx("broadcast"));
+      }
       absl::Status check = st->CheckCollective(d, "broadcast");
       if (!check.ok() || st->size == 1 || count == 0) return check;
+      if (st->mode == Mode::kHierarchical) return st->HierBroadcast(data, count, dtype, root);
       try {
         gloo::BroadcastOptions opts(st->context);
         opts.setOutput(static_cast<char*>(data), count * ElementSize(dtype));
@@ -546,6 +607,7 @@ class GlooBackend : public Backend {
     State* st = state_.get();
     return Enqueue("barrier", 0, DType::kFloat32, Collective(Op::kBarrier, 0, 0, DType::kFloat32),
                    [st](const CallDesc& d) -> absl::Status {
+      if (st->mode == Mode::kShm) return st->shm->Check(d, st->Ctx("barrier"));
       return st->CheckCollective(d, "barrier");
     });
   }
@@ -562,11 +624,16 @@ class GlooBackend : public Backend {
       running = state_->running;
       p2p.swap(state_->p2p_pending);
     }
+    // Shared memory: local peers see this rank as gone, and our own op (if
+    // it waits there) returns Aborted at once; this returns once the op no
+    // longer touches its buffers.
+    if (state_->shm) state_->shm->Abort();
     // Close sockets: peers see this rank as lost, and our own blocked op
     // (if any) fails on its next socket event or at its op timeout.
     if (state_->context) {
       try {
         state_->context->closeConnections();
+        if (state_->leaders) state_->leaders->closeConnections();
       } catch (...) {
       }
     }
@@ -668,7 +735,7 @@ class GlooBackend : public Backend {
   // the same on every rank that issues the same collectives.
   std::shared_ptr<Work> Enqueue(const char* op, size_t count, DType dtype, CallDesc desc,
                                 std::function<absl::Status(const CallDesc&)> fn) {
-    auto work = std::make_shared<WorkImpl>();
+    auto work = std::make_shared<WorkImpl>(state_);
     {
       absl::MutexLock lock(&state_->mu);  // wakes the op thread
       if (state_->aborted) {
@@ -680,7 +747,11 @@ class GlooBackend : public Backend {
       p.sequence = desc.sequence = ++state_->issued;
       p.count = count;
       p.dtype = dtype;
-      state_->queue.push_back(State::Queued{std::move(fn), work, std::move(p), desc});
+      // all_to_all moves its data over TCP, which Abort cannot interrupt.
+      const bool interruptible =
+          state_->mode == Mode::kShm && desc.op != static_cast<uint32_t>(Op::kAllToAll);
+      state_->queue.push_back(State::Queued{std::move(fn), work, std::move(p), desc,
+                                            interruptible});
     }
     return work;
   }
@@ -709,6 +780,18 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store
                                                    " entries; give none or one per rank (", size,
                                                    ")"));
   }
+  if (options.host.size() > 255) {
+    return absl::InvalidArgumentError(absl::StrCat("options.host is ", options.host.size(),
+                                                   " bytes; at most 255"));
+  }
+  if (options.shm_buffer_bytes != 0 &&
+      (options.shm_buffer_bytes < shm::kMinBufferBytes ||
+       options.shm_buffer_bytes > shm::kMaxBufferBytes || options.shm_buffer_bytes % 4096 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.shm_buffer_bytes=", options.shm_buffer_bytes,
+        " must be 0 (automatic) or a multiple of 4096 in [", shm::kMinBufferBytes, ",",
+        shm::kMaxBufferBytes, "]"));
+  }
   {
     // Gloo crashes (rather than throws) on some unresolvable hostnames, so
     // only IP literals reach it.
@@ -729,6 +812,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store
   state->peer_names.assign(size, {});
   state->names.group = options.group_name;
   state->names.global_ranks = options.global_ranks;
+  state->hosts = {{0}};
+  state->transport.hosts = 1;
+  state->transport.local_ranks = 1;
   if (size > 1) {
     try {
       gloo::transport::tcp::attr attr;
@@ -739,28 +825,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(std::shared_ptr<Store
       StoreAdapter adapter(store, options.connect_timeout);
       context->connectFullMesh(adapter, device);
       context->setTimeout(ToMs(options.timeout));
-      const std::vector<KernelSocket> sockets = EstablishedSockets();
-      for (int r = 0; r < size; ++r) {
-        if (r == rank) continue;
-        auto it = adapter.seen().find(absl::StrCat(r));
-        if (it != adapter.seen().end()) state->peer_names[r] = NamesInAddressBlob(it->second, size);
-        const auto* self =
-            dynamic_cast<const gloo::transport::tcp::Address*>(&context->getPair(r)->address());
-        if (self == nullptr) continue;
-        const sockaddr_storage& ss = self->getSockaddr();
-        uint16_t listen_port = 0;
-        if (ss.ss_family == AF_INET) {
-          listen_port = ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
-        } else if (ss.ss_family == AF_INET6) {
-          listen_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
-        }
-        for (const KernelSocket& ks : sockets) {
-          if (listen_port != 0 && ks.local_port == listen_port) {
-            state->peer_names[r].push_back(GlooName(ks.remote));
-          }
-        }
-      }
+      gloo_internal::AddPeerNames(*context, adapter, [](int r) { return r; }, &state->peer_names);
       state->context = std::move(context);
+      absl::Status transport = state->SetUpTransport(device);
+      if (!transport.ok()) {
+        return absl::Status(transport.code(), absl::StrCat("bootstrapping rank ", rank, " of ",
+                                                           size, ": ", transport.message()));
+      }
     } catch (const StoreError& e) {
       return absl::Status(e.status.code(), absl::StrCat("bootstrapping rank ", rank, " of ", size,
                                                         ": ", e.status.message()));

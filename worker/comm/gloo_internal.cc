@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "gloo/transport/pair.h"
 #include "gloo/transport/tcp/address.h"
 #include "worker/comm/float16.h"
 
@@ -72,6 +73,33 @@ std::vector<KernelSocket> EstablishedSockets() {
     std::fclose(f);
   }
   return out;
+}
+
+void AddPeerNames(gloo::rendezvous::Context& context, const StoreAdapter& adapter,
+                  const std::function<int(int)>& to_group_rank,
+                  std::vector<std::vector<std::string>>* names) {
+  const std::vector<KernelSocket> sockets = EstablishedSockets();
+  for (int r = 0; r < context.size; ++r) {
+    if (r == context.rank) continue;
+    std::vector<std::string>& out = (*names)[to_group_rank(r)];
+    auto it = adapter.seen().find(std::to_string(r));
+    if (it != adapter.seen().end()) {
+      for (std::string& n : NamesInAddressBlob(it->second, context.size)) out.push_back(std::move(n));
+    }
+    const auto* self =
+        dynamic_cast<const gloo::transport::tcp::Address*>(&context.getPair(r)->address());
+    if (self == nullptr) continue;
+    const sockaddr_storage& ss = self->getSockaddr();
+    uint16_t listen_port = 0;
+    if (ss.ss_family == AF_INET) {
+      listen_port = ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+      listen_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
+    }
+    for (const KernelSocket& ks : sockets) {
+      if (listen_port != 0 && ks.local_port == listen_port) out.push_back(GlooName(ks.remote));
+    }
+  }
 }
 
 bool Mentions(const std::string& msg, const std::string& needle) {

@@ -23,6 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
 #include "worker/comm/backend.h"
 #include "worker/comm/store.h"
@@ -96,6 +97,15 @@ struct KernelSocket {
 };
 // This process's ESTABLISHED TCP sockets, IPv4 and IPv6.
 std::vector<KernelSocket> EstablishedSockets();
+
+// Appends to (*names)[to_group_rank(r)] the names Gloo's errors may give
+// each peer r of `context` (bootstrapped through `adapter`): the two kinds
+// above. `to_group_rank` maps a rank of `context` to the group's rank (the
+// identity for the group's own context; the host leader's rank for the
+// leaders' context).
+void AddPeerNames(gloo::rendezvous::Context& context, const StoreAdapter& adapter,
+                  const std::function<int(int)>& to_group_rank,
+                  std::vector<std::vector<std::string>>* names);
 
 // True if `msg` contains `needle` ("[ip]:port") not followed by another digit.
 bool Mentions(const std::string& msg, const std::string& needle);

@@ -1,94 +1,38 @@
 // A rank living in a fork()ed child process is SIGKILLed while the other
 // ranks (threads of this process) are inside a collective with it: they must
-// fail with Unavailable naming the dead rank, well before the op timeout.
+// fail with Unavailable naming the dead rank, well before the op timeout
+// (over TCP the closed connection tells them; in shared memory the dead
+// process, through its pidfd).
 //
-// The ranks bootstrap through a test-only file-backed Store (the in-memory
+// The ranks bootstrap through the test-only file-backed Store (the in-memory
 // store cannot cross fork()). The child is forked before this process starts
 // any thread.
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "worker/comm/backend.h"
 #include "worker/comm/store.h"
+#include "worker/comm/test_util.h"
 
 namespace shardline::worker {
 namespace {
 
-// Keys are files in `dir` (hex-encoded names), written atomically by
-// rename(); readers poll. Add is not needed by Gloo's rendezvous.
-class FileStore : public Store {
- public:
-  explicit FileStore(std::string dir) : dir_(std::move(dir)) {}
-
-  absl::Status Set(const std::string& key, const std::string& value) override {
-    const std::string path = Path(key);
-    const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-    {
-      std::ofstream f(tmp, std::ios::binary);
-      f << value;
-      if (!f) return absl::UnavailableError("write " + tmp);
-    }
-    if (rename(tmp.c_str(), path.c_str()) != 0) return absl::UnavailableError("rename " + tmp);
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
-    const absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      std::ifstream f(Path(key), std::ios::binary);
-      if (f) {
-        std::stringstream ss;
-        ss << f.rdbuf();
-        return ss.str();
-      }
-      if (absl::Now() > deadline) return absl::DeadlineExceededError("key " + key);
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-  }
-  absl::StatusOr<int64_t> Add(const std::string&, int64_t) override {
-    return absl::UnimplementedError("FileStore::Add");
-  }
-  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
-    for (const auto& k : keys) {
-      auto v = Get(k, timeout);
-      if (!v.ok()) return v.status();
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  std::string Path(const std::string& key) const {
-    return absl::StrCat(dir_, "/", absl::BytesToHexString(key));
-  }
-  std::string dir_;
-};
+using ::shardline::worker::testing::FileStore;
+using ::shardline::worker::testing::TempDir;
 
 TEST(GlooPeerDeathTest, SigkilledPeerIsUnavailableNamingItsRank) {
-  char tmpl[] = "/tmp/shardline_filestore_XXXXXX";
-  const char* base = getenv("TEST_TMPDIR");
-  std::string dir_template = base ? absl::StrCat(base, "/fsXXXXXX") : tmpl;
-  std::vector<char> buf(dir_template.begin(), dir_template.end());
-  buf.push_back('\0');
-  ASSERT_NE(mkdtemp(buf.data()), nullptr);
-  const std::string dir = buf.data();
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
   constexpr int kSize = 3, kVictim = 1;
-  GlooOptions options;
-  options.timeout = absl::Seconds(60);
-  options.connect_timeout = absl::Seconds(30);
+  GlooOptions options = testing::TestOptions(absl::Seconds(60));
 
   const pid_t child = fork();
   ASSERT_GE(child, 0);

@@ -1,26 +1,45 @@
-// Test helpers: run N ranks as threads, each with a real Gloo backend over
-// loopback TCP, bootstrapped through one shared in-memory store.
+// Test helpers: run N ranks as threads, each with a real Gloo backend (over
+// shared memory, or loopback TCP: TestsUseTcp), bootstrapped through one
+// shared in-memory store.
 #ifndef SHARDLINE_WORKER_COMM_TEST_UTIL_H_
 #define SHARDLINE_WORKER_COMM_TEST_UTIL_H_
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "worker/comm/backend.h"
 #include "worker/comm/store.h"
 
 namespace shardline::worker::testing {
 
+// The transport the multi-rank tests run on: shared memory (every rank is
+// on this host), unless the test binary runs with
+// SHARDLINE_TEST_TRANSPORT=tcp (the *_tcp_test targets in BUILD), which
+// turns it off so that the same tests cover Gloo over TCP.
+inline bool TestsUseTcp() {
+  const char* t = std::getenv("SHARDLINE_TEST_TRANSPORT");
+  return t != nullptr && std::string(t) == "tcp";
+}
+
 inline GlooOptions TestOptions(absl::Duration timeout = absl::Seconds(30)) {
   GlooOptions o;
   o.timeout = timeout;
   o.connect_timeout = absl::Seconds(30);
+  if (TestsUseTcp()) o.shared_memory = GlooOptions::SharedMemory::kOff;
   return o;
 }
 
@@ -57,6 +76,66 @@ inline void RunRanks(int size, const std::function<void(int, Backend&)>& fn,
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// A Store whose keys are files in `dir` (hex-encoded names), written
+// atomically by rename(); readers poll. For ranks in fork()ed processes (the
+// in-memory store cannot cross fork()). Add is not implemented (Gloo's
+// rendezvous does not need it).
+class FileStore : public Store {
+ public:
+  explicit FileStore(std::string dir) : dir_(std::move(dir)) {}
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    const std::string path = Path(key);
+    const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+    {
+      std::ofstream f(tmp, std::ios::binary);
+      f << value;
+      if (!f) return absl::UnavailableError("write " + tmp);
+    }
+    if (rename(tmp.c_str(), path.c_str()) != 0) return absl::UnavailableError("rename " + tmp);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      std::ifstream f(Path(key), std::ios::binary);
+      if (f) {
+        std::stringstream ss;
+        ss << f.rdbuf();
+        return ss.str();
+      }
+      if (absl::Now() > deadline) return absl::DeadlineExceededError("key " + key);
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  absl::StatusOr<int64_t> Add(const std::string&, int64_t) override {
+    return absl::UnimplementedError("FileStore::Add");
+  }
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    for (const auto& k : keys) {
+      auto v = Get(k, timeout);
+      if (!v.ok()) return v.status();
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string Path(const std::string& key) const {
+    return absl::StrCat(dir_, "/", absl::BytesToHexString(key));
+  }
+  std::string dir_;
+};
+
+// A fresh directory under TEST_TMPDIR (else /tmp); "" if it cannot be made.
+inline std::string TempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string path = absl::StrCat(base != nullptr ? base : "/tmp", "/shardline_XXXXXX");
+  std::vector<char> buf(path.begin(), path.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) return "";
+  return buf.data();
 }
 
 // Waits (bounded) and asserts success.
