@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end over network namespaces (deploy/netns/): a coordinator on one
-# "host", five workers on three others, a pp=2 x dp=2 job (tiny GPT, 60
+# "host", five workers on three others, a pp=2 x dp=2 job (tiny GPT, 1000
 # steps, a checkpoint every 10) and one partition: a host holding two ranks
 # has its link cut (ip link set ... down, its processes keep running). The
 # coordinator must declare them lost by heartbeat timeout and re-form
@@ -44,9 +44,10 @@ ip netns add "$probe" 2>"$TMP/probe.err" || skip "ip netns add is not permitted 
 ip netns delete "$probe"
 
 OUT="$TMP/netns"
+STEPS=1000  # long enough to outlast the cut-off workers' return (demo.sh says why)
 start=$(date +%s.%N)
 timeout 270 "$DEMO" --out "$OUT" --prefix "sltest$$" --coordinator-bin "$COORDINATOR" \
-  --worker-bin "$WORKER" --shardctl-bin "$SHARDCTL" --data "$CORPUS" >"$TMP/demo.out" 2>&1
+  --worker-bin "$WORKER" --shardctl-bin "$SHARDCTL" --data "$CORPUS" --steps "$STEPS" >"$TMP/demo.out" 2>&1
 rc=$?
 wall=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
 cat "$TMP/demo.out"
@@ -70,9 +71,9 @@ check "generation 2 restored a checkpoint committed by generation 1" \
   grep -q "generation 2 rank .*: restored ckpt-step[0-9]*-gen1 " "$OUT"/h*-w*.log
 check "both cut-off workers were fenced when the link came back" \
   bash -c "[ \$(grep -Ec 'generation 1 (is over|ended)' '$S') -ge 2 ]"
-check "the job COMPLETED all 60 steps" grep -q "job COMPLETED" "$S"
-check "step 60 was trained" grep -q " step 60/60 " "$S"
-check "the last checkpoint is step 60, committed" grep -Eq "^ckpt-step0*60-gen[0-9]+ +60 .*COMMITTED" "$S"
+check "the job COMPLETED all $STEPS steps" grep -q "job COMPLETED" "$S"
+check "step $STEPS was trained" grep -q " step $STEPS/$STEPS " "$S"
+check "the last checkpoint is step $STEPS, committed" grep -Eq "^ckpt-step0*$STEPS-gen[0-9]+ +$STEPS .*COMMITTED" "$S"
 check "no namespace of this test is left" bash -c "! ip netns list | grep -q 'sltest$$-'"
 
 if [ $fails -ne 0 ]; then

@@ -7,8 +7,8 @@
 #   h2  10.77.0.12  workers h2-w0, h2-w1
 #   h3  10.77.0.13  worker h3-w0
 #
-# The job (deploy/netns/job.yaml: tiny GPT, pp=2, 60 steps, a checkpoint
-# every 10) forms world 4 = pp 2 x dp 2 with one spare; each worker's Gloo
+# The job (deploy/netns/job.yaml: tiny GPT, pp=2, a checkpoint every 10;
+# --steps training steps, default 1000) forms world 4 = pp 2 x dp 2 with one spare; each worker's Gloo
 # binds its own host's address (--interface). Once step 12 is done, the
 # switch port of the host holding two ranks (h2, or h1 if the spare is on h2)
 # goes down. Its workers keep running but fall silent: the coordinator
@@ -16,11 +16,15 @@
 # generation 2 with the survivors and the spare (world 2 = pp 2 x dp 1), from
 # the last committed checkpoint. Then the link comes back: the cut-off
 # workers' next calls carry generation 1 and are refused (fenced); they
-# re-join as new members (spares) and the job trains to step 60.
+# re-join as new members (spares) and the job trains to its last step.
+# The job must outlast the cut-off workers' return: their connections come
+# back on TCP's retransmission backoff (seconds after the heal), and two
+# ranks on one host (shared memory) train this model at ~20 ms a step here,
+# so 60 steps were over in a second; 1000 give ~20 s.
 #
 #   sudo deploy/netns/demo.sh [--out DIR] [--prefix NAME]
 #       [--bin-dir DIR | --coordinator-bin F --worker-bin F --shardctl-bin F]
-#       [--data FILE] [--cut-at-step N] [--keep]
+#       [--data FILE] [--cut-at-step N] [--steps N] [--keep]
 #
 # Without binaries given it installs what it needs and builds them with
 # Bazel. Everything it writes goes to --out (default /tmp/shardline-netns):
@@ -36,6 +40,7 @@ OUT=/tmp/shardline-netns
 PREFIX=shardline
 COORDINATOR_BIN="" WORKER_BIN="" SHARDCTL_BIN="" DATA="$REPO/data/tinyshakespeare.txt"
 CUT_AT_STEP=12
+STEPS=1000
 KEEP=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,10 +54,16 @@ while [ $# -gt 0 ]; do
     --shardctl-bin) SHARDCTL_BIN="$2"; shift 2 ;;
     --data) DATA="$2"; shift 2 ;;
     --cut-at-step) CUT_AT_STEP="$2"; shift 2 ;;
+    --steps) STEPS="$2"; shift 2 ;;
     --keep) KEEP=1; shift ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 done
+if ! [[ "$STEPS" =~ ^[0-9]+$ ]] || ! [[ "$CUT_AT_STEP" =~ ^[0-9]+$ ]] || [ "$CUT_AT_STEP" -lt 11 ] ||
+  [ "$STEPS" -lt $((CUT_AT_STEP + 30)) ]; then
+  echo "demo.sh: want --cut-at-step >= 11 (after the first checkpoint) and --steps >= cut + 30" >&2
+  exit 2
+fi
 [ "$(id -u)" -eq 0 ] || { echo "demo.sh: needs root (network namespaces)" >&2; exit 1; }
 # shellcheck source=deploy/netns/programs.sh
 . "$REPO/deploy/netns/programs.sh"
@@ -72,9 +83,9 @@ fail() {
   exit 1
 }
 
-# The job spec with absolute paths.
+# The job spec: absolute paths, --steps training steps.
 sed -e "s|^\(  dataset_path:\).*|\1 $DATA|" -e "s|^\(  directory:\).*|\1 $OUT/ckpt|" \
-  "$REPO/deploy/netns/job.yaml" >"$OUT/job.yaml"
+  -e "s|^\(  train_steps:\).*|\1 $STEPS|" "$REPO/deploy/netns/job.yaml" >"$OUT/job.yaml"
 
 PIDS=()
 trap cleanup EXIT
@@ -153,7 +164,7 @@ if [ -z "$s" ] || [ "$s" -lt "$CUT_AT_STEP" ]; then fail "training did not reach
 spare=$(grep -l ": spare (world" "$OUT"/h*-w*.log | head -1 | xargs -r basename | sed 's/\.log$//' || true)
 victim=h2
 [ "${spare%%-*}" = h2 ] && victim=h1
-[ "$s" -lt 60 ] || fail "training finished before the partition (step $s)"
+[ "$s" -lt "$STEPS" ] || fail "training finished before the partition (step $s)"
 CUT_AT=$(date +%s.%N)
 "$HOSTS" cut "$PREFIX" "$victim"
 say "== step $s: cut $victim's link (ip link set p${victim#h} down on the switch); spare is $spare"
@@ -201,7 +212,7 @@ done
 
 wait_job JOB_PHASE_COMPLETED "" 180 || fail "the job did not complete (phase $(job_field phase))"
 say "== job COMPLETED at generation $(job_field generation), world $(job_field world_size)"
-grep -h " step 60/60 " "$OUT"/h*-w*.log | head -1 | sed 's/^/  /' | tee -a "$SUMMARY" || true
+grep -h " step $STEPS/$STEPS " "$OUT"/h*-w*.log | head -1 | sed 's/^/  /' | tee -a "$SUMMARY" || true
 grep -h "restored ckpt-step" "$OUT"/h*-w*.log | head -2 | sed 's/^/  /' | tee -a "$SUMMARY" || true
 sctl members netns | tee -a "$SUMMARY" || true
 sctl checkpoints netns | tee -a "$SUMMARY" || true
