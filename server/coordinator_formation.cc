@@ -217,7 +217,8 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord&
   }
   const v1::JobSpec& spec = job.job.spec();
   if (m.member.state() == v1::MEMBER_STATE_ACTIVE) {
-    a = spec::AssignmentFor(*job.plan, job.plan_groups, static_cast<int>(m.member.rank()));
+    a = spec::AssignmentFor(*job.plan, job.plan_groups, static_cast<int>(m.member.rank()),
+                            m.compact_groups);
     const std::optional<v1::CheckpointRef> restore = job.RestorePoint();
     if (restore.has_value()) *a.mutable_restore() = *restore;
     const uint64_t start = restore.has_value() ? restore->step() : 0;

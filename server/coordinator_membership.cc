@@ -93,6 +93,7 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
     if ((s == v1::MEMBER_STATE_JOINING || s == v1::MEMBER_STATE_ACTIVE ||
          s == v1::MEMBER_STATE_SPARE) &&
         m.member.generation() == job->job.generation()) {
+      m.compact_groups = request.compact_groups();
       // A repeated join of the current generation: nothing changes, except
       // that a holder of the job token whose earlier join was not recorded
       // (no member token yet) gets its member token now.
@@ -149,6 +150,7 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   m.member.set_worker_id(w.worker_id());
   m.member.set_incarnation(w.incarnation());
   m.member.set_host(request.host());
+  m.compact_groups = request.compact_groups();
   m.member.set_device(device);
   m.member.set_backend(*backend);
   m.member.clear_rank();

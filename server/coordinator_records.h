@@ -35,7 +35,7 @@
 
 namespace shardline::server {
 
-inline constexpr size_t kMaxMembersPerJob = 65536;  // coordinator.proto
+inline constexpr size_t kMaxMembersPerJob = 131072;  // coordinator.proto
 
 // StateStore record kinds of credentials (only hashes, server/auth.h
 // Sha256Hex): a job's worker token by job_id; a member token by
@@ -121,6 +121,9 @@ struct Coordinator::MemberRecord {
   // another worker's join does not (at N workers, waking every waiter on
   // every join made a rendezvous O(N^2)).
   std::map<uint64_t, std::function<void()>> assignment_wakers;
+  // JoinJobRequest.compact_groups of its last join: its assignments use
+  // compact process groups. In memory only (a restart lists every rank).
+  bool compact_groups = false;
   // An operator asked to drain it: member.drain_reason() is set (durable).
   bool draining() const { return !member.drain_reason().empty(); }
 

@@ -25,9 +25,10 @@ WorkerServiceImpl::WorkerServiceImpl(CallRunner* calls, Coordinator* coordinator
       sessions_(sessions),
       pass_on_(std::move(pass_on)) {}
 
-grpc::Status WorkerServiceImpl::JoinJob(grpc::ServerContext* ctx, const v1::JoinJobRequest* req,
-                                        v1::JoinJobResponse* resp) {
-  return calls_->Run("WorkerService/JoinJob", [&]() -> absl::Status {
+grpc::ServerUnaryReactor* WorkerServiceImpl::JoinJob(grpc::CallbackServerContext* ctx,
+                                                     const v1::JoinJobRequest* req,
+                                                     v1::JoinJobResponse* resp) {
+  return calls_->RunPooled(ctx, "WorkerService/JoinJob", [=]() -> absl::Status {
     if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
     const v1::WorkerIdentity& w = req->worker();
     absl::StatusOr<JoinedBy> by = calls_->AuthorizeJoin(*ctx, w);

@@ -3,8 +3,10 @@
 // Session streams.
 //
 // Where each method runs (server/rpc/call.h):
-//   JoinJob, ReportError, LeaveJob, CompleteJob: sync API, on a sync-server
-//     thread.
+//   ReportError, LeaveJob, CompleteJob: sync API, on a sync-server thread.
+//   JoinJob: callback API; the body runs on the HandlerPool (it never
+//     waits), so that 100k workers joining at once do not exhaust the sync
+//     server's threads (RESOURCE_EXHAUSTED "Server Threadpool Exhausted").
 //   GetAssignment: callback API; the body runs on the HandlerPool. With
 //     wait it holds no thread while it waits: the Coordinator calls its
 //     waker (Coordinator::PollAssignment) when the member's answer may have
@@ -75,15 +77,17 @@ namespace shardline::server::rpc {
 class WorkerServiceImpl final
     : public v1::WorkerService::WithCallbackMethod_Session<
           v1::WorkerService::WithCallbackMethod_Heartbeat<
-              v1::WorkerService::WithCallbackMethod_GetAssignment<v1::WorkerService::Service>>> {
+              v1::WorkerService::WithCallbackMethod_GetAssignment<
+                  v1::WorkerService::WithCallbackMethod_JoinJob<v1::WorkerService::Service>>>> {
  public:
   // Not owned; all must outlive the service. `pass_on`: see
   // CheckpointFlow::PassOnFn.
   WorkerServiceImpl(CallRunner* calls, Coordinator* coordinator, CheckpointFlow* checkpoints,
                     SessionStreams* sessions, CheckpointFlow::PassOnFn pass_on);
 
-  grpc::Status JoinJob(grpc::ServerContext* ctx, const v1::JoinJobRequest* req,
-                       v1::JoinJobResponse* resp) override;
+  grpc::ServerUnaryReactor* JoinJob(grpc::CallbackServerContext* ctx,
+                                    const v1::JoinJobRequest* req,
+                                    v1::JoinJobResponse* resp) override;
   grpc::ServerWriteReactor<v1::SessionMessage>* Session(grpc::CallbackServerContext* ctx,
                                                         const v1::SessionRequest* req) override;
   grpc::ServerUnaryReactor* GetAssignment(grpc::CallbackServerContext* ctx,
