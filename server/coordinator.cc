@@ -186,7 +186,15 @@ const Coordinator::JobRecord* Coordinator::FindJobLocked(const std::string& job_
 }
 
 void Coordinator::EmitLocked(JobRecord& job, v1::JobEvent event) {
+  // Every change a waiting GetAssignment or a formation count depends on
+  // emits an event (JobRecord::events). Another worker's join changes
+  // neither a waiting member's answer nor lowers the JOINING count.
+  const bool joined = event.has_worker_joined();
   job.events.Append(job.job.job_id(), job.job.generation(), clock_->Now(), std::move(event));
+  if (!joined) {
+    job.joining_count_valid = false;
+    WakeAssignmentWaitersLocked(job, nullptr);
+  }
 }
 
 void Coordinator::SetPhaseLocked(JobRecord& job, v1::JobPhase phase, const std::string& reason) {

@@ -321,6 +321,26 @@ class Coordinator {
   absl::StatusOr<v1::Assignment> GetAssignment(const v1::Fence& fence, bool wait,
                                                absl::Time deadline);
 
+  // GetAssignment(fence, wait=true) without blocking, for callers that wait
+  // asynchronously (the gRPC adapter: no thread per waiting worker).
+  // Returns the answer GetAssignment would give when its wait ends (the
+  // assignment, Aborted when the generation ended, CheckFence's errors),
+  // and then removes the waker `*waker_id` if one is registered (setting
+  // *waker_id to 0); or nullopt
+  // when the caller must wait: then, if *waker_id is 0, `waker` is
+  // registered and its id (never 0) stored in *waker_id. The waker is
+  // called with the Coordinator's lock held (it may only queue work, as a
+  // SessionWaker) whenever the answer may have changed: another join of the
+  // job does not call it. The caller then polls again; it does its own
+  // deadline (DeadlineExceeded is never returned here) and removes the
+  // waker with RemoveAssignmentWaker when it gives up.
+  absl::StatusOr<std::optional<v1::Assignment>> PollAssignment(const v1::Fence& fence,
+                                                               std::function<void()> waker,
+                                                               uint64_t* waker_id);
+  // Drops the waker `waker_id` of `worker` (PollAssignment). Idempotent;
+  // a no-op when the job or worker is gone.
+  void RemoveAssignmentWaker(const v1::WorkerIdentity& worker, uint64_t waker_id);
+
   // Records a heartbeat and answers with a directive (CONTINUE, CHECKPOINT
   // or STOP). Errors: CheckFence's (a stale generation is Aborted).
   // An excluded incarnation (LOST: REPEATED_ERRORS or HUNG) gets STOP with
@@ -533,6 +553,21 @@ class Coordinator {
   absl::StatusOr<v1::Assignment> GetAssignmentLocked(const JobRecord& job,
                                                      const MemberRecord& member) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // GetAssignment's parts: whether a wait for `member`'s assignment of
+  // `generation` (incarnation `incarnation`) is over, and its answer then.
+  bool AssignmentSettledLocked(const JobRecord& job, const MemberRecord& member,
+                               uint64_t generation, uint64_t incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers a waker for `member` (MemberRecord::assignment_wakers); returns its id.
+  uint64_t AddAssignmentWakerLocked(JobRecord& job, MemberRecord& member,
+                                    std::function<void()> waker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveAssignmentWakerLocked(JobRecord& job, MemberRecord& member, uint64_t id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls the assignment wakers of `member`, or (null) of every waiting
+  // member of `job`.
+  void WakeAssignmentWaitersLocked(JobRecord& job, MemberRecord* member)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // coordinator_failure.cc: failure policy.
   void LoseMemberLocked(JobRecord& job, MemberRecord& member, v1::LossReason reason,
@@ -620,6 +655,7 @@ class Coordinator {
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_assignment_waker_ ABSL_GUARDED_BY(mu_) = 1;
   // Generations ended inside calls that do not return them (JoinJob replacing
   // a live incarnation); the next Tick() returns them.
   std::vector<GenerationEnded> pending_ended_ ABSL_GUARDED_BY(mu_);

@@ -54,6 +54,22 @@ void Coordinator::MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* 
   if (phase != v1::JOB_PHASE_PENDING && phase != v1::JOB_PHASE_RECOVERING) return;
   const v1::ElasticPolicy& elastic = job.job.spec().elastic();
   const absl::Time now = clock_->Now();
+  if (phase == v1::JOB_PHASE_PENDING && job.joining_count_valid &&
+      job.joining_count_generation == job.job.generation()) {
+    // O(1) when nothing can happen: joining_count is never below the
+    // number of candidates, and a world that does not fit them does not fit
+    // fewer. The scan below runs when a world may fit and be ready.
+    const int upper = job.joining_count;
+    const bool fits = spec::ChooseWorldSize(job.job.spec(), upper).has_value();
+    if (!fits && now - job.waiting_since <= FromProto(elastic.join_timeout())) {
+      job.last_call_deadline.reset();
+      return;
+    }
+    if (fits && job.last_call_deadline.has_value() &&
+        upper < static_cast<int>(elastic.max_workers()) && now < *job.last_call_deadline) {
+      return;
+    }
+  }
   std::vector<MemberRecord*> candidates;
   bool anyone_fenced = false;
   for (auto& [id, m] : job.members) {
@@ -64,6 +80,9 @@ void Coordinator::MaybeFormLocked(JobRecord& job, std::vector<GenerationEnded>* 
     anyone_fenced |= m.member.state() == v1::MEMBER_STATE_FENCED;
   }
   const int count = static_cast<int>(candidates.size());
+  job.joining_count_valid = true;
+  job.joining_count_generation = job.job.generation();
+  job.joining_count = count;
   const std::optional<int> world = spec::ChooseWorldSize(job.job.spec(), count);
   if (world.has_value()) {
     if (!job.last_call_deadline.has_value()) {
@@ -198,7 +217,8 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignmentLocked(const JobRecord&
   }
   const v1::JobSpec& spec = job.job.spec();
   if (m.member.state() == v1::MEMBER_STATE_ACTIVE) {
-    a = spec::AssignmentFor(*job.plan, job.plan_groups, static_cast<int>(m.member.rank()));
+    a = spec::AssignmentFor(*job.plan, job.plan_groups, static_cast<int>(m.member.rank()),
+                            m.compact_groups);
     const std::optional<v1::CheckpointRef> restore = job.RestorePoint();
     if (restore.has_value()) *a.mutable_restore() = *restore;
     const uint64_t start = restore.has_value() ? restore->step() : 0;

@@ -35,11 +35,15 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
                                                       PhaseName(job->job.phase()), ": ",
                                                       job->job.phase_reason()));
   }
-  for (const auto& [id, other] : job->members) {
-    if (id != w.worker_id() && IsLive(other.member.state()) && other.member.backend() != *backend) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "backend ", v1::Backend_Name(*backend), " differs from worker '", id, "' (",
-          v1::Backend_Name(other.member.backend()), "); every worker of a job uses one backend"));
+  if (job->live_backend != *backend) {  // else known: every live member uses *backend
+    for (const auto& [id, other] : job->members) {
+      if (id != w.worker_id() && IsLive(other.member.state()) &&
+          other.member.backend() != *backend) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "backend ", v1::Backend_Name(*backend), " differs from worker '", id, "' (",
+            v1::Backend_Name(other.member.backend()),
+            "); every worker of a job uses one backend"));
+      }
     }
   }
   const absl::Time now = clock_->Now();
@@ -51,6 +55,9 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   auto [it, inserted] = job->members.try_emplace(w.worker_id());
   MemberRecord& m = it->second;
   bool rejoined = !inserted;
+  // Counted in job->joining_count already (a repeated join, below).
+  const bool was_joining = !inserted && m.member.state() == v1::MEMBER_STATE_JOINING &&
+                           m.member.generation() == job->job.generation();
   if (by == JoinedBy::kJobToken && !inserted && m.member.incarnation() == w.incarnation() &&
       !m.token_hash.empty()) {
     // Anyone with the job token sees incarnations in ListMembers: acting as
@@ -86,6 +93,7 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
     if ((s == v1::MEMBER_STATE_JOINING || s == v1::MEMBER_STATE_ACTIVE ||
          s == v1::MEMBER_STATE_SPARE) &&
         m.member.generation() == job->job.generation()) {
+      m.compact_groups = request.compact_groups();
       // A repeated join of the current generation: nothing changes, except
       // that a holder of the job token whose earlier join was not recorded
       // (no member token yet) gets its member token now.
@@ -142,6 +150,7 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   m.member.set_worker_id(w.worker_id());
   m.member.set_incarnation(w.incarnation());
   m.member.set_host(request.host());
+  m.compact_groups = request.compact_groups();
   m.member.set_device(device);
   m.member.set_backend(*backend);
   m.member.clear_rank();
@@ -168,7 +177,13 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
     job->job.set_num_spares(job->job.num_spares() + 1);
   } else {
     m.member.set_state(v1::MEMBER_STATE_JOINING);
+    if (!was_joining && job->joining_count_valid &&
+        job->joining_count_generation == job->job.generation()) {
+      ++job->joining_count;
+    }
   }
+  // Every live member now uses *backend (checked above).
+  job->live_backend = *backend;
   // A new incarnation's own credential (only its hash is kept); a re-join
   // keeps the one it has.
   std::string member_token;
@@ -211,6 +226,8 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
     if (a.ok()) *msg.mutable_assignment() = *std::move(a);
     m.outbox.Push(std::move(msg));
   }
+  // A waiting GetAssignment of this worker (a re-join) may be answered now.
+  if (!inserted) WakeAssignmentWaitersLocked(*job, &m);
   MaybeFormLocked(*job, &ended);
   pending_ended_.insert(pending_ended_.end(), ended.begin(), ended.end());
   v1::JoinJobResponse response;

@@ -10,6 +10,7 @@
 #define SHARDLINE_SERVER_COORDINATOR_RECORDS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -34,7 +35,7 @@
 
 namespace shardline::server {
 
-inline constexpr size_t kMaxMembersPerJob = 65536;  // coordinator.proto
+inline constexpr size_t kMaxMembersPerJob = 131072;  // coordinator.proto
 
 // StateStore record kinds of credentials (only hashes, server/auth.h
 // Sha256Hex): a job's worker token by job_id; a member token by
@@ -113,6 +114,16 @@ struct Coordinator::MemberRecord {
   // SHA-256 (hex) of this incarnation's member token; empty when none was
   // issued (authentication off). Persisted as a "member_token" record.
   std::string token_hash;
+  // The wakers of GetAssignment calls waiting for this member's assignment
+  // (Coordinator::AddAssignmentWakerLocked), by id: each is called (mu_
+  // held, so it only queues work or signals) when the answer may have
+  // changed. Only this member's own changes and job-wide events wake them:
+  // another worker's join does not (at N workers, waking every waiter on
+  // every join made a rendezvous O(N^2)).
+  std::map<uint64_t, std::function<void()>> assignment_wakers;
+  // JoinJobRequest.compact_groups of its last join: its assignments use
+  // compact process groups. In memory only (a restart lists every rank).
+  bool compact_groups = false;
   // An operator asked to drain it: member.drain_reason() is set (durable).
   bool draining() const { return !member.drain_reason().empty(); }
 
@@ -193,6 +204,30 @@ struct Coordinator::JobRecord {
   // and WaitEvents wait for (formation, a generation's end, a phase, a
   // member joining, leaving or lost) emits one.
   EventLog events;
+  // Members with assignment_wakers: every event but WorkerJoined wakes
+  // them (WakeAssignmentWaitersLocked), O(waiting members) per event.
+  // Members are never erased, so the pointers stay valid.
+  std::set<MemberRecord*> assignment_waiting;
+  // How many members are JOINING in generation joining_count_generation,
+  // kept by JoinJob between MaybeFormLocked's scans of the members, so that
+  // a join that cannot form a generation costs O(1), not O(members). Valid
+  // only while joining_count_valid; every event other than WorkerJoined (a
+  // member lost, left, a phase change...) clears it, so it never counts
+  // fewer than there are.
+  bool joining_count_valid = false;
+  uint64_t joining_count_generation = 0;
+  int joining_count = 0;
+  // Set when every live member is known to use this backend (JoinJob's
+  // check). Only a join makes a member live with a backend, so it stays
+  // true while members leave; JoinJob scans the members only for another
+  // backend.
+  std::optional<v1::Backend> live_backend;
+  // Tick scans the members for heartbeat timeouts only once now reaches
+  // this: the earliest last_heartbeat + heartbeat_timeout among the live
+  // members at the last scan. last_heartbeat only moves later, and a
+  // member that becomes live later starts its clock after that scan, so no
+  // timeout falls before it.
+  absl::Time next_timeout_scan = absl::InfinitePast();
   uint64_t progress_step = 0;  // last StepProgress emitted
   // Hangs and stragglers (coordinator_progress.cc); in memory only.
   // The last time any rank of the current generation made progress

@@ -1390,3 +1390,66 @@ TEST(CoordinatorListJobsTest, MatchesTheProtoComments) {
 
 }  // namespace
 }  // namespace shardline::server
+
+namespace shardline::server {
+namespace {
+
+TEST_F(CoordinatorTest, CompactGroupsOnlyForWorkersThatAskForThem) {
+  Create(Spec(2, 3));
+  v1::JoinJobRequest r;
+  *r.mutable_worker() = Id("a");
+  r.set_device("cpu");
+  r.set_compact_groups(true);
+  ASSERT_TRUE(coordinator_->JoinJob(r).ok());
+  ASSERT_TRUE(Join("b").ok());
+  ASSERT_TRUE(Join("c").ok());
+  ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
+  // dp 3: the dp group holds ranks 0, 1, 2; tp and pp groups one rank each.
+  const v1::Assignment compact = AssignmentOf("a", 1);  // rank 0
+  const v1::Assignment full = AssignmentOf("c", 1);     // rank 2
+  std::vector<std::string> names;
+  for (const v1::ProcessGroup& g : compact.groups()) {
+    names.push_back(g.name());
+    EXPECT_EQ(g.ranks_size(), 0) << g.name();
+    if (g.name() == "dp/0") {
+      EXPECT_EQ(g.first_rank(), 0u);
+      EXPECT_EQ(g.rank_stride(), 1u);
+      EXPECT_EQ(g.size(), 3u);
+    } else {
+      EXPECT_EQ(g.first_rank(), 0u) << g.name();
+      EXPECT_EQ(g.size(), 1u) << g.name();
+    }
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"tp/0", "dp/0", "pp/0"}));
+  for (const v1::ProcessGroup& g : full.groups()) {
+    EXPECT_EQ(g.size(), 0u) << g.name();
+    if (g.name() == "dp/0") {
+      EXPECT_THAT(g.ranks(), ::testing::ElementsAre(0u, 1u, 2u));
+    } else {
+      EXPECT_THAT(g.ranks(), ::testing::ElementsAre(2u)) << g.name();
+    }
+  }
+}
+
+TEST_F(CoordinatorTest, AssignmentWakerIsCalledByFormationNotByOtherJoins) {
+  Create(Spec(3, 3));
+  ASSERT_TRUE(Join("a").ok());
+  int woken = 0;
+  uint64_t id = 0;
+  auto first = coordinator_->PollAssignment(Fence("a", 1), [&woken] { ++woken; }, &id);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->has_value());
+  EXPECT_NE(id, 0u);
+  ASSERT_TRUE(Join("b").ok());
+  EXPECT_EQ(woken, 0);  // another worker's join settles nothing for "a"
+  ASSERT_TRUE(Join("c").ok());  // forms generation 1
+  EXPECT_GE(woken, 1);
+  auto settled = coordinator_->PollAssignment(Fence("a", 1), [] {}, &id);
+  ASSERT_TRUE(settled.ok()) << settled.status();
+  ASSERT_TRUE(settled->has_value());
+  EXPECT_EQ((*settled)->rank(), 0u);
+  EXPECT_EQ(id, 0u);  // removed with the answer
+}
+
+}  // namespace
+}  // namespace shardline::server

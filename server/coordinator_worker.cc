@@ -154,6 +154,38 @@ absl::StatusOr<FencedWorker> Coordinator::CheckFence(const v1::Fence& fence) {
   return out;
 }
 
+bool Coordinator::AssignmentSettledLocked(const JobRecord& job, const MemberRecord& member,
+                                          uint64_t generation, uint64_t incarnation) const {
+  const v1::MemberState s = member.member.state();
+  return job.job.generation() != generation || IsTerminal(job.job.phase()) ||
+         member.member.incarnation() != incarnation ||
+         (job.formed() && (s == v1::MEMBER_STATE_ACTIVE || s == v1::MEMBER_STATE_SPARE)) ||
+         !IsLive(s);
+}
+
+uint64_t Coordinator::AddAssignmentWakerLocked(JobRecord& job, MemberRecord& member,
+                                               std::function<void()> waker) {
+  const uint64_t id = next_assignment_waker_++;
+  member.assignment_wakers.emplace(id, std::move(waker));
+  job.assignment_waiting.insert(&member);
+  return id;
+}
+
+void Coordinator::RemoveAssignmentWakerLocked(JobRecord& job, MemberRecord& member, uint64_t id) {
+  member.assignment_wakers.erase(id);
+  if (member.assignment_wakers.empty()) job.assignment_waiting.erase(&member);
+}
+
+void Coordinator::WakeAssignmentWaitersLocked(JobRecord& job, MemberRecord* member) {
+  if (member != nullptr) {
+    for (const auto& [id, wake] : member->assignment_wakers) wake();
+    return;
+  }
+  for (MemberRecord* m : job.assignment_waiting) {
+    for (const auto& [id, wake] : m->assignment_wakers) wake();
+  }
+}
+
 absl::StatusOr<v1::Assignment> Coordinator::GetAssignment(const v1::Fence& fence, bool wait,
                                                           absl::Time deadline) {
   absl::MutexLock lock(&mu_);
@@ -163,18 +195,18 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignment(const v1::Fence& fence
   const uint64_t generation = fence.generation();
   MemberRecord* member = *m;
   const uint64_t incarnation = member->member.incarnation();
-  auto settled = [job, member, generation, incarnation]() {
-    const v1::MemberState s = member->member.state();
-    return job->job.generation() != generation || IsTerminal(job->job.phase()) ||
-           member->member.incarnation() != incarnation ||
-           (job->formed() && (s == v1::MEMBER_STATE_ACTIVE || s == v1::MEMBER_STATE_SPARE)) ||
-           !IsLive(s);
-  };
-  const std::shared_ptr<absl::CondVar> changed = job->events.changed();
-  {
-    WaitGuard waiting(*job);
-    while (wait && !settled() && !changed->WaitWithDeadline(&mu_, deadline)) {
+  if (wait && !AssignmentSettledLocked(*job, *member, generation, incarnation)) {
+    // Woken only by this member's changes and job-wide events (see
+    // MemberRecord::assignment_wakers), not by every other worker's join.
+    absl::CondVar changed;
+    const uint64_t id = AddAssignmentWakerLocked(*job, *member, [&changed] { changed.Signal(); });
+    {
+      WaitGuard waiting(*job);
+      while (!AssignmentSettledLocked(*job, *member, generation, incarnation) &&
+             !changed.WaitWithDeadline(&mu_, deadline)) {
+      }
     }
+    RemoveAssignmentWakerLocked(*job, *member, id);
   }
   absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(*job, *member);
   if (a.ok() && member->member.incarnation() == incarnation) return a;
@@ -189,6 +221,48 @@ absl::StatusOr<v1::Assignment> Coordinator::GetAssignment(const v1::Fence& fence
   return absl::DeadlineExceededError(absl::StrCat("generation ", generation,
                                                   " did not form before the deadline (",
                                                   job->job.phase_reason(), ")"));
+}
+
+absl::StatusOr<std::optional<v1::Assignment>> Coordinator::PollAssignment(
+    const v1::Fence& fence, std::function<void()> waker, uint64_t* waker_id) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = nullptr;
+  absl::StatusOr<MemberRecord*> m = CheckFenceLocked(fence, &job);
+  if (!m.ok()) {
+    // Replaced, lost or gone: this call ends; so does its waker.
+    if (*waker_id != 0 && job != nullptr) {
+      auto it = job->members.find(fence.worker().worker_id());
+      if (it != job->members.end()) RemoveAssignmentWakerLocked(*job, it->second, *waker_id);
+      *waker_id = 0;
+    }
+    return m.status();
+  }
+  MemberRecord* member = *m;
+  if (!AssignmentSettledLocked(*job, *member, fence.generation(), fence.worker().incarnation())) {
+    if (*waker_id == 0) *waker_id = AddAssignmentWakerLocked(*job, *member, std::move(waker));
+    return std::optional<v1::Assignment>();
+  }
+  if (*waker_id != 0) {
+    RemoveAssignmentWakerLocked(*job, *member, *waker_id);
+    *waker_id = 0;
+  }
+  absl::StatusOr<v1::Assignment> a = GetAssignmentLocked(*job, *member);
+  if (a.ok()) return std::optional<v1::Assignment>(*std::move(a));
+  // Settled without an assignment: the generation ended, or the job
+  // finished (CheckFence above saw it before the change: ask again).
+  m = CheckFenceLocked(fence, &job);
+  if (!m.ok()) return m.status();
+  return absl::AbortedError(absl::StrCat("generation ", fence.generation(),
+                                         " ended before it formed (", job->job.phase_reason(),
+                                         "); re-join"));
+}
+
+void Coordinator::RemoveAssignmentWaker(const v1::WorkerIdentity& worker, uint64_t waker_id) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = FindJobLocked(worker.job_id());
+  if (job == nullptr) return;
+  auto it = job->members.find(worker.worker_id());
+  if (it != job->members.end()) RemoveAssignmentWakerLocked(*job, it->second, waker_id);
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {

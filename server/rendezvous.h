@@ -84,7 +84,9 @@ inline constexpr int64_t kMaxBytesPerGeneration = 268435456;  // 256 MiB -> Reso
 inline constexpr uint32_t kMaxBarrierParticipants = 65536;    // -> InvalidArgument
 // Scopes holding keys or barriers in one generation -> ResourceExhausted.
 // A generation's ProcessGroups are at most 4 per rank (TP, PP, DP and the
-// embedding group, plan.proto) of at most 65536 ranks (kMaxMembersPerJob).
+// embedding group, plan.proto): enough for 65536 ranks. kMaxMembersPerJob is
+// 131072 (fleet-scale rendezvous), where a layout whose every group holds a
+// scope could exceed it; groups of one rank need none.
 inline constexpr size_t kMaxScopesPerGeneration = 262144;
 
 // What the kMaxBytesPerGeneration budget charges: every byte an entry costs

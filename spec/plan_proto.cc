@@ -184,13 +184,34 @@ PlanGroups GroupsOfPlan(const plan::Plan& p) {
   PlanGroups out;
   out.groups = GroupsToProto(p.topology);
   out.of_rank.resize(static_cast<size_t>(p.parallel.world_size()));
+  out.compact.reserve(out.groups.size());
   for (size_t i = 0; i < out.groups.size(); ++i) {
-    for (uint32_t r : out.groups[i].ranks()) out.of_rank[r].push_back(static_cast<int>(i));
+    const v1::ProcessGroup& g = out.groups[i];
+    for (uint32_t r : g.ranks()) out.of_rank[r].push_back(static_cast<int>(i));
+    const int n = g.ranks_size();
+    const uint32_t stride = n >= 2 ? g.ranks(1) - g.ranks(0) : 1;
+    bool progression = n >= 1;
+    for (int k = 1; k < n && progression; ++k) {
+      progression = g.ranks(k) - g.ranks(k - 1) == stride;
+    }
+    v1::ProcessGroup c;
+    if (progression) {
+      c.set_name(g.name());
+      c.set_kind(g.kind());
+      c.set_index(g.index());
+      c.set_first_rank(g.ranks(0));
+      c.set_rank_stride(stride);
+      c.set_size(static_cast<uint32_t>(n));
+    } else {
+      c = g;
+    }
+    out.compact.push_back(std::move(c));
   }
   return out;
 }
 
-v1::Assignment AssignmentFor(const plan::Plan& p, const PlanGroups& groups, int rank) {
+v1::Assignment AssignmentFor(const plan::Plan& p, const PlanGroups& groups, int rank,
+                             bool compact_groups) {
   v1::Assignment a;
   const plan::RankCoordinates c = p.topology.CoordinatesOf(rank);
   a.set_rank(rank);
@@ -200,7 +221,8 @@ v1::Assignment AssignmentFor(const plan::Plan& p, const PlanGroups& groups, int 
   a.mutable_coordinates()->set_dp_rank(c.dp_rank);
   *a.mutable_parallel() = ParallelToProto(p.parallel);
   a.set_dp(p.parallel.dp);
-  for (int i : groups.of_rank[static_cast<size_t>(rank)]) *a.add_groups() = groups.groups[i];
+  const std::vector<v1::ProcessGroup>& from = compact_groups ? groups.compact : groups.groups;
+  for (int i : groups.of_rank[static_cast<size_t>(rank)]) *a.add_groups() = from[i];
   for (int ch : p.pipeline.ChunksOfRank(c.pp_rank)) {
     *a.add_chunks() = ChunkToProto(p.pipeline.chunks[ch], p.pipeline.pp);
   }

@@ -34,6 +34,9 @@ v1::Plan PlanToProto(const plan::Plan& plan, const std::string& job_id, uint64_t
 // O(every group): N assignments of a dp = N job would otherwise cost O(N^2).
 struct PlanGroups {
   std::vector<v1::ProcessGroup> groups;
+  // groups[i] in the compact form (first_rank, rank_stride, size; plan.proto
+  // ProcessGroup) when its ranks are an arithmetic progression, else as is.
+  std::vector<v1::ProcessGroup> compact;
   std::vector<std::vector<int>> of_rank;  // index = rank
 };
 PlanGroups GroupsOfPlan(const plan::Plan& plan);
@@ -42,8 +45,11 @@ PlanGroups GroupsOfPlan(const plan::Plan& plan);
 // parallel, dp, groups (only those containing `rank`), chunks, zero_shards,
 // gradient_accumulation_steps, micro_batch. The caller sets generation,
 // restore, data_cursor and start_step. Preconditions: 0 <= rank <
-// world_size; `groups` = GroupsOfPlan(plan).
-v1::Assignment AssignmentFor(const plan::Plan& plan, const PlanGroups& groups, int rank);
+// world_size; `groups` = GroupsOfPlan(plan). `compact_groups`: the groups
+// in their compact form where they have one (PlanGroups::compact), so that
+// the assignment's size does not grow with dp.
+v1::Assignment AssignmentFor(const plan::Plan& plan, const PlanGroups& groups, int rank,
+                             bool compact_groups = false);
 
 // The TP slice of `spec` held by tp rank `tp_rank` as a TensorSlice.
 v1::TensorSlice SliceOf(const plan::ParameterSpec& spec, int tp, int tp_rank);

@@ -5,7 +5,11 @@
 //
 //   cp_load kv         --target shardline|etcd --address A --clients N --seconds S
 //   cp_load barrier    --address A --clients N --rounds R
-//   cp_load rendezvous --address A --workers N
+//   cp_load rendezvous --address A --workers N [--processes P] [--connections C]
+//                      [--compact-groups 0|1]
+//                      (P processes share the workers, each with C channels
+//                      shared round-robin, 0: one per worker; compact groups
+//                      (default 1): JoinJobRequest.compact_groups)
 //   cp_load heartbeats --address A --workers N --seconds S --interval-ms I --timeout-ms T
 //                      [--progress-groups G]   (each heartbeat carries a RankProgress
 //                      with G communicators, as a training rank's does; 0: none)
@@ -19,6 +23,12 @@
 // an admin token (no auth), so no metadata is sent.
 //
 // Thread-safety: not a library; each mode owns its threads.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cinttypes>
@@ -78,6 +88,15 @@ v1::JobSpec FleetSpec(int workers, absl::Duration heartbeat_interval,
 namespace {
 
 namespace etcd = ::etcdserverpb;
+
+// Up to the hard limit: every simulated worker's channel is a socket.
+void RaiseFdLimit() {
+  struct rlimit r;
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
 
 // --- Shardline: a job and a fleet of simulated workers ----------------------
 
@@ -159,16 +178,25 @@ struct Worker {
 class Fleet {
  public:
   // Workers heartbeat every `heartbeat_interval` from their JoinJob on.
+  // Workers first_index .. first_index + workers - 1 (named w<index>).
+  // `connections` > 0: the workers share that many channels (TCP
+  // connections) round-robin, which real workers (one process each) would
+  // not; 0: one channel each.
   Fleet(std::string address, std::string job_id, int workers, int poll_threads,
-        absl::Duration heartbeat_interval)
+        absl::Duration heartbeat_interval, int first_index = 0, int connections = 0)
       : address_(std::move(address)), job_id_(std::move(job_id)) {
     interval_ns_.store(absl::ToInt64Nanoseconds(heartbeat_interval));
-    for (int i = 0; i < workers; ++i) {
+    std::vector<std::shared_ptr<grpc::Channel>> shared;
+    for (int c = 0; c < connections && c < workers; ++c) {
+      shared.push_back(NewChannel(address_, first_index + c));
+    }
+    for (int j = 0; j < workers; ++j) {
+      const int i = first_index + j;
       auto w = std::make_unique<Worker>();
       w->index = i;
       w->id = absl::StrCat("w", i);
       w->job_id = job_id_;
-      w->channel = NewChannel(address_, i);
+      w->channel = shared.empty() ? NewChannel(address_, i) : shared[j % shared.size()];
       w->stub = v1::WorkerService::NewStub(w->channel);
       w->join_tag = {w.get(), Tag::kJoin};
       w->start_tag = {w.get(), Tag::kSessionStart};
@@ -192,6 +220,23 @@ class Fleet {
   double Rendezvous(absl::Duration timeout) {
     start_ = absl::Now();
     for (auto& w : workers_) StartJoin(w.get());
+    return AwaitAssignments(timeout);
+  }
+  // The first JoinJob's time (Rendezvous) and the last assignment's.
+  absl::Time start() const { return start_; }
+  absl::Time last_assigned() const {
+    absl::Time last = start_;
+    for (auto& w : workers_) {
+      if (w->ok) last = std::max(last, w->assigned);
+    }
+    return last;
+  }
+  // Workers ask for compact process groups (GetAssignmentRequest,
+  // JoinJobRequest.compact_groups). Before Rendezvous.
+  void set_compact_groups(bool on) { compact_groups_ = on; }
+
+ private:
+  double AwaitAssignments(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return assigned_ + failed_ >= static_cast<int>(workers_.size());
@@ -204,6 +249,7 @@ class Fleet {
     return absl::ToDoubleSeconds(last - start_);
   }
 
+ public:
   int assigned() {
     absl::MutexLock lock(&mu_);
     return assigned_;
@@ -279,6 +325,7 @@ class Fleet {
     req.mutable_worker()->set_incarnation(1);
     req.set_host(absl::StrCat("host-", w->index));
     req.set_device("cpu");
+    req.set_compact_groups(compact_groups_);
     w->unary_ctx = std::make_unique<grpc::ClientContext>();
     SetDeadline(w->unary_ctx.get(), absl::Seconds(600));
     w->join_start = absl::Now();
@@ -457,6 +504,7 @@ class Fleet {
   std::atomic<int64_t> interval_ns_{0};
   std::atomic<bool> measuring_{false};
   int progress_groups_ = 0;
+  bool compact_groups_ = false;
 
   absl::Mutex mu_;
   int assigned_ ABSL_GUARDED_BY(mu_) = 0;
@@ -691,21 +739,162 @@ int RunBarrier(const Flags& f) {
 
 // --- modes rendezvous and heartbeats -----------------------------------------
 
+// One process's share of a rendezvous (mode rendezvous-part, started by
+// RunRendezvous with --processes > 1): workers first .. first+workers-1 of
+// an existing job start joining at --start-unix-ms; prints its counts and
+// the absolute times of its first JoinJob and last assignment.
+int RunRendezvousPart(const Flags& f) {
+  const std::string address = f.Str("address", "127.0.0.1:7070");
+  const int n = static_cast<int>(f.Int("workers", 64));
+  const int first = static_cast<int>(f.Int("first", 0));
+  Fleet fleet(address, f.Str("job", "rdv"), n, 2, kDefaultInterval, first,
+              static_cast<int>(f.Int("connections", 0)));
+  fleet.set_compact_groups(f.Int("compact-groups", 1) != 0);
+  const absl::Time go = absl::FromUnixMillis(f.Int("start-unix-ms", 0));
+  if (go > absl::Now()) absl::SleepFor(go - absl::Now());
+  fleet.Rendezvous(absl::Seconds(f.Double("timeout-s", 600)));
+  Latencies join = fleet.JoinLatencies();
+  std::printf(
+      "{\"workers\": %d, \"assigned\": %d, \"failed\": %d, \"start_unix_us\": %lld, "
+      "\"last_unix_us\": %lld, \"join_p50_us\": %.1f, \"join_p99_us\": %.1f, "
+      "\"first_error\": \"%s\"}\n",
+      n, fleet.assigned(), fleet.failed(),
+      static_cast<long long>(absl::ToUnixMicros(fleet.start())),
+      static_cast<long long>(absl::ToUnixMicros(fleet.last_assigned())), join.Percentile(50),
+      join.Percentile(99), Esc(fleet.first_error()).c_str());
+  std::fflush(stdout);
+  // Stay connected until every part has reported (the parent closes our
+  // stdin): a part that exits early breaks its workers' Session streams,
+  // which ends the generation for the parts still waiting.
+  char buf[64];
+  while (read(0, buf, sizeof(buf)) > 0) {
+  }
+  std::_Exit(0);
+}
+
+// A number field of the one-line JSON object a part printed (0 if absent).
+double JsonNumber(const std::string& json, const std::string& key) {
+  const std::string k = absl::StrCat("\"", key, "\": ");
+  const size_t at = json.find(k);
+  if (at == std::string::npos) return 0;
+  return std::strtod(json.c_str() + at + k.size(), nullptr);
+}
+std::string JsonString(const std::string& json, const std::string& key) {
+  const std::string k = absl::StrCat("\"", key, "\": \"");
+  const size_t at = json.find(k);
+  if (at == std::string::npos) return "";
+  const size_t end = json.find('"', at + k.size());
+  return json.substr(at + k.size(), end == std::string::npos ? std::string::npos
+                                                              : end - at - k.size());
+}
+
 int RunRendezvous(const Flags& f) {
   const std::string address = f.Str("address", "127.0.0.1:7070");
   const int n = static_cast<int>(f.Int("workers", 64));
   const std::string job = f.Str("job", absl::StrCat("rdv-", n));
+  const int processes = std::max(1, static_cast<int>(f.Int("processes", 1)));
+  const int connections = static_cast<int>(f.Int("connections", 0));  // per process
+  const bool compact = f.Int("compact-groups", 1) != 0;
   if (!CreateJob(address, job, FleetSpec(n, kDefaultInterval, kDefaultTimeout))) return 1;
-  Fleet fleet(address, job, n, 2, kDefaultInterval);
-  const double secs = fleet.Rendezvous(absl::Seconds(f.Double("timeout-s", 600)));
-  Latencies join = fleet.JoinLatencies();
+  if (processes == 1) {
+    Fleet fleet(address, job, n, 2, kDefaultInterval, 0, connections);
+    fleet.set_compact_groups(compact);
+    const double secs = fleet.Rendezvous(absl::Seconds(f.Double("timeout-s", 600)));
+    Latencies join = fleet.JoinLatencies();
+    std::printf(
+        "{\"workers\": %d, \"processes\": 1, \"connections\": %d, \"assigned\": %d, "
+        "\"failed\": %d, \"seconds\": %.4f, \"join_p50_us\": %.1f, \"join_p99_us\": %.1f, "
+        "\"first_error\": \"%s\"}\n",
+        n, connections > 0 ? std::min(connections, n) : n, fleet.assigned(), fleet.failed(),
+        secs, join.Percentile(50), join.Percentile(99), Esc(fleet.first_error()).c_str());
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  // Several processes (posix_spawn of this binary; gRPC does not survive a
+  // fork), each with its share of the workers, all starting at one moment
+  // after their channels are made.
+  const absl::Time go = absl::Now() + absl::Seconds(1) + absl::Microseconds(50) * n;
+  struct Part {
+    pid_t pid = -1;
+    FILE* out = nullptr;
+    int in = -1;  // its stdin: closed once every part has reported
+  };
+  std::vector<Part> parts;
+  int total_connections = 0;
+  for (int p = 0; p < processes; ++p) {
+    const int first = static_cast<int>(int64_t{n} * p / processes);
+    const int count = static_cast<int>(int64_t{n} * (p + 1) / processes) - first;
+    total_connections += connections > 0 ? std::min(connections, count) : count;
+    std::vector<std::string> args = {
+        "cp_load", "rendezvous-part", "--address", address, "--job", job,
+        "--workers", std::to_string(count), "--first", std::to_string(first),
+        "--connections", std::to_string(connections),
+        "--compact-groups", compact ? "1" : "0",
+        "--start-unix-ms", std::to_string(absl::ToUnixMillis(go)),
+        "--timeout-s", f.Str("timeout-s", "600")};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int fds[2], in[2];
+    // Close-on-exec: a later part must not inherit an earlier one's ends.
+    if (pipe2(fds, O_CLOEXEC) != 0 || pipe2(in, O_CLOEXEC) != 0) return 1;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    posix_spawn_file_actions_addclose(&actions, in[1]);
+    Part part;
+    if (posix_spawn(&part.pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ) != 0) {
+      Log("cp_load: cannot start a rendezvous-part process");
+      return 1;
+    }
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    close(in[0]);
+    part.in = in[1];
+    part.out = fdopen(fds[0], "r");
+    parts.push_back(part);
+  }
+  int assigned = 0, failed = 0;
+  double p50 = 0, p99 = 0;
+  int64_t first_us = INT64_MAX, last_us = 0;
+  std::string first_error;
+  std::vector<std::string> lines;
+  for (Part& part : parts) {
+    std::string line;
+    char buf[4096];
+    if (std::fgets(buf, sizeof(buf), part.out) != nullptr) line = buf;
+    lines.push_back(line);
+  }
+  for (Part& part : parts) {
+    close(part.in);
+    std::fclose(part.out);
+    int status = 0;
+    waitpid(part.pid, &status, 0);
+  }
+  for (const std::string& line : lines) {
+    assigned += static_cast<int>(JsonNumber(line, "assigned"));
+    failed += static_cast<int>(JsonNumber(line, "failed"));
+    p50 = std::max(p50, JsonNumber(line, "join_p50_us"));
+    p99 = std::max(p99, JsonNumber(line, "join_p99_us"));
+    const int64_t s0 = static_cast<int64_t>(JsonNumber(line, "start_unix_us"));
+    const int64_t s1 = static_cast<int64_t>(JsonNumber(line, "last_unix_us"));
+    if (s0 > 0) first_us = std::min(first_us, s0);
+    last_us = std::max(last_us, s1);
+    if (first_error.empty()) first_error = JsonString(line, "first_error");
+    if (line.empty() && first_error.empty()) first_error = "a rendezvous-part process printed nothing";
+  }
+  const double secs = first_us == INT64_MAX ? 0 : (last_us - first_us) / 1e6;
+  // join percentiles: the largest of the parts' (an upper bound).
   std::printf(
-      "{\"workers\": %d, \"assigned\": %d, \"failed\": %d, \"seconds\": %.4f, "
-      "\"join_p50_us\": %.1f, \"join_p99_us\": %.1f, \"first_error\": \"%s\"}\n",
-      n, fleet.assigned(), fleet.failed(), secs, join.Percentile(50), join.Percentile(99),
-      Esc(fleet.first_error()).c_str());
+      "{\"workers\": %d, \"processes\": %d, \"connections\": %d, \"assigned\": %d, "
+      "\"failed\": %d, \"seconds\": %.4f, \"join_p50_us\": %.1f, \"join_p99_us\": %.1f, "
+      "\"first_error\": \"%s\"}\n",
+      n, processes, total_connections, assigned, failed, secs, p50, p99,
+      Esc(first_error).c_str());
   std::fflush(stdout);
-  std::_Exit(0);
+  return 0;
 }
 
 // Forms a job of N workers heartbeating every interval-ms (heartbeat_timeout
@@ -766,6 +955,10 @@ int RunHeartbeats(const Flags& f) {
 }
 
 int Main(int argc, char** argv) {
+  // Deadlock detection (on in Debian's Abseil) took a fifth of this
+  // process's CPU at 4096 workers, in GraphCycles on every lock.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  RaiseFdLimit();
   if (argc < 2) {
     std::fprintf(stderr, "usage: cp_load kv|barrier|rendezvous|heartbeats|leases|jobs --flag value ...\n");
     return 2;
@@ -775,6 +968,7 @@ int Main(int argc, char** argv) {
   if (mode == "kv") return RunKv(flags);
   if (mode == "barrier") return RunBarrier(flags);
   if (mode == "rendezvous") return RunRendezvous(flags);
+  if (mode == "rendezvous-part") return RunRendezvousPart(flags);
   if (mode == "heartbeats") return RunHeartbeats(flags);
   if (mode == "leases") return RunLeases(flags);
   if (mode == "jobs") return RunJobs(flags);

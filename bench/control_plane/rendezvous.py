@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Benchmark `rendezvous` (bench/README.md, item 3): the time from the first
-JoinJob until N simulated workers (64..4096) all hold their assignments,
+JoinJob until N simulated workers (64..100000) all hold their assignments,
 against torchrun's c10d rendezvous (torch 1.13) of N nodes over a TCPStore.
 
     bench/control_plane/rendezvous.py --out bench/out/rendezvous.csv [--quick]
@@ -20,7 +20,13 @@ def main():
     quick = benchlib.quick()
     out = benchlib.out_path("bench/out/%s.csv" % NAME)
     rows = benchlib.Rows(out, NAME)
-    sizes = [64, 256] if quick else [64, 128, 256, 1024, 2048, 4096]
+    sizes = [64, 256] if quick else [64, 128, 256, 1024, 2048, 4096, 16384, 32768, 100000]
+    # Up to this size every simulated worker has its own connection, in one
+    # cp_load process; above it SHARED_PROCESSES processes share
+    # SHARED_CONNECTIONS connections each (this machine's fd limit of 20000
+    # and its 28k loopback ports to one address could not hold 100k).
+    own_max = 4096
+    shared_processes, shared_connections = 4, 1024
     # torch's rendezvous rewrites one pickled state with every participant
     # (O(N) per join): past this size it does not finish in a benchmark's time.
     torch_max = 64 if quick else 128
@@ -28,15 +34,21 @@ def main():
     # Past this the answer is already "does not form on this machine".
     shardline_timeout = 60
     for n in sizes:
+        timeout_s = shardline_timeout if n <= own_max else 4 * shardline_timeout
+        extra = {} if n <= own_max else {"processes": shared_processes,
+                                         "connections": shared_connections}
         benchlib.log("%s: %d workers" % (NAME, n))
         sl, note = None, ""
         coord = _common.Coordinator("rendezvous-coordinator-%d" % n)
         try:
             sl = _common.cp_load("rendezvous", address=coord.address, workers=n,
-                                 timeout_s=shardline_timeout, timeout=shardline_timeout + 120)
+                                 timeout_s=timeout_s, timeout=timeout_s + 120, **extra)
+            if extra:
+                note = "%d cp_load processes; %d workers share each of %d connections" % (
+                    sl["processes"], -(-n // sl["connections"]), sl["connections"])
             if sl["assigned"] != n:
                 note = "shardline: %d of %d assigned within %d s (%d failed: %s)" % (
-                    sl["assigned"], n, shardline_timeout, sl["failed"],
+                    sl["assigned"], n, timeout_s, sl["failed"],
                     sl["first_error"][:100].replace(",", ";"))
                 sl = None
         except (RuntimeError, subprocess.TimeoutExpired) as e:
@@ -74,9 +86,14 @@ def main():
 simulated workers at once, each with its own gRPC connection, each doing what `shardline-worker` does: `JoinJob`,
 open the `Session` stream, wait for `SessionOpened`, `GetAssignment(wait)`. The time runs from the first
 `JoinJob` to the last worker holding its assignment. Each assignment carries only the process groups of its
-rank (at dp = N the dp group still lists N ranks, 2 bytes each); Session streams run on gRPC's callback API (no
-thread per stream), and `GetAssignment(wait)` holds a sync-server thread per waiting worker. A size that does
-not form within %d s is reported as not measured, with how many workers got their assignment and the first error. Peer: torchrun's c10d rendezvous
+rank, in the compact form the simulated workers ask for (`JoinJobRequest.compact_groups`: first rank, stride
+and size instead of N ranks at dp = N); `JoinJob`, `GetAssignment` and the Session streams run on gRPC's
+callback API (no thread per waiting worker). Up to 4096 workers every simulated worker has its own gRPC
+channel and TCP connection in one cp_load process; above that 4 cp_load processes each share 1024
+connections among their workers (the note says how many per connection), which real workers, one process
+each, would not: this machine allows 20000 open files per process and ~28k loopback ports to one address.
+Sizes up to 4096 must form within %d s, larger ones within four times that; a size that does not is
+reported as not measured, with how many workers got their assignment and the first error. Peer: torchrun's c10d rendezvous
 (`DynamicRendezvousHandler` + `C10dRendezvousBackend`, min = max nodes = N) over a TCPStore, N nodes as threads of
 one process, each with its own TCPStore connection; it polls its shared state once a second, and each join rewrites the whole pickled state, so
 it is run up to %d nodes only. torchrun has one node per *machine* (agent), Shardline one worker per *rank*: at

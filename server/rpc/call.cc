@@ -75,13 +75,16 @@ absl::Status CallRunner::Admit() const {
 grpc::Status CallRunner::Run(absl::string_view method, absl::FunctionRef<absl::Status()> body) {
   const absl::Time start = absl::Now();
   absl::Status status = Admit();
-  if (status.ok()) {
-    status = body();
-    // A call that failed because the server is going away (its waits were
-    // ended) should be retried, not acted upon.
-    if (!status.ok() && shutting_down()) {
-      status = absl::UnavailableError("the coordinator is shutting down; retry with backoff");
-    }
+  if (status.ok()) status = body();
+  return Conclude(method, start, std::move(status));
+}
+
+grpc::Status CallRunner::Conclude(absl::string_view method, absl::Time start,
+                                  absl::Status status) {
+  // A call that failed because the server is going away (its waits were
+  // ended) should be retried, not acted upon.
+  if (!status.ok() && shutting_down()) {
+    status = absl::UnavailableError("the coordinator is shutting down; retry with backoff");
   }
   if (metrics_ != nullptr) metrics_->ObserveRpc(method, absl::Now() - start, status.code());
   if (status.code() == absl::StatusCode::kInternal) {

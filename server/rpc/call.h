@@ -131,6 +131,10 @@ class CallRunner {
   // Runs one sync-API handler body: UNAVAILABLE while shutting down (the
   // body does not run), metrics, the INTERNAL log, the status mapping.
   grpc::Status Run(absl::string_view method, absl::FunctionRef<absl::Status()> body);
+  // Run()'s ending for a call whose body ended elsewhere (an asynchronous
+  // wait begun at `start`): the shutdown mapping, metrics, the INTERNAL log
+  // and the status mapping of `status`.
+  grpc::Status Conclude(absl::string_view method, absl::Time start, absl::Status status);
 
   // Run() for a handler on the callback API: `body` runs on the pool, not
   // on the gRPC thread that received the call. `body` must capture by value

@@ -268,6 +268,7 @@ void CoordinatorServer::Shutdown() {
     // declared lost).
     calls_->BeginShutdown();
     sessions_->EndAll();
+    if (worker_service_ != nullptr) worker_service_->EndAssignmentWaits();
     watches_->EndAll();
     if (!stop_tick_.HasBeenNotified()) stop_tick_.Notify();
     if (tick_thread_.joinable()) tick_thread_.join();

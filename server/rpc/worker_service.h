@@ -3,10 +3,16 @@
 // Session streams.
 //
 // Where each method runs (server/rpc/call.h):
-//   JoinJob, GetAssignment, ReportError, LeaveJob, CompleteJob: sync API, on a
-//     sync-server thread; GetAssignment with wait holds it while it waits
-//     (in slices of kWaitSlice, so a cancelled caller or a shutdown frees it
-//     promptly).
+//   ReportError, LeaveJob, CompleteJob: sync API, on a sync-server thread.
+//   JoinJob: callback API; the body runs on the HandlerPool (it never
+//     waits), so that 100k workers joining at once do not exhaust the sync
+//     server's threads (RESOURCE_EXHAUSTED "Server Threadpool Exhausted").
+//   GetAssignment: callback API; the body runs on the HandlerPool. With
+//     wait it holds no thread while it waits: the Coordinator calls its
+//     waker (Coordinator::PollAssignment) when the member's answer may have
+//     changed, a gRPC alarm ends it at its deadline, and a cancelled call
+//     or EndAssignmentWaits (shutdown) ends it at once. (A sync-server
+//     thread per waiting worker meant 4096 threads at 4096 workers.)
 //   Heartbeat: callback API; the body runs on the HandlerPool (it never
 //     waits).
 //   Session: callback API; the stream holds no thread
@@ -52,7 +58,13 @@
 #ifndef SHARDLINE_SERVER_RPC_WORKER_SERVICE_H_
 #define SHARDLINE_SERVER_RPC_WORKER_SERVICE_H_
 
+#include <map>
+#include <memory>
+
 #include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 #include "server/checkpoint_flow.h"
 #include "server/coordinator.h"
@@ -64,19 +76,23 @@ namespace shardline::server::rpc {
 
 class WorkerServiceImpl final
     : public v1::WorkerService::WithCallbackMethod_Session<
-          v1::WorkerService::WithCallbackMethod_Heartbeat<v1::WorkerService::Service>> {
+          v1::WorkerService::WithCallbackMethod_Heartbeat<
+              v1::WorkerService::WithCallbackMethod_GetAssignment<
+                  v1::WorkerService::WithCallbackMethod_JoinJob<v1::WorkerService::Service>>>> {
  public:
   // Not owned; all must outlive the service. `pass_on`: see
   // CheckpointFlow::PassOnFn.
   WorkerServiceImpl(CallRunner* calls, Coordinator* coordinator, CheckpointFlow* checkpoints,
                     SessionStreams* sessions, CheckpointFlow::PassOnFn pass_on);
 
-  grpc::Status JoinJob(grpc::ServerContext* ctx, const v1::JoinJobRequest* req,
-                       v1::JoinJobResponse* resp) override;
+  grpc::ServerUnaryReactor* JoinJob(grpc::CallbackServerContext* ctx,
+                                    const v1::JoinJobRequest* req,
+                                    v1::JoinJobResponse* resp) override;
   grpc::ServerWriteReactor<v1::SessionMessage>* Session(grpc::CallbackServerContext* ctx,
                                                         const v1::SessionRequest* req) override;
-  grpc::Status GetAssignment(grpc::ServerContext* ctx, const v1::GetAssignmentRequest* req,
-                             v1::Assignment* resp) override;
+  grpc::ServerUnaryReactor* GetAssignment(grpc::CallbackServerContext* ctx,
+                                          const v1::GetAssignmentRequest* req,
+                                          v1::Assignment* resp) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override;
@@ -87,12 +103,23 @@ class WorkerServiceImpl final
   grpc::Status CompleteJob(grpc::ServerContext* ctx, const v1::CompleteJobRequest* req,
                            v1::Job* resp) override;
 
+  // Ends every waiting GetAssignment with UNAVAILABLE (the server is
+  // shutting down; CallRunner::BeginShutdown first). Returns at once; the
+  // calls finish on the HandlerPool.
+  void EndAssignmentWaits() ABSL_LOCKS_EXCLUDED(waits_mu_);
+
+  class AssignmentWait;  // one waiting GetAssignment (worker_service.cc)
+
  private:
+  friend class AssignmentWait;
   CallRunner* const calls_;
   Coordinator* const coordinator_;
   CheckpointFlow* const checkpoints_;
   SessionStreams* const sessions_;
   const CheckpointFlow::PassOnFn pass_on_;
+  // The waiting GetAssignment calls, for EndAssignmentWaits.
+  absl::Mutex waits_mu_;
+  std::map<AssignmentWait*, std::weak_ptr<AssignmentWait>> waits_ ABSL_GUARDED_BY(waits_mu_);
 };
 
 }  // namespace shardline::server::rpc
