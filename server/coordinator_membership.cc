@@ -4,6 +4,7 @@
 #include "common/log.h"
 #include "server/coordinator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -157,6 +158,11 @@ absl::StatusOr<v1::JoinJobResponse> Coordinator::JoinJob(const v1::JoinJobReques
   m.member.set_detail("");
   m.member.set_generation(job->job.generation());
   m.last_heartbeat = now;  // a fresh heartbeat clock
+  // It is live from now on: its timeout may fall before the next scan Tick
+  // planned when it was not (JobRecord::next_timeout_scan).
+  job->next_timeout_scan =
+      std::min(job->next_timeout_scan,
+               now + FromProto(job->job.spec().elastic().heartbeat_timeout()));
   const v1::ElasticPolicy& elastic = job->job.spec().elastic();
   if (job->job.phase() == v1::JOB_PHASE_RUNNING && spec::IsExternalJob(job->job.spec()) &&
       job->job.world_size() < elastic.max_workers()) {

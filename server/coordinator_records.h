@@ -224,9 +224,11 @@ struct Coordinator::JobRecord {
   std::optional<v1::Backend> live_backend;
   // Tick scans the members for heartbeat timeouts only once now reaches
   // this: the earliest last_heartbeat + heartbeat_timeout among the live
-  // members at the last scan. last_heartbeat only moves later, and a
-  // member that becomes live later starts its clock after that scan, so no
-  // timeout falls before it.
+  // members at the last scan, lowered by every JoinJob to the joiner's
+  // now + heartbeat_timeout (a member not live at the scan, or none at
+  // all, was not counted). A live member's last_heartbeat only moves
+  // later, so no timeout falls before it. Loading state leaves it in the
+  // past: the first Tick scans.
   absl::Time next_timeout_scan = absl::InfinitePast();
   uint64_t progress_step = 0;  // last StepProgress emitted
   // Hangs and stragglers (coordinator_progress.cc); in memory only.

@@ -97,6 +97,32 @@ TEST_F(CoordinatorTest, SparesAndAConstantGlobalBatch) {
   EXPECT_EQ(job2.num_spares(), 3u);
 }
 
+// Tick skips its scan of the members until a timeout can be due; a Tick
+// before anyone joined (nothing due, ever) must not keep the members who
+// join later from being scanned: the frozen one is still LOST in time.
+TEST_F(CoordinatorTest, HeartbeatTimeoutOfMembersWhoJoinedAfterAnEmptyScan) {
+  Create(Spec(2, 3));
+  coordinator_->Tick();  // no members yet
+  clock_.Advance(absl::Seconds(1));
+  coordinator_->Tick();
+  for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
+  ASSERT_EQ(Job().generation(), 1u);
+  // a and b heartbeat every second; c is frozen from its join.
+  for (int t = 1; t <= 10; ++t) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(Beat("a", 1, t).ok());
+    ASSERT_TRUE(Beat("b", 1, t).ok());
+    coordinator_->Tick();
+    ASSERT_EQ(Job().generation(), 1u) << "declared lost too early, t=" << t;
+  }
+  clock_.Advance(absl::Seconds(1));
+  const std::vector<GenerationEnded> ended = coordinator_->Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_THAT(ended[0].reason, HasSubstr("rank 2 (c) lost"));
+  EXPECT_EQ(Members()["c"].state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(Members()["c"].loss_reason(), v1::LOSS_REASON_HEARTBEAT_TIMEOUT);
+}
+
 // Case C9: 3 workers, min 2; one is frozen (no clean leave).
 TEST_F(CoordinatorTest, C9FrozenRankIsLostByHeartbeatTimeoutAndFencedOnWaking) {
   Create(Spec(2, 3));
