@@ -42,7 +42,9 @@ COORDINATOR_BIN="" WORKER_BIN="" SHARDCTL_BIN="" DATA="$REPO/data/tinyshakespear
 CUT_AT_STEP=12
 STEPS=1000
 KEEP=0
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
+  case "$1" in --keep) ;; --*) [ $# -ge 2 ] || usage ;; esac  # every other flag takes a value
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --prefix) PREFIX="$2"; shift 2 ;;
@@ -56,12 +58,14 @@ while [ $# -gt 0 ]; do
     --cut-at-step) CUT_AT_STEP="$2"; shift 2 ;;
     --steps) STEPS="$2"; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    *) sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) usage ;;
   esac
 done
-if ! [[ "$STEPS" =~ ^[0-9]+$ ]] || ! [[ "$CUT_AT_STEP" =~ ^[0-9]+$ ]] || [ "$CUT_AT_STEP" -lt 11 ] ||
-  [ "$STEPS" -lt $((CUT_AT_STEP + 30)) ]; then
-  echo "demo.sh: want --cut-at-step >= 11 (after the first checkpoint) and --steps >= cut + 30" >&2
+# At most 9 digits each: the arithmetic below cannot overflow.
+if ! [[ "$STEPS" =~ ^[0-9]{1,9}$ ]] || ! [[ "$CUT_AT_STEP" =~ ^[0-9]{1,9}$ ]] ||
+  [ "$CUT_AT_STEP" -lt 11 ] || [ "$STEPS" -lt $((10#$CUT_AT_STEP + 30)) ]; then
+  echo "demo.sh: want --cut-at-step >= 11 (after the first checkpoint) and --steps >= cut + 30," \
+    "whole numbers below 10^9 (got --cut-at-step '$CUT_AT_STEP' --steps '$STEPS')" >&2
   exit 2
 fi
 [ "$(id -u)" -eq 0 ] || { echo "demo.sh: needs root (network namespaces)" >&2; exit 1; }

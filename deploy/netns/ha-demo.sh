@@ -57,6 +57,7 @@ KEEP=0
 FAULT="cut"
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
+  case "$1" in --keep | --tls) ;; --*) [ $# -ge 2 ] || usage ;; esac  # every other flag takes a value
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --prefix) PREFIX="$2"; shift 2 ;;
@@ -76,9 +77,11 @@ while [ $# -gt 0 ]; do
     *) usage ;;
   esac
 done
-if ! [[ "$STEPS" =~ ^[0-9]+$ ]] || ! [[ "$CUT_AT_STEP" =~ ^[0-9]+$ ]] || [ "$CUT_AT_STEP" -lt 11 ] ||
-  [ "$STEPS" -lt $((CUT_AT_STEP + 30)) ]; then
-  echo "ha-demo.sh: want --cut-at-step >= 11 (after the first checkpoint) and --steps >= cut + 30" >&2
+# At most 9 digits each: the arithmetic below cannot overflow.
+if ! [[ "$STEPS" =~ ^[0-9]{1,9}$ ]] || ! [[ "$CUT_AT_STEP" =~ ^[0-9]{1,9}$ ]] ||
+  [ "$CUT_AT_STEP" -lt 11 ] || [ "$STEPS" -lt $((10#$CUT_AT_STEP + 30)) ]; then
+  echo "ha-demo.sh: want --cut-at-step >= 11 (after the first checkpoint) and --steps >= cut + 30," \
+    "whole numbers below 10^9 (got --cut-at-step '$CUT_AT_STEP' --steps '$STEPS')" >&2
   exit 2
 fi
 case "$FAULT" in cut | kill) ;; *) echo "ha-demo.sh: --fault is cut or kill, not '$FAULT'" >&2; exit 2 ;; esac
