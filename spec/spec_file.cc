@@ -524,6 +524,16 @@ absl::Status SpecParser::CheckDuration(Json& value, const std::string& path) {
     return Invalid(path, absl::StrCat("'", path, "' = \"", text,
                                       "\" is out of range (at most 10000 years)"));
   }
+  // A duration is kept in whole nanoseconds (google.protobuf.Duration): one
+  // that parses to a fraction of a nanosecond, or to zero from non-zero
+  // digits, is refused rather than truncated (0.5ns would become 0s, which
+  // several fields read as "unset" or "off").
+  if (d != absl::Trunc(d, absl::Nanoseconds(1)) ||
+      (d == absl::ZeroDuration() && text.find_first_of("123456789") != std::string::npos)) {
+    return Invalid(path, absl::StrCat("'", path, "' = \"", text,
+                                      "\" is finer than a nanosecond; durations are kept in whole "
+                                      "nanoseconds"));
+  }
   // proto3 JSON takes only seconds: "90s", "0.500s".
   const int64_t nanos = absl::ToInt64Nanoseconds(absl::AbsDuration(d));
   std::string out = absl::StrCat(d < absl::ZeroDuration() ? "-" : "", nanos / 1000000000);

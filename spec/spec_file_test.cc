@@ -233,6 +233,18 @@ TEST(SpecFileTest, BadDurations) {
                     HasSubstr("the number 10 has no unit")));
   EXPECT_THAT(Error(Json(R"({"elastic": {"join_timeout": 30}})")),
               HasSubstr("'elastic.join_timeout' is a duration and the number 30 has no unit"));
+  // Finer than a nanosecond: refused, not truncated to 0s ("unset"/"off").
+  EXPECT_THAT(Error(Yaml("elastic:\n  progress_timeout: 0.5ns\n")),
+              AllOf(HasSubstr("'elastic.progress_timeout' = \"0.5ns\""),
+                    HasSubstr("finer than a nanosecond")));
+  EXPECT_THAT(Error(Yaml("elastic:\n  heartbeat_interval: 0.0000000001s\n")),
+              HasSubstr("'elastic.heartbeat_interval' = \"0.0000000001s\" is finer than"));
+  absl::StatusOr<v1::JobSpec> zero = Yaml("elastic:\n  straggler_min_excess: 0.000s\n");
+  ASSERT_TRUE(zero.ok()) << zero.status();  // a written zero is zero
+  absl::StatusOr<v1::JobSpec> whole = Yaml("elastic:\n  straggler_min_excess: 1.000000001s\n");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->elastic().straggler_min_excess().seconds(), 1);
+  EXPECT_EQ(whole->elastic().straggler_min_excess().nanos(), 1);
 }
 
 TEST(SpecFileTest, DurationsWithUnitsBecomeSeconds) {
