@@ -25,22 +25,36 @@ namespace shardline::bench {
 
 class Flags {
  public:
+  // cp_load MODE --name value ...: every flag takes a value; a flag without
+  // one, or an argument that is not a --flag, exits 2 naming it.
   Flags(int argc, char** argv) {
-    for (int i = 2; i + 1 < argc; i += 2) {
+    for (int i = 2; i < argc; i += 2) {
       std::string k = argv[i];
-      if (k.rfind("--", 0) == 0) k = k.substr(2);
-      values_[k] = argv[i + 1];
+      if (k.rfind("--", 0) != 0 || k.size() == 2) {
+        std::fprintf(stderr, "cp_load: '%s' is not a --flag (flags are --name value)\n",
+                     k.c_str());
+        std::exit(2);
+      }
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "cp_load: %s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      values_[k.substr(2)] = argv[i + 1];
     }
   }
   std::string Str(const std::string& k, const std::string& def) const {
     auto it = values_.find(k);
     return it == values_.end() ? def : it->second;
   }
-  int64_t Int(const std::string& k, int64_t def) const {
+  // An integer in [lo, hi] (default: 0 .. 2^31-1, as most are counts read
+  // into an int); anything else exits 2 naming the flag and the range.
+  int64_t Int(const std::string& k, int64_t def, int64_t lo = 0,
+              int64_t hi = 2147483647) const {
     auto it = values_.find(k);
     int64_t v = def;
-    if (it != values_.end() && !absl::SimpleAtoi(it->second, &v)) {
-      std::fprintf(stderr, "cp_load: --%s=%s is not an integer\n", k.c_str(), it->second.c_str());
+    if (it != values_.end() && (!absl::SimpleAtoi(it->second, &v) || v < lo || v > hi)) {
+      std::fprintf(stderr, "cp_load: --%s=%s: want a whole number in %lld..%lld\n", k.c_str(),
+                   it->second.c_str(), static_cast<long long>(lo), static_cast<long long>(hi));
       std::exit(2);
     }
     return v;
@@ -48,7 +62,11 @@ class Flags {
   double Double(const std::string& k, double def) const {
     auto it = values_.find(k);
     double v = def;
-    if (it != values_.end() && !absl::SimpleAtod(it->second, &v)) std::exit(2);
+    if (it != values_.end() && (!absl::SimpleAtod(it->second, &v) || !(v >= 0) || v > 1e9)) {
+      std::fprintf(stderr, "cp_load: --%s=%s: want a number in 0..1e9\n", k.c_str(),
+                   it->second.c_str());
+      std::exit(2);
+    }
     return v;
   }
 

@@ -30,7 +30,7 @@ namespace v1 = ::shardline::v1;
 
 int RunJobs(const Flags& f) {
   const std::string address = f.Str("address", "127.0.0.1:7070");
-  const int clients = static_cast<int>(f.Int("clients", 4));
+  const int clients = static_cast<int>(f.Int("clients", 4, 1, 65536));
   const int jobs = static_cast<int>(f.Int("jobs", 500));
   const std::string prefix = f.Str("prefix", "cj");
   if (clients < 1 || jobs < 1) {

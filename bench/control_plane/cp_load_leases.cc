@@ -27,7 +27,7 @@ namespace etcd = ::etcdserverpb;
 // TTL <= 0 means the lease had expired: a false eviction.
 int RunLeases(const Flags& f) {
   const std::string address = f.Str("address", "127.0.0.1:2379");
-  const int n = static_cast<int>(f.Int("workers", 1024));
+  const int n = static_cast<int>(f.Int("workers", 1024, 1, 131072));
   const absl::Duration interval = absl::Milliseconds(f.Int("interval-ms", 1000));
   const int64_t ttl = f.Int("ttl-s", 10);
   const absl::Duration duration = absl::Seconds(f.Double("seconds", 5));

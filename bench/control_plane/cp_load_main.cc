@@ -573,7 +573,7 @@ std::unique_ptr<Fleet> FormFleet(const std::string& address, const std::string& 
 int RunKv(const Flags& f) {
   const std::string target = f.Str("target", "shardline");
   const std::string address = f.Str("address", "127.0.0.1:7070");
-  const int clients = static_cast<int>(f.Int("clients", 1));
+  const int clients = static_cast<int>(f.Int("clients", 1, 1, 65536));
   const absl::Duration duration = absl::Seconds(f.Double("seconds", 3));
   const std::string value(static_cast<size_t>(f.Int("value-bytes", 64)), 'v');
 
@@ -688,7 +688,7 @@ int RunKv(const Flags& f) {
 // round.
 int RunBarrier(const Flags& f) {
   const std::string address = f.Str("address", "127.0.0.1:7070");
-  const int clients = static_cast<int>(f.Int("clients", 2));
+  const int clients = static_cast<int>(f.Int("clients", 2, 1, 65536));
   const int rounds = static_cast<int>(f.Int("rounds", 50));
   double unused;
   std::unique_ptr<Fleet> fleet =
@@ -745,12 +745,13 @@ int RunBarrier(const Flags& f) {
 // the absolute times of its first JoinJob and last assignment.
 int RunRendezvousPart(const Flags& f) {
   const std::string address = f.Str("address", "127.0.0.1:7070");
-  const int n = static_cast<int>(f.Int("workers", 64));
+  const int n = static_cast<int>(f.Int("workers", 64, 1, 131072));
   const int first = static_cast<int>(f.Int("first", 0));
   Fleet fleet(address, f.Str("job", "rdv"), n, 2, kDefaultInterval, first,
               static_cast<int>(f.Int("connections", 0)));
   fleet.set_compact_groups(f.Int("compact-groups", 1) != 0);
-  const absl::Time go = absl::FromUnixMillis(f.Int("start-unix-ms", 0));
+  const absl::Time go =
+      absl::FromUnixMillis(f.Int("start-unix-ms", 0, 0, int64_t{1} << 50));
   if (go > absl::Now()) absl::SleepFor(go - absl::Now());
   fleet.Rendezvous(absl::Seconds(f.Double("timeout-s", 600)));
   Latencies join = fleet.JoinLatencies();
@@ -790,10 +791,13 @@ std::string JsonString(const std::string& json, const std::string& key) {
 
 int RunRendezvous(const Flags& f) {
   const std::string address = f.Str("address", "127.0.0.1:7070");
-  const int n = static_cast<int>(f.Int("workers", 64));
+  // Up to the coordinator's 131072 members per job (server/coordinator_records.h).
+  const int n = static_cast<int>(f.Int("workers", 64, 1, 131072));
   const std::string job = f.Str("job", absl::StrCat("rdv-", n));
-  const int processes = std::max(1, static_cast<int>(f.Int("processes", 1)));
-  const int connections = static_cast<int>(f.Int("connections", 0));  // per process
+  // At most one process per worker, and 256 (each a process of its own).
+  const int processes = static_cast<int>(f.Int("processes", 1, 1, std::min(n, 256)));
+  // Per process; 0: one per worker.
+  const int connections = static_cast<int>(f.Int("connections", 0, 0, 65536));
   const bool compact = f.Int("compact-groups", 1) != 0;
   if (!CreateJob(address, job, FleetSpec(n, kDefaultInterval, kDefaultTimeout))) return 1;
   if (processes == 1) {
@@ -904,7 +908,7 @@ int RunRendezvous(const Flags& f) {
 // when 0). Evictions are counted after each phase.
 int RunHeartbeats(const Flags& f) {
   const std::string address = f.Str("address", "127.0.0.1:7070");
-  const int n = static_cast<int>(f.Int("workers", 1024));
+  const int n = static_cast<int>(f.Int("workers", 1024, 1, 131072));
   const absl::Duration interval = absl::Milliseconds(f.Int("interval-ms", 1000));
   const absl::Duration timeout = absl::Milliseconds(f.Int("timeout-ms", 10000));
   const absl::Duration paced = absl::Seconds(f.Double("seconds", 5));
