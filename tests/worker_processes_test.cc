@@ -293,6 +293,13 @@ TEST(WorkerProcessesTest, ClearErrors) {
     EXPECT_TRUE(absl::StrContains(c.Log(), "--log-interval=-3 must be >= 1")) << c.Log();
   }
   {
+    Child c(worker, {"--job", "j", "--sample-length", "999999999999"}, dir + "/sample.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
+    EXPECT_TRUE(
+        absl::StrContains(c.Log(), "--sample-length=999999999999 must be in 0..1048576 (bytes)"))
+        << c.Log();
+  }
+  {
     Child c(worker, {"--job", "j", "--worker-id", ""}, dir + "/empty-id.log");
     EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
     EXPECT_TRUE(absl::StrContains(c.Log(), "--worker-id is empty")) << c.Log();

@@ -257,6 +257,11 @@ int Run(int argc, char** argv) {
       return 2;
     }
   }
+  if (sample_length > (int64_t{1} << 20)) {  // one forward pass a byte: keep a typo from running for hours
+    std::cerr << "shardline-worker: --sample-length=" << sample_length
+              << " must be in 0..1048576 (bytes)\n";
+    return 2;
+  }
   if (threads < 1 || threads > train::kMaxIntraOpThreads) {
     std::cerr << "shardline-worker: --threads=" << threads << " must be in 1.."
               << train::kMaxIntraOpThreads << "\n";

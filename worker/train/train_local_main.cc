@@ -59,6 +59,10 @@ int Main(int argc, char** argv) {
   // Writes to a lost peer's socket fail with EPIPE instead of killing us.
   std::signal(SIGPIPE, SIG_IGN);
   ArgParser args("shardline-train-local SPEC");
+  // Bounds that keep a typo from running for hours: an evaluation reads
+  // eval_samples windows; sampling generates one byte per forward pass.
+  constexpr int64_t kMaxEvalSamples = 1000000;
+  constexpr int64_t kMaxSampleLength = 1 << 20;
   constexpr int64_t kSpecSteps = std::numeric_limits<int64_t>::min();  // --steps not given
   int64_t dp = 1, steps = kSpecSteps, log_interval = 10, eval_interval = 0, eval_samples = 240,
           sample_length = 0, threads = 1;
@@ -99,8 +103,14 @@ int Main(int argc, char** argv) {
   if (threads < 1 || threads > kMaxIntraOpThreads) {
     return Fail(absl::StrCat("--threads=", threads, " must be in 1..", kMaxIntraOpThreads));
   }
-  if (eval_interval < 0 || eval_samples < 1 || sample_length < 0)
-    return Fail("--eval-interval and --sample-length must be >= 0, --eval-samples >= 1");
+  if (eval_interval < 0) return Fail(absl::StrCat("--eval-interval=", eval_interval, " must be >= 0"));
+  if (eval_samples < 1 || eval_samples > kMaxEvalSamples) {
+    return Fail(absl::StrCat("--eval-samples=", eval_samples, " must be in 1..", kMaxEvalSamples));
+  }
+  if (sample_length < 0 || sample_length > kMaxSampleLength) {
+    return Fail(absl::StrCat("--sample-length=", sample_length, " must be in 0..",
+                             kMaxSampleLength, " (bytes)"));
+  }
 
   absl::StatusOr<v1::JobSpec> raw = spec::ReadJobSpecFile((*positional)[0]);
   if (!raw.ok()) return Fail(std::string(raw.status().message()));
@@ -125,6 +135,14 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Corpus> corpus =
       Corpus::Load(spec->data().dataset_path(), spec->data().validation_fraction());
   if (!corpus.ok()) return Fail(std::string(corpus.status().message()), 1);
+  // The run ends with a validation loss: say so now, not after training.
+  if (corpus->validation_size() <= static_cast<int64_t>(options->model.seq_length)) {
+    return Fail(absl::StrCat(
+        "the validation split (data.validation_fraction=", spec->data().validation_fraction(),
+        " of ", spec->data().dataset_path(), ": ", corpus->validation_size(),
+        " bytes) must be longer than model.seq_length=", options->model.seq_length,
+        ": this program reports a validation loss; raise data.validation_fraction (e.g. 0.1)"));
+  }
   SetIntraOpThreads(static_cast<int>(threads));
   const bool on_gpu = device_name != "cpu";
   if (on_gpu) {

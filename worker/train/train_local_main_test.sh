@@ -38,5 +38,19 @@ check "the message says what to change" 1 "" \
   "raise spec.parallel.pp or spec.parallel.tp; now tp=1 pp=2), shard model states over data-parallel ranks (spec.parallel.zero_stage up to 3 with more workers; now zero_stage=2 at dp=1), lower spec.training.micro_batch (now 3) for activations, or run on a host with more memory" \
   -- "$TMP/huge.yaml" --steps 1
 
+check "--eval-samples has a bound" 2 "" "--eval-samples=999999999999 must be in 1..1000000" \
+  -- "$SPEC" --eval-samples 999999999999
+check "--sample-length has a bound" 2 "" "--sample-length=999999999999 must be in 0..1048576 (bytes)" \
+  -- "$SPEC" --sample-length 999999999999
+
+# No validation split (validation_fraction 0): refused before training, as
+# the run ends with a validation loss (it used to fail after the last step).
+head -c 20000 /dev/urandom | base64 >"$TMP/corpus.txt"
+sed -e "s|^\(  dataset_path:\).*|\1 $TMP/corpus.txt|" -e "s|^\(  validation_fraction:\).*|\1 0|" \
+  "$SPEC" >"$TMP/noval.yaml"
+check "no validation split" 2 "" \
+  "the validation split (data.validation_fraction=0 of $TMP/corpus.txt: 0 bytes) must be longer than model.seq_length=64" \
+  -- "$TMP/noval.yaml" --steps 1
+
 echo "$fails failed"
 [ $fails -eq 0 ]
