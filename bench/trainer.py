@@ -200,8 +200,7 @@ rows or columns of the output, OpenBLAS single-threaded in each part; bit-identi
 head, `torch.set_num_threads(T)` and OPENBLAS_NUM_THREADS=T, since Debian's torch does
 not hand its thread count to OpenBLAS, which would otherwise use every core); Debian's torch 1.13 is built with BLAS_INFO=generic and
 calls the system libblas.so.3, which here is OpenBLAS 0.3.21 (pthread) too, so both sides
-run the same GEMM kernels (OPENBLAS_CORETYPE=%s set for both: OpenBLAS 0.3.21 misdetects
-this VM's CPU as Prescott). Current torch (%s: PyPI's wheel, in the virtualenv
+run the same GEMM kernels (%s). Current torch (%s: PyPI's wheel, in the virtualenv
 `deploy/install_deps.sh --bench` makes) brings its own GEMM and OpenMP runtime. DDP: 2 processes, gloo all-reduce of gradients in buckets.
 On a machine with an NVIDIA GPU the GPU rows measure `shardline-train-local --device cuda:0`
 on a GPT-2-small-sized model (12 layers, width 768, context 256, batch 16) and report model
@@ -214,7 +213,10 @@ threads spin-wait, so any other load on the machine stalls them; for "1 process 
 torch is therefore run twice, with its default (2 intra-op threads, 2 OpenBLAS threads) and
 with 1 intra-op thread and 2 OpenBLAS threads, and the better figure is its value (both are
 in the CSV's note). %s
-""" % (steps - skip, skip, rounds, SPEC, blas or "unset",
+""" % (steps - skip, skip, rounds, SPEC,
+       ("OPENBLAS_CORETYPE=%s set for both: OpenBLAS 0.3.21 took this VM's CPU for a Prescott" % blas)
+       if blas else "OpenBLAS's own choice of kernels for this CPU on both sides (bench/run.sh sets "
+       "OPENBLAS_CORETYPE only where OpenBLAS reports a Prescott)",
        ", ".join(benchlib.torch_version(p) for label, p in peers
                  if not label.startswith("torch 1.")) or "not installed here",
        "Every measured process (both sides) ran under SCHED_FIFO (`chrt -f 10`), so the "

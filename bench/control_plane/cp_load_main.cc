@@ -747,7 +747,8 @@ int RunRendezvousPart(const Flags& f) {
   const std::string address = f.Str("address", "127.0.0.1:7070");
   const int n = static_cast<int>(f.Int("workers", 64, 1, 131072));
   const int first = static_cast<int>(f.Int("first", 0));
-  Fleet fleet(address, f.Str("job", "rdv"), n, 2, kDefaultInterval, first,
+  Fleet fleet(address, f.Str("job", "rdv"), n, 2,
+              absl::Milliseconds(f.Int("interval-ms", 5000, 100, 600000)), first,
               static_cast<int>(f.Int("connections", 0)));
   fleet.set_compact_groups(f.Int("compact-groups", 1) != 0);
   const absl::Time go =
@@ -799,18 +800,26 @@ int RunRendezvous(const Flags& f) {
   // Per process; 0: one per worker.
   const int connections = static_cast<int>(f.Int("connections", 0, 0, 65536));
   const bool compact = f.Int("compact-groups", 1) != 0;
-  if (!CreateJob(address, job, FleetSpec(n, kDefaultInterval, kDefaultTimeout))) return 1;
+  // The heartbeat interval a fleet of N would be given: at least 5 s, and
+  // N / 5000 s above 25000 workers, so that the fleet offers at most 5000
+  // heartbeats/s while it forms (about a third of what one coordinator
+  // answers on these 2 shared cores, docs/benchmarks.md heartbeats); the
+  // timeout is 6 intervals (30 s at 5 s).
+  const int64_t interval_ms =
+      f.Int("interval-ms", std::max<int64_t>(5000, n / 5), 100, 600000);
+  const absl::Duration interval = absl::Milliseconds(interval_ms);
+  if (!CreateJob(address, job, FleetSpec(n, interval, 6 * interval))) return 1;
   if (processes == 1) {
-    Fleet fleet(address, job, n, 2, kDefaultInterval, 0, connections);
+    Fleet fleet(address, job, n, 2, interval, 0, connections);
     fleet.set_compact_groups(compact);
     const double secs = fleet.Rendezvous(absl::Seconds(f.Double("timeout-s", 600)));
     Latencies join = fleet.JoinLatencies();
     std::printf(
-        "{\"workers\": %d, \"processes\": 1, \"connections\": %d, \"assigned\": %d, "
-        "\"failed\": %d, \"seconds\": %.4f, \"join_p50_us\": %.1f, \"join_p99_us\": %.1f, "
-        "\"first_error\": \"%s\"}\n",
-        n, connections > 0 ? std::min(connections, n) : n, fleet.assigned(), fleet.failed(),
-        secs, join.Percentile(50), join.Percentile(99), Esc(fleet.first_error()).c_str());
+        "{\"workers\": %d, \"processes\": 1, \"connections\": %d, \"interval_ms\": %lld, "
+        "\"assigned\": %d, \"failed\": %d, \"seconds\": %.4f, \"join_p50_us\": %.1f, "
+        "\"join_p99_us\": %.1f, \"first_error\": \"%s\"}\n",
+        n, connections > 0 ? std::min(connections, n) : n, static_cast<long long>(interval_ms),
+        fleet.assigned(), fleet.failed(), secs, join.Percentile(50), join.Percentile(99), Esc(fleet.first_error()).c_str());
     std::fflush(stdout);
     std::_Exit(0);
   }
@@ -834,6 +843,7 @@ int RunRendezvous(const Flags& f) {
         "--workers", std::to_string(count), "--first", std::to_string(first),
         "--connections", std::to_string(connections),
         "--compact-groups", compact ? "1" : "0",
+        "--interval-ms", std::to_string(interval_ms),
         "--start-unix-ms", std::to_string(absl::ToUnixMillis(go)),
         "--timeout-s", f.Str("timeout-s", "600")};
     std::vector<char*> argv;
@@ -892,10 +902,10 @@ int RunRendezvous(const Flags& f) {
   const double secs = first_us == INT64_MAX ? 0 : (last_us - first_us) / 1e6;
   // join percentiles: the largest of the parts' (an upper bound).
   std::printf(
-      "{\"workers\": %d, \"processes\": %d, \"connections\": %d, \"assigned\": %d, "
-      "\"failed\": %d, \"seconds\": %.4f, \"join_p50_us\": %.1f, \"join_p99_us\": %.1f, "
-      "\"first_error\": \"%s\"}\n",
-      n, processes, total_connections, assigned, failed, secs, p50, p99,
+      "{\"workers\": %d, \"processes\": %d, \"connections\": %d, \"interval_ms\": %lld, "
+      "\"assigned\": %d, \"failed\": %d, \"seconds\": %.4f, \"join_p50_us\": %.1f, "
+      "\"join_p99_us\": %.1f, \"first_error\": \"%s\"}\n",
+      n, processes, total_connections, static_cast<long long>(interval_ms), assigned, failed, secs, p50, p99,
       Esc(first_error).c_str());
   std::fflush(stdout);
   return 0;

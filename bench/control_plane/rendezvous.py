@@ -46,6 +46,8 @@ def main():
             if extra:
                 note = "%d cp_load processes; %d workers share each of %d connections" % (
                     sl["processes"], -(-n // sl["connections"]), sl["connections"])
+            if sl["interval_ms"] != 5000:
+                note += "; heartbeat_interval %g s (N/5000 s)" % (sl["interval_ms"] / 1000.0)
             if sl["assigned"] != n:
                 note = "shardline: %d of %d assigned within %d s (%d failed: %s)" % (
                     sl["assigned"], n, timeout_s, sl["failed"],
@@ -92,7 +94,11 @@ callback API (no thread per waiting worker). Up to 4096 workers every simulated 
 channel and TCP connection in one cp_load process; above that 4 cp_load processes each share 1024
 connections among their workers (the note says how many per connection), which real workers, one process
 each, would not: this machine allows 20000 open files per process and ~28k loopback ports to one address.
-Sizes up to 4096 must form within %d s, larger ones within four times that; a size that does not is
+Every simulated worker heartbeats from its `JoinJob` on, every `heartbeat_interval` = max(5 s, N/5000 s)
+(`heartbeat_timeout` 6 intervals): the interval grows past 25000 workers so that the fleet offers at most
+5000 heartbeats/s while it forms, as a deployment of that size would be configured (the heartbeats table shows
+what one coordinator answers here; at 100000 workers and 5 s the fleet offered 20000/s while forming, the
+coordinator fell behind and declared workers LOST by heartbeat timeout). Sizes up to 4096 must form within %d s, larger ones within four times that; a size that does not is
 reported as not measured, with how many workers got their assignment and the first error. Peer: torchrun's c10d rendezvous
 (`DynamicRendezvousHandler` + `C10dRendezvousBackend`, min = max nodes = N) over a TCPStore, N nodes as threads of
 one process, each with its own TCPStore connection; it polls its shared state once a second, and each join rewrites the whole pickled state, so

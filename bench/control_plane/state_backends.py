@@ -18,7 +18,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from _common import benchlib  # noqa: E402
-import failover  # noqa: E402  (its tiny GPT job spec)
 import node_loss  # noqa: E402  (its log helpers)
 
 NAME = "state_backends"
@@ -74,9 +73,8 @@ def checkpoint_rate(address, seconds, tag):
     spec = os.path.join(d, "job.yaml")
     data = os.path.join(_common.REPO, "data", "tinyshakespeare.txt")
     with open(spec, "w") as f:
-        f.write(failover.SPEC.format(data=data, ckpt=os.path.join(d, "ckpt"))
-                .replace("interval_steps: 5", "interval_steps: 1")
-                .replace("max_workers: 2", "max_workers: 1"))
+        f.write(_common.tiny_gpt_spec("failover", data, os.path.join(d, "ckpt"), 1, 1, "1s", "10s")
+                .replace("interval_steps: 5", "interval_steps: 1"))
     rc, out = _common.shardctl(["job", "create", spec, "--id", "ck"], address, 10)
     if rc != 0:
         raise RuntimeError("job create: " + out.strip()[-200:])
