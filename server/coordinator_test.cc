@@ -24,7 +24,23 @@ namespace {
 using ::testing::HasSubstr;
 using google::protobuf::util::TimeUtil;
 
-class CoordinatorTest : public CoordinatorFixture {};
+class CoordinatorTest : public CoordinatorFixture {
+ protected:
+  // Members a, b, c of generation 1: a and b heartbeat every second for
+  // 10 s, c not at all, and no Tick ends the generation early; then one more
+  // second and a Tick, whose ended generations go to *ended.
+  void BeatWhileCFreezes(std::vector<GenerationEnded>* ended) {
+    for (int t = 1; t <= 10; ++t) {
+      clock_.Advance(absl::Seconds(1));
+      ASSERT_TRUE(Beat("a", 1, t).ok());
+      ASSERT_TRUE(Beat("b", 1, t).ok());
+      coordinator_->Tick();
+      ASSERT_EQ(Job().generation(), 1u) << "declared lost too early, t=" << t;
+    }
+    clock_.Advance(absl::Seconds(1));
+    *ended = coordinator_->Tick();
+  }
+};
 
 TEST_F(CoordinatorTest, FormsAtOnceWhenMaxWorkersJoin) {
   Create(Spec(2, 3));
@@ -107,16 +123,8 @@ TEST_F(CoordinatorTest, HeartbeatTimeoutOfMembersWhoJoinedAfterAnEmptyScan) {
   coordinator_->Tick();
   for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
   ASSERT_EQ(Job().generation(), 1u);
-  // a and b heartbeat every second; c is frozen from its join.
-  for (int t = 1; t <= 10; ++t) {
-    clock_.Advance(absl::Seconds(1));
-    ASSERT_TRUE(Beat("a", 1, t).ok());
-    ASSERT_TRUE(Beat("b", 1, t).ok());
-    coordinator_->Tick();
-    ASSERT_EQ(Job().generation(), 1u) << "declared lost too early, t=" << t;
-  }
-  clock_.Advance(absl::Seconds(1));
-  const std::vector<GenerationEnded> ended = coordinator_->Tick();
+  std::vector<GenerationEnded> ended;
+  ASSERT_NO_FATAL_FAILURE(BeatWhileCFreezes(&ended));
   ASSERT_EQ(ended.size(), 1u);
   EXPECT_THAT(ended[0].reason, HasSubstr("rank 2 (c) lost"));
   EXPECT_EQ(Members()["c"].state(), v1::MEMBER_STATE_LOST);
@@ -129,17 +137,9 @@ TEST_F(CoordinatorTest, C9FrozenRankIsLostByHeartbeatTimeoutAndFencedOnWaking) {
   for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(Join(w).ok());
   ASSERT_EQ(Job().generation(), 1u);
   ASSERT_EQ(Job().phase(), v1::JOB_PHASE_RUNNING);
-  // a and b heartbeat every second; c is frozen from t=0.
-  for (int t = 1; t <= 10; ++t) {
-    clock_.Advance(absl::Seconds(1));
-    ASSERT_TRUE(Beat("a", 1, t).ok());
-    ASSERT_TRUE(Beat("b", 1, t).ok());
-    coordinator_->Tick();
-    ASSERT_EQ(Job().generation(), 1u) << "declared lost too early, t=" << t;
-  }
   // Within heartbeat_timeout + one interval.
-  clock_.Advance(absl::Seconds(1));
-  const std::vector<GenerationEnded> ended = coordinator_->Tick();
+  std::vector<GenerationEnded> ended;
+  ASSERT_NO_FATAL_FAILURE(BeatWhileCFreezes(&ended));
   ASSERT_EQ(ended.size(), 1u);
   EXPECT_EQ(ended[0].generation, 1u);
   EXPECT_THAT(ended[0].reason, HasSubstr("rank 2 (c) lost"));
