@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,7 +92,20 @@ class Comm {
   Comm(const ShardlineGpuApi* api, ShardlineNcclComm* comm, int rank, int size, int device,
        NcclOptions options)
       : api_(*api), comm_(comm), rank_(rank), size_(size), device_(device), options_(options) {}
-  ~Comm() { api_.comm_destroy(comm_); }
+  ~Comm() {
+    for (const auto& [ends, channel] : channels_) api_.comm_destroy(channel);
+    api_.comm_destroy(comm_);
+  }
+
+  // Adds the 2-rank communicator of the directed channel src -> dst (group
+  // ranks; NcclOptions::p2p_channels). Only while bootstrapping, before the
+  // Comm is shared.
+  void AddChannel(int src, int dst, ShardlineNcclComm* channel) { channels_[{src, dst}] = channel; }
+  // The channel src -> dst, or null (then the main communicator carries it).
+  ShardlineNcclComm* Channel(int src, int dst) const {
+    auto it = channels_.find({src, dst});
+    return it == channels_.end() ? nullptr : it->second;
+  }
 
   const ShardlineGpuApi& api() const { return api_; }
   ShardlineNcclComm* handle() const { return comm_; }
@@ -119,7 +133,7 @@ class Comm {
       }
       result = GroupErrorLocked();
     }
-    if (abort) api_.comm_abort(comm_);  // bounded; never under mu_
+    if (abort) AbortAll();  // bounded; never under mu_
     return result;
   }
 
@@ -129,7 +143,7 @@ class Comm {
       if (aborted_) return;
       aborted_ = true;
     }
-    api_.comm_abort(comm_);
+    AbortAll();
   }
 
  private:
@@ -143,8 +157,15 @@ class Comm {
     return failure_;
   }
 
+  // ncclCommAbort on every communicator of the group (idempotent each).
+  void AbortAll() {
+    api_.comm_abort(comm_);
+    for (const auto& [ends, channel] : channels_) api_.comm_abort(channel);
+  }
+
   const ShardlineGpuApi& api_;
   ShardlineNcclComm* const comm_;
+  std::map<std::pair<int, int>, ShardlineNcclComm*> channels_;  // fixed once shared
   const int rank_, size_, device_;
   const NcclOptions options_;
   absl::Mutex mu_;
@@ -159,7 +180,8 @@ class NcclWork : public Work {
   // An operation already finished with `status` (argument errors, failures to
   // enqueue, operations on a failed group).
   static std::shared_ptr<NcclWork> Done(absl::Status status) {
-    auto w = std::make_shared<NcclWork>(nullptr, nullptr, "", absl::InfiniteFuture());
+    auto w =
+        std::make_shared<NcclWork>(nullptr, nullptr, nullptr, "", absl::InfiniteFuture());
     {
       absl::MutexLock lock(&w->mu_);  // not shared yet: taken for the analysis only
       w->done_ = true;
@@ -168,9 +190,15 @@ class NcclWork : public Work {
     return w;
   }
 
-  NcclWork(std::shared_ptr<Comm> comm, ShardlineGpuEvent* event, std::string what,
-           absl::Time deadline)
-      : comm_(std::move(comm)), event_(event), what_(std::move(what)), deadline_(deadline) {}
+  // `on`: the communicator the operation runs on (the group's main one, or
+  // a p2p channel), whose asynchronous error is polled.
+  NcclWork(std::shared_ptr<Comm> comm, ShardlineNcclComm* on, ShardlineGpuEvent* event,
+           std::string what, absl::Time deadline)
+      : comm_(std::move(comm)),
+        on_(on),
+        event_(event),
+        what_(std::move(what)),
+        deadline_(deadline) {}
 
   ~NcclWork() override {
     if (event_ != nullptr) comm_->api().event_destroy(event_);
@@ -237,7 +265,7 @@ class NcclWork : public Work {
       finished_ = true;
       return absl::OkStatus();
     }
-    code = api.comm_status(comm_->handle(), error, sizeof(error));
+    code = api.comm_status(on_, error, sizeof(error));
     if (code != SHARDLINE_GPU_OK)
       return comm_->Fail(FromPlugin(code, error, absl::StrCat("rank ", comm_->rank())));
     if (absl::Now() >= deadline_) {
@@ -249,6 +277,7 @@ class NcclWork : public Work {
   }
 
   const std::shared_ptr<Comm> comm_;  // null only for Done()
+  ShardlineNcclComm* const on_;       // owned by comm_; null only for Done()
   ShardlineGpuEvent* const event_;    // owned; null only for Done()
   const std::string what_;            // e.g. "all_reduce of 1024 elements on rank 1"
   const absl::Time deadline_;
@@ -414,23 +443,31 @@ class NcclBackend : public Backend {
   std::shared_ptr<Work> Send(const void* data, size_t count, DType dtype, int peer,
                              uint32_t /*tag: NCCL matches in issue order*/) override {
     if (auto bad = CheckPeer("send", peer)) return bad;
+    // On the channel rank -> peer this rank is rank 0, the peer rank 1.
+    ShardlineNcclComm* channel = comm_->Channel(rank(), peer);
+    ShardlineNcclComm* on = channel != nullptr ? channel : handle();
+    const int to = channel != nullptr ? 1 : peer;
     return Issue(
         "send", count, dtype,
         [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
-          return api().send(handle(), data, count, ToPlugin(dtype), peer, ms, ev, e, n);
+          return api().send(on, data, count, ToPlugin(dtype), to, ms, ev, e, n);
         },
-        peer);
+        peer, on);
   }
 
   std::shared_ptr<Work> Recv(void* data, size_t count, DType dtype, int peer,
                              uint32_t /*tag*/) override {
     if (auto bad = CheckPeer("recv", peer)) return bad;
+    // On the channel peer -> rank the peer is rank 0.
+    ShardlineNcclComm* channel = comm_->Channel(peer, rank());
+    ShardlineNcclComm* on = channel != nullptr ? channel : handle();
+    const int from = channel != nullptr ? 0 : peer;
     return Issue(
         "recv", count, dtype,
         [&](int64_t ms, ShardlineGpuEvent** ev, char* e, size_t n) {
-          return api().recv(handle(), data, count, ToPlugin(dtype), peer, ms, ev, e, n);
+          return api().recv(on, data, count, ToPlugin(dtype), from, ms, ev, e, n);
         },
-        peer);
+        peer, on);
   }
 
   std::shared_ptr<Work> Barrier() override {
@@ -458,9 +495,12 @@ class NcclBackend : public Backend {
   }
 
   // Enqueues through `call(timeout_ms, &event, error, error_len)`.
-  // `count` and `dtype` are recorded for Progress (`peer` for send / recv).
+  // `count` and `dtype` are recorded for Progress (`peer` for send / recv);
+  // `on` is the communicator it runs on (null: the group's main one).
   template <typename F>
-  std::shared_ptr<Work> Issue(const char* op, size_t count, DType dtype, F call, int peer = -1) {
+  std::shared_ptr<Work> Issue(const char* op, size_t count, DType dtype, F call, int peer = -1,
+                              ShardlineNcclComm* on = nullptr) {
+    if (on == nullptr) on = handle();
     const std::string what = absl::StrCat(op, " of ", count, " elements on rank ", rank());
     absl::Status s = comm_->GroupError();
     if (!s.ok())
@@ -475,7 +515,7 @@ class NcclBackend : public Backend {
       s = comm_->Fail(FromPlugin(code, error, absl::StrCat("rank ", rank())));
       return NcclWork::Done(absl::Status(s.code(), absl::StrCat(what, ": ", s.message())));
     }
-    auto work = std::make_shared<NcclWork>(comm_, event, what, deadline);
+    auto work = std::make_shared<NcclWork>(comm_, on, event, what, deadline);
     OpProgress p;
     p.operation = op;
     p.count = count;
@@ -488,6 +528,52 @@ class NcclBackend : public Backend {
   const std::shared_ptr<Comm> comm_;
   const std::shared_ptr<ProgressBook> progress_ = std::make_shared<ProgressBook>();
 };
+
+}  // namespace
+
+namespace {
+
+// Makes rank `rank` of an `nranks`-rank communicator on `device`: rank 0
+// creates the NCCL unique id and sets it in `store` under `key`, the others
+// wait for it there; then every rank joins (ncclCommInitRankConfig) until
+// `deadline`. Errors: as CreateNcclBackend's, prefixed by `where`.
+absl::StatusOr<ShardlineNcclComm*> InitComm(const ShardlineGpuApi& api, Store& store,
+                                            const std::string& key, int nranks, int rank,
+                                            int device, absl::Time deadline,
+                                            const std::string& where) {
+  char error[kErrorLen] = {0};
+  std::string id;
+  if (rank == 0) {
+    id.resize(SHARDLINE_NCCL_UNIQUE_ID_BYTES);
+    const int code = api.get_unique_id(reinterpret_cast<uint8_t*>(id.data()), error, sizeof(error));
+    if (code != SHARDLINE_GPU_OK) return FromPlugin(code, error, where);
+    absl::Status s = store.Set(key, id);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
+  } else {
+    absl::StatusOr<std::string> got =
+        store.Get(key, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (!got.ok()) {
+      return absl::Status(
+          got.status().code(),
+          absl::StrCat(where, ": waiting for rank 0's NCCL unique id: ", got.status().message()));
+    }
+    id = *std::move(got);
+    if (id.size() != SHARDLINE_NCCL_UNIQUE_ID_BYTES) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": key '", key, "' holds ", id.size(), " bytes, not ",
+          SHARDLINE_NCCL_UNIQUE_ID_BYTES, "; is another group using this store prefix?"));
+    }
+  }
+  ShardlineNcclComm* comm = nullptr;
+  const int code = api.comm_init(reinterpret_cast<const uint8_t*>(id.data()), nranks, rank,
+                                 device,
+                                 ToMs(std::max(deadline - absl::Now(), absl::Milliseconds(1))),
+                                 &comm, error, sizeof(error));
+  if (code != SHARDLINE_GPU_OK) {
+    return FromPlugin(code, error, absl::StrCat(where, " on device ", device));
+  }
+  return comm;
+}
 
 }  // namespace
 
@@ -518,40 +604,36 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<Store
         absl::StrCat("options.device=", options.device, " out of range [0,", devices, ")"));
   }
 
-  // The unique id goes through the store (the coordinator in production).
-  std::string id;
   const std::string where = absl::StrCat("bootstrapping NCCL rank ", rank, " of ", size);
-  if (rank == 0) {
-    id.resize(SHARDLINE_NCCL_UNIQUE_ID_BYTES);
-    const int code = api.get_unique_id(reinterpret_cast<uint8_t*>(id.data()), error, sizeof(error));
-    if (code != SHARDLINE_GPU_OK) return FromPlugin(code, error, where);
-    absl::Status s = store->Set(kUniqueIdKey, id);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
-  } else {
-    absl::StatusOr<std::string> got =
-        store->Get(kUniqueIdKey, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
-    if (!got.ok()) {
-      return absl::Status(
-          got.status().code(),
-          absl::StrCat(where, ": waiting for rank 0's NCCL unique id: ", got.status().message()));
-    }
-    id = *std::move(got);
-    if (id.size() != SHARDLINE_NCCL_UNIQUE_ID_BYTES) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, ": key '", kUniqueIdKey, "' holds ", id.size(), " bytes, not ",
-          SHARDLINE_NCCL_UNIQUE_ID_BYTES, "; is another group using this store prefix?"));
-    }
-  }
+  absl::StatusOr<ShardlineNcclComm*> main_comm =
+      InitComm(api, *store, kUniqueIdKey, size, rank, device, deadline, where);
+  if (!main_comm.ok()) return main_comm.status();
+  auto comm = std::make_shared<Comm>(&api, *main_comm, rank, size, device, options);
 
-  ShardlineNcclComm* comm = nullptr;
-  const int code = api.comm_init(reinterpret_cast<const uint8_t*>(id.data()), size, rank, device,
-                                 ToMs(std::max(deadline - absl::Now(), absl::Milliseconds(1))),
-                                 &comm, error, sizeof(error));
-  if (code != SHARDLINE_GPU_OK) {
-    return FromPlugin(code, error, absl::StrCat(where, " on device ", device));
+  // p2p channels between ring neighbours (NcclOptions::p2p_channels), pair
+  // by pair in one global order, lowest pair first: every rank's blocking
+  // inits then follow that order, so the lowest pair not yet made always has
+  // both its ranks at it and none waits forever. On error, `comm` frees what
+  // was made.
+  if (options.p2p_channels && size > 1) {
+    std::set<std::pair<int, int>> pairs;
+    for (int r = 0; r < size; ++r) {
+      const int next = (r + 1) % size;
+      pairs.insert({std::min(r, next), std::max(r, next)});
+    }
+    for (const auto& [a, b] : pairs) {
+      if (rank != a && rank != b) continue;
+      for (const auto& [src, dst] : {std::pair<int, int>{a, b}, std::pair<int, int>{b, a}}) {
+        absl::StatusOr<ShardlineNcclComm*> channel = InitComm(
+            api, *store, absl::StrCat(kUniqueIdKey, "_p2p_", src, "_to_", dst), 2,
+            rank == src ? 0 : 1, device, deadline,
+            absl::StrCat(where, ": the p2p channel from rank ", src, " to rank ", dst));
+        if (!channel.ok()) return channel.status();
+        comm->AddChannel(src, dst, *channel);
+      }
+    }
   }
-  return std::unique_ptr<Backend>(
-      new NcclBackend(std::make_shared<Comm>(&api, comm, rank, size, device, std::move(options))));
+  return std::unique_ptr<Backend>(new NcclBackend(std::move(comm)));
 }
 
 // --- DeviceMemory ---

@@ -22,7 +22,8 @@
 //     from Gloo's in the last bit. kAvg is ncclAvg.
 //   * A count of 0 is a no-op in NCCL: it does not synchronise the group.
 //   * Send/Recv: NCCL has no tags; a pair's messages match in issue order. The
-//     tag is accepted and ignored.
+//     tag is accepted and ignored. They share the group's stream with its
+//     collectives unless options.p2p_channels gives neighbours their own.
 //   * ReduceScatter with uneven counts runs one ncclReduce per piece in one
 //     NCCL group (no scratch memory); equal counts use ncclReduceScatter.
 //   * AllToAll is ncclSend/ncclRecv per peer in one group; mismatched counts
@@ -71,6 +72,20 @@ struct NcclOptions {
   // Deadline for bootstrapping: waiting for rank 0's unique id in the store,
   // and NCCL's non-blocking communicator init (every rank joining).
   absl::Duration connect_timeout = absl::Minutes(5);
+  // For pipeline groups: one more communicator per direction between ring
+  // neighbours (group ranks r and r + 1 mod size), 2 ranks each with its own
+  // CUDA stream, carrying Send/Recv between them (other pairs use the main
+  // communicator). Without them a send shares the group's one stream with
+  // everything else, and NCCL holds a send larger than its buffers on the
+  // stream until the peer receives it: 1F1B and interleaved 1F1B have
+  // neighbours that each send to the other before receiving, and those
+  // would wait on each other forever (worker/gpu:nccl_trainer_loopback_test
+  // shows it with sends that always wait). torch's ProcessGroupNCCL makes a
+  // communicator per pair of ranks for the same reason; one per direction
+  // also keeps a send from holding up a receive from the same peer. Made
+  // while bootstrapping (2 more communicators per rank when size is 2, 4
+  // when more), pair by pair in one global order.
+  bool p2p_channels = false;
 };
 
 // Creates this rank's NCCL communicator. Rank 0 makes the NCCL unique id and

@@ -19,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -34,7 +35,14 @@ namespace {
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
+#ifdef SHARDLINE_NCCL_LOOPBACK
+// nccl_backend_loopback_test: the same tests over the fake plugin's loopback
+// communicators (worker/gpu/fake_plugin.cc; SHARDLINE_FAKE_LOOPBACK_DEVICES
+// is set by the BUILD rule), so the "With GPUs" tests below run everywhere.
+constexpr char kPlugin[] = "worker/gpu/libshardline_gpu_fake.so";  // runfiles-relative
+#else
 constexpr char kPlugin[] = "worker/gpu/libshardline_gpu.so";  // runfiles-relative
+#endif
 
 NcclOptions Options(absl::Duration timeout = absl::Seconds(60)) {
   NcclOptions o;
@@ -194,6 +202,7 @@ TEST(NcclBackendTest, InvalidArgumentsNameTheField) {
   check(CreateNcclBackend(store, 0, 1, o), "options.connect_timeout");
 }
 
+#ifndef SHARDLINE_NCCL_LOOPBACK  // the steered fake (loopback mode is off here)
 // --- Everywhere: the worker side over the fake plugin ---
 
 // The fake plugin (worker/gpu/fake_plugin.cc) and its controls. The backend
@@ -478,7 +487,9 @@ TEST(NcclBackendFakeTest, BootstrapTimeouts) {
   EXPECT_THAT(std::string(b.status().message()), HasSubstr("options.device=1"));
 }
 
-// --- With GPUs ---
+#endif  // SHARDLINE_NCCL_LOOPBACK
+
+// --- With GPUs (and everywhere over the loopback fake) ---
 
 TEST(NcclBackendTest, AllReduceEveryOpFloat32) {
   SKIP_UNLESS_DEVICES(1);
@@ -791,6 +802,218 @@ TEST(NcclBackendTest, AbortFromAnotherThreadEndsAHangingOp) {
     done.Notify();
   });
 }
+
+#ifdef SHARDLINE_NCCL_LOOPBACK
+// --- Loopback only: what the fake's communicators add to the tests above ---
+
+// The loopback fake's controls (the backend dlopen()s the same path).
+struct Loopback {
+  Loopback() {
+    void* h = dlopen(kPlugin, RTLD_NOW | RTLD_LOCAL);
+    EXPECT_NE(h, nullptr) << dlerror();
+    reset = reinterpret_cast<void (*)()>(dlsym(h, "shardline_fake_reset"));
+    log = reinterpret_cast<size_t (*)(char*, size_t)>(dlsym(h, "shardline_fake_stream_log"));
+    rendezvous = reinterpret_cast<void (*)(size_t)>(dlsym(h, "shardline_fake_set_rendezvous_bytes"));
+    reset();
+  }
+  ~Loopback() { reset(); }
+  // The stream log's lines of rank `rank`, without the "group G rank R: ".
+  std::vector<std::string> StreamOf(int rank) {
+    std::string text(log(nullptr, 0) + 1, '\0');
+    log(text.data(), text.size());
+    std::vector<std::string> out;
+    const std::string tag = absl::StrCat(" rank ", rank, ": ");
+    for (absl::string_view line : absl::StrSplit(text.c_str(), '\n')) {
+      const size_t at = line.find(tag);
+      if (at != absl::string_view::npos) out.emplace_back(line.substr(at + tag.size()));
+    }
+    return out;
+  }
+  void (*reset)() = nullptr;
+  size_t (*log)(char*, size_t) = nullptr;
+  void (*rendezvous)(size_t) = nullptr;
+};
+
+TEST(NcclBackendLoopbackTest, AStreamRunsItsOperationsInIssueOrder) {
+  Loopback loopback;
+  RunNcclRanks(2, [&](int r, Backend& b) {
+    DeviceVector<float> a(r, 64), g(r, 2 * 32), c(r, 16);
+    std::vector<std::shared_ptr<Work>> works;
+    // Issued without waiting in between: the stream orders them.
+    works.push_back(b.AllReduce(a.get(), 64, DType::kFloat32, ReduceOp::kSum));
+    works.push_back(b.AllGather(a.get(), 32, g.get(), DType::kFloat32));
+    works.push_back(b.Broadcast(c.get(), 16, DType::kFloat32, 1));
+    works.push_back(b.Barrier());
+    for (auto& w : works) SL_EXPECT_OK_WORK(w);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(loopback.StreamOf(r),
+                ::testing::ElementsAre("all_reduce count=64 float32", "all_gather count=32 float32",
+                                       "broadcast count=16 float32 root=1", "barrier"))
+        << "rank " << r;
+  }
+}
+
+TEST(NcclBackendLoopbackTest, SendsAndReceivesMatchInIssueOrderNotByTag) {
+  Loopback loopback;
+  RunNcclRanks(2, [&](int r, Backend& b) {
+    DeviceVector<float> first(r, 4), second(r, 4);
+    if (r == 0) {
+      first.Upload({1, 1, 1, 1});
+      second.Upload({2, 2, 2, 2});
+      SL_EXPECT_OK_WORK(b.Send(first.get(), 4, DType::kFloat32, 1, /*tag=*/5));
+      SL_EXPECT_OK_WORK(b.Send(second.get(), 4, DType::kFloat32, 1, /*tag=*/6));
+    } else {
+      // Tags in the other order: NCCL ignores them, so the first receive
+      // gets the first send.
+      SL_EXPECT_OK_WORK(b.Recv(first.get(), 4, DType::kFloat32, 0, /*tag=*/6));
+      SL_EXPECT_OK_WORK(b.Recv(second.get(), 4, DType::kFloat32, 0, /*tag=*/5));
+      EXPECT_EQ(first.Download(), (std::vector<float>{1, 1, 1, 1}));
+      EXPECT_EQ(second.Download(), (std::vector<float>{2, 2, 2, 2}));
+    }
+  });
+}
+
+TEST(NcclBackendLoopbackTest, ALargeSendWaitsForItsReceive) {
+  Loopback loopback;
+  loopback.rendezvous(1024);  // sends above 1 KiB rendezvous
+  absl::Notification received;
+  RunNcclRanks(2, [&](int r, Backend& b) {
+    DeviceVector<float> buf(r, 1024);
+    if (r == 0) {
+      auto small = b.Send(buf.get(), 16, DType::kFloat32, 1, 0);
+      SL_EXPECT_OK_WORK(small);  // 64 bytes: finishes before rank 1 receives
+      auto large = b.Send(buf.get(), 1024, DType::kFloat32, 1, 0);
+      absl::SleepFor(absl::Milliseconds(200));
+      EXPECT_FALSE(large->IsCompleted());  // 4 KiB: waits for the receive
+      EXPECT_FALSE(received.HasBeenNotified());
+      received.Notify();
+      SL_EXPECT_OK_WORK(large);
+    } else {
+      received.WaitForNotification();
+      SL_EXPECT_OK_WORK(b.Recv(buf.get(), 16, DType::kFloat32, 0, 0));
+      SL_EXPECT_OK_WORK(b.Recv(buf.get(), 1024, DType::kFloat32, 0, 0));
+    }
+  });
+}
+
+// Every rank sends to both ring neighbours before receiving from them, with
+// sends that wait for their receive (NCCL above its buffer size): on the
+// group's one stream that waits forever; with p2p channels (a stream per
+// direction between neighbours) it finishes, at every group size.
+TEST(NcclBackendLoopbackTest, P2pChannelsLetNeighboursBothSendFirst) {
+  Loopback loopback;
+  loopback.rendezvous(0);
+  for (int n : {2, 3, 4}) {
+    NcclOptions o = Options(absl::Seconds(20));
+    o.p2p_channels = true;
+    RunNcclRanks(
+        n,
+        [&](int r, Backend& b) {
+          const size_t count = 1000;
+          const int next = (r + 1) % n, prev = (r + n - 1) % n;
+          DeviceVector<float> out(r, count), from_next(r, count), from_prev(r, count);
+          std::vector<float> host(count);
+          for (size_t i = 0; i < count; ++i) host[i] = F(r, i);
+          out.Upload(host);
+          auto s1 = b.Send(out.get(), count, DType::kFloat32, next, 0);
+          std::shared_ptr<Work> s2;
+          if (prev != next) s2 = b.Send(out.get(), count, DType::kFloat32, prev, 0);
+          auto r1 = b.Recv(from_prev.get(), count, DType::kFloat32, prev, 0);
+          std::shared_ptr<Work> r2;
+          if (prev != next) r2 = b.Recv(from_next.get(), count, DType::kFloat32, next, 0);
+          for (auto& w : {s1, s2, r1, r2})
+            if (w != nullptr) SL_EXPECT_OK_WORK(w);
+          Mismatch m;
+          const std::vector<float> got_prev = from_prev.Download();
+          for (size_t i = 0; i < count; ++i) m.Check(i, got_prev[i], F(prev, i));
+          if (prev != next) {
+            const std::vector<float> got_next = from_next.Download();
+            for (size_t i = 0; i < count; ++i) m.Check(i, got_next[i], F(next, i));
+          }
+          EXPECT_NO_MISMATCH(m, "n=" << n << " rank=" << r);
+          // Collectives still run on the main communicator.
+          SL_EXPECT_OK_WORK(b.Barrier());
+        },
+        o);
+  }
+}
+
+TEST(NcclBackendLoopbackTest, ALostRankIsUnavailableNamingIt) {
+  Loopback loopback;
+  absl::Notification issued[2];
+  RunNcclRanks(3, [&](int r, Backend& b) {
+    DeviceVector<float> buf(r, 1000);
+    if (r == 2) {  // dies before its all_reduce: its communicator is aborted
+      for (auto& n : issued) n.WaitForNotification();
+      absl::SleepFor(absl::Milliseconds(100));
+      b.Abort();
+      return;
+    }
+    auto w = b.AllReduce(buf.get(), 1000, DType::kFloat32, ReduceOp::kSum);
+    issued[r].Notify();
+    const absl::Time start = absl::Now();
+    const absl::Status s = w->Wait(absl::Seconds(30));
+    EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("rank 2 of this 3-rank communicator is gone"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("all_reduce"));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // not the 60 s op timeout
+    // The group stays failed.
+    EXPECT_TRUE(absl::IsUnavailable(b.Barrier()->Wait(absl::Seconds(5))));
+  });
+}
+
+TEST(NcclBackendLoopbackTest, DifferentCollectivesAtOnePlaceFailNamingBothRanks) {
+  Loopback loopback;
+  RunNcclRanks(2, [&](int r, Backend& b) {
+    DeviceVector<float> buf(r, 64);
+    std::shared_ptr<Work> w = r == 0 ? b.AllReduce(buf.get(), 64, DType::kFloat32, ReduceOp::kSum)
+                                     : b.AllReduce(buf.get(), 32, DType::kFloat32, ReduceOp::kSum);
+    const absl::Status s = w->Wait(absl::Seconds(30));
+    EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("collective mismatch"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("all_reduce count=64"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("all_reduce count=32"));
+  });
+}
+
+TEST(NcclBackendLoopbackTest, AReceiveOfAnotherSizeFailsNamingBothSides) {
+  Loopback loopback;
+  RunNcclRanks(2, [&](int r, Backend& b) {
+    DeviceVector<float> buf(r, 64);
+    if (r == 0) {
+      SL_EXPECT_OK_WORK(b.Send(buf.get(), 64, DType::kFloat32, 1, 0));  // eager: done
+    } else {
+      const absl::Status s = b.Recv(buf.get(), 32, DType::kFloat32, 0, 0)->Wait(absl::Seconds(30));
+      EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+      EXPECT_THAT(std::string(s.message()),
+                  HasSubstr("rank 0 sent 64 float32 elements where rank 1 receives 32"));
+    }
+  });
+}
+
+TEST(NcclBackendLoopbackTest, TwoRanksOfOneCommunicatorOnOneDeviceAreRefused) {
+  Loopback loopback;
+  std::shared_ptr<Store> store = NewInMemoryStore();
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      NcclOptions o = Options();
+      o.device = 0;
+      o.connect_timeout = absl::Seconds(2);
+      status[r] = CreateNcclBackend(store, r, 2, o).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  // One of the two is refused at once; the other then waits out its
+  // connect timeout for a second rank that never joins.
+  const int refused = absl::IsInvalidArgument(status[0]) ? 0 : 1;
+  EXPECT_TRUE(absl::IsInvalidArgument(status[refused])) << status[refused];
+  EXPECT_THAT(std::string(status[refused].message()), HasSubstr("one rank per device"));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(status[1 - refused])) << status[1 - refused];
+}
+#endif  // SHARDLINE_NCCL_LOOPBACK
 
 }  // namespace
 }  // namespace shardline::worker
