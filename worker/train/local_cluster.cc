@@ -9,8 +9,21 @@
 
 namespace shardline::worker::train {
 
+BackendFactory GlooFactory(GlooOptions options) {
+  return [options](std::shared_ptr<Store> store, plan::GroupKind, int, int group_rank,
+                   int group_size) {
+    return CreateGlooBackend(std::move(store), group_rank, group_size, options);
+  };
+}
+
 absl::StatusOr<RankBackends> ConnectRank(const plan::Topology& topology, int rank,
                                          std::shared_ptr<Store> store, GlooOptions options) {
+  return ConnectRank(topology, rank, std::move(store), GlooFactory(options));
+}
+
+absl::StatusOr<RankBackends> ConnectRank(const plan::Topology& topology, int rank,
+                                         std::shared_ptr<Store> store,
+                                         const BackendFactory& factory) {
   RankBackends b;
   b.coordinates = topology.CoordinatesOf(rank);
   int index = 0;
@@ -20,8 +33,8 @@ absl::StatusOr<RankBackends> ConnectRank(const plan::Topology& topology, int ran
     if (it == g.ranks.end()) continue;
     const int group_rank = static_cast<int>(it - g.ranks.begin());
     absl::StatusOr<std::unique_ptr<Backend>> backend =
-        CreateGlooBackend(PrefixStore(store, absl::StrCat(plan::GroupKindName(g.kind), index, "/")),
-                          group_rank, static_cast<int>(g.ranks.size()), options);
+        factory(PrefixStore(store, absl::StrCat(plan::GroupKindName(g.kind), index, "/")), g.kind,
+                rank, group_rank, static_cast<int>(g.ranks.size()));
     if (!backend.ok()) return backend.status();
     switch (g.kind) {
       case plan::GroupKind::kTp: b.tp = *std::move(backend); break;
@@ -36,6 +49,12 @@ absl::StatusOr<RankBackends> ConnectRank(const plan::Topology& topology, int ran
 absl::Status RunLocalCluster(const plan::ParallelConfig& parallel,
                              const std::function<absl::Status(int rank, const RankGroups&)>& fn,
                              GlooOptions options) {
+  return RunLocalCluster(parallel, fn, GlooFactory(options));
+}
+
+absl::Status RunLocalCluster(const plan::ParallelConfig& parallel,
+                             const std::function<absl::Status(int rank, const RankGroups&)>& fn,
+                             const BackendFactory& factory) {
   absl::StatusOr<plan::Topology> topology =
       plan::Topology::Create(parallel.tp, parallel.pp, parallel.dp);
   if (!topology.ok()) return topology.status();
@@ -46,7 +65,7 @@ absl::Status RunLocalCluster(const plan::ParallelConfig& parallel,
   for (int rank = 0; rank < topology->world_size(); ++rank) {
     threads.emplace_back([&, rank] {
       absl::Status s;
-      absl::StatusOr<RankBackends> backends = ConnectRank(*topology, rank, store, options);
+      absl::StatusOr<RankBackends> backends = ConnectRank(*topology, rank, store, factory);
       if (!backends.ok()) {
         s = backends.status();
       } else {

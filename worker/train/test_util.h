@@ -92,15 +92,21 @@ inline TrainingOptions SmallGptOptions(const Layout& l, int total_steps) {
 // Trains `steps` steps with every rank of options.parallel as a thread and
 // returns rank 0's stats; every rank's losses must agree (checked). `after`
 // (optional) runs on every rank's thread after training.
+// `factory` (optional) makes the backends instead of Gloo (e.g. NCCL over
+// the loopback fake plugin).
 inline std::vector<StepStats> Train(
     const TrainingOptions& options, int steps,
-    const std::function<void(int rank, Trainer&)>& after = nullptr) {
+    const std::function<void(int rank, Trainer&)>& after = nullptr,
+    BackendFactory factory = nullptr) {
   SetIntraOpThreads(1);
   const int world = options.parallel.world_size();
   std::vector<std::vector<StepStats>> stats(world);
-  GlooOptions gloo;
-  gloo.timeout = absl::Seconds(60);
-  gloo.connect_timeout = absl::Seconds(60);
+  if (factory == nullptr) {
+    GlooOptions gloo;
+    gloo.timeout = absl::Seconds(60);
+    gloo.connect_timeout = absl::Seconds(60);
+    factory = GlooFactory(gloo);
+  }
   absl::Status status = RunLocalCluster(
       options.parallel,
       [&](int rank, const RankGroups& groups) -> absl::Status {
@@ -115,7 +121,7 @@ inline std::vector<StepStats> Train(
         if (after) after(rank, **trainer);
         return absl::OkStatus();
       },
-      gloo);
+      factory);
   EXPECT_TRUE(status.ok()) << status;
   for (int rank = 1; rank < world; ++rank) {
     EXPECT_EQ(stats[rank].size(), stats[0].size());
