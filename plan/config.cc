@@ -51,9 +51,9 @@ absl::string_view PrecisionName(Precision precision) {
 
 absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
   if (name == "fp32") return Precision::kFp32;
-  if (name == "mixed") return Precision::kMixed;
+  if (name == "bf16" || name == "mixed") return Precision::kMixed;
   return absl::InvalidArgumentError(
-      absl::StrCat("precision='", name, "' is not a precision; choose fp32 or mixed"));
+      absl::StrCat("precision='", name, "' is not a precision; choose fp32 or mixed (bf16 is another name for mixed)"));
 }
 
 absl::Status RenameFields(const absl::Status& status,

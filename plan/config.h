@@ -53,14 +53,16 @@ struct GptConfig {
 enum class ScheduleKind { kGpipe, kOneFOneB, kInterleaved };
 enum class Precision {
   kFp32,   // fp32 params and grads, fp32 AdamW moments: 4 + 4 + 8 bytes/param
-  kMixed,  // fp16/bf16 params and grads, fp32 master + moments: 2 + 2 + 12
+  kMixed,  // bf16 mixed precision ("mixed", also "bf16"). Planned as ZeRO's
+           // 2 + 2 + 12 bytes/param (bf16 params and grads, fp32 master +
+           // moments); the CPU trainer keeps fp32 grads (worker/train/bf16_device.h)
 };
 
 // "gpipe", "1f1b", "interleaved".
 absl::string_view ScheduleName(ScheduleKind kind);
 // Parses a schedule name. InvalidArgument names the valid choices.
 absl::StatusOr<ScheduleKind> ParseSchedule(absl::string_view name);
-// "fp32", "mixed".
+// "fp32", "mixed". ParsePrecision also takes "bf16" for kMixed.
 absl::string_view PrecisionName(Precision precision);
 absl::StatusOr<Precision> ParsePrecision(absl::string_view name);
 

@@ -146,6 +146,7 @@ TEST(ConfigTest, ParsesNamesAndRejectsOthers) {
   EXPECT_EQ(*ParseSchedule("interleaved"), ScheduleKind::kInterleaved);
   EXPECT_THAT(ParseSchedule("zb").status(), IsInvalidArgumentWith("gpipe, 1f1b, interleaved"));
   EXPECT_EQ(*ParsePrecision("mixed"), Precision::kMixed);
+  EXPECT_EQ(*ParsePrecision("bf16"), Precision::kMixed);
   EXPECT_THAT(ParsePrecision("fp8").status(), IsInvalidArgumentWith("choose fp32 or mixed"));
 }
 

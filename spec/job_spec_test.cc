@@ -183,7 +183,7 @@ TEST(ResolveJobSpecTest, HostileValuesAreRefusedNamingTheField) {
       {"precision=77",
        [](v1::JobSpec* s) { s->mutable_training()->set_precision(static_cast<v1::Precision>(77)); },
        "spec.training.precision=77 is not a Precision; use one of PRECISION_FP32 (1), "
-       "PRECISION_MIXED (2), or leave it unset (PRECISION_UNSPECIFIED, 0)"},
+       "PRECISION_MIXED (2), PRECISION_BF16 (2), or leave it unset (PRECISION_UNSPECIFIED, 0)"},
       {"tp=2^32-1 (printed as tp=-1)",
        [](v1::JobSpec* s) { s->mutable_parallel()->set_tp(4294967295u); },
        "spec.parallel.tp=4294967295 is too large; the limit is 262144"},

@@ -268,6 +268,9 @@ TEST(SpecFileTest, EnumSpellings) {
   absl::StatusOr<v1::JobSpec> mixed = Yaml("training:\n  precision: mixed\n");
   ASSERT_TRUE(mixed.ok()) << mixed.status();
   EXPECT_EQ(mixed->training().precision(), v1::PRECISION_MIXED);
+  absl::StatusOr<v1::JobSpec> bf16 = Yaml("training:\n  precision: bf16\n");
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->training().precision(), v1::PRECISION_BF16);  // an alias: the same value
   EXPECT_THAT(Error(Yaml("training:\n  precision: fp16\n")),
               AllOf(HasSubstr("'training.precision' = \"fp16\" is not a valid Precision"),
                     HasSubstr("fp32, mixed")));

@@ -280,6 +280,20 @@ TEST_P(StagingDeviceTrainerTest, BitIdenticalToCpuDevice) {
   EXPECT_EQ(staging.live_bytes(), 0) << "device memory leaked after the trainers ended";
 }
 
+// bf16's rounding is emulated on host memory (bf16_device.h): a device
+// without host memory is refused at precision bf16, naming both.
+TEST(StagingDeviceTest, Bf16IsRefusedOnADeviceWithoutHostMemory) {
+  StagingDevice staging;
+  TrainingOptions o = testing::SmallGptOptions(Layout{}, 1);
+  o.parallel.precision = plan::Precision::kMixed;
+  o.device = &staging;
+  RankGroups none;
+  const absl::Status s = Trainer::Create(o, none, &testing::ShakespeareCorpus()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("precision=bf16 on device"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("precision=fp32"), absl::string_view::npos) << s;
+}
+
 using plan::ScheduleKind;
 
 INSTANTIATE_TEST_SUITE_P(

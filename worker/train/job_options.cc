@@ -12,9 +12,11 @@ absl::StatusOr<TrainingOptions> TrainingOptionsFromSpec(const v1::JobSpec& spec,
         "dp=", dp, " does not divide spec.training.global_batch=", t.global_batch(),
         " into micro-batches of spec.training.micro_batch=", t.micro_batch()));
   }
-  if (t.precision() != v1::PRECISION_UNSPECIFIED && t.precision() != v1::PRECISION_FP32) {
+  if (t.precision() != v1::PRECISION_UNSPECIFIED && t.precision() != v1::PRECISION_FP32 &&
+      t.precision() != v1::PRECISION_BF16) {
     return absl::InvalidArgumentError(
-        "spec.training.precision: the trainer runs fp32 only; set precision: fp32");
+        absl::StrCat("spec.training.precision=", t.precision(),
+                     " is not one the trainer runs; set precision: fp32 or bf16"));
   }
   TrainingOptions o;
   o.model = spec::ModelOf(spec);

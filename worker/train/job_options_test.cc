@@ -65,12 +65,20 @@ TEST(JobOptionsTest, DpThatDoesNotDivideTheBatchIsRejected) {
   EXPECT_THAT(s.message(), HasSubstr("global_batch=24"));
 }
 
-TEST(JobOptionsTest, MixedPrecisionIsRejected) {
+TEST(JobOptionsTest, Bf16IsAcceptedAndReachesTheTrainer) {
   v1::JobSpec raw = Spec();
-  raw.mutable_training()->set_precision(v1::PRECISION_MIXED);
+  raw.mutable_training()->set_precision(v1::PRECISION_BF16);
   absl::StatusOr<v1::JobSpec> spec = spec::ResolveJobSpec(raw);
-  ASSERT_TRUE(spec.ok());
-  EXPECT_THAT(TrainingOptionsFromSpec(*spec, 1).status().message(), HasSubstr("fp32"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<TrainingOptions> o = TrainingOptionsFromSpec(*spec, 1);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->parallel.precision, plan::Precision::kMixed);
+  raw.mutable_training()->set_precision(v1::PRECISION_FP32);
+  spec = spec::ResolveJobSpec(raw);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  o = TrainingOptionsFromSpec(*spec, 1);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->parallel.precision, plan::Precision::kFp32);
 }
 
 }  // namespace

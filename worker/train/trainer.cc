@@ -13,6 +13,7 @@
 #include "plan/pipeline.h"
 #include "plan/topology.h"
 #include "plan/zero.h"
+#include "worker/train/bf16_device.h"
 #include "worker/train/device.h"
 #include "worker/train/host_memory.h"
 #include "worker/train/init.h"
@@ -78,6 +79,9 @@ struct PendingSend {
 
 class Trainer::Impl {
  public:
+  // Precision bf16: rounds as a bf16 model would, over the options' device.
+  // First, so it is destroyed last (every buffer below may be its memory).
+  std::unique_ptr<Bf16Device> bf16_device;
   TrainingOptions options;
   RankGroups groups;
   const Corpus* corpus = nullptr;
@@ -88,7 +92,8 @@ class Trainer::Impl {
   std::vector<UnitState> units;
   std::map<int, ChunkLayout> chunks;  // this pp rank's chunks
   int word_unit = -1;                 // unit holding the head's word embedding
-  Device* device = nullptr;           // options.device or CpuDevice::Default(); not owned
+  Device* device = nullptr;           // options.device or CpuDevice::Default() (not owned),
+                                      // or bf16_device over it
   absl::Duration comm_time;
   Collectives tp{nullptr, &comm_time}, dp{nullptr, &comm_time}, pp{nullptr, &comm_time},
       embedding{nullptr, &comm_time};
@@ -817,8 +822,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Build(const TrainingOptions& o
                                                         const Corpus* corpus) {
   const plan::ParallelConfig& par = options.parallel;
   if (absl::Status s = plan::ValidateConfig(options.model, par); !s.ok()) return s;
-  if (par.precision != plan::Precision::kFp32)
-    return absl::InvalidArgumentError("precision: the trainer runs fp32 only; set precision=fp32");
+  Device* const device = options.device != nullptr ? options.device : CpuDevice::Default();
+  if (par.precision == plan::Precision::kMixed && !device->host_memory()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "precision=bf16 on device ", device->name(),
+        ": bf16 runs on the CPU path only so far (its rounding is emulated on host memory, "
+        "bf16_device.h); use precision=fp32 on a GPU, or device cpu"));
+  }
   if (corpus == nullptr) return absl::InvalidArgumentError("corpus is null");
   if (options.model.vocab_size < 256) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -854,7 +864,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Build(const TrainingOptions& o
   auto impl = std::make_unique<Impl>();
   Impl& t = *impl;
   t.options = options;
-  t.device = options.device != nullptr ? options.device : CpuDevice::Default();
+  t.device = device;
+  if (par.precision == plan::Precision::kMixed) {
+    t.bf16_device = std::make_unique<Bf16Device>(*device);
+    t.device = t.bf16_device.get();
+  }
   t.groups = groups;
   if (!end_stage) t.groups.embedding = nullptr;
   t.corpus = corpus;

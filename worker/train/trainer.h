@@ -53,7 +53,17 @@
 // Device memory per rank: every unit's parameters and gradients (whole
 // units) plus the activations of the micro-batches in flight.
 //
-// Precision: fp32 parameters, gradients and moments. Gradient accumulation
+// Precision: fp32 parameters, gradients and moments. At precision bf16
+// (plan::Precision::kMixed) the layers' math runs through a Bf16Device
+// (bf16_device.h): bf16 matrix-product inputs and activations, fp32
+// accumulation; master weights, parameter gradients (their accumulation and
+// the dp reduction) and AdamW moments stay fp32, so checkpoints are the same
+// as fp32's. Gradients are reduced in fp32 rather than bf16: they are sums
+// over micro-batches and dp ranks whose small terms bf16 (8 bits of
+// mantissa) would drop, and fp32 keeps the dp reduction exact enough for
+// every layout to follow the single-rank curve (2e-3 relative in bf16,
+// bf16_device_test). bf16 needs a device with host memory (the CPU) for
+// now. Gradient accumulation
 // keeps a full gradient buffer per unit during the step (as Megatron-LM's
 // distributed optimizer); ZeRO-2/3 reduce-scatter it once per step.
 //
@@ -85,7 +95,8 @@ namespace shardline::worker::train {
 struct TrainingOptions {
   plan::GptConfig model;
   // tp, pp, dp, vpp, zero_stage, zero_alignment, micro_batches (m per dp
-  // rank), micro_batch_size, schedule. precision must be fp32.
+  // rank), micro_batch_size, schedule, precision (fp32, or kMixed: bf16 on
+  // a device with host memory; see "Precision" above).
   plan::ParallelConfig parallel;
   uint64_t seed = 1234;  // initial weights and data order
   LearningRateSchedule learning_rate;
@@ -124,8 +135,8 @@ class Trainer {
  public:
   // Builds this rank's units and initial weights. Errors: InvalidArgument
   // when the configuration is invalid (plan::ValidateConfig's message), the
-  // vocabulary is smaller than the 256 byte values, the precision is not
-  // fp32, a needed group is missing or has the wrong size
+  // vocabulary is smaller than the 256 byte values, the precision is bf16
+  // on a device without host memory, a needed group is missing or has the wrong size
   // (names the group), or the corpus is too short for seq_length;
   // ResourceExhausted when the host runs out of memory for this rank's
   // units (std::bad_alloc; host_memory.h's HostOutOfMemoryError, naming

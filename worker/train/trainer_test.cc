@@ -47,10 +47,6 @@ TEST(TrainerTest, CreateRejectsBadArgumentsNamingTheField) {
   EXPECT_THAT(Trainer::Create(bad_heads, none, &corpus).status().message(),
               HasSubstr("num_heads=3"));
 
-  TrainingOptions mixed = o;
-  mixed.parallel.precision = plan::Precision::kMixed;
-  EXPECT_THAT(Trainer::Create(mixed, none, &corpus).status().message(), HasSubstr("precision"));
-
   EXPECT_THAT(Trainer::Create(o, none, nullptr).status().message(), HasSubstr("corpus"));
 
   TrainingOptions dp2 = o;

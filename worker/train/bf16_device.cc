@@ -1,0 +1,169 @@
+#include "worker/train/bf16_device.h"
+
+#include <cstring>
+#include <vector>
+
+#include "worker/comm/float16.h"
+
+namespace shardline::worker::train {
+namespace {
+
+// Per-thread scratch for the rounded copies of one call's inputs.
+struct Scratch {
+  std::vector<float> a, b, c;
+};
+Scratch& ThreadScratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// x rounded to bf16 in `buf` (null stays null).
+const float* Rounded(const float* x, int64_t n, std::vector<float>* buf) {
+  if (x == nullptr) return nullptr;
+  buf->assign(x, x + n);
+  RoundToBFloat16(buf->data(), n);
+  return buf->data();
+}
+
+absl::Status Round(absl::Status s, float* y, int64_t n) {
+  if (s.ok() && y != nullptr) RoundToBFloat16(y, n);
+  return s;
+}
+
+}  // namespace
+
+void RoundToBFloat16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = BFloat16ToFloat(FloatToBFloat16(x[i]));
+}
+
+absl::Status Bf16Device::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                              float alpha, const float* a, const float* b, float beta, float* c) {
+  Scratch& s = ThreadScratch();
+  return Round(inner_.Gemm(trans_a, trans_b, m, n, k, alpha, Rounded(a, m * k, &s.a),
+                           Rounded(b, k * n, &s.b), beta, c),
+               c, m * n);
+}
+
+absl::Status Bf16Device::LinearForward(const float* x, const float* w, const float* b, float* y,
+                                       int64_t rows, int64_t in, int64_t out) {
+  Scratch& s = ThreadScratch();
+  return Round(inner_.LinearForward(Rounded(x, rows * in, &s.a), Rounded(w, out * in, &s.b),
+                                    Rounded(b, out, &s.c), y, rows, in, out),
+               y, rows * out);
+}
+
+absl::Status Bf16Device::LinearBackward(const float* x, const float* w, const float* dy,
+                                        float* dx, float* dw, float* db, int64_t rows, int64_t in,
+                                        int64_t out) {
+  Scratch& s = ThreadScratch();
+  // dw and db accumulate in fp32 (parameter gradients); dx is an activation
+  // gradient.
+  return Round(inner_.LinearBackward(Rounded(x, rows * in, &s.a), Rounded(w, out * in, &s.b),
+                                     Rounded(dy, rows * out, &s.c), dx, dw, db, rows, in, out),
+               dx, rows * in);
+}
+
+absl::Status Bf16Device::LayerNormForward(const float* x, const float* gamma, const float* beta,
+                                          float* y, float* mean, float* rstd, int64_t rows,
+                                          int64_t width) {
+  return Round(inner_.LayerNormForward(x, gamma, beta, y, mean, rstd, rows, width), y,
+               rows * width);
+}
+
+absl::Status Bf16Device::LayerNormBackward(const float* x, const float* gamma, const float* mean,
+                                           const float* rstd, const float* dy, float* dx,
+                                           float* dgamma, float* dbeta, int64_t rows,
+                                           int64_t width) {
+  return Round(
+      inner_.LayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows, width), dx,
+      rows * width);
+}
+
+absl::Status Bf16Device::GeluForward(const float* x, float* y, int64_t n) {
+  return Round(inner_.GeluForward(x, y, n), y, n);
+}
+
+absl::Status Bf16Device::GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
+  return Round(inner_.GeluBackward(x, dy, dx, n), dx, n);
+}
+
+absl::Status Bf16Device::AttentionForward(const float* qkv, float* probs, float* y,
+                                          int64_t batch, int64_t seq, int64_t heads,
+                                          int64_t head_dim) {
+  Scratch& s = ThreadScratch();
+  const int64_t width = heads * head_dim;
+  return Round(inner_.AttentionForward(Rounded(qkv, batch * seq * 3 * width, &s.a), probs, y,
+                                       batch, seq, heads, head_dim),
+               y, batch * seq * width);
+}
+
+absl::Status Bf16Device::AttentionBackward(const float* qkv, const float* probs, const float* dy,
+                                           float* dqkv, int64_t batch, int64_t seq,
+                                           int64_t heads, int64_t head_dim) {
+  Scratch& s = ThreadScratch();
+  const int64_t width = heads * head_dim;
+  return Round(inner_.AttentionBackward(Rounded(qkv, batch * seq * 3 * width, &s.a), probs,
+                                        Rounded(dy, batch * seq * width, &s.b), dqkv, batch, seq,
+                                        heads, head_dim),
+               dqkv, batch * seq * 3 * width);
+}
+
+absl::Status Bf16Device::EmbeddingForward(const int32_t* tokens, const float* table, float* y,
+                                          int64_t rows, int64_t width, int64_t vocab_begin,
+                                          int64_t vocab_local) {
+  // A gathered row of the fp32 table rounded = the row of its bf16 copy.
+  return Round(inner_.EmbeddingForward(tokens, table, y, rows, width, vocab_begin, vocab_local),
+               y, rows * width);
+}
+
+absl::Status Bf16Device::EmbeddingBackward(const int32_t* tokens, const float* dy, float* dtable,
+                                           int64_t rows, int64_t width, int64_t vocab_begin,
+                                           int64_t vocab_local) {
+  return inner_.EmbeddingBackward(tokens, dy, dtable, rows, width, vocab_begin, vocab_local);
+}
+
+absl::Status Bf16Device::AddPositionForward(const float* pos_table, float* y, int64_t rows,
+                                            int64_t seq, int64_t width) {
+  Scratch& s = ThreadScratch();
+  return Round(inner_.AddPositionForward(Rounded(pos_table, seq * width, &s.a), y, rows, seq,
+                                         width),
+               y, rows * width);
+}
+
+absl::Status Bf16Device::AddPositionBackward(const float* dy, float* dpos, int64_t rows,
+                                             int64_t seq, int64_t width) {
+  return inner_.AddPositionBackward(dy, dpos, rows, seq, width);
+}
+
+absl::Status Bf16Device::LocalRowMax(const float* logits, float* row_max, int64_t rows,
+                                     int64_t vocab_local) {
+  return inner_.LocalRowMax(logits, row_max, rows, vocab_local);
+}
+
+absl::Status Bf16Device::LocalSumExpAndTarget(const float* logits, const float* row_max,
+                                              const int32_t* targets, float* sum_exp,
+                                              float* target_logit, int64_t rows,
+                                              int64_t vocab_begin, int64_t vocab_local) {
+  return inner_.LocalSumExpAndTarget(logits, row_max, targets, sum_exp, target_logit, rows,
+                                     vocab_begin, vocab_local);
+}
+
+absl::Status Bf16Device::TokenLoss(const float* row_max, const float* sum_exp,
+                                   const float* target_logit, float* loss, int64_t rows) {
+  return inner_.TokenLoss(row_max, sum_exp, target_logit, loss, rows);
+}
+
+absl::Status Bf16Device::CrossEntropyBackward(const float* logits, const float* row_max,
+                                              const float* sum_exp, const int32_t* targets,
+                                              float scale, float* dlogits, int64_t rows,
+                                              int64_t vocab_begin, int64_t vocab_local) {
+  return Round(inner_.CrossEntropyBackward(logits, row_max, sum_exp, targets, scale, dlogits,
+                                           rows, vocab_begin, vocab_local),
+               dlogits, rows * vocab_local);
+}
+
+absl::Status Bf16Device::AddInPlace(const float* x, float* y, int64_t n) {
+  return Round(inner_.AddInPlace(x, y, n), y, n);
+}
+
+}  // namespace shardline::worker::train

@@ -1,0 +1,119 @@
+// bf16 mixed precision on a device whose memory is host memory (the CPU
+// path): a Device (device.h) that runs every call on another one and rounds
+// to bfloat16 where a bf16 model on a GPU holds bf16 values, so a CPU run of
+// `training.precision: bf16` follows the numbers a GPU run would (the same
+// roundings, fp32 accumulation inside each kernel), only slower.
+//
+//   Bf16Device bf16(*CpuDevice::Default());
+//   options.device = &bf16;  // the trainer does this for precision bf16
+//
+// The rules (those of Megatron-LM's bf16 training and of torch autocast):
+//   * Matrix products (Gemm, LinearForward, LinearBackward) read bf16
+//     inputs: the weights' fp32 master values, the biases, activations and
+//     activation gradients are rounded to bf16 before the product; the
+//     product accumulates in fp32 (as cuBLAS does with CUBLAS_COMPUTE_32F).
+//     Attention is one fused kernel: bf16 q, k, v (and dy) in, the softmax
+//     and both products in fp32 inside, bf16 y (and dqkv) out.
+//   * Activations and activation gradients are bf16: every output that is
+//     one (LinearForward's y, LayerNorm's y and dx, GELU's y and dx,
+//     attention's y and dqkv, the embedding's y, residual sums of AddInPlace
+//     and bias/position additions, the cross entropy's dlogits) is rounded
+//     to bf16 after the kernel computed it in fp32.
+//   * fp32 stays fp32: LayerNorm's statistics, the softmax and attention
+//     probabilities inside the fused attention kernel, the loss and its
+//     row statistics (LocalRowMax, LocalSumExpAndTarget, TokenLoss), and
+//     every PARAMETER gradient (dw, db, dgamma, dbeta, the embedding tables'
+//     gradients), which accumulate in fp32 over micro-batches from bf16
+//     inputs (Megatron's fp32 main_grad with gradient accumulation fusion).
+//     The trainer reduces them over dp in fp32, and keeps fp32 master
+//     weights and AdamW moments (trainer.h).
+// Rounding is round-to-nearest-even (worker/comm/float16.h); values stay
+// stored as fp32 (a bf16 value is an fp32 with its low 16 bits zero).
+//
+// Memory: the rounded copies of inputs are thread-local scratch buffers
+// that grow to the largest input seen (weights included) and are kept for
+// the thread's life. Errors: the wrapped device's (device.h). Thread-safety:
+// as the wrapped device (CpuDevice: thread-safe). The wrapped device must
+// have host_memory() (the rounding runs on the host); it must outlive this.
+#ifndef SHARDLINE_WORKER_TRAIN_BF16_DEVICE_H_
+#define SHARDLINE_WORKER_TRAIN_BF16_DEVICE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "worker/train/device.h"
+
+namespace shardline::worker::train {
+
+// Rounds x[0, n) to the nearest bf16 (ties to even) in place; NaN stays NaN.
+void RoundToBFloat16(float* x, int64_t n);
+
+class Bf16Device final : public Device {
+ public:
+  // `inner` must have host_memory() (checked by the trainer, which refuses
+  // bf16 on other devices); not owned.
+  explicit Bf16Device(Device& inner) : inner_(inner) {}
+
+  std::string name() const override { return inner_.name() + " (bf16)"; }
+  bool host_memory() const override { return inner_.host_memory(); }
+  absl::StatusOr<void*> AllocBytes(size_t bytes) override { return inner_.AllocBytes(bytes); }
+  void Free(void* ptr) override { inner_.Free(ptr); }
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
+    return inner_.CopyToDevice(dst, src, bytes);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    return inner_.CopyToHost(dst, src, bytes);
+  }
+  absl::Status Zero(void* ptr, size_t bytes) override { return inner_.Zero(ptr, bytes); }
+  absl::Status Synchronize() override { return inner_.Synchronize(); }
+
+  absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, const float* b, float beta, float* c) override;
+  absl::Status LinearForward(const float* x, const float* w, const float* b, float* y,
+                             int64_t rows, int64_t in, int64_t out) override;
+  absl::Status LinearBackward(const float* x, const float* w, const float* dy, float* dx,
+                              float* dw, float* db, int64_t rows, int64_t in,
+                              int64_t out) override;
+  absl::Status LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                                float* mean, float* rstd, int64_t rows, int64_t width) override;
+  absl::Status LayerNormBackward(const float* x, const float* gamma, const float* mean,
+                                 const float* rstd, const float* dy, float* dx, float* dgamma,
+                                 float* dbeta, int64_t rows, int64_t width) override;
+  absl::Status GeluForward(const float* x, float* y, int64_t n) override;
+  absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n) override;
+  absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
+                                int64_t seq, int64_t heads, int64_t head_dim) override;
+  absl::Status AttentionBackward(const float* qkv, const float* probs, const float* dy,
+                                 float* dqkv, int64_t batch, int64_t seq, int64_t heads,
+                                 int64_t head_dim) override;
+  absl::Status EmbeddingForward(const int32_t* tokens, const float* table, float* y,
+                                int64_t rows, int64_t width, int64_t vocab_begin,
+                                int64_t vocab_local) override;
+  absl::Status EmbeddingBackward(const int32_t* tokens, const float* dy, float* dtable,
+                                 int64_t rows, int64_t width, int64_t vocab_begin,
+                                 int64_t vocab_local) override;
+  absl::Status AddPositionForward(const float* pos_table, float* y, int64_t rows, int64_t seq,
+                                  int64_t width) override;
+  absl::Status AddPositionBackward(const float* dy, float* dpos, int64_t rows, int64_t seq,
+                                   int64_t width) override;
+  absl::Status LocalRowMax(const float* logits, float* row_max, int64_t rows,
+                           int64_t vocab_local) override;
+  absl::Status LocalSumExpAndTarget(const float* logits, const float* row_max,
+                                    const int32_t* targets, float* sum_exp, float* target_logit,
+                                    int64_t rows, int64_t vocab_begin,
+                                    int64_t vocab_local) override;
+  absl::Status TokenLoss(const float* row_max, const float* sum_exp, const float* target_logit,
+                         float* loss, int64_t rows) override;
+  absl::Status CrossEntropyBackward(const float* logits, const float* row_max,
+                                    const float* sum_exp, const int32_t* targets, float scale,
+                                    float* dlogits, int64_t rows, int64_t vocab_begin,
+                                    int64_t vocab_local) override;
+  absl::Status AddInPlace(const float* x, float* y, int64_t n) override;
+
+ private:
+  Device& inner_;
+};
+
+}  // namespace shardline::worker::train
+
+#endif  // SHARDLINE_WORKER_TRAIN_BF16_DEVICE_H_
