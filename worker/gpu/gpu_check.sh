@@ -2,8 +2,10 @@
 # GPU checks for the GPU plugin and the NCCL backend: runs gpu_plugin_cuda_test,
 # train_kernels_test (every training kernel on the GPU against its CPU twin),
 # gpu_trainer_test (the trainer on the GPU against the trainer on the CPU)
-# and nccl_backend_test (GPU tests run, nothing skipped for "no GPU") and the
-# NCCL benchmark for a few sizes, printing the results. Under 5 minutes.
+# and nccl_backend_test (GPU tests run, nothing skipped for "no GPU"; NCCL at
+# world 1 on one GPU), the NCCL benchmark for a few sizes, and a training
+# benchmark (train_bench below: tokens/s and MFU of a GPT-2-small-sized model
+# on GPU 0), printing the results. Under 8 minutes with the build.
 #
 #   worker/gpu/gpu_check.sh          # a GPU machine with Bazel and the project's
 #                                    # build deps (docs/BUILDING.md): build + run
@@ -31,7 +33,8 @@ TARGETS=(//worker/gpu:gpu_plugin_cuda_test //worker/gpu:train_kernels_test
          //worker/gpu:gpu_trainer_test
          //worker/gpu:libshardline_gpu.so
          //worker/gpu:libshardline_gpu_fake.so
-         //worker/comm:nccl_backend_test //worker/comm:shardline-bench-collectives)
+         //worker/comm:nccl_backend_test //worker/comm:shardline-bench-collectives
+         //worker/train:shardline-train-local)
 BENCH_ARGS=(--backend nccl --op all --min-bytes 1024 --max-bytes 67108864 --factor 64
             --iters 20 --warmup 5 --check)
 fails=0
@@ -49,6 +52,57 @@ bench() {  # bench BENCH_BINARY [extra args...]
   done
 }
 
+# Training throughput on GPU 0: a few steps of the GPT-2-small-sized model
+# (deploy/jobs/gpt2-small.yaml) through shardline-train-local --device
+# cuda:0, today's host-staged path (fp32 layers on the GPU; master weights,
+# AdamW and gradients on the host). Prints tokens/s (median of the steps
+# after the first two) and model FLOPs utilisation: tokens/s x FLOPs per
+# token / the device's dense peak, FLOPs per token = 6 N + 12 L h s (N
+# parameters, L layers, width h, context s: PaLM, Chowdhery et al. 2022,
+# appendix B; no recomputation counted; 0.629 GFLOP here, within 1% of
+# `shardctl plan`'s flops_per_iteration / tokens, Narayanan et al.'s Eq. 3
+# without recomputation), against the bf16 tensor-core peak
+# (the issue's yardstick) and the fp32 (no TF32) peak this path can reach.
+train_bench() {  # train_bench BINARY SPEC [extra args...]
+  local bin="$1" spec="$2"; shift 2
+  local precision=fp32
+  echo "=== benchmark: shardline-train-local $(basename "$spec") --device cuda:0 ($precision, host-staged)"
+  timeout 300 "$bin" "$spec" --device cuda:0 --steps 12 --log-interval 1 --eval-samples 8 "$@" \
+    2>&1 | tee /tmp/gpu_check_train.log
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { fails=$((fails + 1)); return; }
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null || echo unknown)
+  python3 - "$name" /tmp/gpu_check_train.log "$precision" <<'PY' || fails=$((fails + 1))
+import re, statistics, sys
+name, log, precision = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3]
+steps = [(int(m.group(1)), float(m.group(2)))
+         for m in re.finditer(r"^step (\d+)/\d+ .*?tokens/s (\d+)", log, re.M)]
+tps = [t for s, t in steps if s > 2]
+if not tps:
+    sys.exit("no step lines after step 2 in the log")
+L, h, s, V = 12, 768, 1024, 256  # deploy/jobs/gpt2-small.yaml
+N = L * (12 * h * h + 13 * h) + V * h + s * h + 2 * h  # plan::GptParameters' count
+flops_per_token = 6 * N + 12 * L * h * s
+# Dense peaks in FLOP/s (vendor data sheets, without sparsity): bf16 tensor
+# core, fp32 without tensor cores.
+peaks = [("H200", 989e12, 67e12), ("H100 SXM", 989e12, 67e12), ("H100 80GB HBM3", 989e12, 67e12),
+         ("H100 NVL", 835e12, 60e12), ("H100 PCIe", 756e12, 51e12), ("A100", 312e12, 19.5e12)]
+match = next((p for p in peaks if p[0].lower() in name.lower()), None)
+rate = statistics.median(tps)
+print(f"train_bench: device {name!r}, {precision}, N = {N / 1e6:.1f}M parameters, "
+      f"{flops_per_token / 1e9:.3f} GFLOP/token")
+print(f"train_bench: {rate:.0f} tokens/s (median of {len(tps)} steps), "
+      f"{rate * flops_per_token / 1e12:.2f} TFLOP/s")
+if match:
+    print(f"train_bench: MFU {100 * rate * flops_per_token / match[1]:.2f}% of the bf16 dense peak "
+          f"({match[1] / 1e12:.0f} TFLOP/s), {100 * rate * flops_per_token / match[2]:.2f}% of the "
+          f"fp32 peak ({match[2] / 1e12:.1f} TFLOP/s)")
+else:
+    print(f"train_bench: no peak known for {name!r}; add it to gpu_check.sh's table")
+PY
+  echo "train_bench: bf16 on the GPU path is not built yet (training.precision bf16 is CPU-only)"
+}
+
 case "$mode" in
   bazel)
     command -v nvidia-smi >/dev/null && nvidia-smi -L
@@ -57,6 +111,8 @@ case "$mode" in
       //worker/gpu:gpu_plugin_cuda_test //worker/gpu:train_kernels_test \
       //worker/gpu:gpu_trainer_test //worker/comm:nccl_backend_test || fails=$((fails + 1))
     bench bazel-bin/worker/comm/shardline-bench-collectives
+    train_bench bazel-bin/worker/train/shardline-train-local deploy/jobs/gpt2-small.yaml \
+      --data data/tinyshakespeare.txt
     ;;
 
   pack)
@@ -64,9 +120,10 @@ case "$mode" in
     rm -rf "$BUNDLE"
     mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/worker/gpu" "$BUNDLE/data"
     # gpu_trainer_test reads the corpus relative to its working directory.
-    cp data/tinyshakespeare.txt "$BUNDLE/data/"
+    cp data/tinyshakespeare.txt deploy/jobs/gpt2-small.yaml "$BUNDLE/data/"
     for t in worker/gpu/gpu_plugin_cuda_test worker/gpu/train_kernels_test \
-             worker/gpu/gpu_trainer_test worker/comm/nccl_backend_test worker/comm/shardline-bench-collectives; do
+             worker/gpu/gpu_trainer_test worker/comm/nccl_backend_test worker/comm/shardline-bench-collectives \
+             worker/train/shardline-train-local; do
       cp -L "bazel-bin/$t" "$BUNDLE/bin/"
     done
     cp -L bazel-bin/worker/gpu/libshardline_gpu.so bazel-bin/worker/gpu/libshardline_gpu_fake.so \
@@ -77,7 +134,8 @@ case "$mode" in
     # own shared libraries there.
     for f in worker/gpu/gpu_plugin_cuda_test worker/gpu/train_kernels_test \
              worker/gpu/gpu_trainer_test worker/comm/nccl_backend_test \
-             worker/comm/shardline-bench-collectives worker/gpu/libshardline_gpu.so; do
+             worker/comm/shardline-bench-collectives worker/gpu/libshardline_gpu.so \
+             worker/train/shardline-train-local; do
       ldd "bazel-bin/$f" | awk '$3 ~ /^\// {print $3}'
     done | sort -u | while read -r lib; do
       case "$(basename "$lib")" in
@@ -136,6 +194,9 @@ print(os.path.dirname(hits[0]) if hits else "")' 2>/dev/null)
       grep -E "^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]" "/tmp/gpu_check_$t.log" | head -20
     done
     bench "$BUNDLE/bin/shardline-bench-collectives" \
+      --gpu-plugin "$PWD/$BUNDLE/worker/gpu/libshardline_gpu.so"
+    train_bench "$BUNDLE/bin/shardline-train-local" "$BUNDLE/data/gpt2-small.yaml" \
+      --data "$BUNDLE/data/tinyshakespeare.txt" \
       --gpu-plugin "$PWD/$BUNDLE/worker/gpu/libshardline_gpu.so"
     ;;
 

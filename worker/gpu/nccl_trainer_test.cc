@@ -204,10 +204,14 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A rank lost in the middle of a step: its communicators are aborted (what
 // its peers see when its process dies), and every other rank's step fails
-// with Unavailable naming it, in far less than the op timeout.
-TEST(NcclTrainerFailureTest, ARankLostMidStepIsUnavailableNamingIt) {
+// with Unavailable naming it, in far less than the op timeout. Then the job
+// re-forms without it, as the coordinator's next generation would: new
+// communicators at dp 1 (tp 2) from the state every rank saved after step 2
+// (the last committed checkpoint), continuing the single-rank curve.
+TEST(NcclTrainerFailureTest, ARankLostMidStepIsUnavailableNamingItAndTheJobReForms) {
   const TrainingOptions options = Options(Layout{.tp = 2, .dp = 2, .zero = 1});
   train::SetIntraOpThreads(1);
+  train::testing::GlobalState checkpoint;
   std::vector<absl::Status> failed(4);
   const absl::Status status = train::RunLocalCluster(
       options.parallel,
@@ -218,6 +222,7 @@ TEST(NcclTrainerFailureTest, ARankLostMidStepIsUnavailableNamingIt) {
           absl::StatusOr<StepStats> st = (*trainer)->TrainStep();
           if (!st.ok()) return st.status();
         }
+        train::testing::Save(**trainer, checkpoint);
         // World rank 3 (tp rank 1 of dp rank 1) dies before step 2: the
         // cluster aborts its groups when it returns an error.
         if (rank == 3) return absl::InternalError("killed");
@@ -236,6 +241,16 @@ TEST(NcclTrainerFailureTest, ARankLostMidStepIsUnavailableNamingIt) {
     EXPECT_THAT(std::string(failed[rank].message()), HasSubstr("is gone")) << "rank " << rank;
   }
   EXPECT_THAT(std::string(failed[2].message()), HasSubstr("rank 1 of this 2-rank communicator is gone"));
+
+  // The next generation: tp 2 at dp 1 over new communicators, restored from
+  // step 2, on the single-rank curve (the global batch is unchanged).
+  const std::vector<StepStats>& ref = Reference();
+  const std::vector<double> resumed = train::testing::ResumeAndTrain(
+      Options(Layout{.tp = 2}), 2, 5,
+      [&](train::Trainer& t) { train::testing::Restore(t, checkpoint, 2); }, NcclFactory());
+  ASSERT_EQ(resumed.size(), 3u);
+  for (int s = 2; s < 5; ++s)
+    EXPECT_NEAR(resumed[s - 2], ref[s].loss, 1e-4 * ref[s].loss) << "step " << s;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -135,9 +136,10 @@ inline std::vector<StepStats> Train(
 
 // Every rank of `options` is restored by `restore` (which must leave it at
 // step `from`), then trains steps [from, to); returns rank 0's losses and
-// checks each step's index.
+// checks each step's index. `factory`: as Train's.
 inline std::vector<double> ResumeAndTrain(const TrainingOptions& options, int from, int to,
-                                          const std::function<void(Trainer&)>& restore) {
+                                          const std::function<void(Trainer&)>& restore,
+                                          BackendFactory factory = nullptr) {
   absl::Mutex mu;
   std::vector<double> resumed;
   Train(options, 0, [&](int rank, Trainer& t) {
@@ -151,8 +153,48 @@ inline std::vector<double> ResumeAndTrain(const TrainingOptions& options, int fr
     }
     absl::MutexLock lock(&mu);
     if (rank == 0) resumed = std::move(mine);
-  });
+  }, std::move(factory));
   return resumed;
+}
+
+// Checkpoint state without files: whole global tensors by name (weights and
+// AdamW moments), and how often each element was written.
+struct GlobalState {
+  mutable absl::Mutex mu;
+  std::map<std::string, std::vector<float>> values ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::vector<int>> writes ABSL_GUARDED_BY(mu);
+};
+
+// Writes `t`'s SaveSlices into `g` (every rank of a layout together covers
+// every element once).
+inline void Save(Trainer& t, GlobalState& g) {
+  absl::MutexLock lock(&g.mu);
+  for (const Trainer::StateSlice& s : t.SaveSlices()) {
+    const int64_t n = s.spec->numel();
+    auto& v = g.values[s.tensor];
+    auto& w = g.writes[s.tensor];
+    v.resize(n, 0.0f);
+    w.resize(n, 0);
+    for (int64_t i = s.begin; i < s.end; ++i) {
+      const int64_t global = s.spec->global_index(s.tp, s.tp_rank, i);
+      v[global] = s.data[i - s.begin];
+      ++w[global];
+    }
+  }
+}
+
+// Fills `t`'s RestoreSlices from `g` (any layout) and sets its step.
+inline void Restore(Trainer& t, const GlobalState& g, int64_t step) {
+  {
+    absl::ReaderMutexLock lock(&g.mu);  // shared: every rank restores at once
+    for (const Trainer::StateSlice& s : t.RestoreSlices()) {
+      const auto& v = g.values.at(s.tensor);
+      for (int64_t i = s.begin; i < s.end; ++i) {
+        s.data[i - s.begin] = v[s.spec->global_index(s.tp, s.tp_rank, i)];
+      }
+    }
+  }
+  ASSERT_TRUE(t.FinishRestore(step).ok());
 }
 
 }  // namespace shardline::worker::train::testing

@@ -22,41 +22,9 @@ using testing::Layout;
 
 TrainingOptions Options(const Layout& l) { return testing::SmallGptOptions(l, kSteps); }
 
-// Whole tensors by name, and how often each element was written.
-struct GlobalState {
-  mutable absl::Mutex mu;
-  std::map<std::string, std::vector<float>> values ABSL_GUARDED_BY(mu);
-  std::map<std::string, std::vector<int>> writes ABSL_GUARDED_BY(mu);
-};
-
-void Save(Trainer& t, GlobalState& g) {
-  absl::MutexLock lock(&g.mu);
-  for (const Trainer::StateSlice& s : t.SaveSlices()) {
-    const int64_t n = s.spec->numel();
-    auto& v = g.values[s.tensor];
-    auto& w = g.writes[s.tensor];
-    v.resize(n, 0.0f);
-    w.resize(n, 0);
-    for (int64_t i = s.begin; i < s.end; ++i) {
-      const int64_t global = s.spec->global_index(s.tp, s.tp_rank, i);
-      v[global] = s.data[i - s.begin];
-      ++w[global];
-    }
-  }
-}
-
-void Restore(Trainer& t, const GlobalState& g, int64_t step) {
-  {
-    absl::ReaderMutexLock lock(&g.mu);  // shared: every rank restores at once
-    for (const Trainer::StateSlice& s : t.RestoreSlices()) {
-      const auto& v = g.values.at(s.tensor);
-      for (int64_t i = s.begin; i < s.end; ++i) {
-        s.data[i - s.begin] = v[s.spec->global_index(s.tp, s.tp_rank, i)];
-      }
-    }
-  }
-  ASSERT_TRUE(t.FinishRestore(step).ok());
-}
+using testing::GlobalState;
+using testing::Restore;
+using testing::Save;
 
 std::vector<double> Losses(const std::vector<StepStats>& stats) {
   std::vector<double> out;
