@@ -94,21 +94,12 @@ export PYTHONPATH="$PWD/bench${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1   # no __pycache__ in the tree
 PATH="$(dirname "$PY"):$PATH"
 export PATH
-# OpenBLAS 0.3.21 takes some of these VMs' AVX2 CPUs for a Prescott and runs
-# SSE3 kernels; both our trainer and Debian's torch (through libblas.so.3) use
-# it. Where it names that core (its own report, OPENBLAS_VERBOSE=2), the
-# SkylakeX (AVX-512) or Haswell (AVX2) kernels are right, whichever the CPU
-# has; where it finds a core of its own, that stands. An explicit setting wins.
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx2 /proc/cpuinfo; then
-  blas_core=$(OPENBLAS_VERBOSE=2 "$BENCH_BIN/worker/train/shardline-train-local" --help 2>&1 |
-    sed -n 's/^Core: //p' | head -1)
-  case "$blas_core" in
-    "" | Prescott | Core2 | Nehalem | Sandybridge)
-      if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-      else export OPENBLAS_CORETYPE=Haswell; fi ;;
-  esac
-  log "OpenBLAS detects core '${blas_core:-?}'; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(its own choice)}"
-fi
+# OpenBLAS 0.3.21 takes some of these VMs' CPUs for a Prescott and runs SSE3
+# kernels; both our trainer and Debian's torch (through libblas.so.3) use it.
+# deploy/local/openblas_coretype.sh has the rule (SkylakeX or Haswell there).
+. deploy/local/openblas_coretype.sh
+choose_openblas_coretype "$BENCH_BIN/worker/train/shardline-train-local"
+[ -n "$openblas_note" ] && log "$openblas_note"
 mkdir -p "$BENCH_TMP" bench/out
 trap 'rm -rf "$BENCH_TMP"' EXIT
 # A full run starts from nothing; with --only the other benchmarks' last rows stay

@@ -103,12 +103,12 @@ DATA="$ROOT/data/tinyshakespeare.txt"
 SPEC_IN="$ROOT/deploy/jobs/shakespeare-demo.yaml"
 [ -s "$SPEC_IN" ] || die "missing job spec $SPEC_IN"
 
-# OpenBLAS 0.3.21 (Debian 12) detects some virtual CPUs that have AVX2 as
-# "Prescott" and then runs its SSE3 kernels, about 2x slower here; on an
-# AVX2 machine the Haswell kernels are right. An explicit setting wins.
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
-  export OPENBLAS_CORETYPE=Haswell
-fi
+# OpenBLAS 0.3.21 (Debian 12) detects some virtual CPUs as "Prescott" and
+# then runs its SSE3 kernels, about 2x slower here; the rule that picks the
+# right kernels (SkylakeX on AVX-512, Haswell on AVX2) is in
+# deploy/local/openblas_coretype.sh. An explicit setting wins.
+. "$ROOT/deploy/local/openblas_coretype.sh"
+choose_openblas_coretype "$WORKER"
 
 # The job's plan, offline: pipeline timeline and the full plan as JSON.
 PLAN=(--layers 4 --hidden 128 --heads 4 --vocab 256 --seq 64
