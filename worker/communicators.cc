@@ -11,6 +11,31 @@ namespace shardline::worker {
 
 namespace v1 = ::shardline::v1;
 
+absl::StatusOr<std::vector<uint32_t>> GroupRanks(const v1::ProcessGroup& pg, uint32_t world_size) {
+  std::vector<uint32_t> ranks;
+  if (pg.ranks_size() > 0 || pg.size() == 0) {
+    ranks.assign(pg.ranks().begin(), pg.ranks().end());
+  } else {
+    // Compact form (plan.proto): first_rank + i * rank_stride, i < size.
+    const uint64_t last =
+        pg.first_rank() + static_cast<uint64_t>(pg.size() - 1) * pg.rank_stride();
+    if (pg.size() > world_size || last >= world_size || (pg.size() > 1 && pg.rank_stride() == 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group ", pg.name(), ": compact form first_rank=", pg.first_rank(), " rank_stride=",
+          pg.rank_stride(), " size=", pg.size(), " does not fit world_size=", world_size));
+    }
+    ranks.resize(pg.size());
+    for (uint32_t i = 0; i < pg.size(); ++i) ranks[i] = pg.first_rank() + i * pg.rank_stride();
+  }
+  for (uint32_t r : ranks) {
+    if (r >= world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("group ", pg.name(), " lists rank ", r,
+                                                     " outside world_size=", world_size));
+    }
+  }
+  return ranks;
+}
+
 absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
     const v1::Assignment& assignment, std::shared_ptr<client::RendezvousClient> rendezvous,
     const Clock* clock, const v1::Fence& fence, GlooOptions options,
@@ -24,17 +49,22 @@ absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
   f.set_generation(assignment.generation());
   const uint32_t rank = assignment.rank();
   for (const v1::ProcessGroup& pg : assignment.groups()) {
-    auto it = std::find(pg.ranks().begin(), pg.ranks().end(), rank);
-    if (it == pg.ranks().end()) continue;
+    absl::StatusOr<std::vector<uint32_t>> ranks = GroupRanks(pg, assignment.world_size());
+    if (!ranks.ok()) {
+      comms->Abort();
+      return ranks.status();
+    }
+    auto it = std::find(ranks->begin(), ranks->end(), rank);
+    if (it == ranks->end()) continue;
     Group g;
     g.name = pg.name();
     g.kind = pg.kind();
-    g.ranks.assign(pg.ranks().begin(), pg.ranks().end());
-    g.group_rank = static_cast<int>(it - pg.ranks().begin());
+    g.group_rank = static_cast<int>(it - ranks->begin());
+    g.ranks = *std::move(ranks);
     auto store = std::make_shared<CoordinatorStore>(rendezvous, clock, f, pg.name(), cancel);
     GlooOptions named = options;  // errors name "rank 3 (dp/0 rank 1)"
     named.group_name = pg.name();
-    named.global_ranks.assign(pg.ranks().begin(), pg.ranks().end());
+    named.global_ranks.assign(g.ranks.begin(), g.ranks.end());
     absl::StatusOr<std::unique_ptr<Backend>> backend =
         CreateGlooBackend(store, g.group_rank, static_cast<int>(g.ranks.size()), named);
     if (!backend.ok()) {

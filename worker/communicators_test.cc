@@ -87,6 +87,56 @@ class CommunicatorsTest : public ::testing::Test {
   std::vector<v1::Assignment> assignments_;
 };
 
+// The agents join with compact_groups, so their assignments carry groups in
+// the compact form; both build them and pass Check (barriers and a dp
+// all-reduce over the expanded ranks).
+TEST_F(CommunicatorsTest, CompactAssignmentsBuildAndPassTheCheck) {
+  int compact = 0;
+  for (const v1::ProcessGroup& pg : assignments_[0].groups())
+    compact += pg.ranks_size() == 0 && pg.size() > 0;
+  EXPECT_GT(compact, 0) << assignments_[0].DebugString();
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      GlooOptions gloo;
+      gloo.interface_address = "127.0.0.1";
+      gloo.connect_timeout = absl::Seconds(30);
+      gloo.timeout = absl::Seconds(30);
+      absl::StatusOr<std::unique_ptr<Communicators>> c =
+          Communicators::Build(assignments_[i], agents_[i]->rendezvous(), &clock_,
+                               agents_[i]->fence(), gloo, nullptr);
+      status[i] = c.ok() ? (*c)->Check(absl::Seconds(30)) : c.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(status[i].ok()) << "worker " << i << ": " << status[i];
+}
+
+TEST(GroupRanksTest, ListedAndCompactFormsAndTheirLimits) {
+  v1::ProcessGroup listed;
+  listed.set_name("dp/0");
+  for (uint32_t r : {1u, 3u, 5u}) listed.add_ranks(r);
+  EXPECT_THAT(*GroupRanks(listed, 8), ::testing::ElementsAre(1u, 3u, 5u));
+  v1::ProcessGroup compact;
+  compact.set_name("dp/1");
+  compact.set_first_rank(2);
+  compact.set_rank_stride(3);
+  compact.set_size(3);
+  EXPECT_THAT(*GroupRanks(compact, 9), ::testing::ElementsAre(2u, 5u, 8u));
+  // Its last rank (8) is outside a world of 8.
+  absl::Status s = GroupRanks(compact, 8).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("group dp/1"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("world_size=8"));
+  compact.set_rank_stride(0);  // every member the same rank
+  EXPECT_TRUE(absl::IsInvalidArgument(GroupRanks(compact, 9).status()));
+  listed.add_ranks(9);
+  s = GroupRanks(listed, 8).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("lists rank 9"));
+}
+
 // The peer reports an error: the coordinator ends generation 1.
 TEST_F(CommunicatorsTest, BuildReturnsAbortedWhenAPeerReportsAnError) {
   absl::Status status;
