@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by deploy/local/demo.sh and bench/run.sh: picks OPENBLAS_CORETYPE
 # for Debian 12's OpenBLAS 0.3.21, which takes some virtual CPUs with AVX2
 # (and AVX-512) for a "Prescott" and then runs its SSE3 kernels, about 2x
