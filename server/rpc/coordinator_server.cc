@@ -23,6 +23,9 @@
 namespace shardline::server {
 namespace {
 
+// Idle sync-server threads kept for the next calls (see BuildAndStart).
+constexpr int kSyncPollers = 256;
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
@@ -162,6 +165,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::ResourceQuota quota("shardline-coordinator");
   quota.SetMaxThreads(options.max_threads);
   builder.SetResourceQuota(quota);
+  // A sync thread that finishes its call exits when more than MAX_POLLERS
+  // threads are idle (gRPC's default: 2), and a call that finds no idle one
+  // starts a thread. Every barrier round blocks all its arrivals but the
+  // last, so with the default each round of N members started and ended
+  // about N threads. Keeping up to kSyncPollers idle threads serves barriers
+  // of up to that many members without a thread start: 1.25-1.74x the
+  // rounds/s at 16-256 members (bench coordinator_kv, same machine, A/B).
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, kSyncPollers);
   builder.RegisterService(server->job_service_.get());
   builder.RegisterService(server->worker_service_.get());
   builder.RegisterService(server->rendezvous_service_.get());
