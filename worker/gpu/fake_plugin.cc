@@ -712,81 +712,58 @@ int Issue(ShardlineNcclComm* c, Op op, ShardlineGpuEvent** event, char* error, s
   return SHARDLINE_GPU_OK;
 }
 
-int AllReduce(ShardlineNcclComm* c, void* data, size_t count, int32_t dtype, int32_t op, int64_t,
-              ShardlineGpuEvent** event, char* error, size_t error_len) {
+// One operation of `kind`; the fields an operation does not use stay unset.
+Op MakeOp(Kind kind, const void* in, void* out, size_t count, int32_t dtype, int peer = -1,
+          int32_t reduce = SHARDLINE_GPU_SUM) {
   Op o;
-  o.kind = Kind::kAllReduce;
-  o.out = data;
+  o.kind = kind;
+  o.in = in;
+  o.out = out;
   o.count = count;
   o.dtype = dtype;
-  o.reduce = op;
-  return Issue(c, std::move(o), event, error, error_len);
+  o.peer = peer;
+  o.reduce = reduce;
+  return o;
+}
+
+int AllReduce(ShardlineNcclComm* c, void* data, size_t count, int32_t dtype, int32_t op, int64_t,
+              ShardlineGpuEvent** event, char* error, size_t error_len) {
+  return Issue(c, MakeOp(Kind::kAllReduce, nullptr, data, count, dtype, -1, op), event, error,
+               error_len);
 }
 int AllGather(ShardlineNcclComm* c, const void* in, size_t count, void* out, int32_t dtype, int64_t,
               ShardlineGpuEvent** event, char* error, size_t error_len) {
   if (c->group == nullptr && c->nranks == 1 && in != out && count > 0)
     std::memmove(out, in, count * ElementBytes(dtype));
-  Op o;
-  o.kind = Kind::kAllGather;
-  o.in = in;
-  o.out = out;
-  o.count = count;
-  o.dtype = dtype;
-  return Issue(c, std::move(o), event, error, error_len);
+  return Issue(c, MakeOp(Kind::kAllGather, in, out, count, dtype), event, error, error_len);
 }
 int ReduceScatter(ShardlineNcclComm* c, const void* in, void* out, const size_t* counts,
                   int32_t dtype, int32_t op, int64_t, ShardlineGpuEvent** event, char* error,
                   size_t error_len) {
-  Op o;
-  o.kind = Kind::kReduceScatter;
-  o.in = in;
-  o.out = out;
+  Op o = MakeOp(Kind::kReduceScatter, in, out, 0, dtype, -1, op);
   o.counts.assign(counts, counts + c->nranks);
-  o.dtype = dtype;
-  o.reduce = op;
   return Issue(c, std::move(o), event, error, error_len);
 }
 int AllToAll(ShardlineNcclComm* c, const void* in, const size_t* send_counts, void* out,
              const size_t* recv_counts, int32_t dtype, int64_t, ShardlineGpuEvent** event,
              char* error, size_t error_len) {
-  Op o;
-  o.kind = Kind::kAllToAll;
-  o.in = in;
-  o.out = out;
+  Op o = MakeOp(Kind::kAllToAll, in, out, 0, dtype);
   o.counts.assign(send_counts, send_counts + c->nranks);
   o.recv_counts.assign(recv_counts, recv_counts + c->nranks);
-  o.dtype = dtype;
   return Issue(c, std::move(o), event, error, error_len);
 }
 int Broadcast(ShardlineNcclComm* c, void* data, size_t count, int32_t dtype, int32_t root, int64_t,
               ShardlineGpuEvent** event, char* error, size_t error_len) {
-  Op o;
-  o.kind = Kind::kBroadcast;
-  o.out = data;
-  o.count = count;
-  o.dtype = dtype;
-  o.peer = root;
-  return Issue(c, std::move(o), event, error, error_len);
+  return Issue(c, MakeOp(Kind::kBroadcast, nullptr, data, count, dtype, root), event, error,
+               error_len);
 }
 int SendFn(ShardlineNcclComm* c, const void* data, size_t count, int32_t dtype, int32_t peer,
            int64_t, ShardlineGpuEvent** event, char* error, size_t error_len) {
-  Op o;
-  o.kind = Kind::kSend;
-  o.in = data;
-  o.count = count;
-  o.dtype = dtype;
-  o.peer = peer;
-  return Issue(c, std::move(o), event, error, error_len);
+  return Issue(c, MakeOp(Kind::kSend, data, nullptr, count, dtype, peer), event, error, error_len);
 }
 int RecvFn(ShardlineNcclComm* c, void* data, size_t count, int32_t dtype, int32_t peer, int64_t,
            ShardlineGpuEvent** event, char* error, size_t error_len) {
-  Op o;
-  o.kind = Kind::kRecv;
-  o.out = data;
-  o.count = count;
-  o.dtype = dtype;
-  o.peer = peer;
-  return Issue(c, std::move(o), event, error, error_len);
+  return Issue(c, MakeOp(Kind::kRecv, nullptr, data, count, dtype, peer), event, error, error_len);
 }
 int Barrier(ShardlineNcclComm* c, int64_t, ShardlineGpuEvent** event, char* error,
             size_t error_len) {

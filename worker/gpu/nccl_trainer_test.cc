@@ -72,14 +72,9 @@ TEST_P(NcclTrainerTest, MatchesSingleRankLossCurve) {
   const std::vector<StepStats>& ref = Reference();
   ASSERT_EQ(ref.size(), static_cast<size_t>(kSteps));
   EXPECT_LT(ref.back().loss, ref.front().loss - 1.0) << "reference did not learn";
-  const std::vector<StepStats> got =
-      train::testing::Train(Options(GetParam()), kSteps, nullptr, NcclFactory());
-  ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
-  for (int s = 0; s < kSteps; ++s) {
-    EXPECT_NEAR(got[s].loss, ref[s].loss, 1e-4 * std::abs(ref[s].loss))
-        << "step " << s << " loss " << got[s].loss << " vs single-rank " << ref[s].loss;
-    EXPECT_NEAR(got[s].grad_norm, ref[s].grad_norm, 1e-3 * ref[s].grad_norm) << "step " << s;
-  }
+  train::testing::ExpectOnCurve(
+      train::testing::Train(Options(GetParam()), kSteps, nullptr, NcclFactory()), ref, 1e-4,
+      1e-3);
 }
 
 using plan::ScheduleKind;
@@ -123,12 +118,8 @@ TEST_P(NcclTrainerBf16Test, FollowsTheSingleRankBf16Curve) {
   const std::vector<StepStats>& ref = Bf16Reference();
   TrainingOptions o = Options(GetParam());
   o.parallel.precision = plan::Precision::kMixed;
-  const std::vector<StepStats> got = train::testing::Train(o, kSteps, nullptr, NcclFactory());
-  ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
-  for (int s = 0; s < kSteps; ++s) {
-    EXPECT_NEAR(got[s].loss, ref[s].loss, 2e-3 * ref[s].loss)
-        << "step " << s << " loss " << got[s].loss << " vs single-rank bf16 " << ref[s].loss;
-  }
+  train::testing::ExpectOnCurve(train::testing::Train(o, kSteps, nullptr, NcclFactory()), ref,
+                                2e-3, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -148,33 +139,43 @@ INSTANTIATE_TEST_SUITE_P(
 // neighbours has its own stream and every schedule finishes.
 class NcclTrainerRendezvousTest : public ::testing::TestWithParam<Layout> {};
 
+// Every send of the fake waits for its receive while this lives; then back
+// to the fake's default (4 MiB).
+class EverySendWaits {
+ public:
+  EverySendWaits() {
+    void* fake = dlopen(kPlugin, RTLD_NOW | RTLD_LOCAL);
+    EXPECT_NE(fake, nullptr) << dlerror();
+    if (fake != nullptr) {
+      set_ = reinterpret_cast<void (*)(size_t)>(
+          dlsym(fake, "shardline_fake_set_rendezvous_bytes"));
+    }
+    EXPECT_NE(set_, nullptr);
+    if (set_ != nullptr) set_(0);
+  }
+  ~EverySendWaits() {
+    if (set_ != nullptr) set_(size_t{4} << 20);
+  }
+
+ private:
+  void (*set_)(size_t) = nullptr;
+};
+
 TEST_P(NcclTrainerRendezvousTest, SendsThatWaitForTheirReceiveDoNotDeadlock) {
-  void* fake = dlopen(kPlugin, RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(fake, nullptr) << dlerror();
-  auto set_rendezvous_bytes =
-      reinterpret_cast<void (*)(size_t)>(dlsym(fake, "shardline_fake_set_rendezvous_bytes"));
-  ASSERT_NE(set_rendezvous_bytes, nullptr);
-  set_rendezvous_bytes(0);
-  const std::vector<StepStats>& ref = Reference();
+  EverySendWaits rendezvous;
   constexpr int kRendezvousSteps = 3;
+  const std::vector<StepStats> ref(Reference().begin(), Reference().begin() + kRendezvousSteps);
   // A deadlock fails the step at the op timeout instead of hanging the test.
-  const std::vector<StepStats> got = train::testing::Train(
-      Options(GetParam()), kRendezvousSteps, nullptr, NcclFactory(absl::Seconds(20)));
-  set_rendezvous_bytes(size_t{4} << 20);
-  ASSERT_EQ(got.size(), static_cast<size_t>(kRendezvousSteps));
-  for (int s = 0; s < kRendezvousSteps; ++s)
-    EXPECT_NEAR(got[s].loss, ref[s].loss, 1e-4 * std::abs(ref[s].loss)) << "step " << s;
+  train::testing::ExpectOnCurve(
+      train::testing::Train(Options(GetParam()), kRendezvousSteps, nullptr,
+                            NcclFactory(absl::Seconds(20))),
+      ref, 1e-4, 1e-3);
 }
 
 // The hazard itself: the same 1F1B pipeline without p2p channels, every send
 // waiting for its receive, stops at the op timeout.
 TEST(NcclTrainerRendezvousTest, WithoutP2pChannels1F1BWaitsForever) {
-  void* fake = dlopen(kPlugin, RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(fake, nullptr) << dlerror();
-  auto set_rendezvous_bytes =
-      reinterpret_cast<void (*)(size_t)>(dlsym(fake, "shardline_fake_set_rendezvous_bytes"));
-  ASSERT_NE(set_rendezvous_bytes, nullptr);
-  set_rendezvous_bytes(0);
+  EverySendWaits rendezvous;
   const TrainingOptions options = Options(Layout{.pp = 2, .schedule = k1F1B});
   const absl::Status status = train::RunLocalCluster(
       options.parallel,
@@ -184,7 +185,6 @@ TEST(NcclTrainerRendezvousTest, WithoutP2pChannels1F1BWaitsForever) {
         return (*trainer)->TrainStep().status();
       },
       NcclFactory(absl::Seconds(2), /*p2p_channels=*/false));
-  set_rendezvous_bytes(size_t{4} << 20);
   EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("NcclOptions::timeout"));
 }

@@ -5,6 +5,7 @@
 #define SHARDLINE_WORKER_TRAIN_TEST_UTIL_H_
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -132,6 +133,22 @@ inline std::vector<StepStats> Train(
     }
   }
   return stats[0];
+}
+
+// Checks that `got` follows `ref` step by step: loss within `loss_rel`
+// relative, gradient norm within `grad_norm_rel` relative (not checked when
+// it is 0), over ref's steps.
+inline void ExpectOnCurve(const std::vector<StepStats>& got, const std::vector<StepStats>& ref,
+                          double loss_rel, double grad_norm_rel) {
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t s = 0; s < ref.size(); ++s) {
+    EXPECT_NEAR(got[s].loss, ref[s].loss, loss_rel * std::abs(ref[s].loss))
+        << "step " << s << " loss " << got[s].loss << " vs reference " << ref[s].loss;
+    if (grad_norm_rel > 0) {
+      EXPECT_NEAR(got[s].grad_norm, ref[s].grad_norm, grad_norm_rel * ref[s].grad_norm)
+          << "step " << s;
+    }
+  }
 }
 
 // Every rank of `options` is restored by `restore` (which must leave it at

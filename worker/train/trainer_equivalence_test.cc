@@ -32,13 +32,7 @@ TEST_P(EquivalenceTest, MatchesSingleRankLossCurve) {
   ASSERT_EQ(ref.size(), static_cast<size_t>(kSteps));
   // The curve must actually move, or equality would prove little.
   EXPECT_LT(ref.back().loss, ref.front().loss - 1.0) << "reference did not learn";
-  const std::vector<StepStats> got = testing::Train(Options(GetParam()), kSteps);
-  ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
-  for (int s = 0; s < kSteps; ++s) {
-    EXPECT_NEAR(got[s].loss, ref[s].loss, 1e-4 * std::abs(ref[s].loss))
-        << "step " << s << " loss " << got[s].loss << " vs single-rank " << ref[s].loss;
-    EXPECT_NEAR(got[s].grad_norm, ref[s].grad_norm, 1e-3 * ref[s].grad_norm) << "step " << s;
-  }
+  testing::ExpectOnCurve(testing::Train(Options(GetParam()), kSteps), ref, 1e-4, 1e-3);
 }
 
 using plan::ScheduleKind;
