@@ -24,10 +24,10 @@ constexpr char kUsage[] =
     "  shardctl plan --layers L --hidden H --heads A --vocab V --seq S [--ffn F]\n"
     "                --tp T --pp P --dp D [--vpp V] [--zero Z] [--alignment A]\n"
     "                [--micro-batches M] [--micro-batch-size B] [--world N]\n"
-    "                [--schedule gpipe|1f1b|interleaved] [--precision fp32|mixed]\n"
+    "                [--schedule gpipe|1f1b|interleaved] [--precision fp32|bf16]\n"
     "                [--json] [--schedule-svg FILE]\n"
     "  shardctl plan --params N --tp T --pp P --dp D [--zero Z] [--alignment A]\n"
-    "                [--precision fp32|mixed] [--world N] [--json]\n"
+    "                [--precision fp32|bf16] [--world N] [--json]\n"
     "  shardctl plan owner PARAMETER [--element I] <model and layout flags>\n";
 
 // Larger schedules make SVGs of many megabytes that no viewer shows usefully.
@@ -58,7 +58,9 @@ void Register(ArgParser& p, Flags& f) {
   p.AddInt("micro-batch-size", &f.micro_batch_size, "samples per micro-batch (default 1)");
   p.AddString("schedule", &f.schedule,
               "gpipe | 1f1b | interleaved (default 1f1b; interleaved when --vpp > 1)");
-  p.AddString("precision", &f.precision, "fp32 | mixed (default fp32)");
+  p.AddString("precision", &f.precision,
+              "fp32 | bf16 (also mixed: bf16 weights and gradients, fp32 master and moments, "
+              "2 + 2 + 12 bytes per parameter as ZeRO counts them; default fp32)");
   p.AddInt("params", &f.params, "parameter count, for a memory-only estimate");
   p.AddInt("world", &f.world, "world size to check against tp*pp*dp");
   p.AddInt("element", &f.element, "plan owner: element index in the unsplit parameter");

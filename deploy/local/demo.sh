@@ -109,6 +109,7 @@ SPEC_IN="$ROOT/deploy/jobs/shakespeare-demo.yaml"
 # deploy/local/openblas_coretype.sh. An explicit setting wins.
 . "$ROOT/deploy/local/openblas_coretype.sh"
 choose_openblas_coretype "$WORKER"
+[ -n "$openblas_note" ] && echo "$openblas_note"
 
 # The job's plan, offline: pipeline timeline and the full plan as JSON.
 PLAN=(--layers 4 --hidden 128 --heads 4 --vocab 256 --seq 64

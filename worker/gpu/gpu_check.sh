@@ -12,7 +12,7 @@
 #   worker/gpu/gpu_check.sh pack     # here, no GPU needed: build with --config=ci
 #                                    # and bundle the binaries and the non-system
 #                                    # libraries they need into bazel-gpu-check/
-#                                    # (git-ignored by /bazel-*; a few MiB)
+#                                    # (git-ignored by /bazel-*; about 53 MiB)
 #   worker/gpu/gpu_check.sh run      # on a bare GPU machine with the CUDA 13
 #                                    # driver and an NCCL 2.x (no Bazel): runs the
 #                                    # bundle, e.g. through the device tool:
@@ -107,9 +107,17 @@ case "$mode" in
   bazel)
     command -v nvidia-smi >/dev/null && nvidia-smi -L
     bazel build --config=ci "${TARGETS[@]}" || exit 1
-    bazel test --config=ci --test_output=all \
+    # Never a cached result: a pass cached on a machine without a GPU (every
+    # GPU test skipped) must not stand in for this run.
+    bazel test --config=ci --test_output=all --nocache_test_results \
       //worker/gpu:gpu_plugin_cuda_test //worker/gpu:train_kernels_test \
-      //worker/gpu:gpu_trainer_test //worker/comm:nccl_backend_test || fails=$((fails + 1))
+      //worker/gpu:gpu_trainer_test //worker/comm:nccl_backend_test 2>&1 |
+      tee /tmp/gpu_check_bazel.log
+    [ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
+    if command -v nvidia-smi >/dev/null && grep -q "no GPU:\|no usable CUDA device" \
+        /tmp/gpu_check_bazel.log; then
+      echo "[FAILED] GPU tests skipped on a machine with a GPU"; fails=$((fails + 1))
+    fi
     bench bazel-bin/worker/comm/shardline-bench-collectives
     train_bench bazel-bin/worker/train/shardline-train-local deploy/jobs/gpt2-small.yaml \
       --data data/tinyshakespeare.txt

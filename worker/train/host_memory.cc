@@ -113,6 +113,15 @@ std::string Advice(const plan::ParallelConfig& p) {
 }
 
 
+// The trainer keeps fp32 weights, gradients and moments at every precision
+// (bf16 is rounding on the way through the math, bf16_device.h), where the
+// planner counts bf16 as ZeRO's 2 + 2 + 12 bytes per parameter: its
+// memory is planned as fp32's.
+plan::ParallelConfig AsTrained(plan::ParallelConfig parallel) {
+  parallel.precision = plan::Precision::kFp32;
+  return parallel;
+}
+
 }  // namespace
 
 std::string BytesText(int64_t bytes) {
@@ -151,7 +160,7 @@ absl::StatusOr<HostMemory> ProbeHostMemory() {
 absl::StatusOr<plan::MemoryEstimate> EstimateRankMemory(const plan::GptConfig& model,
                                                         const plan::ParallelConfig& parallel,
                                                         const plan::RankCoordinates& c) {
-  absl::StatusOr<plan::Plan> p = plan::MakePlan(model, parallel);
+  absl::StatusOr<plan::Plan> p = plan::MakePlan(model, AsTrained(parallel));
   if (!p.ok()) return p.status();
   absl::StatusOr<int> rank = p->topology.CheckedRankOf(c);
   if (!rank.ok()) return rank.status();
@@ -162,7 +171,7 @@ absl::Status CheckHostMemory(const plan::GptConfig& model, const plan::ParallelC
                              const std::vector<plan::RankCoordinates>& ranks,
                              const HostMemoryProbe& probe) {
   if (ranks.empty()) return absl::OkStatus();
-  absl::StatusOr<plan::Plan> p = plan::MakePlan(model, parallel);
+  absl::StatusOr<plan::Plan> p = plan::MakePlan(model, AsTrained(parallel));
   if (!p.ok()) return p.status();
   int64_t need = 0;
   int largest = -1;

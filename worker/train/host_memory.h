@@ -11,7 +11,9 @@
 //
 // The need is the planner's (plan::MakePlan's per-rank MemoryEstimate, the
 // number `shardctl plan` prints): parameters, gradients and AdamW moments
-// under the ZeRO stage, in the trainer's fp32. It leaves out activations,
+// under the ZeRO stage, in the trainer's fp32 (also at precision bf16, whose
+// states the trainer keeps in fp32; `shardctl plan --precision bf16` counts
+// ZeRO's 2 + 2 + 12 bytes instead). It leaves out activations,
 // communication buffers and the trainer's per-element bookkeeping, so it is
 // a lower bound: a rank this check refuses cannot train on this host; one it
 // accepts can still run out of memory later (the trainer then returns

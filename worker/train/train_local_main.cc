@@ -145,6 +145,11 @@ int Main(int argc, char** argv) {
   }
   SetIntraOpThreads(static_cast<int>(threads));
   const bool on_gpu = device_name != "cpu";
+  if (on_gpu && options->parallel.precision == plan::Precision::kMixed) {
+    return Fail(absl::StrCat("training.precision bf16 with --device ", device_name,
+                             ": bf16 runs on the CPU path only so far (bf16 rounding is emulated "
+                             "on host memory); use --device cpu, or precision: fp32 on the GPU"));
+  }
   if (on_gpu) {
     // Fail before training, naming the cause, when the GPU is not usable.
     absl::StatusOr<std::unique_ptr<GpuComputeDevice>> probe =
@@ -161,10 +166,12 @@ int Main(int argc, char** argv) {
 
   const int64_t total = static_cast<int64_t>(spec->training().train_steps());
   const plan::ParallelConfig& p = options->parallel;
-  std::printf("shardline-train-local: %s  device=%s  layers=%lld hidden=%lld heads=%lld seq=%lld  "
+  std::printf("shardline-train-local: %s  device=%s  precision=%s  layers=%lld hidden=%lld "
+              "heads=%lld seq=%lld  "
               "tp=%d pp=%d vpp=%d dp=%d zero_stage=%d schedule=%s  global_batch=%lld "
               "(micro_batch %lld x %d x dp %d)  steps=%lld\n",
               spec->name().c_str(), device_name.c_str(),
+              options->parallel.precision == plan::Precision::kMixed ? "bf16" : "fp32",
               static_cast<long long>(options->model.num_layers),
               static_cast<long long>(options->model.hidden_size),
               static_cast<long long>(options->model.num_heads),
