@@ -965,6 +965,30 @@ TEST(NcclBackendLoopbackTest, ALostRankIsUnavailableNamingIt) {
   });
 }
 
+// A rank that reached the collective and then died: ranks that arrive
+// after it fail naming it (its operation is gone from the collective, not
+// read after it ended).
+TEST(NcclBackendLoopbackTest, ARankLostInsideACollectiveFailsLaterArrivals) {
+  Loopback loopback;
+  absl::Notification gone;
+  RunNcclRanks(3, [&](int r, Backend& b) {
+    DeviceVector<float> buf(r, 1000);
+    if (r == 2) {
+      auto w = b.AllReduce(buf.get(), 1000, DType::kFloat32, ReduceOp::kSum);
+      absl::SleepFor(absl::Milliseconds(100));  // waiting inside it
+      b.Abort();
+      EXPECT_TRUE(absl::IsAborted(w->Wait(absl::Seconds(10))));
+      gone.Notify();
+      return;
+    }
+    gone.WaitForNotification();
+    const absl::Status s =
+        b.AllReduce(buf.get(), 1000, DType::kFloat32, ReduceOp::kSum)->Wait(absl::Seconds(30));
+    EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("rank 2 of this 3-rank communicator is gone"));
+  });
+}
+
 TEST(NcclBackendLoopbackTest, DifferentCollectivesAtOnePlaceFailNamingBothRanks) {
   Loopback loopback;
   RunNcclRanks(2, [&](int r, Backend& b) {

@@ -417,20 +417,32 @@ bool Collective(ShardlineNcclComm* c, const Op& op, std::string* error) {
     slot.done = true;
     g.cv.SignalAll();
   }
-  while (!slot.done) {
-    if (c->aborted) return false;
-    if (!g.mismatch.empty()) {
+  bool ok = true;
+  while (ok && !slot.done) {
+    if (c->aborted) {
+      ok = false;
+    } else if (!g.mismatch.empty()) {
       *error = g.mismatch;
       g.cv.SignalAll();
-      return false;
-    }
-    for (int q = 0; q < g.nranks; ++q) {
-      if (slot.ops[q] == nullptr && g.lost[q]) {
-        *error = LostText(g, q, op);
-        return false;
+      ok = false;
+    } else {
+      for (int q = 0; q < g.nranks && ok; ++q) {
+        if (slot.ops[q] == nullptr && g.lost[q]) {
+          *error = LostText(g, q, op);
+          ok = false;
+        }
       }
+      if (ok) g.cv.Wait(&g.mu);
     }
-    g.cv.Wait(&g.mu);
+  }
+  if (!ok) {
+    // Leave the slot: `op` dies with this call and no later arrival may read
+    // it. This rank is marked lost next (abort or FailComm), which is what
+    // later arrivals then see.
+    slot.ops[c->rank] = nullptr;
+    --slot.arrived;
+    g.cv.SignalAll();  // peers that saw it registered look again
+    return false;
   }
   if (++slot.departed == g.nranks) g.slots.erase(place);
   return true;
