@@ -210,6 +210,30 @@ PlanGroups GroupsOfPlan(const plan::Plan& p) {
   return out;
 }
 
+absl::StatusOr<std::vector<uint32_t>> GroupRanks(const v1::ProcessGroup& pg, uint32_t world_size) {
+  std::vector<uint32_t> ranks;
+  if (pg.ranks_size() > 0 || pg.size() == 0) {
+    ranks.assign(pg.ranks().begin(), pg.ranks().end());
+  } else {
+    const uint64_t last =
+        pg.first_rank() + static_cast<uint64_t>(pg.size() - 1) * pg.rank_stride();
+    if (last >= world_size || (pg.size() > 1 && pg.rank_stride() == 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group ", pg.name(), ": compact form first_rank=", pg.first_rank(), " rank_stride=",
+          pg.rank_stride(), " size=", pg.size(), " does not fit world_size=", world_size));
+    }
+    ranks.resize(pg.size());
+    for (uint32_t i = 0; i < pg.size(); ++i) ranks[i] = pg.first_rank() + i * pg.rank_stride();
+  }
+  for (uint32_t r : ranks) {
+    if (r >= world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("group ", pg.name(), " lists rank ", r,
+                                                     " outside world_size=", world_size));
+    }
+  }
+  return ranks;
+}
+
 v1::Assignment AssignmentFor(const plan::Plan& p, const PlanGroups& groups, int rank,
                              bool compact_groups) {
   v1::Assignment a;

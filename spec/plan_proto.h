@@ -9,9 +9,11 @@
 #ifndef SHARDLINE_SPEC_PLAN_PROTO_H_
 #define SHARDLINE_SPEC_PLAN_PROTO_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "plan/plan.h"
 #include "plan/zero.h"
 #include "shardline/v1/plan.pb.h"
@@ -40,6 +42,14 @@ struct PlanGroups {
   std::vector<std::vector<int>> of_rank;  // index = rank
 };
 PlanGroups GroupsOfPlan(const plan::Plan& plan);
+
+// The global ranks of `pg` in group order (group rank i is element i): its
+// listed ranks, or its compact form first_rank + i * rank_stride for
+// i < size (the inverse of PlanGroups::compact; what an assignment carries
+// for a worker that joined with JoinJobRequest.compact_groups).
+// InvalidArgument, naming the group, when a rank is outside world_size or
+// the compact form repeats a rank (stride 0 with size > 1).
+absl::StatusOr<std::vector<uint32_t>> GroupRanks(const v1::ProcessGroup& pg, uint32_t world_size);
 
 // Rank-specific fields of an assignment: rank, world_size, coordinates,
 // parallel, dp, groups (only those containing `rank`), chunks, zero_shards,

@@ -182,7 +182,7 @@ absl::StatusOr<v1::JoinJobResponse> WorkerAgent::JoinWithRetry(absl::Time deadli
   req.set_host(options_.host.empty() ? HostName() : options_.host);
   req.set_device(options_.device);
   req.set_backend(options_.backend);
-  // Communicators::Build reads both forms (GroupRanks); compact keeps every
+  // Communicators::Build reads both forms (spec::GroupRanks); compact keeps every
   // assignment O(1) in size at any dp.
   req.set_compact_groups(true);
   Backoff backoff(options_.backoff);

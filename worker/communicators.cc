@@ -5,36 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "spec/plan_proto.h"
 #include "worker/coordinator_store.h"
 
 namespace shardline::worker {
 
 namespace v1 = ::shardline::v1;
-
-absl::StatusOr<std::vector<uint32_t>> GroupRanks(const v1::ProcessGroup& pg, uint32_t world_size) {
-  std::vector<uint32_t> ranks;
-  if (pg.ranks_size() > 0 || pg.size() == 0) {
-    ranks.assign(pg.ranks().begin(), pg.ranks().end());
-  } else {
-    // Compact form (plan.proto): first_rank + i * rank_stride, i < size.
-    const uint64_t last =
-        pg.first_rank() + static_cast<uint64_t>(pg.size() - 1) * pg.rank_stride();
-    if (pg.size() > world_size || last >= world_size || (pg.size() > 1 && pg.rank_stride() == 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "group ", pg.name(), ": compact form first_rank=", pg.first_rank(), " rank_stride=",
-          pg.rank_stride(), " size=", pg.size(), " does not fit world_size=", world_size));
-    }
-    ranks.resize(pg.size());
-    for (uint32_t i = 0; i < pg.size(); ++i) ranks[i] = pg.first_rank() + i * pg.rank_stride();
-  }
-  for (uint32_t r : ranks) {
-    if (r >= world_size) {
-      return absl::InvalidArgumentError(absl::StrCat("group ", pg.name(), " lists rank ", r,
-                                                     " outside world_size=", world_size));
-    }
-  }
-  return ranks;
-}
 
 absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
     const v1::Assignment& assignment, std::shared_ptr<client::RendezvousClient> rendezvous,
@@ -49,7 +25,7 @@ absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
   f.set_generation(assignment.generation());
   const uint32_t rank = assignment.rank();
   for (const v1::ProcessGroup& pg : assignment.groups()) {
-    absl::StatusOr<std::vector<uint32_t>> ranks = GroupRanks(pg, assignment.world_size());
+    absl::StatusOr<std::vector<uint32_t>> ranks = spec::GroupRanks(pg, assignment.world_size());
     if (!ranks.ok()) {
       comms->Abort();
       return ranks.status();

@@ -20,7 +20,6 @@
 #ifndef SHARDLINE_WORKER_COMMUNICATORS_H_
 #define SHARDLINE_WORKER_COMMUNICATORS_H_
 
-#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,15 +35,6 @@
 #include "worker/comm/backend.h"
 
 namespace shardline::worker {
-
-// The global ranks of `pg` in group order (group rank i is element i): its
-// listed ranks, or its compact form first_rank + i * rank_stride for
-// i < size (plan.proto ProcessGroup; what the coordinator sends a worker that
-// joined with JoinJobRequest.compact_groups, as the agent does).
-// InvalidArgument, naming the group, when a rank is outside world_size (or
-// the compact form is: stride 0 with size > 1, size > world_size).
-absl::StatusOr<std::vector<uint32_t>> GroupRanks(const ::shardline::v1::ProcessGroup& pg,
-                                                 uint32_t world_size);
 
 class Communicators {
  public:

@@ -113,30 +113,6 @@ TEST_F(CommunicatorsTest, CompactAssignmentsBuildAndPassTheCheck) {
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(status[i].ok()) << "worker " << i << ": " << status[i];
 }
 
-TEST(GroupRanksTest, ListedAndCompactFormsAndTheirLimits) {
-  v1::ProcessGroup listed;
-  listed.set_name("dp/0");
-  for (uint32_t r : {1u, 3u, 5u}) listed.add_ranks(r);
-  EXPECT_THAT(*GroupRanks(listed, 8), ::testing::ElementsAre(1u, 3u, 5u));
-  v1::ProcessGroup compact;
-  compact.set_name("dp/1");
-  compact.set_first_rank(2);
-  compact.set_rank_stride(3);
-  compact.set_size(3);
-  EXPECT_THAT(*GroupRanks(compact, 9), ::testing::ElementsAre(2u, 5u, 8u));
-  // Its last rank (8) is outside a world of 8.
-  absl::Status s = GroupRanks(compact, 8).status();
-  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("group dp/1"));
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("world_size=8"));
-  compact.set_rank_stride(0);  // every member the same rank
-  EXPECT_TRUE(absl::IsInvalidArgument(GroupRanks(compact, 9).status()));
-  listed.add_ranks(9);
-  s = GroupRanks(listed, 8).status();
-  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("lists rank 9"));
-}
-
 // The peer reports an error: the coordinator ends generation 1.
 TEST_F(CommunicatorsTest, BuildReturnsAbortedWhenAPeerReportsAnError) {
   absl::Status status;

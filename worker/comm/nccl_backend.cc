@@ -529,10 +529,6 @@ class NcclBackend : public Backend {
   const std::shared_ptr<ProgressBook> progress_ = std::make_shared<ProgressBook>();
 };
 
-}  // namespace
-
-namespace {
-
 // Makes rank `rank` of an `nranks`-rank communicator on `device`: rank 0
 // creates the NCCL unique id and sets it in `store` under `key`, the others
 // wait for it there; then every rank joins (ncclCommInitRankConfig) until

@@ -136,7 +136,7 @@ struct Slot {
   bool done = false;
 };
 
-// A send not yet received: the sender's operation while it waits
+// A send not yet received: the sender's buffer while the sender waits
 // (rendezvous), or a copy of its data (eager).
 struct Message {
   size_t count = 0;
@@ -232,9 +232,9 @@ int DeviceCount(int32_t* count, char*, size_t) {
 
 int GetUniqueId(uint8_t id[SHARDLINE_NCCL_UNIQUE_ID_BYTES], char*, size_t) {
   static std::atomic<uint64_t> next{1};
-  const uint64_t n = next++;
-  for (int i = 0; i < SHARDLINE_NCCL_UNIQUE_ID_BYTES; ++i) id[i] = static_cast<uint8_t>(n * 31 + i);
-  std::memcpy(id, &n, sizeof(n));  // unique for the life of the process
+  const uint64_t n = next++;  // unique for the life of the process
+  std::memset(id, 0, SHARDLINE_NCCL_UNIQUE_ID_BYTES);
+  std::memcpy(id, &n, sizeof(n));
   return SHARDLINE_GPU_OK;
 }
 

@@ -17,11 +17,6 @@ BackendFactory GlooFactory(GlooOptions options) {
 }
 
 absl::StatusOr<RankBackends> ConnectRank(const plan::Topology& topology, int rank,
-                                         std::shared_ptr<Store> store, GlooOptions options) {
-  return ConnectRank(topology, rank, std::move(store), GlooFactory(options));
-}
-
-absl::StatusOr<RankBackends> ConnectRank(const plan::Topology& topology, int rank,
                                          std::shared_ptr<Store> store,
                                          const BackendFactory& factory) {
   RankBackends b;

@@ -47,8 +47,6 @@ BackendFactory GlooFactory(GlooOptions options);
 // only its own), each under its own prefix of `store`. Blocks until the
 // other members arrive. Errors: the factory's (CreateGlooBackend's).
 absl::StatusOr<RankBackends> ConnectRank(const plan::Topology& topology, int rank,
-                                         std::shared_ptr<Store> store, GlooOptions options);
-absl::StatusOr<RankBackends> ConnectRank(const plan::Topology& topology, int rank,
                                          std::shared_ptr<Store> store,
                                          const BackendFactory& factory);
 
