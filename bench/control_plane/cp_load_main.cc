@@ -162,6 +162,7 @@ struct Worker {
 
   absl::Time join_start, joined, assigned;
   std::atomic<bool> ok{false};  // holds its assignment
+  grpc::CompletionQueue* cq = nullptr;  // its calls' queue (Fleet::cqs_)
 
   v1::Fence Fence() const {
     v1::Fence f;
@@ -174,7 +175,7 @@ struct Worker {
   std::string job_id;
 };
 
-// N simulated workers driven by one completion queue and a few threads.
+// N simulated workers driven by completion queues, a thread each.
 class Fleet {
  public:
   // Workers heartbeat every `heartbeat_interval` from their JoinJob on.
@@ -207,7 +208,16 @@ class Fleet {
       w->alarm_tag = {w.get(), Tag::kAlarm};
       workers_.push_back(std::move(w));
     }
-    for (int i = 0; i < poll_threads; ++i) threads_.emplace_back([this] { Poll(); });
+    // Debian's libgrpc is built without NDEBUG: a completion queue scans
+    // the list of its outstanding operations at every completion, so one
+    // queue for 25k workers (three calls each in flight) made the load
+    // generator O(N^2). A queue, with a thread of its own, per
+    // kWorkersPerQueue workers keeps each list short.
+    const int queues =
+        std::max(poll_threads, (workers + kWorkersPerQueue - 1) / kWorkersPerQueue);
+    for (int q = 0; q < queues; ++q) cqs_.push_back(std::make_unique<grpc::CompletionQueue>());
+    for (size_t j = 0; j < workers_.size(); ++j) workers_[j]->cq = cqs_[j % cqs_.size()].get();
+    for (auto& cq : cqs_) threads_.emplace_back([this, cq = cq.get()] { Poll(cq); });
   }
 
   // Joins every worker at once and waits until each holds its assignment or
@@ -329,7 +339,7 @@ class Fleet {
     w->unary_ctx = std::make_unique<grpc::ClientContext>();
     SetDeadline(w->unary_ctx.get(), absl::Seconds(600));
     w->join_start = absl::Now();
-    w->join_rpc = w->stub->PrepareAsyncJoinJob(w->unary_ctx.get(), req, &cq_);
+    w->join_rpc = w->stub->PrepareAsyncJoinJob(w->unary_ctx.get(), req, w->cq);
     w->join_rpc->StartCall();
     w->join_rpc->Finish(&w->join_resp, &w->unary_status, &w->join_tag);
   }
@@ -341,7 +351,7 @@ class Fleet {
     req.mutable_timeout()->set_seconds(600);
     w->unary_ctx = std::make_unique<grpc::ClientContext>();
     SetDeadline(w->unary_ctx.get(), absl::Seconds(610));
-    w->assign_rpc = w->stub->PrepareAsyncGetAssignment(w->unary_ctx.get(), req, &cq_);
+    w->assign_rpc = w->stub->PrepareAsyncGetAssignment(w->unary_ctx.get(), req, w->cq);
     w->assign_rpc->StartCall();
     w->assign_rpc->Finish(&w->assignment, &w->unary_status, &w->assign_tag);
   }
@@ -376,7 +386,7 @@ class Fleet {
     w->hb_ctx = std::make_unique<grpc::ClientContext>();
     SetDeadline(w->hb_ctx.get(), absl::Seconds(30));
     w->hb_sent = absl::Now();
-    w->hb_rpc = w->stub->PrepareAsyncHeartbeat(w->hb_ctx.get(), req, &cq_);
+    w->hb_rpc = w->stub->PrepareAsyncHeartbeat(w->hb_ctx.get(), req, w->cq);
     w->hb_rpc->StartCall();
     w->hb_rpc->Finish(&w->hb_resp, &w->hb_status, &w->hb_tag);
   }
@@ -394,7 +404,7 @@ class Fleet {
       w->hb_next = now;  // behind schedule: send at once
       return SendHeartbeat(w);
     }
-    w->alarm.Set(&cq_, absl::ToChronoTime(w->hb_next), &w->alarm_tag);
+    w->alarm.Set(w->cq, absl::ToChronoTime(w->hb_next), &w->alarm_tag);
   }
 
   void Handle(Tag* tag, bool ok) {
@@ -409,14 +419,14 @@ class Fleet {
           // workers' would be.
           const absl::Duration interval = absl::Nanoseconds(interval_ns_.load());
           w->hb_next = w->joined + interval * (static_cast<double>(w->index % 997) / 997.0);
-          w->alarm.Set(&cq_, absl::ToChronoTime(w->hb_next), &w->alarm_tag);
+          w->alarm.Set(w->cq, absl::ToChronoTime(w->hb_next), &w->alarm_tag);
         }
         {
           v1::SessionRequest req;
           req.mutable_worker()->set_job_id(job_id_);
           req.mutable_worker()->set_worker_id(w->id);
           req.mutable_worker()->set_incarnation(1);
-          w->session = w->stub->PrepareAsyncSession(&w->session_ctx, req, &cq_);
+          w->session = w->stub->PrepareAsyncSession(&w->session_ctx, req, w->cq);
           w->session->StartCall(&w->start_tag);
         }
         return;
@@ -489,15 +499,17 @@ class Fleet {
     }
   }
 
-  void Poll() {
+  void Poll(grpc::CompletionQueue* cq) {
     void* tag;
     bool ok;
-    while (cq_.Next(&tag, &ok)) Handle(static_cast<Tag*>(tag), ok);
+    while (cq->Next(&tag, &ok)) Handle(static_cast<Tag*>(tag), ok);
   }
+
+  static constexpr int kWorkersPerQueue = 1024;
 
   const std::string address_;
   const std::string job_id_;
-  grpc::CompletionQueue cq_;
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> cqs_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::thread> threads_;
   absl::Time start_;
