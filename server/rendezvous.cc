@@ -10,6 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 namespace shardline::server {
@@ -299,6 +300,12 @@ Rendezvous::WaitResult Rendezvous::AwaitKeyLocked(absl::string_view job_id, uint
   return WaitResult::kTimedOut;
 }
 
+void Rendezvous::AnswerBarrierWaitLocked(Waiter* w, absl::StatusOr<uint32_t> answer) {
+  BarrierDone done = std::move(w->done);
+  barrier_waits_.erase(w->wait_id);  // frees *w
+  done(std::move(answer));
+}
+
 void Rendezvous::OpenBarrierLocked(GenerationState* gen, BarrierState* b) {
   std::vector<std::pair<uint64_t, Arrival*>> order;
   order.reserve(b->arrived.size());
@@ -309,7 +316,11 @@ void Rendezvous::OpenBarrierLocked(GenerationState* gen, BarrierState* b) {
   b->open = true;
   for (Waiter* w : b->waiters) {
     w->notified = true;
-    w->cv.Signal();
+    if (w->done) {
+      AnswerBarrierWaitLocked(w, b->arrived.find(*w->participant_id)->second.position);
+    } else {
+      w->cv.Signal();
+    }
   }
   gen->waiters -= static_cast<int64_t>(b->waiters.size());
   b->waiters.clear();
@@ -319,7 +330,11 @@ void Rendezvous::AbortWaitersLocked(GenerationState* gen, const std::string& mes
   auto wake = [&](Waiter* w) {
     w->notified = true;
     w->abort_message = message;
-    w->cv.Signal();
+    if (w->done) {
+      AnswerBarrierWaitLocked(w, absl::AbortedError(message));
+    } else {
+      w->cv.Signal();
+    }
   };
   for (auto& [name, sc] : gen->scopes) {
     for (auto& [key, waiters] : sc->key_waiters) {
@@ -563,25 +578,50 @@ absl::StatusOr<uint32_t> Rendezvous::Barrier(absl::string_view job_id, uint64_t 
                                              uint32_t participants,
                                              std::optional<absl::Duration> timeout,
                                              absl::Time rpc_deadline) {
-  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return s;
-  if (absl::Status s = ValidateName("name", name); !s.ok()) return s;
+  // Both outlive the wait: the answer comes through `done` (with the lock
+  // held) or WithdrawBarrierWait, never after it.
+  absl::Notification woken;
+  absl::StatusOr<uint32_t> answer = absl::UnknownError("");
+  BarrierArrival arrival = BarrierArrive(job_id, generation, scope, name, participant_id,
+                                         participants, timeout, rpc_deadline,
+                                         [&](absl::StatusOr<uint32_t> a) {
+                                           answer = std::move(a);
+                                           woken.Notify();
+                                         });
+  if (arrival.answer.has_value()) return *std::move(arrival.answer);
+  woken.WaitForNotificationWithDeadline(arrival.deadline);
+  if (std::optional<absl::Status> gave_up = WithdrawBarrierWait(arrival.wait_id)) return *gave_up;
+  return answer;  // answered before the withdrawal
+}
+
+Rendezvous::BarrierArrival Rendezvous::BarrierArrive(
+    absl::string_view job_id, uint64_t generation, absl::string_view scope, absl::string_view name,
+    absl::string_view participant_id, uint32_t participants,
+    std::optional<absl::Duration> timeout, absl::Time rpc_deadline, BarrierDone done) {
+  auto answer = [](absl::StatusOr<uint32_t> a) {
+    BarrierArrival out;
+    out.answer = std::move(a);
+    return out;
+  };
+  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return answer(s);
+  if (absl::Status s = ValidateName("name", name); !s.ok()) return answer(s);
   if (participant_id.empty()) {
-    return absl::InvalidArgumentError(
-        "participant_id is empty; pass the caller's worker_id (fence.worker.worker_id)");
+    return answer(absl::InvalidArgumentError(
+        "participant_id is empty; pass the caller's worker_id (fence.worker.worker_id)"));
   }
   if (participants < 1 || participants > kMaxBarrierParticipants) {
-    return absl::InvalidArgumentError(absl::StrCat("participants is ", participants,
-                                                   "; it must be in 1..", kMaxBarrierParticipants,
-                                                   " (kMaxBarrierParticipants)"));
+    return answer(absl::InvalidArgumentError(
+        absl::StrCat("participants is ", participants, "; it must be in 1..",
+                     kMaxBarrierParticipants, " (kMaxBarrierParticipants)")));
   }
   absl::StatusOr<absl::Duration> resolved = ResolveTimeout(timeout);
-  if (!resolved.ok()) return resolved.status();
+  if (!resolved.ok()) return answer(resolved.status());
   const Deadline deadline = Deadline::From(*resolved, rpc_deadline);
-  const std::string barrier_desc =
+  std::string barrier_desc =
       absl::StrCat("barrier ", Quote(name), " in ", Where(job_id, generation, scope));
 
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
+  if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return answer(s);
   Scope* sc = EnsureScopeLocked(job_id, generation, scope);
   GenerationState* gen = FindGenerationLocked(job_id, generation);
   auto slot = sc->barriers.find(name);
@@ -591,7 +631,7 @@ absl::StatusOr<uint32_t> Rendezvous::Barrier(absl::string_view job_id, uint64_t 
                                       absl::StrCat("creating barrier ", Quote(name)));
         !s.ok()) {
       MaybeEraseScopeLocked(job_id, generation, scope);
-      return s;
+      return answer(s);
     }
     auto fresh = std::make_unique<BarrierState>();
     fresh->participants = participants;
@@ -599,60 +639,84 @@ absl::StatusOr<uint32_t> Rendezvous::Barrier(absl::string_view job_id, uint64_t 
   }
   BarrierState* b = slot->second.get();
   if (b->participants != participants) {
-    return absl::FailedPreconditionError(
+    return answer(absl::FailedPreconditionError(
         absl::StrCat(barrier_desc, " was created with participants = ", b->participants,
                      " but this arrival gives participants = ", participants,
-                     "; every arrival must give the same number (or use a new barrier name)"));
+                     "; every arrival must give the same number (or use a new barrier name)")));
   }
   auto it = b->arrived.find(participant_id);
   if (b->open) {
-    if (it != b->arrived.end()) return it->second.position;
-    return absl::FailedPreconditionError(absl::StrCat(
+    if (it != b->arrived.end()) return answer(it->second.position);
+    return answer(absl::FailedPreconditionError(absl::StrCat(
         barrier_desc, " already opened with its ", b->participants, " participants; ",
         Quote(participant_id), " is not one of them (more distinct arrivals than participants = ",
-        b->participants, "). Check the participant count, or use a new barrier name"));
+        b->participants, "). Check the participant count, or use a new barrier name")));
   }
   const int64_t arrival_bytes = static_cast<int64_t>(participant_id.size()) + kArrivalOverheadBytes;
   if (it == b->arrived.end()) {
     if (absl::Status s = ChargeLocked(gen, sc, job_id, generation, scope, arrival_bytes,
                                       absl::StrCat("arriving at ", barrier_desc));
         !s.ok()) {
-      return s;
+      return answer(s);
     }
     it = b->arrived.emplace(std::string(participant_id), Arrival{b->next_seq++, 0, 0}).first;
     if (b->arrived.size() == b->participants) {
       OpenBarrierLocked(FindGenerationLocked(job_id, generation), b);
-      return b->arrived.find(participant_id)->second.position;
+      return answer(b->arrived.find(participant_id)->second.position);
     }
   }
   ++it->second.waiting_calls;
-  Waiter w;
-  b->waiters.insert(&w);
+  BarrierArrival out;
+  out.wait_id = next_barrier_wait_++;
+  out.deadline = deadline.at;
+  auto wait = std::make_unique<BarrierWait>();
+  wait->job_id = std::string(job_id);
+  wait->generation = generation;
+  wait->scope = std::string(scope);
+  wait->name = std::string(name);
+  wait->participant_id = std::string(participant_id);
+  wait->arrival_bytes = arrival_bytes;
+  wait->description = std::move(barrier_desc);
+  wait->deadline_description = deadline.Describe();
+  wait->waiter.done = std::move(done);
+  wait->waiter.wait_id = out.wait_id;
+  wait->waiter.participant_id = &wait->participant_id;
+  b->waiters.insert(&wait->waiter);
   ++FindGenerationLocked(job_id, generation)->waiters;
+  barrier_waits_.emplace(out.wait_id, std::move(wait));
+  return out;
+}
 
-  if (SleepLocked(&w, deadline.at)) {
-    if (!w.abort_message.empty()) return absl::AbortedError(w.abort_message);
-    // Opened; the generation may have ended since.
-    if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
-    b = FindScopeLocked(job_id, generation, scope)->barriers.find(name)->second.get();
-    return b->arrived.find(participant_id)->second.position;
-  }
-  // Timed out while still registered, so the generation and barrier are alive.
-  b = FindScopeLocked(job_id, generation, scope)->barriers.find(name)->second.get();
-  b->waiters.erase(&w);
-  --FindGenerationLocked(job_id, generation)->waiters;
+std::optional<absl::Status> Rendezvous::WithdrawBarrierWait(uint64_t wait_id, bool cancelled) {
+  absl::MutexLock lock(&mu_);
+  auto found = barrier_waits_.find(wait_id);
+  if (found == barrier_waits_.end()) return std::nullopt;  // answered through `done`
+  std::unique_ptr<BarrierWait> wait = std::move(found->second);
+  barrier_waits_.erase(found);
+  const BarrierWait& a = *wait;
+  // Still registered (opening or aborting would have answered it), so the
+  // generation and barrier are alive.
+  BarrierState* b =
+      FindScopeLocked(a.job_id, a.generation, a.scope)->barriers.find(a.name)->second.get();
+  b->waiters.erase(&wait->waiter);
+  --FindGenerationLocked(a.job_id, a.generation)->waiters;
   const size_t arrived = b->arrived.size();
-  it = b->arrived.find(participant_id);
+  auto it = b->arrived.find(a.participant_id);
   const bool withdrawn = --it->second.waiting_calls == 0;
   if (withdrawn) {
     b->arrived.erase(it);
-    FindGenerationLocked(job_id, generation)->bytes -= arrival_bytes;
+    FindGenerationLocked(a.job_id, a.generation)->bytes -= a.arrival_bytes;
+  }
+  const std::string counts = absl::StrCat(
+      arrived, " of ", b->participants, " participants had arrived (this caller included); ",
+      withdrawn ? "this caller is withdrawn and no longer counts"
+                : "this participant still counts (another of its calls is waiting)");
+  if (cancelled) {
+    return absl::CancelledError(
+        absl::StrCat(a.description, ": the caller cancelled while waiting; ", counts));
   }
   return absl::DeadlineExceededError(
-      absl::StrCat(barrier_desc, " did not open ", deadline.Describe(), ": ", arrived, " of ",
-                   b->participants, " participants had arrived (this caller included); ",
-                   withdrawn ? "this caller is withdrawn and no longer counts"
-                             : "this participant still counts (another of its calls is waiting)"));
+      absl::StrCat(a.description, " did not open ", a.deadline_description, ": ", counts));
 }
 
 void Rendezvous::EndGeneration(absl::string_view job_id, uint64_t generation) {

@@ -57,6 +57,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -252,6 +253,40 @@ class Rendezvous {
                                    absl::Time rpc_deadline = absl::InfiniteFuture())
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Barrier without blocking a thread, for servers that answer from
+  // callbacks (server/rpc/rendezvous_service.cc): the same arrival, checks,
+  // answers and errors. When the answer is known at once (the barrier
+  // opened with this arrival or before it, or an error), it is in `answer`
+  // and `done` is dropped. Otherwise the arrival waits, and exactly one of
+  // these ends it:
+  //   * `done` is called with the answer, *with the Rendezvous's lock held*
+  //     (so it must only hand the answer on, e.g. finish an RPC, and never
+  //     call into the Rendezvous or wait for a lock that is held while
+  //     calling it): the position when the barrier opens, Aborted when the
+  //     generation ends (Barrier's messages);
+  //   * WithdrawBarrierWait(wait_id) before that, which the caller must call
+  //     at `deadline` (real time: the earlier of now + timeout and
+  //     rpc_deadline) or when it gives up.
+  // Barrier itself is BarrierArrive and a wait for `done` until `deadline`.
+  using BarrierDone = std::function<void(absl::StatusOr<uint32_t>)>;
+  struct BarrierArrival {
+    std::optional<absl::StatusOr<uint32_t>> answer;
+    uint64_t wait_id = 0;
+    absl::Time deadline;
+  };
+  BarrierArrival BarrierArrive(absl::string_view job_id, uint64_t generation,
+                               absl::string_view scope, absl::string_view name,
+                               absl::string_view participant_id, uint32_t participants,
+                               std::optional<absl::Duration> timeout, absl::Time rpc_deadline,
+                               BarrierDone done) ABSL_LOCKS_EXCLUDED(mu_);
+  // Withdraws the waiting arrival `wait_id` as a timed-out Barrier's is and
+  // returns its answer: DeadlineExceeded (the message as Barrier's), or
+  // Cancelled ("the caller cancelled while waiting") when `cancelled`.
+  // nullopt when `done` was already called (or `wait_id` is unknown):
+  // nothing is changed.
+  std::optional<absl::Status> WithdrawBarrierWait(uint64_t wait_id, bool cancelled = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Ends `generation` and every older generation of `job_id`: drops their
   // keys and barriers, makes every call blocked on them return Aborted
   // ("generation N ... ended; re-join"), and makes later calls for them
@@ -289,6 +324,21 @@ class Rendezvous {
     absl::CondVar cv;
     bool notified = false;      // set (and deregistered) by whoever woke it
     std::string abort_message;  // non-empty: its generation ended
+    // Set for BarrierArrive's waits, which are answered through it (lock
+    // held) instead of cv.Signal: their id and participant.
+    std::function<void(absl::StatusOr<uint32_t>)> done;
+    uint64_t wait_id = 0;
+    const std::string* participant_id = nullptr;
+  };
+  // A waiting BarrierArrive arrival, until answered or withdrawn.
+  struct BarrierWait {
+    Waiter waiter;
+    std::string job_id;
+    uint64_t generation = 0;
+    std::string scope, name, participant_id;
+    int64_t arrival_bytes = 0;
+    std::string description;           // "barrier 'x' in ..."
+    std::string deadline_description;  // "within the timeout of 5s" ...
   };
   struct Arrival {
     uint64_t seq = 0;       // order of arrival (withdrawn ones leave gaps)
@@ -369,7 +419,10 @@ class Rendezvous {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sleeps until `w` is notified or `deadline` passes; true when notified.
   bool SleepLocked(Waiter* w, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Assigns positions and wakes the barrier's waiters.
+  // Calls w->done with `answer` and forgets the wait (frees *w).
+  void AnswerBarrierWaitLocked(Waiter* w, absl::StatusOr<uint32_t> answer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Assigns positions and wakes (or answers) the barrier's waiters.
   void OpenBarrierLocked(GenerationState* gen, BarrierState* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes every waiter of `gen` with `message` (Aborted) and deregisters them.
   void AbortWaitersLocked(GenerationState* gen, const std::string& message)
@@ -378,6 +431,8 @@ class Rendezvous {
   Clock* const clock_;  // Not owned.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::unique_ptr<BarrierWait>> barrier_waits_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_barrier_wait_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace shardline::server

@@ -616,6 +616,98 @@ TEST_F(RendezvousTest, BarrierTimeoutReportsArrivalsAndWithdrawsTheCaller) {
   EXPECT_THAT((std::vector<uint32_t>{*got[0], *got[1]}), UnorderedElementsAreArray({1u, 2u}));
 }
 
+TEST_F(RendezvousTest, BarrierArriveHoldsNoThreadAndAnswersEachWaiterOnce) {
+  // Three arrivals wait without a thread; the fourth opens the barrier,
+  // which answers each waiting arrival exactly once, with its position.
+  std::vector<std::vector<absl::StatusOr<uint32_t>>> answers(3);
+  std::vector<Rendezvous::BarrierArrival> waiting;
+  for (int i = 0; i < 3; ++i) {
+    waiting.push_back(rv_.BarrierArrive(
+        kJob, 1, "", "init", absl::StrCat("w", i), 4, absl::Seconds(5), absl::InfiniteFuture(),
+        [&answers, i](absl::StatusOr<uint32_t> a) { answers[i].push_back(std::move(a)); }));
+    ASSERT_FALSE(waiting.back().answer.has_value());
+    EXPECT_NE(waiting.back().wait_id, 0u);
+  }
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).waiters, 3);
+  for (const auto& a : answers) EXPECT_TRUE(a.empty());
+  Rendezvous::BarrierArrival last =
+      rv_.BarrierArrive(kJob, 1, "", "init", "w3", 4, absl::Seconds(5), absl::InfiniteFuture(),
+                        [](absl::StatusOr<uint32_t>) { ADD_FAILURE() << "answered at once"; });
+  ASSERT_TRUE(last.answer.has_value());
+  ASSERT_TRUE(last.answer->ok()) << last.answer->status();
+  EXPECT_EQ(**last.answer, 3u);
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).waiters, 0);
+  for (uint32_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(answers[i].size(), 1u) << i;
+    ASSERT_TRUE(answers[i][0].ok()) << answers[i][0].status();
+    EXPECT_EQ(*answers[i][0], i);
+    // Answered: a withdrawal changes nothing.
+    EXPECT_FALSE(rv_.WithdrawBarrierWait(waiting[i].wait_id).has_value());
+  }
+  // A late arrival of a counted participant is answered at once.
+  Rendezvous::BarrierArrival again = rv_.BarrierArrive(
+      kJob, 1, "", "init", "w1", 4, absl::Seconds(5), absl::InfiniteFuture(),
+      [](absl::StatusOr<uint32_t>) {});
+  ASSERT_TRUE(again.answer.has_value());
+  EXPECT_EQ(**again.answer, 1u);
+}
+
+TEST_F(RendezvousTest, BarrierWaitWithdrawnBeforeItsAnswerIsNeverAnswered) {
+  int answered = 0;
+  auto count = [&answered](absl::StatusOr<uint32_t>) { ++answered; };
+  const absl::Time before = absl::Now();
+  Rendezvous::BarrierArrival a = rv_.BarrierArrive(kJob, 1, "", "init", "w0", 2,
+                                                   absl::Milliseconds(50), absl::InfiniteFuture(),
+                                                   count);
+  ASSERT_FALSE(a.answer.has_value());
+  // The deadline the caller keeps: now + the timeout (real time).
+  EXPECT_GE(a.deadline, before + absl::Milliseconds(50));
+  EXPECT_LE(a.deadline, absl::Now() + absl::Milliseconds(50));
+  std::optional<absl::Status> late = rv_.WithdrawBarrierWait(a.wait_id);
+  ASSERT_TRUE(late.has_value());
+  EXPECT_EQ(late->code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(late->message(), HasSubstr("barrier \"init\""));
+  EXPECT_THAT(late->message(), HasSubstr("did not open within the timeout of 50ms"));
+  EXPECT_THAT(late->message(), HasSubstr("1 of 2 participants had arrived"));
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).waiters, 0);
+  EXPECT_FALSE(rv_.WithdrawBarrierWait(a.wait_id).has_value());  // once
+
+  // A cancelled wait is withdrawn too, and says so.
+  Rendezvous::BarrierArrival b = rv_.BarrierArrive(
+      kJob, 1, "", "init", "w1", 2, absl::Seconds(5), absl::InfiniteFuture(), count);
+  ASSERT_FALSE(b.answer.has_value());
+  std::optional<absl::Status> cancelled = rv_.WithdrawBarrierWait(b.wait_id, /*cancelled=*/true);
+  ASSERT_TRUE(cancelled.has_value());
+  EXPECT_EQ(cancelled->code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(cancelled->message(), HasSubstr("the caller cancelled while waiting"));
+  EXPECT_THAT(cancelled->message(), HasSubstr("withdrawn"));
+
+  // Both were withdrawn: two new arrivals are the first and second, and
+  // neither withdrawn wait is ever answered.
+  Rendezvous::BarrierArrival c = rv_.BarrierArrive(
+      kJob, 1, "", "init", "w2", 2, absl::Seconds(5), absl::InfiniteFuture(), count);
+  ASSERT_FALSE(c.answer.has_value());
+  Rendezvous::BarrierArrival d = rv_.BarrierArrive(
+      kJob, 1, "", "init", "w3", 2, absl::Seconds(5), absl::InfiniteFuture(),
+      [](absl::StatusOr<uint32_t>) {});
+  ASSERT_TRUE(d.answer.has_value());
+  EXPECT_EQ(**d.answer, 1u);
+  EXPECT_EQ(answered, 1);  // c's
+}
+
+TEST_F(RendezvousTest, BarrierWaitOfAnEndedGenerationIsAnsweredAborted) {
+  std::vector<absl::StatusOr<uint32_t>> answers;
+  Rendezvous::BarrierArrival a = rv_.BarrierArrive(
+      kJob, 1, "", "init", "w0", 2, absl::Seconds(5), absl::InfiniteFuture(),
+      [&answers](absl::StatusOr<uint32_t> r) { answers.push_back(std::move(r)); });
+  ASSERT_FALSE(a.answer.has_value());
+  rv_.EndGeneration(kJob, 1);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(answers[0].status().message(), HasSubstr("ended while this call waited"));
+  EXPECT_FALSE(rv_.WithdrawBarrierWait(a.wait_id).has_value());
+}
+
 // ---------------------------------------------------------------------------
 // Limits and argument checks.
 

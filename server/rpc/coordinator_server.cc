@@ -167,11 +167,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.SetResourceQuota(quota);
   // A sync thread that finishes its call exits when more than MAX_POLLERS
   // threads are idle (gRPC's default: 2), and a call that finds no idle one
-  // starts a thread. Every barrier round blocks all its arrivals but the
-  // last, so with the default each round of N members started and ended
-  // about N threads. Keeping up to kSyncPollers idle threads serves barriers
-  // of up to that many members without a thread start: 1.25-1.74x the
-  // rounds/s at 16-256 members (bench coordinator_kv, same machine, A/B).
+  // starts a thread. A burst of N blocking sync calls (KvWait) thus started
+  // and ended about N threads. Keeping up to kSyncPollers idle threads
+  // serves such bursts without a thread start (measured when Barrier was a
+  // sync call: 1.25-1.74x the rounds/s at 16-256 members, bench
+  // coordinator_kv, same machine, A/B; Barrier now waits on no thread).
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, kSyncPollers);
   builder.RegisterService(server->job_service_.get());
   builder.RegisterService(server->worker_service_.get());

@@ -29,17 +29,18 @@
 // Threads:
 //   * Sync API (ReportError, LeaveJob, CompleteJob; every
 //     JobService method but WatchJob; every CheckpointService method;
-//     KvWait, Barrier): one
+//     KvWait, KvNumKeys): one
 //     sync-server thread per call in flight, at most
 //     ServerOptions::max_threads (beyond: RESOURCE_EXHAUSTED).
 //   * Callback API (JoinJob, GetAssignment, Heartbeat; KvSet, KvGet, KvAdd,
-//     KvCompareAndSet, KvDelete; Session; WatchJob): gRPC's own threads accept the call;
+//     KvCompareAndSet, KvDelete, Barrier; Session; WatchJob): gRPC's own threads accept the call;
 //     the body runs on a HandlerPool of 4 threads, never on gRPC's threads
 //     (which would stall every connection's I/O while a body waits for the
 //     coordinator's lock). A KvGet that waits gets a thread of its own (at
 //     most ServerOptions::max_waiting_gets). An open Session or WatchJob
 //     stream holds no thread (server/rpc/session_stream.h, watch_stream.h),
-//     nor does a GetAssignment that waits (server/rpc/worker_service.h).
+//     nor does a GetAssignment that waits (server/rpc/worker_service.h) or
+//     a Barrier arrival (server/rpc/rendezvous_service.h).
 //   * The Tick thread: Coordinator::Tick every tick_interval, its ended
 //     generations passed on; and every kRendezvousSweepInterval
 //     (SweepRendezvous) the rendezvous state of jobs that finished without

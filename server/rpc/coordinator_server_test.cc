@@ -346,6 +346,71 @@ TEST(GrpcServiceTest, WaitingKvGetsAreBounded) {
   EXPECT_EQ(r4.value(), "v");
 }
 
+// Barrier arrivals wait without a thread each: with the sync server capped
+// at 4 threads, 24 members pass two barriers together, each with distinct
+// positions (a thread per waiting arrival would have answered
+// RESOURCE_EXHAUSTED from the 5th on).
+TEST(GrpcServiceTest, BarrierArrivalsHoldNoThread) {
+  testing::HarnessOptions options;
+  options.max_threads = 4;
+  Harness h(options);
+  auto jobs = v1::JobService::NewStub(h.Channel());
+  constexpr int kWorkers = 24;
+  CreateJob(jobs.get(), "wide", SmallSpec(kWorkers, kWorkers, kWorkers));
+  std::vector<std::unique_ptr<SimWorker>> workers;
+  std::vector<SimWorker*> all;
+  for (int i = 0; i < kWorkers; ++i) {
+    workers.push_back(std::make_unique<SimWorker>(h.Channel(), "wide", absl::StrCat("w", i), 1));
+    all.push_back(workers.back().get());
+  }
+  std::vector<absl::StatusOr<v1::Assignment>> joined = JoinAll(all, /*open_session=*/true);
+  for (int i = 0; i < kWorkers; ++i) ASSERT_TRUE(joined[i].ok()) << i << ": " << joined[i].status();
+  for (const char* name : {"first", "second"}) {
+    std::vector<grpc::Status> status(kWorkers);
+    std::vector<v1::BarrierResponse> resp(kWorkers);
+    std::vector<std::thread> arrivals;
+    for (int i = 0; i < kWorkers; ++i) {
+      arrivals.emplace_back([&, i] {
+        v1::BarrierRequest req;
+        *req.mutable_fence() = workers[i]->fence();
+        req.set_name(name);
+        req.set_participants(kWorkers);
+        req.mutable_timeout()->set_seconds(20);
+        grpc::ClientContext ctx;
+        Prepare(&ctx, "");
+        status[i] = workers[i]->Rendezvous()->Barrier(&ctx, req, &resp[i]);
+      });
+    }
+    for (auto& t : arrivals) t.join();
+    std::set<uint32_t> positions;
+    for (int i = 0; i < kWorkers; ++i) {
+      ASSERT_TRUE(status[i].ok()) << name << " " << i << ": " << status[i].error_message();
+      positions.insert(resp[i].arrival());
+    }
+    EXPECT_EQ(positions.size(), static_cast<size_t>(kWorkers)) << name;
+    EXPECT_EQ(*positions.rbegin(), static_cast<uint32_t>(kWorkers - 1)) << name;
+  }
+  // An arrival whose gRPC deadline passes is withdrawn on the server too
+  // (its alarm, not a thread).
+  {
+    v1::BarrierRequest req;
+    *req.mutable_fence() = workers[0]->fence();
+    req.set_name("third");
+    req.set_participants(2);
+    v1::BarrierResponse resp;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, "", absl::Milliseconds(200));
+    EXPECT_EQ(workers[0]->Rendezvous()->Barrier(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+    // The client's deadline and the server's alarm race: wait (bounded).
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (h.rendezvous().GetUsage("wide", 1).waiters != 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(h.rendezvous().GetUsage("wide", 1).waiters, 0);
+  }
+}
+
 TEST(GrpcServiceTest, MalformedRequestsGetDocumentedCodes) {
   Harness h;
   auto jobs = v1::JobService::NewStub(h.Channel());

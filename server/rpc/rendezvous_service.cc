@@ -1,12 +1,17 @@
 #include "server/rpc/rendezvous_service.h"
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include <grpcpp/alarm.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "server/limits.h"
 
@@ -208,25 +213,124 @@ grpc::Status RendezvousServiceImpl::KvNumKeys(grpc::ServerContext* ctx,
   });
 }
 
-grpc::Status RendezvousServiceImpl::Barrier(grpc::ServerContext* ctx,
-                                            const v1::BarrierRequest* req,
-                                            v1::BarrierResponse* resp) {
-  return calls_->Run("RendezvousService/Barrier", [&]() -> absl::Status {
-    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
-    absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
-    if (!fw.ok()) return fw.status();
+// One Barrier arrival, which holds no thread while it waits. Shared by its
+// reactor (which owns it until OnDone), the Rendezvous's answer callback and
+// the deadline alarm (both hold weak references). Exactly one answer
+// finishes the call: the one at arrival, or (once it waits) either the
+// Rendezvous's `done` (with the Rendezvous's lock held: it only finishes the
+// RPC) or a withdrawal at the deadline or on cancel, whichever the
+// Rendezvous lets happen (it serializes them). So no lock of this class is
+// held around a Rendezvous call, and no lock is taken in `done`.
+class RendezvousServiceImpl::BarrierCall
+    : public std::enable_shared_from_this<RendezvousServiceImpl::BarrierCall> {
+ public:
+  BarrierCall(RendezvousServiceImpl* service, grpc::CallbackServerContext* ctx,
+              const v1::BarrierRequest* req, v1::BarrierResponse* resp,
+              grpc::ServerUnaryReactor* reactor)
+      : service_(service), ctx_(ctx), req_(req), resp_(resp), reactor_(reactor) {}
+
+  // On the pool: checks the request and arrives.
+  void Start() {
+    CallRunner* calls = service_->calls_;
+    absl::Status st = calls->Admit();
+    if (st.ok()) st = CheckRequestLimits(*req_);
+    absl::StatusOr<FencedWorker> fw = absl::UnknownError("");
+    if (st.ok()) {
+      fw = calls->AuthorizeFence(*ctx_, req_->fence());
+      st = fw.status();
+    }
     absl::StatusOr<std::optional<absl::Duration>> timeout =
-        ParseTimeout(req->has_timeout(), req->timeout(), kMaxWaitTimeout, "timeout");
-    if (!timeout.ok()) return timeout.status();
+        ParseTimeout(req_->has_timeout(), req_->timeout(), kMaxWaitTimeout, "timeout");
+    if (st.ok() && !timeout.ok()) st = timeout.status();
+    if (!st.ok()) return Finish(st);
     // Not sliced: a barrier arrival that times out is withdrawn. The gRPC
-    // deadline bounds it; shutdown ends it with DropJob.
-    absl::StatusOr<uint32_t> r = rendezvous_->Barrier(
-        fw->job_id, fw->generation, req->scope(), req->name(), fw->worker_id,
-        req->participants(), *timeout, RpcDeadline(*ctx));
-    if (!r.ok()) return r.status();
-    resp->set_arrival(*r);
-    return absl::OkStatus();
-  });
+    // deadline bounds it; shutdown ends it with DropJob (ABORTED, answered
+    // as UNAVAILABLE while shutting down).
+    std::weak_ptr<BarrierCall> weak = weak_from_this();
+    Rendezvous::BarrierArrival a = service_->rendezvous_->BarrierArrive(
+        fw->job_id, fw->generation, req_->scope(), req_->name(), fw->worker_id,
+        req_->participants(), *timeout, RpcDeadline(*ctx_),
+        [weak](absl::StatusOr<uint32_t> answer) {
+          if (auto self = weak.lock()) self->Finish(std::move(answer));
+        });
+    if (a.answer.has_value()) return Finish(*std::move(a.answer));
+    wait_id_.store(a.wait_id);
+    std::shared_ptr<HandlerPool> pool = calls->pool();
+    alarm_.Set(absl::ToChronoTime(a.deadline), [weak, pool](bool fired) {
+      if (fired) PostWithdraw(*pool, weak, /*cancelled=*/false);  // else: finished
+    });
+    // A cancel that came before the arrival was registered withdraws now.
+    if (cancelled_.load()) PostWithdraw(*pool, weak, /*cancelled=*/true);
+  }
+
+  // The caller cancelled (any thread).
+  void Cancel() {
+    cancelled_.store(true);
+    PostWithdraw(*service_->calls_->pool(), weak_from_this(), /*cancelled=*/true);
+  }
+
+ private:
+  // On the pool: withdraws the waiting arrival and finishes with the
+  // answer, unless the Rendezvous already answered it.
+  static void PostWithdraw(HandlerPool& pool, std::weak_ptr<BarrierCall> weak, bool cancelled) {
+    pool.Post([weak = std::move(weak), cancelled] {
+      auto self = weak.lock();
+      if (self == nullptr) return;
+      const uint64_t id = self->wait_id_.load();
+      if (id == 0) return;  // not waiting (yet): Start handles a cancel
+      if (std::optional<absl::Status> st =
+              self->service_->rendezvous_->WithdrawBarrierWait(id, cancelled)) {
+        self->Finish(*std::move(st));
+      }
+    });
+  }
+
+  void Finish(absl::StatusOr<uint32_t> r) {
+    if (finished_.exchange(true)) return;  // never twice (the Rendezvous ensures it)
+    if (r.ok()) resp_->set_arrival(*r);
+    grpc::Status out = service_->calls_->Conclude("RendezvousService/Barrier", start_,
+                                                   r.ok() ? absl::OkStatus() : r.status());
+    // Last touch of the call: the reactor may be gone right after.
+    reactor_->Finish(out);
+  }
+
+  RendezvousServiceImpl* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  const v1::BarrierRequest* const req_;
+  v1::BarrierResponse* const resp_;
+  grpc::ServerUnaryReactor* const reactor_;
+  const absl::Time start_ = absl::Now();
+  grpc::Alarm alarm_;
+  std::atomic<uint64_t> wait_id_{0};  // non-zero once it waits
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> finished_{false};
+};
+
+namespace {
+
+// Owns the barrier call until gRPC is done with it.
+class BarrierReactor final : public grpc::ServerUnaryReactor {
+ public:
+  void set_call(std::shared_ptr<RendezvousServiceImpl::BarrierCall> call) {
+    call_ = std::move(call);
+  }
+  void OnCancel() override { call_->Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<RendezvousServiceImpl::BarrierCall> call_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* RendezvousServiceImpl::Barrier(grpc::CallbackServerContext* ctx,
+                                                         const v1::BarrierRequest* req,
+                                                         v1::BarrierResponse* resp) {
+  auto* reactor = new BarrierReactor();
+  auto call = std::make_shared<BarrierCall>(this, ctx, req, resp, reactor);
+  reactor->set_call(call);
+  calls_->pool()->Post([call] { call->Start(); });
+  return reactor;
 }
 
 }  // namespace shardline::server::rpc

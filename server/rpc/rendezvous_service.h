@@ -13,8 +13,11 @@
 //   KvWait: sync API, on a sync-server thread, waits in slices of
 //     kWaitSlice.
 //   KvNumKeys: sync API; never waits.
-//   Barrier: sync API; not sliced (an arrival that times out is withdrawn):
-//     bounded by the request's timeout and the gRPC deadline, ended by
+//   Barrier: callback API, and no thread while it waits
+//     (Rendezvous::BarrierArrive; its steps on the HandlerPool), so a
+//     barrier of any size up to kMaxBarrierParticipants needs no thread per
+//     member; not sliced (an arrival that times out is withdrawn): bounded
+//     by the request's timeout and the gRPC deadline (an alarm), ended by
 //     Rendezvous::DropJob at shutdown.
 //
 // Errors per method, besides the codes of coordinator.proto "Errors" that
@@ -47,7 +50,8 @@
 //   KvNumKeys: the common errors only (Rendezvous::NumKeys).
 //   Barrier: INVALID_ARGUMENT timeout as for KvGet, name or participants;
 //     FAILED_PRECONDITION participants differs from earlier arrivals;
-//     DEADLINE_EXCEEDED too few arrived in time (Rendezvous::Barrier).
+//     DEADLINE_EXCEEDED too few arrived in time (Rendezvous::Barrier);
+//     CANCELLED the caller cancelled while waiting (it is withdrawn).
 //
 // Thread-safety: thread-safe.
 #ifndef SHARDLINE_SERVER_RPC_RENDEZVOUS_SERVICE_H_
@@ -72,7 +76,8 @@ class RendezvousServiceImpl final
               v1::RendezvousService::WithCallbackMethod_KvAdd<
                   v1::RendezvousService::WithCallbackMethod_KvCompareAndSet<
                       v1::RendezvousService::WithCallbackMethod_KvDelete<
-                          v1::RendezvousService::Service>>>>> {
+                          v1::RendezvousService::WithCallbackMethod_Barrier<
+                              v1::RendezvousService::Service>>>>>> {
  public:
   // Not owned; all must outlive the service. At most `max_waiting_gets`
   // KvGet calls wait at once (each holds a thread).
@@ -93,12 +98,16 @@ class RendezvousServiceImpl final
   grpc::ServerUnaryReactor* KvDelete(grpc::CallbackServerContext* ctx,
                                      const v1::KvDeleteRequest* req,
                                      v1::KvDeleteResponse* resp) override;
-  grpc::Status Barrier(grpc::ServerContext* ctx, const v1::BarrierRequest* req,
-                       v1::BarrierResponse* resp) override;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx,
+                                    const v1::BarrierRequest* req,
+                                    v1::BarrierResponse* resp) override;
+
+  class BarrierCall;  // one Barrier arrival (rendezvous_service.cc)
   grpc::Status KvNumKeys(grpc::ServerContext* ctx, const v1::KvNumKeysRequest* req,
                          v1::KvNumKeysResponse* resp) override;
 
  private:
+  friend class BarrierCall;
   // KvGet's body; waits only when req->wait().
   absl::Status Get(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* req,
                    v1::KvGetResponse* resp);
