@@ -175,7 +175,7 @@ struct Worker {
   std::string job_id;
 };
 
-// N simulated workers driven by completion queues, a thread each.
+// N simulated workers driven by completion queues and a few threads each.
 class Fleet {
  public:
   // Workers heartbeat every `heartbeat_interval` from their JoinJob on.
@@ -211,13 +211,20 @@ class Fleet {
     // Debian's libgrpc is built without NDEBUG: a completion queue scans
     // the list of its outstanding operations at every completion, so one
     // queue for 25k workers (three calls each in flight) made the load
-    // generator O(N^2). A queue, with a thread of its own, per
-    // kWorkersPerQueue workers keeps each list short.
-    const int queues =
-        std::max(poll_threads, (workers + kWorkersPerQueue - 1) / kWorkersPerQueue);
-    for (int q = 0; q < queues; ++q) cqs_.push_back(std::make_unique<grpc::CompletionQueue>());
+    // generator O(N^2). A queue per kWorkersPerQueue workers, each served by
+    // `poll_threads` threads, keeps each list short; up to that many workers
+    // (every benchmark but the largest rendezvous) this is one queue, as
+    // before.
+    const int queues = (workers + kWorkersPerQueue - 1) / kWorkersPerQueue;
+    for (int q = 0; q < std::max(1, queues); ++q) {
+      cqs_.push_back(std::make_unique<grpc::CompletionQueue>());
+    }
     for (size_t j = 0; j < workers_.size(); ++j) workers_[j]->cq = cqs_[j % cqs_.size()].get();
-    for (auto& cq : cqs_) threads_.emplace_back([this, cq = cq.get()] { Poll(cq); });
+    for (auto& cq : cqs_) {
+      for (int i = 0; i < poll_threads; ++i) {
+        threads_.emplace_back([this, cq = cq.get()] { Poll(cq); });
+      }
+    }
   }
 
   // Joins every worker at once and waits until each holds its assignment or
@@ -505,7 +512,7 @@ class Fleet {
     while (cq->Next(&tag, &ok)) Handle(static_cast<Tag*>(tag), ok);
   }
 
-  static constexpr int kWorkersPerQueue = 1024;
+  static constexpr int kWorkersPerQueue = 4096;
 
   const std::string address_;
   const std::string job_id_;

@@ -104,6 +104,26 @@ reported as not measured, with how many workers got their assignment and the fir
 one process, each with its own TCPStore connection; it polls its shared state once a second, and each join rewrites the whole pickled state, so
 it is run up to %d nodes only. torchrun has one node per *machine* (agent), Shardline one worker per *rank*: at
 8 GPUs a node, N Shardline workers correspond to N/8 torch nodes.
+
+**Where the time goes past 16k workers (measured 2026-12-06, perf with uprobes on Debian's libgrpc29 1.51.1).**
+Debian builds libgrpc without `NDEBUG`, which leaves two debug structures on every event: each completion queue
+keeps its outstanding operations in an array and scans it, under the queue's lock, at every completion (gRPC's
+`cq_check_tag`), and every timer add or cancel walks a chain of a 1009-bucket debug hash of all live timers. A
+distribution build serves every callback-API call of a process from one process-wide queue
+(`CallbackAlternativeCQ`), and each open call keeps an operation there: every worker's Session stream, every
+waiting `GetAssignment`. So each event costs O(open calls) and forming N workers O(N^2): at 16384 workers the
+coordinator's queue saw 186,883 completions with 9,538 operations outstanding on average; at 32768 that scan was 31%%
+of the coordinator's CPU. The coordinator's own work stays small: at 100000 workers its log shows generation 1
+formed (world 100000) 15.6 s after the first `JoinJob`; what does not finish is delivering the assignments and
+answering 5000 heartbeats/s at O(N) per completion, until a heartbeat waits past its 2 min timeout, the
+generation ends and the job re-forms. The load generator had the same cost on its side (one queue per process
+for 25000 workers); it now has a queue, served by two threads, per 4096 workers. Tried on the coordinator and
+not kept:
+8 gRPC servers sharing the port (SO_REUSEPORT): no change, the callback queue is process-wide; the Session
+stream on gRPC's asynchronous API over 8 queues of its own: the scan is divided, but 65536 workers took 64-123 s
+instead of 42 s (more completions and timer operations, whose cause the library's missing symbols hide); taking
+the assignment from the Session stream's push instead of a waiting `GetAssignment`: 34 s instead of 42 s at
+65536, no change at 4096. A gRPC built with `NDEBUG` removes both costs; the product uses Debian's.
 """ % (shardline_timeout, torch_max))
     return 0
 
