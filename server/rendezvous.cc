@@ -327,7 +327,7 @@ void Rendezvous::OpenBarrierLocked(GenerationState* gen, BarrierState* b) {
 }
 
 void Rendezvous::AbortWaitersLocked(GenerationState* gen, const std::string& message) {
-  auto wake = [&](Waiter* w) {
+  auto wake = [&](Waiter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     w->notified = true;
     w->abort_message = message;
     if (w->done) {
