@@ -449,9 +449,8 @@ absl::StatusOr<v1::Job> Coordinator::CompleteJob(const v1::CompleteJobRequest& r
   }
   MemberRecord& m = it->second;
   if (m.member.incarnation() != w.incarnation()) {
-    return absl::AbortedError(absl::StrCat("incarnation ", w.incarnation(), " of worker '",
-                                           w.worker_id(), "' was replaced by incarnation ",
-                                           m.member.incarnation(), "; this process is fenced off"));
+    return IncarnationMismatch(w.job_id(), w.worker_id(), w.incarnation(),
+                               m.member.incarnation());
   }
   const v1::JobPhase phase = job->job.phase();
   if (phase == v1::JOB_PHASE_COMPLETED) return job->job;  // unchanged

@@ -17,6 +17,8 @@
 #include <set>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/time_util.h"
@@ -70,6 +72,23 @@ inline bool IsLive(v1::MemberState s) {
 inline std::string PhaseName(v1::JobPhase phase) {
   std::string name = v1::JobPhase_Name(phase);
   return name.substr(std::string("JOB_PHASE_").size());
+}
+
+// The answer to a call of incarnation `called` of `worker_id` whose member
+// is incarnation `member` (they differ): an older incarnation was replaced
+// (ABORTED: fenced off); a newer one never joined (NOT_FOUND: JoinJob
+// first).
+inline absl::Status IncarnationMismatch(const std::string& job_id, const std::string& worker_id,
+                                        uint64_t called, uint64_t member) {
+  if (called < member) {
+    return absl::AbortedError(absl::StrCat("incarnation ", called, " of worker '", worker_id,
+                                           "' was replaced by incarnation ", member,
+                                           "; this process is fenced off"));
+  }
+  return absl::NotFoundError(absl::StrCat("incarnation ", called, " of worker '", worker_id,
+                                          "' never joined job '", job_id,
+                                          "' (its member is incarnation ", member,
+                                          "); call JoinJob first"));
 }
 
 // "LOST", "LEFT", ... for messages people read.

@@ -263,6 +263,18 @@ TEST_F(CoordinatorTest, FencingRejectsBadStaleAndReplacedCallers) {
   const auto old = coordinator_->CheckFence(Fence("a", 1, 7));
   EXPECT_EQ(old.status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(std::string(old.status().message()), HasSubstr("was replaced by incarnation 8"));
+  // An incarnation newer than the member's never joined: nothing replaced
+  // it, and re-joining is what it must do.
+  const auto unjoined = coordinator_->CheckFence(Fence("a", 2, 9));
+  EXPECT_EQ(unjoined.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unjoined.status().message(),
+            "incarnation 9 of worker 'a' never joined job 'job' (its member is incarnation 8); "
+            "call JoinJob first");
+  // A generation the job has not reached is not "over".
+  const auto future = coordinator_->CheckFence(Fence("a", 3, 8));
+  EXPECT_EQ(future.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(future.status().message()),
+              HasSubstr("generation 3 does not exist (job 'job' is at generation 2)"));
   // A late message about the old incarnation (its stream closing) changes nothing.
   EXPECT_TRUE(coordinator_->CloseSession(Id("a", 7), *session).empty());
   EXPECT_EQ(Members()["a"].incarnation(), 8u);

@@ -44,9 +44,8 @@ absl::StatusOr<Coordinator::MemberRecord*> Coordinator::CheckFenceLocked(const v
   }
   MemberRecord& m = it->second;
   if (m.member.incarnation() != fence.worker().incarnation()) {
-    return absl::AbortedError(absl::StrCat(
-        "incarnation ", fence.worker().incarnation(), " of worker '", m.member.worker_id(),
-        "' was replaced by incarnation ", m.member.incarnation(), "; this process is fenced off"));
+    return IncarnationMismatch(job->job.job_id(), m.member.worker_id(),
+                               fence.worker().incarnation(), m.member.incarnation());
   }
   const v1::MemberState state = m.member.state();
   if (state == v1::MEMBER_STATE_LOST || state == v1::MEMBER_STATE_LEFT) {
@@ -57,6 +56,14 @@ absl::StatusOr<Coordinator::MemberRecord*> Coordinator::CheckFenceLocked(const v
   }
   // Any fenced call proves the process is alive, even a stale one.
   m.last_heartbeat = clock_->Now();
+  if (fence.generation() > job->job.generation()) {
+    // Only a coordinator whose state is older than the worker's (restored
+    // from an old copy) can see this; re-joining is still the way back.
+    return absl::AbortedError(absl::StrCat(
+        "generation ", fence.generation(), " does not exist (job '", job->job.job_id(),
+        "' is at generation ", job->job.generation(),
+        "); abort communicators and re-join with JoinJob"));
+  }
   if (state == v1::MEMBER_STATE_FENCED || fence.generation() != job->job.generation()) {
     return absl::AbortedError(absl::StrCat(
         "generation ", fence.generation(), " is over (current ", job->job.generation(), "): ",
