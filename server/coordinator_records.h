@@ -75,9 +75,11 @@ inline std::string PhaseName(v1::JobPhase phase) {
 }
 
 // The answer to a call of incarnation `called` of `worker_id` whose member
-// is incarnation `member` (they differ): an older incarnation was replaced
-// (ABORTED: fenced off); a newer one never joined (NOT_FOUND: JoinJob
-// first).
+// is incarnation `member` (they differ): ABORTED either way, so that the
+// process re-joins (coordinator.proto, Fencing), with a message that says
+// which case it is: an older incarnation was replaced; a newer one is not
+// the member this coordinator knows (it never joined here, or the
+// coordinator's state is older than the worker's).
 inline absl::Status IncarnationMismatch(const std::string& job_id, const std::string& worker_id,
                                         uint64_t called, uint64_t member) {
   if (called < member) {
@@ -85,10 +87,10 @@ inline absl::Status IncarnationMismatch(const std::string& job_id, const std::st
                                            "' was replaced by incarnation ", member,
                                            "; this process is fenced off"));
   }
-  return absl::NotFoundError(absl::StrCat("incarnation ", called, " of worker '", worker_id,
-                                          "' never joined job '", job_id,
-                                          "' (its member is incarnation ", member,
-                                          "); call JoinJob first"));
+  return absl::AbortedError(absl::StrCat("incarnation ", called, " of worker '", worker_id,
+                                         "' is not the member of job '", job_id,
+                                         "' this coordinator knows (incarnation ", member,
+                                         "); re-join with JoinJob"));
 }
 
 // "LOST", "LEFT", ... for messages people read.

@@ -263,13 +263,13 @@ TEST_F(CoordinatorTest, FencingRejectsBadStaleAndReplacedCallers) {
   const auto old = coordinator_->CheckFence(Fence("a", 1, 7));
   EXPECT_EQ(old.status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(std::string(old.status().message()), HasSubstr("was replaced by incarnation 8"));
-  // An incarnation newer than the member's never joined: nothing replaced
-  // it, and re-joining is what it must do.
+  // An incarnation newer than the member's was not replaced by an older one;
+  // it is still ABORTED, so that it re-joins.
   const auto unjoined = coordinator_->CheckFence(Fence("a", 2, 9));
-  EXPECT_EQ(unjoined.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unjoined.status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(unjoined.status().message(),
-            "incarnation 9 of worker 'a' never joined job 'job' (its member is incarnation 8); "
-            "call JoinJob first");
+            "incarnation 9 of worker 'a' is not the member of job 'job' this coordinator knows "
+            "(incarnation 8); re-join with JoinJob");
   // A generation the job has not reached is not "over".
   const auto future = coordinator_->CheckFence(Fence("a", 3, 8));
   EXPECT_EQ(future.status().code(), absl::StatusCode::kAborted);
