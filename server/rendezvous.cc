@@ -300,7 +300,7 @@ Rendezvous::WaitResult Rendezvous::AwaitKeyLocked(absl::string_view job_id, uint
   return WaitResult::kTimedOut;
 }
 
-void Rendezvous::AnswerBarrierWaitLocked(Waiter* w, absl::StatusOr<uint32_t> answer) {
+void Rendezvous::AnswerBarrierWaitLocked(BarrierWait* w, absl::StatusOr<uint32_t> answer) {
   BarrierDone done = std::move(w->done);
   barrier_waits_.erase(w->wait_id);  // frees *w
   done(std::move(answer));
@@ -314,27 +314,18 @@ void Rendezvous::OpenBarrierLocked(GenerationState* gen, BarrierState* b) {
             [](const auto& x, const auto& y) { return x.first < y.first; });
   for (size_t i = 0; i < order.size(); ++i) order[i].second->position = static_cast<uint32_t>(i);
   b->open = true;
-  for (Waiter* w : b->waiters) {
-    w->notified = true;
-    if (w->done) {
-      AnswerBarrierWaitLocked(w, b->arrived.find(*w->participant_id)->second.position);
-    } else {
-      w->cv.Signal();
-    }
+  for (BarrierWait* w : b->waiters) {
+    AnswerBarrierWaitLocked(w, b->arrived.find(w->participant_id)->second.position);
   }
   gen->waiters -= static_cast<int64_t>(b->waiters.size());
   b->waiters.clear();
 }
 
 void Rendezvous::AbortWaitersLocked(GenerationState* gen, const std::string& message) {
-  auto wake = [&](Waiter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto wake = [&](Waiter* w) {
     w->notified = true;
     w->abort_message = message;
-    if (w->done) {
-      AnswerBarrierWaitLocked(w, absl::AbortedError(message));
-    } else {
-      w->cv.Signal();
-    }
+    w->cv.Signal();
   };
   for (auto& [name, sc] : gen->scopes) {
     for (auto& [key, waiters] : sc->key_waiters) {
@@ -342,7 +333,7 @@ void Rendezvous::AbortWaitersLocked(GenerationState* gen, const std::string& mes
     }
     sc->key_waiters.clear();
     for (auto& [barrier_name, b] : sc->barriers) {
-      for (Waiter* w : b->waiters) wake(w);
+      for (BarrierWait* w : b->waiters) AnswerBarrierWaitLocked(w, absl::AbortedError(message));
       b->waiters.clear();
     }
   }
@@ -678,10 +669,9 @@ Rendezvous::BarrierArrival Rendezvous::BarrierArrive(
   wait->arrival_bytes = arrival_bytes;
   wait->description = std::move(barrier_desc);
   wait->deadline_description = deadline.Describe();
-  wait->waiter.done = std::move(done);
-  wait->waiter.wait_id = out.wait_id;
-  wait->waiter.participant_id = &wait->participant_id;
-  b->waiters.insert(&wait->waiter);
+  wait->done = std::move(done);
+  wait->wait_id = out.wait_id;
+  b->waiters.insert(wait.get());
   ++FindGenerationLocked(job_id, generation)->waiters;
   barrier_waits_.emplace(out.wait_id, std::move(wait));
   return out;
@@ -698,7 +688,7 @@ std::optional<absl::Status> Rendezvous::WithdrawBarrierWait(uint64_t wait_id, bo
   // generation and barrier are alive.
   BarrierState* b =
       FindScopeLocked(a.job_id, a.generation, a.scope)->barriers.find(a.name)->second.get();
-  b->waiters.erase(&wait->waiter);
+  b->waiters.erase(wait.get());
   --FindGenerationLocked(a.job_id, a.generation)->waiters;
   const size_t arrived = b->arrived.size();
   auto it = b->arrived.find(a.participant_id);

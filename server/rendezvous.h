@@ -324,15 +324,12 @@ class Rendezvous {
     absl::CondVar cv;
     bool notified = false;      // set (and deregistered) by whoever woke it
     std::string abort_message;  // non-empty: its generation ended
-    // Set for BarrierArrive's waits, which are answered through it (lock
-    // held) instead of cv.Signal: their id and participant.
-    std::function<void(absl::StatusOr<uint32_t>)> done;
-    uint64_t wait_id = 0;
-    const std::string* participant_id = nullptr;
   };
-  // A waiting BarrierArrive arrival, until answered or withdrawn.
+  // A waiting barrier arrival (BarrierArrive; Barrier too), until answered
+  // through `done` or withdrawn.
   struct BarrierWait {
-    Waiter waiter;
+    BarrierDone done;
+    uint64_t wait_id = 0;
     std::string job_id;
     uint64_t generation = 0;
     std::string scope, name, participant_id;
@@ -350,7 +347,7 @@ class Rendezvous {
     bool open = false;
     uint64_t next_seq = 0;
     absl::flat_hash_map<std::string, Arrival> arrived;  // by participant_id
-    absl::flat_hash_set<Waiter*> waiters;
+    absl::flat_hash_set<BarrierWait*> waiters;
   };
   struct Scope {
     // Whether the scope's name and overhead are charged to the generation
@@ -420,11 +417,12 @@ class Rendezvous {
   // Sleeps until `w` is notified or `deadline` passes; true when notified.
   bool SleepLocked(Waiter* w, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls w->done with `answer` and forgets the wait (frees *w).
-  void AnswerBarrierWaitLocked(Waiter* w, absl::StatusOr<uint32_t> answer)
+  void AnswerBarrierWaitLocked(BarrierWait* w, absl::StatusOr<uint32_t> answer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Assigns positions and wakes (or answers) the barrier's waiters.
+  // Assigns positions and answers the barrier's waiting arrivals.
   void OpenBarrierLocked(GenerationState* gen, BarrierState* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Wakes every waiter of `gen` with `message` (Aborted) and deregisters them.
+  // Wakes every waiter of `gen` (and answers every waiting barrier arrival)
+  // with `message` (Aborted) and deregisters them.
   void AbortWaitersLocked(GenerationState* gen, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

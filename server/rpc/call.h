@@ -109,6 +109,24 @@ class HandlerPool {
 // Threads of the HandlerPool.
 inline constexpr int kHandlerPoolThreads = 4;
 
+// The reactor of a unary call whose work (a `Call`) waits without a thread:
+// it owns the work until gRPC is done with the call, and passes a cancel
+// on (Call::Cancel(), any thread; it must still lead to the reactor's
+// Finish). Usage:
+//   auto* reactor = new OwningReactor<MyWait>();
+//   auto wait = std::make_shared<MyWait>(..., reactor);  // Finish()es it once
+//   reactor->Own(wait);
+template <typename Call>
+class OwningReactor final : public grpc::ServerUnaryReactor {
+ public:
+  void Own(std::shared_ptr<Call> call) { call_ = std::move(call); }
+  void OnCancel() override { call_->Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<Call> call_;
+};
+
 // Runs the handlers of every adapter (see the file comment) and checks who
 // calls. Owned by CoordinatorServer; outlives every adapter.
 class CallRunner {

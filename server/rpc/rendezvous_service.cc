@@ -232,17 +232,13 @@ class RendezvousServiceImpl::BarrierCall
   // On the pool: checks the request and arrives.
   void Start() {
     CallRunner* calls = service_->calls_;
-    absl::Status st = calls->Admit();
-    if (st.ok()) st = CheckRequestLimits(*req_);
-    absl::StatusOr<FencedWorker> fw = absl::UnknownError("");
-    if (st.ok()) {
-      fw = calls->AuthorizeFence(*ctx_, req_->fence());
-      st = fw.status();
-    }
+    if (absl::Status st = calls->Admit(); !st.ok()) return Finish(st);
+    if (absl::Status st = CheckRequestLimits(*req_); !st.ok()) return Finish(st);
+    absl::StatusOr<FencedWorker> fw = calls->AuthorizeFence(*ctx_, req_->fence());
+    if (!fw.ok()) return Finish(fw.status());
     absl::StatusOr<std::optional<absl::Duration>> timeout =
         ParseTimeout(req_->has_timeout(), req_->timeout(), kMaxWaitTimeout, "timeout");
-    if (st.ok() && !timeout.ok()) st = timeout.status();
-    if (!st.ok()) return Finish(st);
+    if (!timeout.ok()) return Finish(timeout.status());
     // Not sliced: a barrier arrival that times out is withdrawn. The gRPC
     // deadline bounds it; shutdown ends it with DropJob (ABORTED, answered
     // as UNAVAILABLE while shutting down).
@@ -306,29 +302,12 @@ class RendezvousServiceImpl::BarrierCall
   std::atomic<bool> finished_{false};
 };
 
-namespace {
-
-// Owns the barrier call until gRPC is done with it.
-class BarrierReactor final : public grpc::ServerUnaryReactor {
- public:
-  void set_call(std::shared_ptr<RendezvousServiceImpl::BarrierCall> call) {
-    call_ = std::move(call);
-  }
-  void OnCancel() override { call_->Cancel(); }
-  void OnDone() override { delete this; }
-
- private:
-  std::shared_ptr<RendezvousServiceImpl::BarrierCall> call_;
-};
-
-}  // namespace
-
 grpc::ServerUnaryReactor* RendezvousServiceImpl::Barrier(grpc::CallbackServerContext* ctx,
                                                          const v1::BarrierRequest* req,
                                                          v1::BarrierResponse* resp) {
-  auto* reactor = new BarrierReactor();
+  auto* reactor = new OwningReactor<BarrierCall>();
   auto call = std::make_shared<BarrierCall>(this, ctx, req, resp, reactor);
-  reactor->set_call(call);
+  reactor->Own(call);
   calls_->pool()->Post([call] { call->Start(); });
   return reactor;
 }

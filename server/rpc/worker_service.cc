@@ -110,6 +110,8 @@ class WorkerServiceImpl::AssignmentWait
   void End(absl::Status status) {
     PostEnd(*service_->calls_->pool(), weak_from_this(), std::move(status));
   }
+  // The caller cancelled (OwningReactor).
+  void Cancel() { End(absl::CancelledError("the caller cancelled")); }
 
  private:
   static void PostEnd(HandlerPool& pool, std::weak_ptr<AssignmentWait> weak,
@@ -177,23 +179,6 @@ class WorkerServiceImpl::AssignmentWait
   absl::Time deadline_ ABSL_GUARDED_BY(mu_);
 };
 
-namespace {
-
-// Owns the wait until gRPC is done with the call.
-class AssignmentReactor final : public grpc::ServerUnaryReactor {
- public:
-  void set_wait(std::shared_ptr<WorkerServiceImpl::AssignmentWait> wait) {
-    wait_ = std::move(wait);
-  }
-  void OnCancel() override { wait_->End(absl::CancelledError("the caller cancelled")); }
-  void OnDone() override { delete this; }
-
- private:
-  std::shared_ptr<WorkerServiceImpl::AssignmentWait> wait_;
-};
-
-}  // namespace
-
 grpc::ServerUnaryReactor* WorkerServiceImpl::GetAssignment(grpc::CallbackServerContext* ctx,
                                                            const v1::GetAssignmentRequest* req,
                                                            v1::Assignment* resp) {
@@ -215,9 +200,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::GetAssignment(grpc::CallbackServerC
       return absl::OkStatus();
     });
   }
-  auto* reactor = new AssignmentReactor();
+  auto* reactor = new OwningReactor<AssignmentWait>();
   auto wait = std::make_shared<AssignmentWait>(this, ctx, req, resp, reactor);
-  reactor->set_wait(wait);
+  reactor->Own(wait);
   calls_->pool()->Post([wait] { wait->Start(); });
   return reactor;
 }
