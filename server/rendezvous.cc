@@ -122,6 +122,24 @@ bool ParseCounter(absl::string_view text, int64_t* out) {
   return absl::SimpleAtoi(text, out);
 }
 
+// A blocking call: its asynchronous form `start(done)`, then a wait for
+// `done` until the deadline, then Withdraw. `answer` and `woken` outlive the
+// wait: `done` runs (under the Rendezvous's lock) before Withdraw returns
+// nullopt, never after.
+template <typename T, typename Start>
+absl::StatusOr<T> BlockOn(Rendezvous* rv, Start start) {
+  absl::Notification woken;
+  absl::StatusOr<T> answer = absl::UnknownError("not answered");
+  Rendezvous::Arrival<T> arrival = start([&](absl::StatusOr<T> a) {
+    answer = std::move(a);
+    woken.Notify();
+  });
+  if (arrival.answer.has_value()) return *std::move(arrival.answer);
+  woken.WaitForNotificationWithDeadline(arrival.deadline);
+  if (std::optional<absl::Status> gave_up = rv->Withdraw(arrival.wait_id)) return *gave_up;
+  return answer;
+}
+
 }  // namespace
 
 Rendezvous::Doomed::~Doomed() {
@@ -251,14 +269,19 @@ absl::Status Rendezvous::StoreLocked(GenerationState* gen, Scope* sc, absl::stri
   if (is_new) {
     sc->kv.emplace(std::string(key), std::move(value));
     ++gen->keys;
-    auto waiting = sc->key_waiters.find(key);
-    if (waiting != sc->key_waiters.end()) {
-      for (Waiter* w : waiting->second) {
-        w->notified = true;
-        w->cv.Signal();
-      }
-      gen->waiters -= static_cast<int64_t>(waiting->second.size());
+    if (auto waiting = sc->key_waiters.find(key); waiting != sc->key_waiters.end()) {
+      absl::flat_hash_set<KeyWait*> woken = std::move(waiting->second);
       sc->key_waiters.erase(waiting);
+      for (KeyWait* w : woken) {
+        KeyAnswer answer;
+        if (KeysReadyLocked(sc, w, &answer)) {
+          --gen->waiters;
+          gen->bytes -= w->bytes;
+          AnswerKeyWaitLocked(w, std::move(answer));
+        } else {  // a Wait with more keys missing: on to the next one
+          sc->key_waiters[w->keys[w->next]].insert(w);
+        }
+      }
     }
   } else {
     it->second = std::move(value);
@@ -267,47 +290,103 @@ absl::Status Rendezvous::StoreLocked(GenerationState* gen, Scope* sc, absl::stri
   return absl::OkStatus();
 }
 
-bool Rendezvous::SleepLocked(Waiter* w, absl::Time deadline) {
-  while (!w->notified) {
-    if (absl::Now() >= deadline) return false;
-    w->cv.WaitWithDeadline(&mu_, deadline);
+Rendezvous::KeyArrival Rendezvous::StartKeyWaitLocked(std::unique_ptr<KeyWait> w,
+                                                      absl::Time deadline) {
+  if (absl::Status s = CheckLiveLocked(w->job_id, w->generation); !s.ok()) {
+    return KeyArrival::Answered(s);
   }
+  const Scope* found = FindScopeLocked(w->job_id, w->generation, w->scope);
+  KeyAnswer answer;
+  if (KeysReadyLocked(found, w.get(), &answer)) return KeyArrival::Answered(std::move(answer));
+  if (absl::Now() >= deadline) {  // timeout 0, or the RPC deadline passed
+    return KeyArrival::Answered(GaveUpLocked(found, *w, /*cancelled=*/false));
+  }
+  Scope* sc = EnsureScopeLocked(w->job_id, w->generation, w->scope);
+  GenerationState* gen = FindGenerationLocked(w->job_id, w->generation);
+  if (gen->bytes + w->bytes > kMaxBytesPerGeneration) {
+    const int64_t held = gen->bytes;
+    MaybeEraseScopeLocked(w->job_id, w->generation, w->scope);
+    return KeyArrival::Answered(absl::ResourceExhaustedError(absl::StrCat(
+        "generation ", w->generation, " of job ", Quote(w->job_id), " holds ", held,
+        " bytes of rendezvous state (keys, values, names, waiting calls and their bookkeeping); "
+        "waiting for ",
+        w->keys.size() == 1 ? absl::StrCat("key ", Quote(w->keys[0]))
+                            : absl::StrCat(w->keys.size(), " keys"),
+        " in ", Where(w->job_id, w->generation, w->scope), " (", w->bytes,
+        " bytes) would pass kMaxBytesPerGeneration = ", kMaxBytesPerGeneration,
+        ". Wait for fewer keys at once, or delete keys no longer needed (KvDelete)")));
+  }
+  gen->bytes += w->bytes;
+  ++gen->waiters;
+  w->wait_id = next_wait_id_++;
+  sc->key_waiters[w->keys[w->next]].insert(w.get());
+  KeyArrival out;
+  out.wait_id = w->wait_id;
+  out.deadline = deadline;
+  key_waits_.emplace(w->wait_id, std::move(w));
+  return out;
+}
+
+bool Rendezvous::KeysReadyLocked(const Scope* sc, KeyWait* w, KeyAnswer* value) const {
+  if (sc == nullptr) return false;
+  if (w->want_value) {
+    auto it = sc->kv.find(w->keys[0]);
+    if (it == sc->kv.end()) return false;
+    *value = it->second;
+    return true;
+  }
+  // keys[0..next) were set when last looked at; once the rest are, a final
+  // pass confirms that all are set at once (one may have been deleted).
+  while (w->next < w->keys.size() && sc->kv.contains(w->keys[w->next])) ++w->next;
+  if (w->next < w->keys.size()) return false;
+  w->next = 0;
+  while (w->next < w->keys.size() && sc->kv.contains(w->keys[w->next])) ++w->next;
+  if (w->next < w->keys.size()) return false;
+  *value = std::nullopt;
   return true;
 }
 
-Rendezvous::WaitResult Rendezvous::AwaitKeyLocked(absl::string_view job_id, uint64_t generation,
-                                                  absl::string_view scope, absl::string_view key,
-                                                  Waiter* w, absl::Time deadline) {
-  Scope* sc = EnsureScopeLocked(job_id, generation, scope);
-  w->notified = false;
-  sc->key_waiters[key].insert(w);
-  ++FindGenerationLocked(job_id, generation)->waiters;
-  if (SleepLocked(w, deadline)) {
-    if (!w->abort_message.empty()) return WaitResult::kAborted;
-    // The key was created; the generation may have ended since.
-    if (absl::Status live = CheckLiveLocked(job_id, generation); !live.ok()) {
-      w->abort_message = std::string(live.message());
-      return WaitResult::kAborted;
+absl::Status Rendezvous::GaveUpLocked(const Scope* sc, const KeyWait& w, bool cancelled) const {
+  const std::string where = Where(w.job_id, w.generation, w.scope);
+  if (w.want_value) {
+    if (cancelled) {
+      return absl::CancelledError(absl::StrCat("the caller cancelled while waiting for key ",
+                                               Quote(w.keys[0]), " in ", where));
     }
-    return WaitResult::kNotified;
+    return absl::DeadlineExceededError(absl::StrCat("key ", Quote(w.keys[0]), " in ", where,
+                                                    " was not set ", w.deadline_description));
   }
-  // Timed out while still registered, so the generation and scope are alive.
-  sc = FindScopeLocked(job_id, generation, scope);
-  auto waiting = sc->key_waiters.find(key);
-  waiting->second.erase(w);
-  if (waiting->second.empty()) sc->key_waiters.erase(waiting);
-  --FindGenerationLocked(job_id, generation)->waiters;
-  return WaitResult::kTimedOut;
+  std::string names;
+  size_t missing = 0;
+  for (const std::string& k : w.keys) {
+    if (sc != nullptr && sc->kv.contains(k)) continue;
+    if (++missing <= 16) absl::StrAppend(&names, names.empty() ? "" : ", ", Quote(k));
+  }
+  if (missing > 16) absl::StrAppend(&names, ", ...");
+  if (cancelled) {
+    return absl::CancelledError(absl::StrCat("the caller cancelled while waiting for ", missing,
+                                             " of ", w.keys.size(), " keys in ", where,
+                                             "; missing: ", names));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(missing, " of ", w.keys.size(), " keys in ",
+                                                  where, " were not set ",
+                                                  w.deadline_description, "; missing: ", names));
+}
+
+void Rendezvous::AnswerKeyWaitLocked(KeyWait* w, absl::StatusOr<KeyAnswer> answer) {
+  Done<KeyAnswer> done = std::move(w->done);
+  key_waits_.erase(w->wait_id);  // frees *w
+  done(std::move(answer));
 }
 
 void Rendezvous::AnswerBarrierWaitLocked(BarrierWait* w, absl::StatusOr<uint32_t> answer) {
-  BarrierDone done = std::move(w->done);
+  Done<uint32_t> done = std::move(w->done);
   barrier_waits_.erase(w->wait_id);  // frees *w
   done(std::move(answer));
 }
 
 void Rendezvous::OpenBarrierLocked(GenerationState* gen, BarrierState* b) {
-  std::vector<std::pair<uint64_t, Arrival*>> order;
+  std::vector<std::pair<uint64_t, Participant*>> order;
   order.reserve(b->arrived.size());
   for (auto& [id, arrival] : b->arrived) order.emplace_back(arrival.seq, &arrival);
   std::sort(order.begin(), order.end(),
@@ -322,14 +401,9 @@ void Rendezvous::OpenBarrierLocked(GenerationState* gen, BarrierState* b) {
 }
 
 void Rendezvous::AbortWaitersLocked(GenerationState* gen, const std::string& message) {
-  auto wake = [&](Waiter* w) {
-    w->notified = true;
-    w->abort_message = message;
-    w->cv.Signal();
-  };
   for (auto& [name, sc] : gen->scopes) {
     for (auto& [key, waiters] : sc->key_waiters) {
-      for (Waiter* w : waiters) wake(w);
+      for (KeyWait* w : waiters) AnswerKeyWaitLocked(w, absl::AbortedError(message));
     }
     sc->key_waiters.clear();
     for (auto& [barrier_name, b] : sc->barriers) {
@@ -363,11 +437,14 @@ absl::Status Rendezvous::Set(absl::string_view job_id, uint64_t generation, absl
 absl::StatusOr<std::optional<std::string>> Rendezvous::Get(
     absl::string_view job_id, uint64_t generation, absl::string_view scope, absl::string_view key,
     bool wait, std::optional<absl::Duration> timeout, absl::Time rpc_deadline) {
+  if (wait) {
+    return BlockOn<KeyAnswer>(this, [&](Done<KeyAnswer> done) {
+      return AwaitKey(job_id, generation, scope, key, timeout, rpc_deadline, std::move(done));
+    });
+  }
   if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return s;
   if (absl::Status s = ValidateName("key", key); !s.ok()) return s;
-  absl::StatusOr<absl::Duration> resolved = ResolveTimeout(timeout);
-  if (!resolved.ok()) return resolved.status();
-  const Deadline deadline = Deadline::From(*resolved, rpc_deadline);
+  if (absl::StatusOr<absl::Duration> t = ResolveTimeout(timeout); !t.ok()) return t.status();
 
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
@@ -375,26 +452,64 @@ absl::StatusOr<std::optional<std::string>> Rendezvous::Get(
     if (auto it = sc->kv.find(key); it != sc->kv.end())
       return std::optional<std::string>(it->second);
   }
-  if (!wait) return std::optional<std::string>();
+  return std::optional<std::string>();
+}
 
-  Waiter w;
-  for (;;) {
-    switch (AwaitKeyLocked(job_id, generation, scope, key, &w, deadline.at)) {
-      case WaitResult::kAborted:
-        return absl::AbortedError(w.abort_message);
-      case WaitResult::kTimedOut:
-        MaybeEraseScopeLocked(job_id, generation, scope);
-        return absl::DeadlineExceededError(absl::StrCat("key ", Quote(key), " in ",
-                                                        Where(job_id, generation, scope),
-                                                        " was not set ", deadline.Describe()));
-      case WaitResult::kNotified:
-        if (const Scope* sc = FindScopeLocked(job_id, generation, scope); sc != nullptr) {
-          if (auto it = sc->kv.find(key); it != sc->kv.end())
-            return std::optional<std::string>(it->second);
-        }
-        break;  // deleted again before this call woke up: keep waiting
-    }
+Rendezvous::KeyArrival Rendezvous::AwaitKey(absl::string_view job_id, uint64_t generation,
+                                            absl::string_view scope, absl::string_view key,
+                                            std::optional<absl::Duration> timeout,
+                                            absl::Time rpc_deadline, Done<KeyAnswer> done) {
+  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return KeyArrival::Answered(s);
+  if (absl::Status s = ValidateName("key", key); !s.ok()) return KeyArrival::Answered(s);
+  absl::StatusOr<absl::Duration> resolved = ResolveTimeout(timeout);
+  if (!resolved.ok()) return KeyArrival::Answered(resolved.status());
+  const Deadline deadline = Deadline::From(*resolved, rpc_deadline);
+  auto w = std::make_unique<KeyWait>();
+  w->done = std::move(done);
+  w->job_id = std::string(job_id);
+  w->generation = generation;
+  w->scope = std::string(scope);
+  w->keys.emplace_back(key);
+  w->want_value = true;
+  w->bytes = kKeyWaitOverheadBytes + kWaitedKeyOverheadBytes + static_cast<int64_t>(key.size());
+  w->deadline_description = deadline.Describe();
+
+  absl::MutexLock lock(&mu_);
+  return StartKeyWaitLocked(std::move(w), deadline.at);
+}
+
+Rendezvous::KeyArrival Rendezvous::AwaitKeys(absl::string_view job_id, uint64_t generation,
+                                             absl::string_view scope,
+                                             std::vector<std::string> keys,
+                                             std::optional<absl::Duration> timeout,
+                                             absl::Time rpc_deadline, Done<KeyAnswer> done) {
+  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return KeyArrival::Answered(s);
+  if (keys.empty() || keys.size() > kMaxKeysPerRequest) {
+    return KeyArrival::Answered(absl::InvalidArgumentError(
+        absl::StrCat("keys has ", keys.size(), " entries; KvWait needs 1..", kMaxKeysPerRequest,
+                     " (kMaxKeysPerRequest)")));
   }
+  int64_t bytes = kKeyWaitOverheadBytes;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status s = ValidateName(absl::StrCat("keys[", i, "]"), keys[i]); !s.ok()) {
+      return KeyArrival::Answered(s);
+    }
+    bytes += kWaitedKeyOverheadBytes + static_cast<int64_t>(keys[i].size());
+  }
+  absl::StatusOr<absl::Duration> resolved = ResolveTimeout(timeout);
+  if (!resolved.ok()) return KeyArrival::Answered(resolved.status());
+  const Deadline deadline = Deadline::From(*resolved, rpc_deadline);
+  auto w = std::make_unique<KeyWait>();
+  w->done = std::move(done);
+  w->job_id = std::string(job_id);
+  w->generation = generation;
+  w->scope = std::string(scope);
+  w->keys = std::move(keys);
+  w->bytes = bytes;
+  w->deadline_description = deadline.Describe();
+
+  absl::MutexLock lock(&mu_);
+  return StartKeyWaitLocked(std::move(w), deadline.at);
 }
 
 absl::StatusOr<int64_t> Rendezvous::Add(absl::string_view job_id, uint64_t generation,
@@ -475,60 +590,12 @@ absl::StatusOr<Rendezvous::CasResult> Rendezvous::CompareAndSet(
 absl::Status Rendezvous::Wait(absl::string_view job_id, uint64_t generation,
                               absl::string_view scope, const std::vector<std::string>& keys,
                               std::optional<absl::Duration> timeout, absl::Time rpc_deadline) {
-  if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return s;
-  if (keys.empty() || keys.size() > kMaxKeysPerRequest) {
-    return absl::InvalidArgumentError(absl::StrCat("keys has ", keys.size(),
-                                                   " entries; KvWait needs 1..", kMaxKeysPerRequest,
-                                                   " (kMaxKeysPerRequest)"));
-  }
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (absl::Status s = ValidateName(absl::StrCat("keys[", i, "]"), keys[i]); !s.ok()) return s;
-  }
-  absl::StatusOr<absl::Duration> resolved = ResolveTimeout(timeout);
-  if (!resolved.ok()) return resolved.status();
-  const Deadline deadline = Deadline::From(*resolved, rpc_deadline);
-
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLiveLocked(job_id, generation); !s.ok()) return s;
-  // keys[0..next) were present when last looked at; a final pass confirms
-  // that all are present at once (a key may have been deleted meanwhile).
-  size_t next = 0;
-  Waiter w;
-  for (;;) {
-    const Scope* sc = FindScopeLocked(job_id, generation, scope);
-    if (sc != nullptr) {
-      while (next < keys.size() && sc->kv.contains(keys[next])) ++next;
-    }
-    if (next == keys.size()) {
-      next = 0;
-      while (next < keys.size() && sc->kv.contains(keys[next])) ++next;
-      if (next == keys.size()) return absl::OkStatus();
-    }
-    switch (AwaitKeyLocked(job_id, generation, scope, keys[next], &w, deadline.at)) {
-      case WaitResult::kAborted:
-        return absl::AbortedError(w.abort_message);
-      case WaitResult::kTimedOut: {
-        sc = FindScopeLocked(job_id, generation, scope);
-        std::vector<absl::string_view> missing;
-        size_t missing_count = 0;
-        for (const std::string& k : keys) {
-          if (sc != nullptr && sc->kv.contains(k)) continue;
-          if (++missing_count <= 16) missing.push_back(k);
-        }
-        std::string names;
-        for (absl::string_view k : missing) {
-          absl::StrAppend(&names, names.empty() ? "" : ", ", Quote(k));
-        }
-        if (missing_count > missing.size()) absl::StrAppend(&names, ", ...");
-        MaybeEraseScopeLocked(job_id, generation, scope);
-        return absl::DeadlineExceededError(absl::StrCat(
-            missing_count, " of ", keys.size(), " keys in ", Where(job_id, generation, scope),
-            " were not set ", deadline.Describe(), "; missing: ", names));
-      }
-      case WaitResult::kNotified:
-        break;
-    }
-  }
+  return BlockOn<KeyAnswer>(this,
+                            [&](Done<KeyAnswer> done) {
+                              return AwaitKeys(job_id, generation, scope, keys, timeout,
+                                               rpc_deadline, std::move(done));
+                            })
+      .status();
 }
 
 absl::StatusOr<bool> Rendezvous::Delete(absl::string_view job_id, uint64_t generation,
@@ -569,31 +636,17 @@ absl::StatusOr<uint32_t> Rendezvous::Barrier(absl::string_view job_id, uint64_t 
                                              uint32_t participants,
                                              std::optional<absl::Duration> timeout,
                                              absl::Time rpc_deadline) {
-  // Both outlive the wait: the answer comes through `done` (with the lock
-  // held) or WithdrawBarrierWait, never after it.
-  absl::Notification woken;
-  absl::StatusOr<uint32_t> answer = absl::UnknownError("");
-  BarrierArrival arrival = BarrierArrive(job_id, generation, scope, name, participant_id,
-                                         participants, timeout, rpc_deadline,
-                                         [&](absl::StatusOr<uint32_t> a) {
-                                           answer = std::move(a);
-                                           woken.Notify();
-                                         });
-  if (arrival.answer.has_value()) return *std::move(arrival.answer);
-  woken.WaitForNotificationWithDeadline(arrival.deadline);
-  if (std::optional<absl::Status> gave_up = WithdrawBarrierWait(arrival.wait_id)) return *gave_up;
-  return answer;  // answered before the withdrawal
+  return BlockOn<uint32_t>(this, [&](Done<uint32_t> done) {
+    return BarrierArrive(job_id, generation, scope, name, participant_id, participants, timeout,
+                         rpc_deadline, std::move(done));
+  });
 }
 
 Rendezvous::BarrierArrival Rendezvous::BarrierArrive(
     absl::string_view job_id, uint64_t generation, absl::string_view scope, absl::string_view name,
     absl::string_view participant_id, uint32_t participants,
-    std::optional<absl::Duration> timeout, absl::Time rpc_deadline, BarrierDone done) {
-  auto answer = [](absl::StatusOr<uint32_t> a) {
-    BarrierArrival out;
-    out.answer = std::move(a);
-    return out;
-  };
+    std::optional<absl::Duration> timeout, absl::Time rpc_deadline, Done<uint32_t> done) {
+  auto answer = [](absl::StatusOr<uint32_t> a) { return BarrierArrival::Answered(std::move(a)); };
   if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return answer(s);
   if (absl::Status s = ValidateName("name", name); !s.ok()) return answer(s);
   if (participant_id.empty()) {
@@ -650,7 +703,7 @@ Rendezvous::BarrierArrival Rendezvous::BarrierArrive(
         !s.ok()) {
       return answer(s);
     }
-    it = b->arrived.emplace(std::string(participant_id), Arrival{b->next_seq++, 0, 0}).first;
+    it = b->arrived.emplace(std::string(participant_id), Participant{b->next_seq++, 0, 0}).first;
     if (b->arrived.size() == b->participants) {
       OpenBarrierLocked(FindGenerationLocked(job_id, generation), b);
       return answer(b->arrived.find(participant_id)->second.position);
@@ -658,7 +711,7 @@ Rendezvous::BarrierArrival Rendezvous::BarrierArrive(
   }
   ++it->second.waiting_calls;
   BarrierArrival out;
-  out.wait_id = next_barrier_wait_++;
+  out.wait_id = next_wait_id_++;
   out.deadline = deadline.at;
   auto wait = std::make_unique<BarrierWait>();
   wait->job_id = std::string(job_id);
@@ -677,12 +730,38 @@ Rendezvous::BarrierArrival Rendezvous::BarrierArrive(
   return out;
 }
 
-std::optional<absl::Status> Rendezvous::WithdrawBarrierWait(uint64_t wait_id, bool cancelled) {
+std::optional<absl::Status> Rendezvous::Withdraw(uint64_t wait_id, bool cancelled) {
   absl::MutexLock lock(&mu_);
-  auto found = barrier_waits_.find(wait_id);
-  if (found == barrier_waits_.end()) return std::nullopt;  // answered through `done`
-  std::unique_ptr<BarrierWait> wait = std::move(found->second);
-  barrier_waits_.erase(found);
+  if (auto found = key_waits_.find(wait_id); found != key_waits_.end()) {
+    std::unique_ptr<KeyWait> w = std::move(found->second);
+    key_waits_.erase(found);
+    return WithdrawKeyWaitLocked(std::move(w), cancelled);
+  }
+  if (auto found = barrier_waits_.find(wait_id); found != barrier_waits_.end()) {
+    std::unique_ptr<BarrierWait> w = std::move(found->second);
+    barrier_waits_.erase(found);
+    return WithdrawBarrierWaitLocked(std::move(w), cancelled);
+  }
+  return std::nullopt;  // answered through `done`
+}
+
+absl::Status Rendezvous::WithdrawKeyWaitLocked(std::unique_ptr<KeyWait> w, bool cancelled) {
+  // Still registered (a write or an abort would have answered it), so the
+  // generation and scope are alive.
+  Scope* sc = FindScopeLocked(w->job_id, w->generation, w->scope);
+  GenerationState* gen = FindGenerationLocked(w->job_id, w->generation);
+  auto waiting = sc->key_waiters.find(w->keys[w->next]);
+  waiting->second.erase(w.get());
+  if (waiting->second.empty()) sc->key_waiters.erase(waiting);
+  --gen->waiters;
+  gen->bytes -= w->bytes;
+  absl::Status answer = GaveUpLocked(sc, *w, cancelled);
+  MaybeEraseScopeLocked(w->job_id, w->generation, w->scope);
+  return answer;
+}
+
+absl::Status Rendezvous::WithdrawBarrierWaitLocked(std::unique_ptr<BarrierWait> wait,
+                                                   bool cancelled) {
   const BarrierWait& a = *wait;
   // Still registered (opening or aborting would have answered it), so the
   // generation and barrier are alive.

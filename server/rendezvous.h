@@ -35,10 +35,17 @@
 // resurrect dropped state; ForgetJob drops even that record, for a job the
 // coordinator deleted (whose fences can never pass again).
 //
-// Time. Timeouts are durations of real time (absl::Now()): a blocked call
-// sleeps on a condition variable until the key appears, the generation ends,
-// or real time passes its deadline. The Clock is used only for timestamps
-// (Usage::last_write); advancing a FakeClock never ends a wait.
+// Waiting. A call that waits (Get with wait, Wait, Barrier) is a record
+// registered under the one key (or barrier) it waits for, not a thread: the
+// write that creates the key (the arrival that opens the barrier) answers it
+// at once, under the lock. Servers use the asynchronous forms (AwaitKey,
+// AwaitKeys, BarrierArrive: an answer callback and Withdraw), so a waiting
+// RPC holds no thread; the blocking forms are those plus a wait.
+//
+// Time. Timeouts are durations of real time (absl::Now()): a waiting call
+// ends when the key appears, the generation ends, or real time passes its
+// deadline. The Clock is used only for timestamps (Usage::last_write);
+// advancing a FakeClock never ends a wait.
 //
 // Errors common to every method that takes (job_id, generation, scope):
 //   InvalidArgument: job_id is empty; scope is longer than kMaxScopeBytes.
@@ -48,10 +55,10 @@
 // Each method's comment lists its other errors. Argument checks
 // (InvalidArgument) come before state checks (Aborted, then the rest).
 //
-// Thread-safety: thread-safe. One mutex guards all state; blocked calls wait
-// on their own condition variable, registered under the one key (or barrier)
-// they wait for, so a write wakes only the calls waiting for that key. No
-// call-outs (Clock included) while holding the mutex.
+// Thread-safety: thread-safe. One mutex guards all state; a write touches
+// only the calls waiting for the key it creates. No call-outs (Clock
+// included) while holding the mutex, except the answer callbacks of the
+// asynchronous forms (documented at AwaitKey).
 #ifndef SHARDLINE_SERVER_RENDEZVOUS_H_
 #define SHARDLINE_SERVER_RENDEZVOUS_H_
 
@@ -114,6 +121,17 @@ inline constexpr int64_t kKeyOverheadBytes = 208;
 inline constexpr int64_t kScopeOverheadBytes = 384;
 inline constexpr int64_t kBarrierOverheadBytes = 320;
 inline constexpr int64_t kArrivalOverheadBytes = 112;
+// A waiting Get or Wait is charged too while it waits (so that waiting
+// calls, which hold no thread, are bounded by the same budget): its keys'
+// bytes, kWaitedKeyOverheadBytes per key (the std::string in its list and
+// its heap buffer) and kKeyWaitOverheadBytes (the wait record, its copies
+// of job id, scope and deadline text, its slot in the wait index, the
+// waited key's entry in the scope's map of waiters and its set). Measured
+// as above with a 21-byte job id: 60k one-key waits on distinct ~20-byte
+// keys cost 645 bytes each (charged 724), 60k on one key 393 each; 1000
+// waits of 1000 ~20-byte keys 64 bytes a key (charged 84).
+inline constexpr int64_t kKeyWaitOverheadBytes = 640;
+inline constexpr int64_t kWaitedKeyOverheadBytes = 64;
 inline constexpr absl::Duration kDefaultWaitTimeout = absl::Seconds(300);
 inline constexpr absl::Duration kMaxWaitTimeout = absl::Seconds(3600);
 
@@ -133,7 +151,7 @@ class Rendezvous {
     // scope and barrier names, participant ids and the overheads above.
     int64_t bytes = 0;
     int64_t barriers = 0;  // barriers created (open or not)
-    int64_t waiters = 0;   // calls blocked right now (Get with wait, Wait, Barrier)
+    int64_t waiters = 0;   // calls waiting right now (Get with wait, Wait, Barrier)
     absl::Time last_write = absl::InfinitePast();  // Clock time of the last successful write
   };
 
@@ -143,12 +161,48 @@ class Rendezvous {
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
 
-  // Timeouts (`timeout` of Get, Wait, Barrier): nullopt (unset in the proto)
-  // means kDefaultWaitTimeout; 0 means check once without blocking. A
-  // blocking call ends with DeadlineExceeded at the earlier of now + timeout
-  // and `rpc_deadline` (the gRPC deadline, absl::Now() time; pass
-  // absl::InfiniteFuture() when there is none). InvalidArgument: timeout < 0
-  // or > kMaxWaitTimeout.
+  // Timeouts (`timeout` of Get, Wait, Barrier and their asynchronous
+  // forms): nullopt (unset in the proto) means kDefaultWaitTimeout; 0 means
+  // check once without waiting. A waiting call ends with DeadlineExceeded
+  // at the earlier of now + timeout and `rpc_deadline` (the gRPC deadline,
+  // absl::Now() time; pass absl::InfiniteFuture() when there is none).
+  // InvalidArgument: timeout < 0 or > kMaxWaitTimeout.
+  //
+  // The asynchronous forms (AwaitKey, AwaitKeys, BarrierArrive), for
+  // servers that answer from callbacks (server/rpc/rendezvous_service.cc),
+  // do what the blocking call does and answer the same. When the answer is
+  // known at once (the key is set, the barrier opened, an error, or
+  // timeout 0 and nothing to wait for), it is in Arrival::answer and `done`
+  // is dropped. Otherwise the call waits (Arrival::wait_id), and exactly
+  // one of these ends it:
+  //   * `done` is called with the answer, *with the Rendezvous's lock held*
+  //     (so it must only hand the answer on, e.g. finish an RPC, and never
+  //     call into the Rendezvous or wait for a lock that is held while
+  //     calling it): when the keys are set or the barrier opens, or Aborted
+  //     when the generation ends (the blocking call's messages);
+  //   * Withdraw(wait_id) before that, which the caller must call at
+  //     Arrival::deadline (real time: the earlier of now + timeout and
+  //     rpc_deadline) or when it gives up (cancelled).
+  // Each blocking call is its asynchronous form and a wait for `done` until
+  // the deadline, then Withdraw.
+  template <typename T>
+  using Done = std::function<void(absl::StatusOr<T>)>;
+  template <typename T>
+  struct Arrival {
+    std::optional<absl::StatusOr<T>> answer;  // set: answered at once
+    uint64_t wait_id = 0;                     // else: the waiting call
+    absl::Time deadline;                      // ... and when to withdraw it
+
+    static Arrival Answered(absl::StatusOr<T> a) {
+      Arrival out;
+      out.answer = std::move(a);
+      return out;
+    }
+  };
+  // Get's and Wait's answer: the key's value (AwaitKey); nullopt (AwaitKeys).
+  using KeyAnswer = std::optional<std::string>;
+  using KeyArrival = Arrival<KeyAnswer>;
+  using BarrierArrival = Arrival<uint32_t>;
 
   // Stores `value` under `key`, overwriting any previous value, and wakes
   // the calls waiting for `key`. Errors:
@@ -169,6 +223,8 @@ class Rendezvous {
   //     when wait = false.
   //   DeadlineExceeded: wait = true and the key was not set in time; the
   //     message names the key, scope and how long it waited.
+  //   ResourceExhausted: wait = true, the key is missing, and the waiting
+  //     call (see kKeyWaitOverheadBytes) would pass kMaxBytesPerGeneration.
   absl::StatusOr<std::optional<std::string>> Get(
       absl::string_view job_id, uint64_t generation, absl::string_view scope, absl::string_view key,
       bool wait, std::optional<absl::Duration> timeout = std::nullopt,
@@ -207,10 +263,23 @@ class Rendezvous {
   //     names i); timeout (see above).
   //   DeadlineExceeded: some keys still missing; the message names the
   //     first 16 missing keys and how many are missing.
+  //   ResourceExhausted: some keys are missing, and the waiting call (its
+  //     keys, see kKeyWaitOverheadBytes) would pass kMaxBytesPerGeneration.
   absl::Status Wait(absl::string_view job_id, uint64_t generation, absl::string_view scope,
                     const std::vector<std::string>& keys,
                     std::optional<absl::Duration> timeout = std::nullopt,
                     absl::Time rpc_deadline = absl::InfiniteFuture()) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Get with wait = true and Wait without blocking a thread (see "The
+  // asynchronous forms" above): the same checks, answers and errors. A
+  // waiting call's Withdraw answers DeadlineExceeded as the blocking call
+  // would, or Cancelled ("the caller cancelled while waiting ...").
+  KeyArrival AwaitKey(absl::string_view job_id, uint64_t generation, absl::string_view scope,
+                      absl::string_view key, std::optional<absl::Duration> timeout,
+                      absl::Time rpc_deadline, Done<KeyAnswer> done) ABSL_LOCKS_EXCLUDED(mu_);
+  KeyArrival AwaitKeys(absl::string_view job_id, uint64_t generation, absl::string_view scope,
+                       std::vector<std::string> keys, std::optional<absl::Duration> timeout,
+                       absl::Time rpc_deadline, Done<KeyAnswer> done) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Deletes `key`; returns true when it existed (deleting a missing key is
   // not an error). Frees its bytes and its slot in the scope. Errors:
@@ -253,38 +322,21 @@ class Rendezvous {
                                    absl::Time rpc_deadline = absl::InfiniteFuture())
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Barrier without blocking a thread, for servers that answer from
-  // callbacks (server/rpc/rendezvous_service.cc): the same arrival, checks,
-  // answers and errors. When the answer is known at once (the barrier
-  // opened with this arrival or before it, or an error), it is in `answer`
-  // and `done` is dropped. Otherwise the arrival waits, and exactly one of
-  // these ends it:
-  //   * `done` is called with the answer, *with the Rendezvous's lock held*
-  //     (so it must only hand the answer on, e.g. finish an RPC, and never
-  //     call into the Rendezvous or wait for a lock that is held while
-  //     calling it): the position when the barrier opens, Aborted when the
-  //     generation ends (Barrier's messages);
-  //   * WithdrawBarrierWait(wait_id) before that, which the caller must call
-  //     at `deadline` (real time: the earlier of now + timeout and
-  //     rpc_deadline) or when it gives up.
-  // Barrier itself is BarrierArrive and a wait for `done` until `deadline`.
-  using BarrierDone = std::function<void(absl::StatusOr<uint32_t>)>;
-  struct BarrierArrival {
-    std::optional<absl::StatusOr<uint32_t>> answer;
-    uint64_t wait_id = 0;
-    absl::Time deadline;
-  };
+  // Barrier without blocking a thread (see "The asynchronous forms"
+  // above): the same arrival, checks, answers and errors.
   BarrierArrival BarrierArrive(absl::string_view job_id, uint64_t generation,
                                absl::string_view scope, absl::string_view name,
                                absl::string_view participant_id, uint32_t participants,
                                std::optional<absl::Duration> timeout, absl::Time rpc_deadline,
-                               BarrierDone done) ABSL_LOCKS_EXCLUDED(mu_);
-  // Withdraws the waiting arrival `wait_id` as a timed-out Barrier's is and
-  // returns its answer: DeadlineExceeded (the message as Barrier's), or
-  // Cancelled ("the caller cancelled while waiting") when `cancelled`.
-  // nullopt when `done` was already called (or `wait_id` is unknown):
-  // nothing is changed.
-  std::optional<absl::Status> WithdrawBarrierWait(uint64_t wait_id, bool cancelled = false)
+                               Done<uint32_t> done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Withdraws the waiting call `wait_id` (of AwaitKey, AwaitKeys or
+  // BarrierArrive) as a timed-out blocking call is withdrawn, and returns
+  // its answer: DeadlineExceeded (the blocking call's message), or
+  // Cancelled (the message says the caller cancelled while waiting) when
+  // `cancelled`. nullopt when `done` was already called (or `wait_id` is
+  // unknown): nothing is changed.
+  std::optional<absl::Status> Withdraw(uint64_t wait_id, bool cancelled = false)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends `generation` and every older generation of `job_id`: drops their
@@ -318,17 +370,25 @@ class Rendezvous {
   void ForgetJob(absl::string_view job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // A blocked call: lives on its caller's stack, registered (by pointer)
-  // under the key or barrier it waits for. The fields are guarded by mu_.
-  struct Waiter {
-    absl::CondVar cv;
-    bool notified = false;      // set (and deregistered) by whoever woke it
-    std::string abort_message;  // non-empty: its generation ended
+  // A waiting Get or Wait (AwaitKey, AwaitKeys; the blocking forms too),
+  // registered under keys[next], the first key found missing, until
+  // answered through `done` or withdrawn.
+  struct KeyWait {
+    Done<KeyAnswer> done;
+    uint64_t wait_id = 0;
+    std::string job_id;
+    uint64_t generation = 0;
+    std::string scope;
+    std::vector<std::string> keys;  // AwaitKey: the one key
+    bool want_value = false;        // AwaitKey: answer the key's value
+    size_t next = 0;
+    int64_t bytes = 0;                 // charged while it waits
+    std::string deadline_description;  // "within the timeout of 5s" ...
   };
   // A waiting barrier arrival (BarrierArrive; Barrier too), until answered
   // through `done` or withdrawn.
   struct BarrierWait {
-    BarrierDone done;
+    Done<uint32_t> done;
     uint64_t wait_id = 0;
     std::string job_id;
     uint64_t generation = 0;
@@ -337,16 +397,16 @@ class Rendezvous {
     std::string description;           // "barrier 'x' in ..."
     std::string deadline_description;  // "within the timeout of 5s" ...
   };
-  struct Arrival {
+  struct Participant {
     uint64_t seq = 0;       // order of arrival (withdrawn ones leave gaps)
-    int waiting_calls = 0;  // calls of this participant blocked right now
+    int waiting_calls = 0;  // calls of this participant waiting right now
     uint32_t position = 0;  // valid once the barrier is open
   };
   struct BarrierState {
     uint32_t participants = 0;
     bool open = false;
     uint64_t next_seq = 0;
-    absl::flat_hash_map<std::string, Arrival> arrived;  // by participant_id
+    absl::flat_hash_map<std::string, Participant> arrived;  // by participant_id
     absl::flat_hash_set<BarrierWait*> waiters;
   };
   struct Scope {
@@ -354,9 +414,9 @@ class Rendezvous {
     // (while it holds keys or barriers).
     bool charged = false;
     absl::flat_hash_map<std::string, std::string> kv;
-    // Waiters by the missing key they wait for; an entry is removed whole
-    // when the key is created.
-    absl::flat_hash_map<std::string, absl::flat_hash_set<Waiter*>> key_waiters;
+    // Waiting Gets and Waits by the missing key they wait for; an entry is
+    // removed whole when the key is created.
+    absl::flat_hash_map<std::string, absl::flat_hash_set<KeyWait*>> key_waiters;
     absl::flat_hash_map<std::string, std::unique_ptr<BarrierState>> barriers;
   };
   struct GenerationState {
@@ -373,7 +433,6 @@ class Rendezvous {
     bool dropped = false;
     absl::flat_hash_map<uint64_t, std::unique_ptr<GenerationState>> generations;
   };
-  enum class WaitResult { kNotified, kTimedOut, kAborted };
   // Generations taken out under mu_, freed when this goes out of scope
   // (declare it before the MutexLock, so after unlocking). Freeing at least
   // kTrimAfterFreeingBytes (charged) returns free heap pages to the system
@@ -408,29 +467,45 @@ class Rendezvous {
   absl::Status StoreLocked(GenerationState* gen, Scope* sc, absl::string_view job_id,
                            uint64_t generation, absl::string_view scope, absl::string_view key,
                            std::string value, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Registers `w` for `key` and sleeps until notified, aborted or `deadline`
-  // (real time). Leaves `w` deregistered; on kNotified/kTimedOut the scope
-  // still exists (the caller erases it if empty).
-  WaitResult AwaitKeyLocked(absl::string_view job_id, uint64_t generation, absl::string_view scope,
-                            absl::string_view key, Waiter* w, absl::Time deadline)
+  // Starts the wait `w` (job_id, generation, scope and keys filled in):
+  // answers at once when its keys are set, or when its deadline has passed;
+  // else charges it and registers it under its first missing key.
+  KeyArrival StartKeyWaitLocked(std::unique_ptr<KeyWait> w, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sleeps until `w` is notified or `deadline` passes; true when notified.
-  bool SleepLocked(Waiter* w, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every key of `w` is set in `sc` (may be null) now; the answer in
+  // *value (AwaitKey: the key's value). Else w->next is a missing key.
+  bool KeysReadyLocked(const Scope* sc, KeyWait* w, KeyAnswer* value) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answer of a wait that gave up: DeadlineExceeded naming what is still
+  // missing in `sc` (may be null), or Cancelled.
+  absl::Status GaveUpLocked(const Scope* sc, const KeyWait& w, bool cancelled) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls w->done with `answer` and forgets the wait (frees *w); the caller
+  // has deregistered it and refunded its charge.
+  void AnswerKeyWaitLocked(KeyWait* w, absl::StatusOr<KeyAnswer> answer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Withdraw's halves.
+  absl::Status WithdrawKeyWaitLocked(std::unique_ptr<KeyWait> w, bool cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WithdrawBarrierWaitLocked(std::unique_ptr<BarrierWait> w, bool cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls w->done with `answer` and forgets the wait (frees *w).
   void AnswerBarrierWaitLocked(BarrierWait* w, absl::StatusOr<uint32_t> answer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Assigns positions and answers the barrier's waiting arrivals.
   void OpenBarrierLocked(GenerationState* gen, BarrierState* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Wakes every waiter of `gen` (and answers every waiting barrier arrival)
-  // with `message` (Aborted) and deregisters them.
+  // Answers every waiting call of `gen` with `message` (Aborted) and
+  // deregisters them.
   void AbortWaitersLocked(GenerationState* gen, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;  // Not owned.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
+  // Waiting calls by wait_id (one sequence for both kinds).
+  absl::flat_hash_map<uint64_t, std::unique_ptr<KeyWait>> key_waits_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::unique_ptr<BarrierWait>> barrier_waits_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_barrier_wait_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace shardline::server

@@ -642,7 +642,7 @@ TEST_F(RendezvousTest, BarrierArriveHoldsNoThreadAndAnswersEachWaiterOnce) {
     ASSERT_TRUE(answers[i][0].ok()) << answers[i][0].status();
     EXPECT_EQ(*answers[i][0], i);
     // Answered: a withdrawal changes nothing.
-    EXPECT_FALSE(rv_.WithdrawBarrierWait(waiting[i].wait_id).has_value());
+    EXPECT_FALSE(rv_.Withdraw(waiting[i].wait_id).has_value());
   }
   // A late arrival of a counted participant is answered at once.
   Rendezvous::BarrierArrival again = rv_.BarrierArrive(
@@ -663,20 +663,20 @@ TEST_F(RendezvousTest, BarrierWaitWithdrawnBeforeItsAnswerIsNeverAnswered) {
   // The deadline the caller keeps: now + the timeout (real time).
   EXPECT_GE(a.deadline, before + absl::Milliseconds(50));
   EXPECT_LE(a.deadline, absl::Now() + absl::Milliseconds(50));
-  std::optional<absl::Status> late = rv_.WithdrawBarrierWait(a.wait_id);
+  std::optional<absl::Status> late = rv_.Withdraw(a.wait_id);
   ASSERT_TRUE(late.has_value());
   EXPECT_EQ(late->code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(late->message(), HasSubstr("barrier \"init\""));
   EXPECT_THAT(late->message(), HasSubstr("did not open within the timeout of 50ms"));
   EXPECT_THAT(late->message(), HasSubstr("1 of 2 participants had arrived"));
   EXPECT_EQ(rv_.GetUsage(kJob, 1).waiters, 0);
-  EXPECT_FALSE(rv_.WithdrawBarrierWait(a.wait_id).has_value());  // once
+  EXPECT_FALSE(rv_.Withdraw(a.wait_id).has_value());  // once
 
   // A cancelled wait is withdrawn too, and says so.
   Rendezvous::BarrierArrival b = rv_.BarrierArrive(
       kJob, 1, "", "init", "w1", 2, absl::Seconds(5), absl::InfiniteFuture(), count);
   ASSERT_FALSE(b.answer.has_value());
-  std::optional<absl::Status> cancelled = rv_.WithdrawBarrierWait(b.wait_id, /*cancelled=*/true);
+  std::optional<absl::Status> cancelled = rv_.Withdraw(b.wait_id, /*cancelled=*/true);
   ASSERT_TRUE(cancelled.has_value());
   EXPECT_EQ(cancelled->code(), absl::StatusCode::kCancelled);
   EXPECT_THAT(cancelled->message(), HasSubstr("the caller cancelled while waiting"));
@@ -705,7 +705,181 @@ TEST_F(RendezvousTest, BarrierWaitOfAnEndedGenerationIsAnsweredAborted) {
   ASSERT_EQ(answers.size(), 1u);
   EXPECT_EQ(answers[0].status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(answers[0].status().message(), HasSubstr("ended while this call waited"));
-  EXPECT_FALSE(rv_.WithdrawBarrierWait(a.wait_id).has_value());
+  EXPECT_FALSE(rv_.Withdraw(a.wait_id).has_value());
+}
+
+TEST_F(RendezvousTest, AwaitKeyHoldsNoThreadAndIsAnsweredByTheWriteThatSetsIt) {
+  // Known at once: the key is set.
+  ASSERT_TRUE(rv_.Set(kJob, 1, "tp/0", "id", "early").ok());
+  Rendezvous::KeyArrival now = rv_.AwaitKey(
+      kJob, 1, "tp/0", "id", absl::Seconds(5), absl::InfiniteFuture(),
+      [](absl::StatusOr<Rendezvous::KeyAnswer>) { ADD_FAILURE() << "answered twice"; });
+  ASSERT_TRUE(now.answer.has_value());
+  ASSERT_TRUE(now.answer->ok()) << now.answer->status();
+  EXPECT_EQ(**now.answer, std::optional<std::string>("early"));
+
+  // Three calls wait for a missing key; the Set answers each exactly once,
+  // with the value, and refunds what they were charged.
+  const int64_t bytes_before = rv_.GetUsage(kJob, 1).bytes;
+  std::vector<std::vector<absl::StatusOr<Rendezvous::KeyAnswer>>> answers(3);
+  std::vector<Rendezvous::KeyArrival> waiting;
+  for (int i = 0; i < 3; ++i) {
+    waiting.push_back(rv_.AwaitKey(kJob, 1, "tp/0", "late", absl::Seconds(5),
+                                   absl::InfiniteFuture(),
+                                   [&answers, i](absl::StatusOr<Rendezvous::KeyAnswer> a) {
+                                     answers[i].push_back(std::move(a));
+                                   }));
+    ASSERT_FALSE(waiting.back().answer.has_value());
+    EXPECT_NE(waiting.back().wait_id, 0u);
+  }
+  Rendezvous::Usage usage = rv_.GetUsage(kJob, 1);
+  EXPECT_EQ(usage.waiters, 3);
+  EXPECT_EQ(usage.bytes - bytes_before,
+            3 * (kKeyWaitOverheadBytes + kWaitedKeyOverheadBytes + 4));  // "late"
+  ASSERT_TRUE(rv_.Set(kJob, 1, "tp/0", "late", "v").ok());
+  usage = rv_.GetUsage(kJob, 1);
+  EXPECT_EQ(usage.waiters, 0);
+  // Only the new key's own charge remains.
+  EXPECT_EQ(usage.bytes - bytes_before, 4 + 1 + kKeyOverheadBytes);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(answers[i].size(), 1u) << i;
+    ASSERT_TRUE(answers[i][0].ok()) << answers[i][0].status();
+    EXPECT_EQ(*answers[i][0], std::optional<std::string>("v"));
+    EXPECT_FALSE(rv_.Withdraw(waiting[i].wait_id).has_value());  // already answered
+  }
+}
+
+TEST_F(RendezvousTest, AwaitKeysIsAnsweredOnlyWhenEveryKeyIsSetAtOnce) {
+  int answered = 0;
+  absl::StatusOr<Rendezvous::KeyAnswer> got = absl::UnknownError("not answered");
+  Rendezvous::KeyArrival a = rv_.AwaitKeys(
+      kJob, 1, "", {"a", "b", "a", "c"}, absl::Seconds(5), absl::InfiniteFuture(),
+      [&](absl::StatusOr<Rendezvous::KeyAnswer> r) {
+        ++answered;
+        got = std::move(r);
+      });
+  ASSERT_FALSE(a.answer.has_value());
+  ASSERT_TRUE(rv_.Set(kJob, 1, "", "a", "1").ok());
+  ASSERT_TRUE(rv_.Set(kJob, 1, "", "c", "3").ok());
+  EXPECT_EQ(answered, 0);
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).waiters, 1);
+  // "a" is deleted before the last key comes: the final pass sees it
+  // missing, so the call keeps waiting, now for "a".
+  ASSERT_TRUE(rv_.Delete(kJob, 1, "", "a").ok());
+  ASSERT_TRUE(rv_.Set(kJob, 1, "", "b", "2").ok());
+  EXPECT_EQ(answered, 0);
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).waiters, 1);
+  ASSERT_TRUE(rv_.Add(kJob, 1, "", "a", 5).ok());
+  EXPECT_EQ(answered, 1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, std::nullopt);
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).waiters, 0);
+  EXPECT_FALSE(rv_.Withdraw(a.wait_id).has_value());
+}
+
+TEST_F(RendezvousTest, KeyWaitsWithdrawnSayWhatIsMissingAndAreNeverAnswered) {
+  int answered = 0;
+  auto count = [&answered](absl::StatusOr<Rendezvous::KeyAnswer>) { ++answered; };
+  Rendezvous::KeyArrival get = rv_.AwaitKey(kJob, 1, "dp/1", "addr", absl::Milliseconds(40),
+                                            absl::InfiniteFuture(), count);
+  ASSERT_FALSE(get.answer.has_value());
+  std::optional<absl::Status> late = rv_.Withdraw(get.wait_id);
+  ASSERT_TRUE(late.has_value());
+  EXPECT_EQ(late->code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(late->message(), HasSubstr("key \"addr\" in scope \"dp/1\""));
+  EXPECT_THAT(late->message(), HasSubstr("was not set within the timeout of 40ms"));
+  EXPECT_FALSE(rv_.Withdraw(get.wait_id).has_value());  // once
+
+  ASSERT_TRUE(rv_.Set(kJob, 1, "", "k1", "x").ok());
+  Rendezvous::KeyArrival wait = rv_.AwaitKeys(kJob, 1, "", {"k0", "k1", "k2"}, absl::Seconds(5),
+                                              absl::InfiniteFuture(), count);
+  ASSERT_FALSE(wait.answer.has_value());
+  std::optional<absl::Status> cancelled = rv_.Withdraw(wait.wait_id, /*cancelled=*/true);
+  ASSERT_TRUE(cancelled.has_value());
+  EXPECT_EQ(cancelled->code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(cancelled->message(), HasSubstr("the caller cancelled while waiting for 2 of 3 keys"));
+  EXPECT_THAT(cancelled->message(), HasSubstr("missing: \"k0\", \"k2\""));
+  // Withdrawn: neither is answered by the keys that come later, and
+  // nothing of theirs is left charged.
+  ASSERT_TRUE(rv_.Set(kJob, 1, "dp/1", "addr", "h:1").ok());
+  ASSERT_TRUE(rv_.Set(kJob, 1, "", "k0", "x").ok());
+  ASSERT_TRUE(rv_.Set(kJob, 1, "", "k2", "x").ok());
+  EXPECT_EQ(answered, 0);
+  Rendezvous::Usage usage = rv_.GetUsage(kJob, 1);
+  EXPECT_EQ(usage.waiters, 0);
+  const int64_t scopes = (4 /*"dp/1"*/ + kScopeOverheadBytes) + (0 /*""*/ + kScopeOverheadBytes);
+  const int64_t addr = 4 + 3 + kKeyOverheadBytes;          // addr = h:1
+  const int64_t k012 = 3 * (2 + 1 + kKeyOverheadBytes);    // k0, k1, k2 = x
+  EXPECT_EQ(usage.bytes, scopes + addr + k012);
+}
+
+TEST_F(RendezvousTest, KeyWaitOfAnEndedGenerationIsAnsweredAborted) {
+  std::vector<absl::StatusOr<Rendezvous::KeyAnswer>> answers;
+  auto keep = [&answers](absl::StatusOr<Rendezvous::KeyAnswer> r) {
+    answers.push_back(std::move(r));
+  };
+  Rendezvous::KeyArrival a =
+      rv_.AwaitKey(kJob, 1, "s", "k", absl::Seconds(5), absl::InfiniteFuture(), keep);
+  Rendezvous::KeyArrival b =
+      rv_.AwaitKeys(kJob, 1, "t", {"x", "y"}, absl::Seconds(5), absl::InfiniteFuture(), keep);
+  ASSERT_FALSE(a.answer.has_value());
+  ASSERT_FALSE(b.answer.has_value());
+  rv_.EndGeneration(kJob, 1);
+  ASSERT_EQ(answers.size(), 2u);
+  for (const auto& r : answers) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+    EXPECT_THAT(r.status().message(), HasSubstr("ended while this call waited"));
+  }
+  EXPECT_FALSE(rv_.Withdraw(a.wait_id).has_value());
+  EXPECT_FALSE(rv_.Withdraw(b.wait_id).has_value());
+  // After the end: answered at once, Aborted.
+  Rendezvous::KeyArrival c =
+      rv_.AwaitKey(kJob, 1, "s", "k", absl::Seconds(5), absl::InfiniteFuture(), keep);
+  ASSERT_TRUE(c.answer.has_value());
+  EXPECT_EQ(c.answer->status().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(RendezvousTest, WaitingKeyCallsAreChargedToTheGenerationBudget) {
+  // A KvWait of the most keys of the longest names: each such call is
+  // charged ~65536 * (512 + 48) bytes = ~35 MiB, so the 256 MiB budget holds
+  // 7 of them; the 8th is refused, naming the limit, and waits for nothing.
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < kMaxKeysPerRequest; ++i) {
+    std::string k = absl::StrCat("k", i, "-");
+    k.resize(kMaxKeyBytes, 'x');
+    keys.push_back(std::move(k));
+  }
+  const int64_t per_call =
+      kKeyWaitOverheadBytes +
+      static_cast<int64_t>(kMaxKeysPerRequest) * (kWaitedKeyOverheadBytes + kMaxKeyBytes);
+  const int fits = static_cast<int>(kMaxBytesPerGeneration / per_call);
+  ASSERT_EQ(fits, 7);
+  int answered = 0;
+  auto count = [&answered](absl::StatusOr<Rendezvous::KeyAnswer>) { ++answered; };
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < fits; ++i) {
+    Rendezvous::KeyArrival a = rv_.AwaitKeys(kJob, 1, "", keys, absl::Seconds(5),
+                                             absl::InfiniteFuture(), count);
+    ASSERT_FALSE(a.answer.has_value()) << i << ": " << a.answer->status();
+    ids.push_back(a.wait_id);
+  }
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, fits * per_call);
+  Rendezvous::KeyArrival over =
+      rv_.AwaitKeys(kJob, 1, "", keys, absl::Seconds(5), absl::InfiniteFuture(), count);
+  ASSERT_TRUE(over.answer.has_value());
+  EXPECT_EQ(over.answer->status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.answer->status().message(), HasSubstr("kMaxBytesPerGeneration"));
+  EXPECT_THAT(over.answer->status().message(), HasSubstr("waiting for 65536 keys"));
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).waiters, fits);
+  for (uint64_t id : ids) {
+    std::optional<absl::Status> st = rv_.Withdraw(id);
+    ASSERT_TRUE(st.has_value());
+    EXPECT_EQ(st->code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(st->message(), HasSubstr("65536 of 65536 keys"));
+  }
+  EXPECT_EQ(answered, 0);
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, 0);
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).waiters, 0);
 }
 
 // ---------------------------------------------------------------------------

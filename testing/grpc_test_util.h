@@ -93,7 +93,6 @@ struct HarnessOptions {
   std::shared_ptr<grpc::ServerCredentials> credentials;
   CheckpointRegistryOptions checkpoints;  // e.g. verify_files
   bool metrics = true;                    // false: the server gets no metrics::Metrics
-  int max_waiting_gets = ServerOptions().max_waiting_gets;
   int max_threads = ServerOptions().max_threads;
   rpc::WatchLimits watch_limits;
   std::function<absl::Status()> gate;  // ServerOptions::gate
@@ -125,7 +124,6 @@ class Harness {
     server_options.listen_address = "127.0.0.1:0";
     server_options.admin_token = options.admin_token;
     server_options.credentials = std::move(options.credentials);
-    server_options.max_waiting_gets = options.max_waiting_gets;
     server_options.max_threads = options.max_threads;
     server_options.watch_limits = options.watch_limits;
     server_options.gate = std::move(options.gate);

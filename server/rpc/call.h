@@ -1,7 +1,7 @@
 // What every RPC adapter of server/rpc/ shares: the call runner (shutdown
 // mapping, metrics, the absl -> gRPC status mapping of common/grpc_status.h),
-// the handler pool of the callback-API methods, authentication helpers,
-// sliced blocking waits and the request's timeout and deadline.
+// the handler pool of the callback-API methods, authentication helpers
+// and the request's timeout and deadline.
 //
 //   grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
 //                                       v1::Job* resp) {
@@ -20,10 +20,11 @@
 //   * Callback API (WithCallbackMethod_*): gRPC calls the handler on one of
 //     its own threads, which also move the bytes of every connection; the
 //     body is posted to the HandlerPool (4 threads) and the handler returns
-//     at once: RunPooled(). Only for bodies that never wait long. The
-//     Session stream (session_stream.h) and a KvGet that waits
-//     (rendezvous_service.h) are the two exceptions that manage their own
-//     threads.
+//     at once: RunPooled(). Only for bodies that never wait long. A call
+//     that waits holds no thread while it waits: the Session and WatchJob
+//     streams (session_stream.h, watch_stream.h), GetAssignment with wait
+//     (worker_service.h, OwningReactor below), and KvGet with wait, KvWait
+//     and Barrier (rendezvous_service.h).
 //
 // Every handler answers UNAVAILABLE ("the coordinator is shutting down;
 // retry with backoff") once BeginShutdown() was called, and also when its
@@ -72,8 +73,6 @@ inline constexpr int kMaxMessageBytes = 64 * 1024 * 1024;
 // GetAssignmentRequest.timeout: default and maximum.
 inline constexpr absl::Duration kDefaultAssignmentTimeout = absl::Minutes(5);
 inline constexpr absl::Duration kMaxAssignmentTimeout = absl::Hours(1);
-// Longest single wait inside a sliced blocking call (CallRunner::SlicedWait).
-inline constexpr absl::Duration kWaitSlice = absl::Milliseconds(500);
 
 namespace rpc {
 
@@ -191,33 +190,6 @@ class CallRunner {
   absl::StatusOr<FencedWorker> AuthorizeFence(const grpc::ServerContextBase& ctx,
                                               const v1::Fence& fence) const;
   bool auth_enabled() const { return auth_->enabled(); }
-
-  // A blocking wait cut into slices of at most kWaitSlice so that cancelled
-  // callers and shutdown are noticed. `call(remaining, slice_end)` waits
-  // until slice_end at most. Returns its first answer that is not
-  // DeadlineExceeded; DeadlineExceeded (with the time waited) once
-  // `deadline` passed; CANCELLED when the caller cancelled; UNAVAILABLE when
-  // the server began shutting down.
-  template <typename T>
-  absl::StatusOr<T> SlicedWait(
-      grpc::ServerContextBase* ctx, absl::Time deadline,
-      const std::function<absl::StatusOr<T>(absl::Duration remaining, absl::Time slice_end)>&
-          call) const {
-    const absl::Time start = absl::Now();
-    while (true) {
-      const absl::Time now = absl::Now();
-      const absl::Duration remaining = std::max(deadline - now, absl::ZeroDuration());
-      absl::StatusOr<T> r = call(remaining, std::min(deadline, now + kWaitSlice));
-      if (r.ok() || r.status().code() != absl::StatusCode::kDeadlineExceeded) return r;
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            r.status().message(), " (waited ", absl::FormatDuration(absl::Now() - start),
-            " in all)"));
-      }
-      if (ctx->IsCancelled()) return absl::CancelledError("the caller cancelled");
-      if (shutting_down()) return absl::UnavailableError("the coordinator is shutting down");
-    }
-  }
 
   // From now on every handler answers UNAVAILABLE. Idempotent.
   void BeginShutdown() { shutting_down_.store(true); }

@@ -114,7 +114,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       server->calls_.get(), deps.coordinator, server->flow_.get(), server->sessions_.get(),
       pass_on);
   server->rendezvous_service_ = std::make_unique<rpc::RendezvousServiceImpl>(
-      server->calls_.get(), deps.coordinator, deps.rendezvous, options.max_waiting_gets);
+      server->calls_.get(), deps.coordinator, deps.rendezvous);
   server->checkpoint_service_ = std::make_unique<rpc::CheckpointServiceImpl>(
       server->calls_.get(), deps.coordinator, server->flow_.get());
   rpc::CoordinatorServiceImpl::StatusFn status = options.status;
@@ -167,11 +167,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.SetResourceQuota(quota);
   // A sync thread that finishes its call exits when more than MAX_POLLERS
   // threads are idle (gRPC's default: 2), and a call that finds no idle one
-  // starts a thread. A burst of N blocking sync calls (KvWait) thus started
-  // and ended about N threads. Keeping up to kSyncPollers idle threads
-  // serves such bursts without a thread start (measured when Barrier was a
-  // sync call: 1.25-1.74x the rounds/s at 16-256 members, bench
-  // coordinator_kv, same machine, A/B; Barrier now waits on no thread).
+  // starts a thread. A burst of N concurrent sync calls thus started and
+  // ended about N threads. Keeping up to kSyncPollers idle threads serves
+  // such bursts without a thread start (measured when Barrier was a sync
+  // call: 1.25-1.74x the rounds/s at 16-256 members, bench coordinator_kv,
+  // same machine, A/B; no waiting call is a sync call any more).
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, kSyncPollers);
   builder.RegisterService(server->job_service_.get());
   builder.RegisterService(server->worker_service_.get());

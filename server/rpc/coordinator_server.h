@@ -29,18 +29,18 @@
 // Threads:
 //   * Sync API (ReportError, LeaveJob, CompleteJob; every
 //     JobService method but WatchJob; every CheckpointService method;
-//     KvWait, KvNumKeys): one
+//     KvNumKeys): one
 //     sync-server thread per call in flight, at most
 //     ServerOptions::max_threads (beyond: RESOURCE_EXHAUSTED).
 //   * Callback API (JoinJob, GetAssignment, Heartbeat; KvSet, KvGet, KvAdd,
-//     KvCompareAndSet, KvDelete, Barrier; Session; WatchJob): gRPC's own threads accept the call;
+//     KvCompareAndSet, KvWait, KvDelete, Barrier; Session; WatchJob): gRPC's own threads accept the call;
 //     the body runs on a HandlerPool of 4 threads, never on gRPC's threads
 //     (which would stall every connection's I/O while a body waits for the
-//     coordinator's lock). A KvGet that waits gets a thread of its own (at
-//     most ServerOptions::max_waiting_gets). An open Session or WatchJob
-//     stream holds no thread (server/rpc/session_stream.h, watch_stream.h),
-//     nor does a GetAssignment that waits (server/rpc/worker_service.h) or
-//     a Barrier arrival (server/rpc/rendezvous_service.h).
+//     coordinator's lock). An open Session or WatchJob stream holds no
+//     thread (server/rpc/session_stream.h, watch_stream.h), nor does a
+//     GetAssignment that waits (server/rpc/worker_service.h), a KvGet
+//     with wait, a KvWait or a Barrier arrival
+//     (server/rpc/rendezvous_service.h).
 //   * The Tick thread: Coordinator::Tick every tick_interval, its ended
 //     generations passed on; and every kRendezvousSweepInterval
 //     (SweepRendezvous) the rendezvous state of jobs that finished without
@@ -64,11 +64,10 @@
 //     rendezvous state and aborts its pending checkpoint.
 //   * Checkpoint files and the restore fallback: server/checkpoint_flow.h.
 //     At Start, before serving, CheckpointFlow::RecoverCheckpointFiles.
-//   * Blocking calls (GetAssignment with wait, KvGet with wait, KvWait,
+//   * Waiting calls (GetAssignment with wait, KvGet with wait, KvWait,
 //     Barrier) end at the earlier of the request's timeout (defaults and
-//     limits per the proto) and the gRPC deadline; all but Barrier wait in
-//     slices of kWaitSlice, so a cancelled caller or a shutdown frees their
-//     thread promptly.
+//     limits per the proto) and the gRPC deadline (an alarm), or at once
+//     when the caller cancels; none holds a thread while it waits.
 //   * Requests and responses up to kMaxMessageBytes; larger ones are
 //     RESOURCE_EXHAUSTED (gRPC's own check).
 //
@@ -148,9 +147,6 @@ struct ServerOptions {
   // Most threads of the sync server (one per concurrent sync-API call,
   // blocking waits included); calls beyond get RESOURCE_EXHAUSTED.
   int max_threads = 16384;
-  // Most KvGet calls waiting for a key at once (each holds a thread);
-  // beyond, KvGet with wait is RESOURCE_EXHAUSTED at once.
-  int max_waiting_gets = 4096;
   // Asked before every call of the four v1 services and every Tick; a
   // non-OK answer is the call's answer and the Tick is skipped (a replica
   // whose lease is not confirmed, server/replica.h); once it is OK again,

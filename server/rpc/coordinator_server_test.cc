@@ -288,62 +288,126 @@ TEST(GrpcServiceTest, ElasticRestartAfterStreamBreaks) {
 
 // Malformed and oversized requests get the documented codes; the server
 // keeps serving.
-// Waiting KvGets each hold a thread: beyond max_waiting_gets the next is
-// refused at once (RESOURCE_EXHAUSTED), the held ones still end normally,
-// and a slot frees when one ends.
-TEST(GrpcServiceTest, WaitingKvGetsAreBounded) {
+// Waiting KvGets and KvWaits hold no thread each: with the sync server
+// capped at 4 threads, 300 of them wait at once (a thread per waiting call
+// would have answered RESOURCE_EXHAUSTED from the 5th on); a cancelled one
+// and one whose deadline passes are withdrawn on the server; the writes
+// answer all the others with the value.
+TEST(GrpcServiceTest, KeyWaitsHoldNoThread) {
   testing::HarnessOptions options;
-  options.max_waiting_gets = 2;
+  options.max_threads = 4;
   Harness h(options);
   auto jobs = v1::JobService::NewStub(h.Channel());
-  CreateJob(jobs.get(), "bounded", SmallSpec(1, 1, 4));
-  SimWorker w(h.Channel(), "bounded", "node0:cpu", 1);
+  CreateJob(jobs.get(), "waits", SmallSpec(1, 1, 4));
+  SimWorker w(h.Channel(), "waits", "node0:cpu", 1);
   std::vector<SimWorker*> one = {&w};
   std::vector<absl::StatusOr<v1::Assignment>> a = JoinAll(one, /*open_session=*/true);
   ASSERT_TRUE(a[0].ok()) << a[0].status();
   w.StartHeartbeats(absl::Milliseconds(100));
-  auto get = [&](const std::string& key, int timeout_s, v1::KvGetResponse* resp) {
+  const uint64_t generation = w.fence().generation();
+  auto await_waiters = [&](int64_t n) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (h.rendezvous().GetUsage("waits", generation).waiters != n && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(h.rendezvous().GetUsage("waits", generation).waiters, n);
+  };
+
+  // Asynchronous client calls, so that the test needs no thread per call.
+  constexpr int kGets = 150;
+  constexpr int kWaits = 150;
+  grpc::CompletionQueue cq;
+  struct Call {
+    grpc::ClientContext ctx;
+    grpc::Status status;
+    v1::KvGetResponse get;
+    v1::KvWaitResponse wait;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kGets + kWaits + 1; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    Call& c = *calls.back();
+    Prepare(&c.ctx, "");
+    if (i < kGets) {
+      v1::KvGetRequest req;
+      *req.mutable_fence() = w.fence();
+      req.set_scope("s");
+      req.set_key("k");
+      req.set_wait(true);
+      req.mutable_timeout()->set_seconds(30);
+      auto rpc = w.Rendezvous()->AsyncKvGet(&c.ctx, req, &cq);
+      rpc->Finish(&c.get, &c.status, reinterpret_cast<void*>(static_cast<intptr_t>(i)));
+    } else {
+      v1::KvWaitRequest req;
+      *req.mutable_fence() = w.fence();
+      req.set_scope("s");
+      req.add_keys("k");
+      req.add_keys("other");
+      req.mutable_timeout()->set_seconds(30);
+      auto rpc = w.Rendezvous()->AsyncKvWait(&c.ctx, req, &cq);
+      rpc->Finish(&c.wait, &c.status, reinterpret_cast<void*>(static_cast<intptr_t>(i)));
+    }
+  }
+  await_waiters(kGets + kWaits + 1);
+  // The last one is cancelled: withdrawn on the server.
+  calls.back()->ctx.TryCancel();
+  await_waiters(kGets + kWaits);
+  // One more, whose gRPC deadline passes while it waits (the server's
+  // alarm withdraws it).
+  {
     v1::KvGetRequest req;
     *req.mutable_fence() = w.fence();
     req.set_scope("s");
-    req.set_key(key);
+    req.set_key("never");
     req.set_wait(true);
-    req.mutable_timeout()->set_seconds(timeout_s);
+    v1::KvGetResponse resp;
     grpc::ClientContext ctx;
-    Prepare(&ctx, "");
-    return w.Rendezvous()->KvGet(&ctx, req, resp);
-  };
-  grpc::Status first, second;
-  v1::KvGetResponse r1, r2;
-  std::thread t1([&] { first = get("k", 10, &r1); });
-  std::thread t2([&] { second = get("k", 10, &r2); });
-  absl::SleepFor(absl::Milliseconds(500));  // both are waiting
-  v1::KvGetResponse r3;
-  const absl::Time start = absl::Now();
-  grpc::Status third = get("k", 10, &r3);
-  EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << third.error_message();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
-  EXPECT_THAT(third.error_message(), HasSubstr("2 waiting KvGet calls"));
-  {
+    Prepare(&ctx, "", absl::Milliseconds(200));
+    EXPECT_EQ(w.Rendezvous()->KvGet(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+    await_waiters(kGets + kWaits);
+  }
+  auto set = [&](const std::string& key, const std::string& value) {
     v1::KvSetRequest req;
     *req.mutable_fence() = w.fence();
     req.set_scope("s");
-    req.set_key("k");
-    req.set_value("v");
+    req.set_key(key);
+    req.set_value(value);
     v1::KvSetResponse resp;
     grpc::ClientContext ctx;
     Prepare(&ctx, "");
     ASSERT_TRUE(w.Rendezvous()->KvSet(&ctx, req, &resp).ok());
+  };
+  set("k", "value-of-k");
+  await_waiters(kWaits);  // the KvWaits still miss "other"
+  set("other", "x");
+  std::set<intptr_t> done;
+  for (int n = 0; n < kGets + kWaits + 1; ++n) {
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_EQ(cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + std::chrono::seconds(20)),
+              grpc::CompletionQueue::GOT_EVENT);
+    ASSERT_TRUE(ok);
+    const intptr_t i = reinterpret_cast<intptr_t>(tag);
+    done.insert(i);
+    const Call& c = *calls[i];
+    if (i == kGets + kWaits) {
+      EXPECT_EQ(c.status.error_code(), grpc::StatusCode::CANCELLED) << c.status.error_message();
+      continue;
+    }
+    ASSERT_TRUE(c.status.ok()) << i << ": " << c.status.error_message();
+    if (i < kGets) {
+      EXPECT_TRUE(c.get.found()) << i;
+      EXPECT_EQ(c.get.value(), "value-of-k") << i;
+    }
   }
-  t1.join();
-  t2.join();
-  ASSERT_TRUE(first.ok()) << first.error_message();
-  ASSERT_TRUE(second.ok()) << second.error_message();
-  EXPECT_EQ(r1.value(), "v");
-  EXPECT_EQ(r2.value(), "v");
-  v1::KvGetResponse r4;
-  ASSERT_TRUE(get("k", 10, &r4).ok());  // the slots are free again
-  EXPECT_EQ(r4.value(), "v");
+  EXPECT_EQ(done.size(), static_cast<size_t>(kGets + kWaits + 1));
+  EXPECT_EQ(h.rendezvous().GetUsage("waits", generation).waiters, 0);
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 // Barrier arrivals wait without a thread each: with the sync server capped

@@ -1,10 +1,10 @@
 #include "server/rpc/rendezvous_service.h"
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -17,12 +17,124 @@
 
 namespace shardline::server::rpc {
 
+namespace {
+
+// One call that waits in the Rendezvous without holding a thread: a KvGet
+// with wait, a KvWait or a Barrier arrival. Shared by its reactor (which
+// owns it until OnDone), the Rendezvous's answer callback and the deadline
+// alarm (both hold weak references). Exactly one answer finishes the call:
+// the one known at once, or (once it waits) either the Rendezvous's `done`
+// (with the Rendezvous's lock held: it only fills the response and
+// finishes the RPC) or a withdrawal at the deadline or on cancel, whichever
+// the Rendezvous lets happen (it serializes them). So no lock of this class
+// is held around a Rendezvous call, and none is taken in `done`. Shutdown
+// ends a waiting call through Rendezvous::DropJob (ABORTED, answered as
+// UNAVAILABLE while shutting down); nothing is sliced.
+template <typename T>
+class WaitingCall : public std::enable_shared_from_this<WaitingCall<T>> {
+ public:
+  // On the pool: checks the request and starts the wait, or answers.
+  using Begin = std::function<Rendezvous::Arrival<T>(Rendezvous::Done<T>)>;
+  // Fills the response with an OK answer.
+  using Respond = std::function<void(T)>;
+
+  // The reactor of a new call; `begin` runs on the pool. `method` must be
+  // a string literal.
+  static grpc::ServerUnaryReactor* Launch(CallRunner* calls, Rendezvous* rendezvous,
+                                          const char* method, Begin begin, Respond respond) {
+    auto* reactor = new OwningReactor<WaitingCall>();
+    auto call = std::make_shared<WaitingCall>(calls, rendezvous, method, reactor,
+                                              std::move(begin), std::move(respond));
+    reactor->Own(call);
+    calls->pool()->Post([call] { call->Start(); });
+    return reactor;
+  }
+
+  WaitingCall(CallRunner* calls, Rendezvous* rendezvous, const char* method,
+              grpc::ServerUnaryReactor* reactor, Begin begin, Respond respond)
+      : calls_(calls),
+        rendezvous_(rendezvous),
+        method_(method),
+        reactor_(reactor),
+        begin_(std::move(begin)),
+        respond_(std::move(respond)) {}
+
+  // The caller cancelled (any thread).
+  void Cancel() {
+    cancelled_.store(true);
+    PostWithdraw(*calls_->pool(), this->weak_from_this(), /*cancelled=*/true);
+  }
+
+ private:
+  void Start() {
+    if (absl::Status st = calls_->Admit(); !st.ok()) return Finish(st);
+    std::weak_ptr<WaitingCall> weak = this->weak_from_this();
+    Rendezvous::Arrival<T> a = begin_([weak](absl::StatusOr<T> answer) {
+      if (auto self = weak.lock()) self->Finish(std::move(answer));
+    });
+    if (a.answer.has_value()) return Finish(*std::move(a.answer));
+    wait_id_.store(a.wait_id);
+    std::shared_ptr<HandlerPool> pool = calls_->pool();
+    alarm_.Set(absl::ToChronoTime(a.deadline), [weak, pool](bool fired) {
+      if (fired) PostWithdraw(*pool, weak, /*cancelled=*/false);  // else: finished
+    });
+    // A cancel that came before the wait was registered withdraws now.
+    if (cancelled_.load()) PostWithdraw(*pool, weak, /*cancelled=*/true);
+  }
+
+  // On the pool: withdraws the waiting call and finishes with the answer,
+  // unless the Rendezvous already answered it.
+  static void PostWithdraw(HandlerPool& pool, std::weak_ptr<WaitingCall> weak, bool cancelled) {
+    pool.Post([weak = std::move(weak), cancelled] {
+      auto self = weak.lock();
+      if (self == nullptr) return;
+      const uint64_t id = self->wait_id_.load();
+      if (id == 0) return;  // not waiting (yet): Start handles a cancel
+      if (std::optional<absl::Status> st = self->rendezvous_->Withdraw(id, cancelled)) {
+        self->Finish(*std::move(st));
+      }
+    });
+  }
+
+  void Finish(absl::StatusOr<T> r) {
+    if (finished_.exchange(true)) return;  // never twice (the Rendezvous ensures it)
+    if (r.ok()) respond_(*std::move(r));
+    grpc::Status out = calls_->Conclude(method_, start_, r.ok() ? absl::OkStatus() : r.status());
+    // Last touch of the call: the reactor may be gone right after.
+    reactor_->Finish(out);
+  }
+
+  CallRunner* const calls_;
+  Rendezvous* const rendezvous_;
+  const char* const method_;
+  grpc::ServerUnaryReactor* const reactor_;
+  const Begin begin_;
+  const Respond respond_;
+  const absl::Time start_ = absl::Now();
+  grpc::Alarm alarm_;
+  std::atomic<uint64_t> wait_id_{0};  // non-zero once it waits
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> finished_{false};
+};
+
+}  // namespace
+
 RendezvousServiceImpl::RendezvousServiceImpl(CallRunner* calls, Coordinator* coordinator,
-                                             Rendezvous* rendezvous, int max_waiting_gets)
-    : calls_(calls),
-      coordinator_(coordinator),
-      rendezvous_(rendezvous),
-      max_waiting_gets_(max_waiting_gets) {}
+                                             Rendezvous* rendezvous)
+    : calls_(calls), coordinator_(coordinator), rendezvous_(rendezvous) {}
+
+template <typename Request>
+absl::StatusOr<RendezvousServiceImpl::Fenced> RendezvousServiceImpl::CheckFenced(
+    const grpc::ServerContextBase& ctx, const Request& req, const v1::Fence& fence,
+    bool has_timeout, const google::protobuf::Duration& timeout) const {
+  if (absl::Status st = CheckRequestLimits(req); !st.ok()) return st;
+  absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(ctx, fence);
+  if (!fw.ok()) return fw.status();
+  absl::StatusOr<std::optional<absl::Duration>> t =
+      ParseTimeout(has_timeout, timeout, kMaxWaitTimeout, "timeout");
+  if (!t.ok()) return t.status();
+  return Fenced{*std::move(fw), *t};
+}
 
 grpc::ServerUnaryReactor* RendezvousServiceImpl::KvSet(grpc::CallbackServerContext* ctx,
                                                        const v1::KvSetRequest* req,
@@ -38,33 +150,23 @@ grpc::ServerUnaryReactor* RendezvousServiceImpl::KvSet(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* RendezvousServiceImpl::KvGet(grpc::CallbackServerContext* ctx,
                                                        const v1::KvGetRequest* req,
                                                        v1::KvGetResponse* resp) {
-  if (!req->wait()) {
+  if (!req->wait() || !req->has_fence()) {  // never waits (an operator read refuses wait)
     return calls_->RunPooled(ctx, "RendezvousService/KvGet",
                              [=] { return Get(ctx, req, resp); });
   }
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (waiting_gets_.fetch_add(1) >= max_waiting_gets_) {
-    waiting_gets_.fetch_sub(1);
-    reactor->Finish(ToGrpcStatus(absl::ResourceExhaustedError(
-        absl::StrCat("the coordinator already holds ", max_waiting_gets_,
-                     " waiting KvGet calls; retry later (or wait with KvWait)"))));
-    return reactor;
-  }
-  try {
-    std::thread([this, ctx, req, resp, reactor] {
-      grpc::Status status =
-          calls_->Run("RendezvousService/KvGet", [&] { return Get(ctx, req, resp); });
-      waiting_gets_.fetch_sub(1);
-      // Finish is the last touch: the call (and maybe the server) may be
-      // gone right after it.
-      reactor->Finish(status);
-    }).detach();
-  } catch (const std::system_error& e) {  // the process is out of threads
-    waiting_gets_.fetch_sub(1);
-    reactor->Finish(ToGrpcStatus(absl::ResourceExhaustedError(
-        absl::StrCat("cannot start a thread for a waiting KvGet (", e.what(), "); retry"))));
-  }
-  return reactor;
+  return WaitingCall<Rendezvous::KeyAnswer>::Launch(
+      calls_, rendezvous_, "RendezvousService/KvGet",
+      [this, ctx, req](Rendezvous::Done<Rendezvous::KeyAnswer> done) -> Rendezvous::KeyArrival {
+        absl::StatusOr<Fenced> f = CheckFenced(*ctx, *req, req->fence(), req->has_timeout(),
+                                               req->timeout());
+        if (!f.ok()) return Rendezvous::KeyArrival::Answered(f.status());
+        return rendezvous_->AwaitKey(f->worker.job_id, f->worker.generation, req->scope(),
+                                     req->key(), f->timeout, RpcDeadline(*ctx), std::move(done));
+      },
+      [resp](Rendezvous::KeyAnswer value) {
+        resp->set_found(value.has_value());
+        if (value.has_value()) resp->set_value(*std::move(value));
+      });
 }
 
 absl::Status RendezvousServiceImpl::Get(grpc::CallbackServerContext* ctx,
@@ -76,17 +178,8 @@ absl::Status RendezvousServiceImpl::Get(grpc::CallbackServerContext* ctx,
   absl::StatusOr<std::optional<absl::Duration>> timeout =
       ParseTimeout(req->has_timeout(), req->timeout(), kMaxWaitTimeout, "timeout");
   if (!timeout.ok()) return timeout.status();
-  absl::StatusOr<std::optional<std::string>> r;
-  if (!req->wait()) {
-    r = rendezvous_->Get(fw->job_id, fw->generation, req->scope(), req->key(), false, *timeout);
-  } else {
-    const absl::Time deadline = WaitDeadline(*ctx, *timeout, kDefaultWaitTimeout);
-    r = calls_->SlicedWait<std::optional<std::string>>(
-        ctx, deadline, [&](absl::Duration remaining, absl::Time slice_end) {
-          return rendezvous_->Get(fw->job_id, fw->generation, req->scope(), req->key(), true,
-                                  remaining, slice_end);
-        });
-  }
+  absl::StatusOr<std::optional<std::string>> r = rendezvous_->Get(
+      fw->job_id, fw->generation, req->scope(), req->key(), /*wait=*/false, *timeout);
   if (!r.ok()) return r.status();
   resp->set_found(r->has_value());
   if (r->has_value()) resp->set_value(**std::move(r));
@@ -159,29 +252,20 @@ grpc::ServerUnaryReactor* RendezvousServiceImpl::KvCompareAndSet(
   });
 }
 
-grpc::Status RendezvousServiceImpl::KvWait(grpc::ServerContext* ctx, const v1::KvWaitRequest* req,
-                                           v1::KvWaitResponse*) {
-  return calls_->Run("RendezvousService/KvWait", [&]() -> absl::Status {
-    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
-    absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
-    if (!fw.ok()) return fw.status();
-    absl::StatusOr<std::optional<absl::Duration>> timeout =
-        ParseTimeout(req->has_timeout(), req->timeout(), kMaxWaitTimeout, "timeout");
-    if (!timeout.ok()) return timeout.status();
-    const std::vector<std::string> keys(req->keys().begin(), req->keys().end());
-    const absl::Time deadline = WaitDeadline(*ctx, *timeout, kDefaultWaitTimeout);
-    return calls_
-        ->SlicedWait<bool>(ctx, deadline,
-                           [&](absl::Duration remaining,
-                               absl::Time slice_end) -> absl::StatusOr<bool> {
-                             absl::Status st = rendezvous_->Wait(fw->job_id, fw->generation,
-                                                                 req->scope(), keys, remaining,
-                                                                 slice_end);
-                             if (!st.ok()) return st;
-                             return true;
-                           })
-        .status();
-  });
+grpc::ServerUnaryReactor* RendezvousServiceImpl::KvWait(grpc::CallbackServerContext* ctx,
+                                                        const v1::KvWaitRequest* req,
+                                                        v1::KvWaitResponse*) {
+  return WaitingCall<Rendezvous::KeyAnswer>::Launch(
+      calls_, rendezvous_, "RendezvousService/KvWait",
+      [this, ctx, req](Rendezvous::Done<Rendezvous::KeyAnswer> done) -> Rendezvous::KeyArrival {
+        absl::StatusOr<Fenced> f = CheckFenced(*ctx, *req, req->fence(), req->has_timeout(),
+                                               req->timeout());
+        if (!f.ok()) return Rendezvous::KeyArrival::Answered(f.status());
+        return rendezvous_->AwaitKeys(f->worker.job_id, f->worker.generation, req->scope(),
+                                      {req->keys().begin(), req->keys().end()}, f->timeout,
+                                      RpcDeadline(*ctx), std::move(done));
+      },
+      [](Rendezvous::KeyAnswer) {});
 }
 
 grpc::ServerUnaryReactor* RendezvousServiceImpl::KvDelete(grpc::CallbackServerContext* ctx,
@@ -213,103 +297,20 @@ grpc::Status RendezvousServiceImpl::KvNumKeys(grpc::ServerContext* ctx,
   });
 }
 
-// One Barrier arrival, which holds no thread while it waits. Shared by its
-// reactor (which owns it until OnDone), the Rendezvous's answer callback and
-// the deadline alarm (both hold weak references). Exactly one answer
-// finishes the call: the one at arrival, or (once it waits) either the
-// Rendezvous's `done` (with the Rendezvous's lock held: it only finishes the
-// RPC) or a withdrawal at the deadline or on cancel, whichever the
-// Rendezvous lets happen (it serializes them). So no lock of this class is
-// held around a Rendezvous call, and no lock is taken in `done`.
-class RendezvousServiceImpl::BarrierCall
-    : public std::enable_shared_from_this<RendezvousServiceImpl::BarrierCall> {
- public:
-  BarrierCall(RendezvousServiceImpl* service, grpc::CallbackServerContext* ctx,
-              const v1::BarrierRequest* req, v1::BarrierResponse* resp,
-              grpc::ServerUnaryReactor* reactor)
-      : service_(service), ctx_(ctx), req_(req), resp_(resp), reactor_(reactor) {}
-
-  // On the pool: checks the request and arrives.
-  void Start() {
-    CallRunner* calls = service_->calls_;
-    if (absl::Status st = calls->Admit(); !st.ok()) return Finish(st);
-    if (absl::Status st = CheckRequestLimits(*req_); !st.ok()) return Finish(st);
-    absl::StatusOr<FencedWorker> fw = calls->AuthorizeFence(*ctx_, req_->fence());
-    if (!fw.ok()) return Finish(fw.status());
-    absl::StatusOr<std::optional<absl::Duration>> timeout =
-        ParseTimeout(req_->has_timeout(), req_->timeout(), kMaxWaitTimeout, "timeout");
-    if (!timeout.ok()) return Finish(timeout.status());
-    // Not sliced: a barrier arrival that times out is withdrawn. The gRPC
-    // deadline bounds it; shutdown ends it with DropJob (ABORTED, answered
-    // as UNAVAILABLE while shutting down).
-    std::weak_ptr<BarrierCall> weak = weak_from_this();
-    Rendezvous::BarrierArrival a = service_->rendezvous_->BarrierArrive(
-        fw->job_id, fw->generation, req_->scope(), req_->name(), fw->worker_id,
-        req_->participants(), *timeout, RpcDeadline(*ctx_),
-        [weak](absl::StatusOr<uint32_t> answer) {
-          if (auto self = weak.lock()) self->Finish(std::move(answer));
-        });
-    if (a.answer.has_value()) return Finish(*std::move(a.answer));
-    wait_id_.store(a.wait_id);
-    std::shared_ptr<HandlerPool> pool = calls->pool();
-    alarm_.Set(absl::ToChronoTime(a.deadline), [weak, pool](bool fired) {
-      if (fired) PostWithdraw(*pool, weak, /*cancelled=*/false);  // else: finished
-    });
-    // A cancel that came before the arrival was registered withdraws now.
-    if (cancelled_.load()) PostWithdraw(*pool, weak, /*cancelled=*/true);
-  }
-
-  // The caller cancelled (any thread).
-  void Cancel() {
-    cancelled_.store(true);
-    PostWithdraw(*service_->calls_->pool(), weak_from_this(), /*cancelled=*/true);
-  }
-
- private:
-  // On the pool: withdraws the waiting arrival and finishes with the
-  // answer, unless the Rendezvous already answered it.
-  static void PostWithdraw(HandlerPool& pool, std::weak_ptr<BarrierCall> weak, bool cancelled) {
-    pool.Post([weak = std::move(weak), cancelled] {
-      auto self = weak.lock();
-      if (self == nullptr) return;
-      const uint64_t id = self->wait_id_.load();
-      if (id == 0) return;  // not waiting (yet): Start handles a cancel
-      if (std::optional<absl::Status> st =
-              self->service_->rendezvous_->WithdrawBarrierWait(id, cancelled)) {
-        self->Finish(*std::move(st));
-      }
-    });
-  }
-
-  void Finish(absl::StatusOr<uint32_t> r) {
-    if (finished_.exchange(true)) return;  // never twice (the Rendezvous ensures it)
-    if (r.ok()) resp_->set_arrival(*r);
-    grpc::Status out = service_->calls_->Conclude("RendezvousService/Barrier", start_,
-                                                   r.ok() ? absl::OkStatus() : r.status());
-    // Last touch of the call: the reactor may be gone right after.
-    reactor_->Finish(out);
-  }
-
-  RendezvousServiceImpl* const service_;
-  grpc::CallbackServerContext* const ctx_;
-  const v1::BarrierRequest* const req_;
-  v1::BarrierResponse* const resp_;
-  grpc::ServerUnaryReactor* const reactor_;
-  const absl::Time start_ = absl::Now();
-  grpc::Alarm alarm_;
-  std::atomic<uint64_t> wait_id_{0};  // non-zero once it waits
-  std::atomic<bool> cancelled_{false};
-  std::atomic<bool> finished_{false};
-};
-
 grpc::ServerUnaryReactor* RendezvousServiceImpl::Barrier(grpc::CallbackServerContext* ctx,
                                                          const v1::BarrierRequest* req,
                                                          v1::BarrierResponse* resp) {
-  auto* reactor = new OwningReactor<BarrierCall>();
-  auto call = std::make_shared<BarrierCall>(this, ctx, req, resp, reactor);
-  reactor->Own(call);
-  calls_->pool()->Post([call] { call->Start(); });
-  return reactor;
+  return WaitingCall<uint32_t>::Launch(
+      calls_, rendezvous_, "RendezvousService/Barrier",
+      [this, ctx, req](Rendezvous::Done<uint32_t> done) -> Rendezvous::BarrierArrival {
+        absl::StatusOr<Fenced> f = CheckFenced(*ctx, *req, req->fence(), req->has_timeout(),
+                                               req->timeout());
+        if (!f.ok()) return Rendezvous::BarrierArrival::Answered(f.status());
+        return rendezvous_->BarrierArrive(f->worker.job_id, f->worker.generation, req->scope(),
+                                          req->name(), f->worker.worker_id, req->participants(),
+                                          f->timeout, RpcDeadline(*ctx), std::move(done));
+      },
+      [resp](uint32_t position) { resp->set_arrival(position); });
 }
 
 }  // namespace shardline::server::rpc

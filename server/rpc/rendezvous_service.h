@@ -6,19 +6,15 @@
 // Where each method runs (server/rpc/call.h):
 //   KvSet, KvAdd, KvCompareAndSet, KvDelete, and KvGet without wait:
 //     callback API, the body on the HandlerPool (they never wait).
-//   KvGet with wait: callback API, the body on a thread of its own (as the
-//     sync server would have given it), at most
-//     ServerOptions::max_waiting_gets at once; waits in slices of
-//     kWaitSlice.
-//   KvWait: sync API, on a sync-server thread, waits in slices of
-//     kWaitSlice.
+//   KvGet with wait, KvWait, Barrier: callback API, and no thread while
+//     they wait (Rendezvous::AwaitKey, AwaitKeys, BarrierArrive; their
+//     checks on the HandlerPool), so any number of callers may wait at once
+//     (the Rendezvous charges each waiting call to its generation's byte
+//     budget); not sliced: a call whose deadline passes, or whose caller
+//     cancels, is withdrawn (an alarm at the earlier of the request's
+//     timeout and the gRPC deadline); ended by Rendezvous::DropJob at
+//     shutdown.
 //   KvNumKeys: sync API; never waits.
-//   Barrier: callback API, and no thread while it waits
-//     (Rendezvous::BarrierArrive; its steps on the HandlerPool), so a
-//     barrier of any size up to kMaxBarrierParticipants needs no thread per
-//     member; not sliced (an arrival that times out is withdrawn): bounded
-//     by the request's timeout and the gRPC deadline (an alarm), ended by
-//     Rendezvous::DropJob at shutdown.
 //
 // Errors per method, besides the codes of coordinator.proto "Errors" that
 // any RPC may return (UNAUTHENTICATED / PERMISSION_DENIED first,
@@ -34,8 +30,9 @@
 //     negative or over kMaxWaitTimeout; DEADLINE_EXCEEDED wait and the key
 //     was not set by the earlier of the timeout (default
 //     kDefaultWaitTimeout) and the gRPC deadline; CANCELLED the caller
-//     cancelled; RESOURCE_EXHAUSTED (wait) max_waiting_gets calls already
-//     wait, or no thread could be started.
+//     cancelled while waiting (it is withdrawn); RESOURCE_EXHAUSTED (wait)
+//     the waiting call would pass the generation's byte budget
+//     (Rendezvous::Get).
 //   KvGet without a fence (an operator's read, admin token): INVALID_ARGUMENT
 //     job_id empty, wait set, or a generation that does not exist yet;
 //     NOT_FOUND no job; FAILED_PRECONDITION the generation is over (its keys
@@ -45,7 +42,9 @@
 //   KvCompareAndSet: Rendezvous::CompareAndSet's (INVALID_ARGUMENT;
 //     RESOURCE_EXHAUSTED).
 //   KvWait: INVALID_ARGUMENT timeout as for KvGet, or keys (Rendezvous::Wait);
-//     DEADLINE_EXCEEDED some keys still missing; CANCELLED.
+//     DEADLINE_EXCEEDED some keys still missing; CANCELLED the caller
+//     cancelled while waiting; RESOURCE_EXHAUSTED the waiting call would
+//     pass the generation's byte budget (Rendezvous::Wait).
 //   KvDelete: INVALID_ARGUMENT key (Rendezvous::Delete).
 //   KvNumKeys: the common errors only (Rendezvous::NumKeys).
 //   Barrier: INVALID_ARGUMENT timeout as for KvGet, name or participants;
@@ -57,7 +56,7 @@
 #ifndef SHARDLINE_SERVER_RPC_RENDEZVOUS_SERVICE_H_
 #define SHARDLINE_SERVER_RPC_RENDEZVOUS_SERVICE_H_
 
-#include <atomic>
+#include <optional>
 
 #include <grpcpp/grpcpp.h>
 
@@ -75,14 +74,13 @@ class RendezvousServiceImpl final
           v1::RendezvousService::WithCallbackMethod_KvGet<
               v1::RendezvousService::WithCallbackMethod_KvAdd<
                   v1::RendezvousService::WithCallbackMethod_KvCompareAndSet<
-                      v1::RendezvousService::WithCallbackMethod_KvDelete<
-                          v1::RendezvousService::WithCallbackMethod_Barrier<
-                              v1::RendezvousService::Service>>>>>> {
+                      v1::RendezvousService::WithCallbackMethod_KvWait<
+                          v1::RendezvousService::WithCallbackMethod_KvDelete<
+                              v1::RendezvousService::WithCallbackMethod_Barrier<
+                                  v1::RendezvousService::Service>>>>>>> {
  public:
-  // Not owned; all must outlive the service. At most `max_waiting_gets`
-  // KvGet calls wait at once (each holds a thread).
-  RendezvousServiceImpl(CallRunner* calls, Coordinator* coordinator, Rendezvous* rendezvous,
-                        int max_waiting_gets);
+  // Not owned; all must outlive the service.
+  RendezvousServiceImpl(CallRunner* calls, Coordinator* coordinator, Rendezvous* rendezvous);
 
   grpc::ServerUnaryReactor* KvSet(grpc::CallbackServerContext* ctx, const v1::KvSetRequest* req,
                                   v1::KvSetResponse* resp) override;
@@ -93,8 +91,8 @@ class RendezvousServiceImpl final
   grpc::ServerUnaryReactor* KvCompareAndSet(grpc::CallbackServerContext* ctx,
                                             const v1::KvCompareAndSetRequest* req,
                                             v1::KvCompareAndSetResponse* resp) override;
-  grpc::Status KvWait(grpc::ServerContext* ctx, const v1::KvWaitRequest* req,
-                      v1::KvWaitResponse* resp) override;
+  grpc::ServerUnaryReactor* KvWait(grpc::CallbackServerContext* ctx, const v1::KvWaitRequest* req,
+                                   v1::KvWaitResponse* resp) override;
   grpc::ServerUnaryReactor* KvDelete(grpc::CallbackServerContext* ctx,
                                      const v1::KvDeleteRequest* req,
                                      v1::KvDeleteResponse* resp) override;
@@ -102,13 +100,20 @@ class RendezvousServiceImpl final
                                     const v1::BarrierRequest* req,
                                     v1::BarrierResponse* resp) override;
 
-  class BarrierCall;  // one Barrier arrival (rendezvous_service.cc)
   grpc::Status KvNumKeys(grpc::ServerContext* ctx, const v1::KvNumKeysRequest* req,
                          v1::KvNumKeysResponse* resp) override;
 
  private:
-  friend class BarrierCall;
-  // KvGet's body; waits only when req->wait().
+  // A waiting call's checks: the request's limits, the fence, the timeout.
+  struct Fenced {
+    FencedWorker worker;
+    std::optional<absl::Duration> timeout;
+  };
+  template <typename Request>
+  absl::StatusOr<Fenced> CheckFenced(const grpc::ServerContextBase& ctx, const Request& req,
+                                     const v1::Fence& fence, bool has_timeout,
+                                     const google::protobuf::Duration& timeout) const;
+  // KvGet's body when it does not wait.
   absl::Status Get(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* req,
                    v1::KvGetResponse* resp);
   // KvGet without a fence: an operator's read-only look (admin token), which
@@ -119,11 +124,6 @@ class RendezvousServiceImpl final
   CallRunner* const calls_;
   Coordinator* const coordinator_;
   Rendezvous* const rendezvous_;
-  // KvGet calls waiting for a key, each on a thread of its own: at most
-  // max_waiting_gets_ (beyond: RESOURCE_EXHAUSTED), so a flood of waits
-  // cannot exhaust the process's threads.
-  const int max_waiting_gets_;
-  std::atomic<int> waiting_gets_{0};
 };
 
 }  // namespace shardline::server::rpc
