@@ -55,6 +55,16 @@ Outcome Classify(const grpc::Status& status, const grpc::ClientContext* context)
   return out;
 }
 
+grpc::Status ServerEnded(const grpc::Status& status, const CancelToken* cancel) {
+  if (status.error_code() != grpc::StatusCode::CANCELLED) return status;
+  if (cancel != nullptr && cancel->cancelled()) return status;
+  return grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      absl::StrCat("the coordinator ended the call without an answer (CANCELLED: ",
+                   status.error_message(),
+                   "), as a replica that stops serving does; the call may have been done"));
+}
+
 CallAttempts::CallAttempts(CoordinatorChannels& channels, Retry retry, Serves serves,
                            absl::Time deadline, CancelToken* cancel)
     : channels_(channels),

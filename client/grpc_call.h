@@ -23,6 +23,11 @@
 //   * DEADLINE_EXCEEDED with several replicas known: the call ends, and the
 //     next replica becomes the guess for the next call (the replica held
 //     the call without answering: paused or cut off).
+//   * CANCELLED that this client did not ask for (its CancelToken, if any,
+//     is not cancelled): the coordinator ended the call without an answer,
+//     as a leader stepping down does with the calls still open after its
+//     shutdown grace. It is UNAVAILABLE without a hint (the call may have
+//     been done; ServerEnded) and moves on as above.
 //   * With one replica and no hint: one attempt, as before replicas existed.
 //   * Anything else ends the call.
 #ifndef SHARDLINE_CLIENT_GRPC_CALL_H_
@@ -71,6 +76,11 @@ struct Outcome {
   bool nothing_done = false;
 };
 Outcome Classify(const grpc::Status& status, const grpc::ClientContext* context);
+
+// `status`, except that a CANCELLED this client did not cause (`cancel`,
+// which may be null, is not cancelled) becomes UNAVAILABLE saying that the
+// coordinator ended the call without an answer (pure; tested directly).
+grpc::Status ServerEnded(const grpc::Status& status, const CancelToken* cancel);
 
 // The attempts of one call: where the next goes, whether there is one.
 // Used by one thread.
@@ -185,7 +195,8 @@ absl::StatusOr<Response> UnaryCall(ReplicaStubs<Service>& stubs, const Connectio
       }
     }
     Response response;
-    const grpc::Status status = call(stubs.For(attempts.replica()), &context, &response);
+    const grpc::Status status =
+        ServerEnded(call(stubs.For(attempts.replica()), &context, &response), cancel);
     if (cancel != nullptr) cancel->Unregister(registration);
     if (status.ok()) {
       attempts.Succeeded();

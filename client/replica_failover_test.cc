@@ -1,7 +1,8 @@
 // The client library against several coordinator replicas (real gRPC
 // servers in-process: testing/fake_replica.h): the address list, following a
 // follower's leader hint, moving on past a dead replica, no retry of a
-// non-idempotent call after an ambiguous failure, the error at the deadline,
+// non-idempotent call after an ambiguous failure (UNAVAILABLE, or CANCELLED
+// by the coordinator), the error at the deadline,
 // GetStatus from any replica; and that one address keeps one attempt.
 #include <atomic>
 #include <memory>
@@ -344,6 +345,56 @@ TEST(ReplicaFailoverTest, IdempotentCallIsRetriedAfterAnAmbiguousFailure) {
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(a.Calls("KvSet"), 1);
   EXPECT_EQ(b.Calls("KvSet"), 1);
+}
+
+// A call the coordinator cancelled (a leader stepping down cancels the
+// calls still open after its grace) is an ambiguous failure like
+// UNAVAILABLE: an idempotent call goes on to the next replica, a
+// non-idempotent one ends UNAVAILABLE saying so, and one address keeps one
+// attempt. A CANCELLED the client asked for stays CANCELLED.
+TEST(ReplicaFailoverTest, CallTheCoordinatorCancelledIsAnAmbiguousFailure) {
+  FakeReplica a("a"), b("b");
+  a.CancelAfterWrites();
+  b.Lead();
+  CoordinatorClients clients = Connect(Options({a.address(), b.address()}));
+  v1::KvSetRequest set;
+  set.set_key("k");
+  absl::Status s = clients.rendezvous->KvSet(set, nullptr).status();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(a.Calls("KvSet"), 1);
+  EXPECT_EQ(b.Calls("KvSet"), 1);
+
+  FakeReplica c("c"), d("d");
+  c.CancelAfterWrites();
+  d.Lead();
+  CoordinatorClients two = Connect(Options({c.address(), d.address()}));
+  v1::KvAddRequest add;
+  add.set_key("counter");
+  add.set_delta(1);
+  absl::Status added = two.rendezvous->KvAdd(add, nullptr).status();
+  EXPECT_EQ(added.code(), absl::StatusCode::kUnavailable) << added;
+  EXPECT_THAT(added.message(), HasSubstr("ended the call without an answer (CANCELLED"));
+  EXPECT_EQ(c.Counter("counter"), 1);
+  EXPECT_EQ(d.Calls("KvAdd"), 0);  // not sent again: it might add twice
+
+  CoordinatorClients one = Connect(Options({c.address()}));
+  absl::Status single = one.rendezvous->KvSet(set, nullptr).status();
+  EXPECT_EQ(single.code(), absl::StatusCode::kUnavailable) << single;
+  EXPECT_EQ(c.Calls("KvSet"), 1);
+}
+
+TEST(ServerEndedTest, OnlyACancelTheClientDidNotAskForBecomesUnavailable) {
+  const grpc::Status cancelled(grpc::StatusCode::CANCELLED, "Cancelled");
+  grpc::Status s = internal::ServerEnded(cancelled, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.error_message(), HasSubstr("may have been done"));
+  EXPECT_FALSE(internal::Classify(s, nullptr).nothing_done);
+  CancelToken token;
+  EXPECT_EQ(internal::ServerEnded(cancelled, &token).error_code(), grpc::StatusCode::UNAVAILABLE);
+  token.Cancel("the worker is stopping");
+  EXPECT_EQ(internal::ServerEnded(cancelled, &token).error_code(), grpc::StatusCode::CANCELLED);
+  const grpc::Status other(grpc::StatusCode::ABORTED, "generation over");
+  EXPECT_EQ(internal::ServerEnded(other, nullptr).error_code(), grpc::StatusCode::ABORTED);
 }
 
 TEST(ReplicaFailoverTest, WatchJobOpensOnTheLeader) {

@@ -13,6 +13,9 @@
 //   * stepping down mid-call (StepDownAfterWrites): a write is done, then
 //     answered UNAVAILABLE without metadata, as a leader whose lease ran out
 //     while answering: the client cannot tell whether it was done;
+//   * cancelling mid-call (CancelAfterWrites): a write is done, then the
+//     call ends CANCELLED, as a leader stepping down cancels the calls
+//     still open after its shutdown grace;
 //   * CoordinatorService.GetStatus in every role: the status SetStatus set;
 //   * every other RPC (WorkerService, CheckpointService, the rest), through a
 //     generic fallback: the follower's or no-leader answer above when not
@@ -79,6 +82,7 @@ class FakeReplica final : public v1::JobService::Service,
   }
   void NoLeader() ABSL_LOCKS_EXCLUDED(mu_) { SetRole(Role::kNoLeader, ""); }
   void StepDownAfterWrites() ABSL_LOCKS_EXCLUDED(mu_) { SetRole(Role::kStepsDown, ""); }
+  void CancelAfterWrites() ABSL_LOCKS_EXCLUDED(mu_) { SetRole(Role::kCancels, ""); }
 
   void SetStatus(v1::CoordinatorStatus status) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
@@ -145,7 +149,7 @@ class FakeReplica final : public v1::JobService::Service,
   }
 
  private:
-  enum class Role { kLeader, kFollower, kNoLeader, kStepsDown };
+  enum class Role { kLeader, kFollower, kNoLeader, kStepsDown, kCancels };
 
   // Every method no service above registers: counted under its name
   // ("JoinJob"), answered as Admit says (UNIMPLEMENTED when leading).
@@ -187,6 +191,7 @@ class FakeReplica final : public v1::JobService::Service,
     switch (role_) {
       case Role::kLeader:
       case Role::kStepsDown:
+      case Role::kCancels:
         return grpc::Status::OK;
       case Role::kFollower:
         context->AddTrailingMetadata(kLeaderMetadataKey, leader_);
@@ -201,6 +206,7 @@ class FakeReplica final : public v1::JobService::Service,
   }
 
   grpc::Status AfterWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (role_ == Role::kCancels) return grpc::Status(grpc::StatusCode::CANCELLED, "Cancelled");
     if (role_ != Role::kStepsDown) return grpc::Status::OK;
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "the coordinator lost its leader lease and stopped serving");

@@ -18,6 +18,10 @@ each call to the replica it believes leads, as the C++ client does
   round, while the deadline allows;
 * with several replicas, an attempt first waits up to 1 s for a replica whose
   channel is still connecting (a host that does not answer), then moves on;
+* a unary call's CANCELLED that the client did not cause (the connection is
+  not closed): the coordinator ended the call without an answer, as a leader
+  stepping down does with the calls still open after its shutdown grace; it
+  is an UNAVAILABLE without a hint (the call may have been done);
 * DEADLINE_EXCEEDED with several replicas: the call fails, and later calls
   start at the next replica;
 * with one address: one attempt, nothing retried;
@@ -243,6 +247,15 @@ class _Status:
 
     def unconnected(self) -> bool:
         return self.details.startswith(_UNCONNECTED)
+
+    def server_ended(self) -> "_Status":
+        """A CANCELLED the client did not cause as UNAVAILABLE (client/grpc_call.cc ServerEnded)."""
+        if self.code != grpc.StatusCode.CANCELLED:
+            return self
+        return _Status(grpc.StatusCode.UNAVAILABLE,
+                       "the coordinator ended the call without an answer (CANCELLED: %s), as a "
+                       "replica that stops serving does; the call may have been done" % self.details,
+                       "")
 
     def nothing_done(self) -> bool:
         """A "not the leader" answer, or the request never left (client/grpc_call.cc Classify)."""
@@ -763,6 +776,8 @@ class Connection:
                     request, timeout=remaining, metadata=self._metadata(call_token))
             except grpc.RpcError as err:
                 status = _Status.of(err)
+                if not self._closed:  # close() cancels the calls in flight itself
+                    status = status.server_ended()
                 if attempts.again(status):
                     continue
                 raise attempts.error(status, seconds, call_token) from None

@@ -435,6 +435,20 @@ class RetryRulesTest(unittest.TestCase):
             self.assertEqual(self.again("RendezvousService.KvAdd", grpc.StatusCode.UNAVAILABLE,
                                         details), (True, "127.0.0.1:2"))
 
+    def test_a_cancel_the_coordinator_made_is_an_ambiguous_failure(self):
+        # A leader stepping down cancels the calls still open after its grace.
+        from shardline import _connection
+        ended = _connection._Status(grpc.StatusCode.CANCELLED, "Cancelled").server_ended()
+        self.assertEqual(ended.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("ended the call without an answer (CANCELLED: Cancelled)", ended.details)
+        self.assertFalse(ended.nothing_done())
+        self.assertEqual(self.again("RendezvousService.KvSet", ended.code, ended.details),
+                         (True, "127.0.0.1:2"))
+        self.assertEqual(self.again("RendezvousService.KvAdd", ended.code, ended.details),
+                         (False, "127.0.0.1:2"))
+        other = _connection._Status(grpc.StatusCode.ABORTED, "generation over")
+        self.assertIs(other.server_ended(), other)
+
     def test_a_hint_is_followed_and_other_codes_end_the_call(self):
         self.assertEqual(self.again("RendezvousService.KvAdd", grpc.StatusCode.UNAVAILABLE,
                                     "not the leader: the leader is 127.0.0.1:9", "127.0.0.1:9"),
