@@ -313,6 +313,10 @@ class Coordinator {
   // joined. FailedPrecondition: job finished. Aborted: stale generation,
   // replaced incarnation, or member LOST/LEFT/FENCED (re-join).
   absl::StatusOr<FencedWorker> CheckFence(const v1::Fence& fence);
+  // CheckFence, but only when the coordinator's lock is free at once:
+  // nullopt (nothing checked) when another thread holds it. For callers on
+  // threads that must not wait (gRPC's own: server/rpc/call.h RunFenced).
+  std::optional<absl::StatusOr<FencedWorker>> TryCheckFence(const v1::Fence& fence);
 
   // The assignment for fence.generation, waiting up to `deadline` when
   // `wait`. Errors: CheckFence's; FailedPrecondition when not formed and not
@@ -350,6 +354,10 @@ class Coordinator {
   // and, while the member is ACTIVE, kept as Member.progress (not durable)
   // for hang and straggler detection (Tick).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  // Heartbeat, but only when the coordinator's lock is free at once (as
+  // TryCheckFence): nullopt (nothing done) when another thread holds it.
+  std::optional<absl::StatusOr<v1::HeartbeatResponse>> TryHeartbeat(
+      const v1::HeartbeatRequest& request);
 
   // A worker reports a failure. The generation ends (the caller's
   // communicators are broken); the named peer is declared LOST if it is also
@@ -630,6 +638,11 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // coordinator_worker.cc: fences.
+  absl::StatusOr<v1::HeartbeatResponse> HeartbeatLocked(const v1::HeartbeatRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CheckFence's answer (mu_ held).
+  absl::StatusOr<FencedWorker> FenceLocked(const v1::Fence& fence)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<MemberRecord*> CheckFenceLocked(const v1::Fence& fence, JobRecord** job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The STOP (with its detail) that every call of an excluded incarnation

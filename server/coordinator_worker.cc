@@ -147,6 +147,17 @@ absl::StatusOr<std::optional<v1::SessionMessage>> Coordinator::NextSessionMessag
 
 absl::StatusOr<FencedWorker> Coordinator::CheckFence(const v1::Fence& fence) {
   absl::MutexLock lock(&mu_);
+  return FenceLocked(fence);
+}
+
+std::optional<absl::StatusOr<FencedWorker>> Coordinator::TryCheckFence(const v1::Fence& fence) {
+  if (!mu_.TryLock()) return std::nullopt;
+  absl::StatusOr<FencedWorker> out = FenceLocked(fence);
+  mu_.Unlock();
+  return out;
+}
+
+absl::StatusOr<FencedWorker> Coordinator::FenceLocked(const v1::Fence& fence) {
   JobRecord* job = nullptr;
   absl::StatusOr<MemberRecord*> m = CheckFenceLocked(fence, &job);
   if (!m.ok()) return m.status();
@@ -274,6 +285,19 @@ void Coordinator::RemoveAssignmentWaker(const v1::WorkerIdentity& worker, uint64
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
+  return HeartbeatLocked(request);
+}
+
+std::optional<absl::StatusOr<v1::HeartbeatResponse>> Coordinator::TryHeartbeat(
+    const v1::HeartbeatRequest& request) {
+  if (!mu_.TryLock()) return std::nullopt;
+  absl::StatusOr<v1::HeartbeatResponse> out = HeartbeatLocked(request);
+  mu_.Unlock();
+  return out;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatLocked(
+    const v1::HeartbeatRequest& request) {
   v1::HeartbeatResponse response;
   if (JobRecord* job = FindJobLocked(request.fence().worker().job_id());
       job != nullptr && IsTerminal(job->job.phase())) {

@@ -105,6 +105,43 @@ grpc::ServerUnaryReactor* CallRunner::RunPooled(grpc::CallbackServerContext* ctx
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CallRunner::RunInlineOrPooled(
+    grpc::CallbackServerContext* ctx, const char* method,
+    std::function<std::optional<absl::Status>()> attempt, std::function<absl::Status()> body) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Time start = absl::Now();
+  if (Admit().ok()) {
+    if (std::optional<absl::Status> answer = attempt()) {
+      reactor->Finish(Conclude(method, start, *std::move(answer)));
+      return reactor;
+    }
+  }
+  pool_->Post([this, reactor, method, body = std::move(body)] {
+    reactor->Finish(Run(method, body));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CallRunner::RunFenced(grpc::CallbackServerContext* ctx,
+                                                const char* method, absl::Status checked,
+                                                const v1::Fence* fence, FencedBody body) {
+  return RunInlineOrPooled(
+      ctx, method,
+      [this, ctx, checked, fence, body]() -> std::optional<absl::Status> {
+        if (!checked.ok()) return checked;
+        std::optional<absl::StatusOr<FencedWorker>> fw = TryAuthorizeFence(*ctx, *fence);
+        if (!fw.has_value()) return std::nullopt;  // the coordinator's lock is held
+        if (!fw->ok()) return fw->status();
+        return body(**fw);
+      },
+      [this, ctx, checked, fence, body]() -> absl::Status {
+        if (!checked.ok()) return checked;
+        absl::StatusOr<FencedWorker> fw = AuthorizeFence(*ctx, *fence);
+        if (!fw.ok()) return fw.status();
+        return body(*fw);
+      });
+}
+
 absl::StatusOr<Principal> CallRunner::Authorize(const grpc::ServerContextBase& ctx,
                                                 Access access, absl::string_view job_id,
                                                 const v1::WorkerIdentity* worker) const {
@@ -158,6 +195,14 @@ absl::StatusOr<FencedWorker> CallRunner::AuthorizeFence(const grpc::ServerContex
     return st;
   }
   return coordinator_->CheckFence(fence);
+}
+
+std::optional<absl::StatusOr<FencedWorker>> CallRunner::TryAuthorizeFence(
+    const grpc::ServerContextBase& ctx, const v1::Fence& fence) const {
+  if (absl::Status st = AuthorizeMember(ctx, fence.worker(), "fence.worker.job_id"); !st.ok()) {
+    return absl::StatusOr<FencedWorker>(st);
+  }
+  return coordinator_->TryCheckFence(fence);
 }
 
 // ---------------------------------------------------------------------------

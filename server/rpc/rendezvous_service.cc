@@ -19,43 +19,71 @@ namespace shardline::server::rpc {
 
 namespace {
 
-// One call that waits in the Rendezvous without holding a thread: a KvGet
-// with wait, a KvWait or a Barrier arrival. Shared by its reactor (which
-// owns it until OnDone), the Rendezvous's answer callback and the deadline
-// alarm (both hold weak references). Exactly one answer finishes the call:
-// the one known at once, or (once it waits) either the Rendezvous's `done`
-// (with the Rendezvous's lock held: it only fills the response and
-// finishes the RPC) or a withdrawal at the deadline or on cancel, whichever
-// the Rendezvous lets happen (it serializes them). So no lock of this class
-// is held around a Rendezvous call, and none is taken in `done`. Shutdown
-// ends a waiting call through Rendezvous::DropJob (ABORTED, answered as
-// UNAVAILABLE while shutting down); nothing is sliced.
+// The request's timeout (ParseTimeout), named "timeout" in errors.
+template <typename Request>
+absl::StatusOr<std::optional<absl::Duration>> RequestTimeout(const Request& req) {
+  return ParseTimeout(req.has_timeout(), req.timeout(), kMaxWaitTimeout, "timeout");
+}
+
+// One call that may wait in the Rendezvous, without holding a thread: a
+// KvGet with wait, a KvWait or a Barrier arrival. Its checks (the request's
+// limits, the fence, the timeout, in that order) and its start run on the
+// gRPC thread that received it when the coordinator's lock is free at once
+// (as CallRunner::RunFenced), else on the pool. Shared by its reactor
+// (which owns it until OnDone), the Rendezvous's answer callback and the
+// deadline alarm (both hold weak references). Exactly one answer finishes
+// the call: the one known at once, or (once it waits) either the
+// Rendezvous's `done` (with the Rendezvous's lock held: it only fills the
+// response and finishes the RPC) or a withdrawal at the deadline or on
+// cancel, whichever the Rendezvous lets happen (it serializes them). So no
+// lock of this class is held around a Rendezvous call, and none is taken in
+// `done`. Shutdown ends a waiting call through Rendezvous::DropJob
+// (ABORTED, answered as UNAVAILABLE while shutting down).
 template <typename T>
 class WaitingCall : public std::enable_shared_from_this<WaitingCall<T>> {
  public:
-  // On the pool: checks the request and starts the wait, or answers.
-  using Begin = std::function<Rendezvous::Arrival<T>(Rendezvous::Done<T>)>;
+  using Timeout = absl::StatusOr<std::optional<absl::Duration>>;
+  // Starts the wait (or answers) for the checked caller.
+  using Begin = std::function<Rendezvous::Arrival<T>(
+      const FencedWorker&, std::optional<absl::Duration> timeout, Rendezvous::Done<T>)>;
   // Fills the response with an OK answer.
   using Respond = std::function<void(T)>;
 
-  // The reactor of a new call; `begin` runs on the pool. `method` must be
-  // a string literal.
+  // The reactor of a new call. `checked`: the request's limits; `fence`
+  // (the request's) must stay valid until the reactor's Finish. `method`
+  // must be a string literal.
   static grpc::ServerUnaryReactor* Launch(CallRunner* calls, Rendezvous* rendezvous,
-                                          const char* method, Begin begin, Respond respond) {
+                                          const char* method, grpc::CallbackServerContext* ctx,
+                                          absl::Status checked, const v1::Fence* fence,
+                                          Timeout timeout, Begin begin, Respond respond) {
     auto* reactor = new OwningReactor<WaitingCall>();
-    auto call = std::make_shared<WaitingCall>(calls, rendezvous, method, reactor,
+    auto call = std::make_shared<WaitingCall>(calls, rendezvous, method, ctx, reactor,
+                                              std::move(checked), fence, std::move(timeout),
                                               std::move(begin), std::move(respond));
     reactor->Own(call);
-    calls->pool()->Post([call] { call->Start(); });
+    if (call->checked_.ok() && calls->Admit().ok()) {
+      if (std::optional<absl::StatusOr<FencedWorker>> fw =
+              calls->TryAuthorizeFence(*ctx, *fence)) {
+        call->Start(*std::move(fw));  // checked without waiting: start here
+        return reactor;
+      }
+    }
+    calls->pool()->Post([call] { call->Start(std::nullopt); });
     return reactor;
   }
 
   WaitingCall(CallRunner* calls, Rendezvous* rendezvous, const char* method,
-              grpc::ServerUnaryReactor* reactor, Begin begin, Respond respond)
+              grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor,
+              absl::Status checked, const v1::Fence* fence, Timeout timeout, Begin begin,
+              Respond respond)
       : calls_(calls),
         rendezvous_(rendezvous),
         method_(method),
+        ctx_(ctx),
         reactor_(reactor),
+        checked_(std::move(checked)),
+        fence_(fence),
+        timeout_(std::move(timeout)),
         begin_(std::move(begin)),
         respond_(std::move(respond)) {}
 
@@ -66,10 +94,17 @@ class WaitingCall : public std::enable_shared_from_this<WaitingCall<T>> {
   }
 
  private:
-  void Start() {
+  // `fenced`: the fence's answer when already checked, else nullopt (then
+  // it is checked here, waiting for the coordinator's lock: on the pool).
+  void Start(std::optional<absl::StatusOr<FencedWorker>> fenced) {
     if (absl::Status st = calls_->Admit(); !st.ok()) return Finish(st);
+    if (!checked_.ok()) return Finish(checked_);
+    absl::StatusOr<FencedWorker> fw =
+        fenced.has_value() ? *std::move(fenced) : calls_->AuthorizeFence(*ctx_, *fence_);
+    if (!fw.ok()) return Finish(fw.status());
+    if (!timeout_.ok()) return Finish(timeout_.status());
     std::weak_ptr<WaitingCall> weak = this->weak_from_this();
-    Rendezvous::Arrival<T> a = begin_([weak](absl::StatusOr<T> answer) {
+    Rendezvous::Arrival<T> a = begin_(*fw, *timeout_, [weak](absl::StatusOr<T> answer) {
       if (auto self = weak.lock()) self->Finish(std::move(answer));
     });
     if (a.answer.has_value()) return Finish(*std::move(a.answer));
@@ -107,7 +142,11 @@ class WaitingCall : public std::enable_shared_from_this<WaitingCall<T>> {
   CallRunner* const calls_;
   Rendezvous* const rendezvous_;
   const char* const method_;
+  grpc::CallbackServerContext* const ctx_;
   grpc::ServerUnaryReactor* const reactor_;
+  const absl::Status checked_;
+  const v1::Fence* const fence_;
+  const Timeout timeout_;
   const Begin begin_;
   const Respond respond_;
   const absl::Time start_ = absl::Now();
@@ -123,67 +162,51 @@ RendezvousServiceImpl::RendezvousServiceImpl(CallRunner* calls, Coordinator* coo
                                              Rendezvous* rendezvous)
     : calls_(calls), coordinator_(coordinator), rendezvous_(rendezvous) {}
 
-template <typename Request>
-absl::StatusOr<RendezvousServiceImpl::Fenced> RendezvousServiceImpl::CheckFenced(
-    const grpc::ServerContextBase& ctx, const Request& req, const v1::Fence& fence,
-    bool has_timeout, const google::protobuf::Duration& timeout) const {
-  if (absl::Status st = CheckRequestLimits(req); !st.ok()) return st;
-  absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(ctx, fence);
-  if (!fw.ok()) return fw.status();
-  absl::StatusOr<std::optional<absl::Duration>> t =
-      ParseTimeout(has_timeout, timeout, kMaxWaitTimeout, "timeout");
-  if (!t.ok()) return t.status();
-  return Fenced{*std::move(fw), *t};
-}
-
 grpc::ServerUnaryReactor* RendezvousServiceImpl::KvSet(grpc::CallbackServerContext* ctx,
                                                        const v1::KvSetRequest* req,
                                                        v1::KvSetResponse*) {
-  return calls_->RunPooled(ctx, "RendezvousService/KvSet", [=]() -> absl::Status {
-    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
-    absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
-    if (!fw.ok()) return fw.status();
-    return rendezvous_->Set(fw->job_id, fw->generation, req->scope(), req->key(), req->value());
-  });
+  return calls_->RunFenced(ctx, "RendezvousService/KvSet", CheckRequestLimits(*req),
+                           &req->fence(), [this, req](const FencedWorker& fw) {
+                             return rendezvous_->Set(fw.job_id, fw.generation, req->scope(),
+                                                     req->key(), req->value());
+                           });
 }
 
 grpc::ServerUnaryReactor* RendezvousServiceImpl::KvGet(grpc::CallbackServerContext* ctx,
                                                        const v1::KvGetRequest* req,
                                                        v1::KvGetResponse* resp) {
-  if (!req->wait() || !req->has_fence()) {  // never waits (an operator read refuses wait)
-    return calls_->RunPooled(ctx, "RendezvousService/KvGet",
-                             [=] { return Get(ctx, req, resp); });
+  if (!req->has_fence()) {  // an operator's read: never waits (it refuses wait)
+    return calls_->RunPooled(ctx, "RendezvousService/KvGet", [=]() -> absl::Status {
+      if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
+      return OperatorRead(*ctx, *req, resp);
+    });
+  }
+  if (!req->wait()) {
+    return calls_->RunFenced(
+        ctx, "RendezvousService/KvGet", CheckRequestLimits(*req), &req->fence(),
+        [this, req, resp](const FencedWorker& fw) -> absl::Status {
+          absl::StatusOr<std::optional<absl::Duration>> timeout = RequestTimeout(*req);
+          if (!timeout.ok()) return timeout.status();
+          absl::StatusOr<std::optional<std::string>> r = rendezvous_->Get(
+              fw.job_id, fw.generation, req->scope(), req->key(), /*wait=*/false, *timeout);
+          if (!r.ok()) return r.status();
+          resp->set_found(r->has_value());
+          if (r->has_value()) resp->set_value(**std::move(r));
+          return absl::OkStatus();
+        });
   }
   return WaitingCall<Rendezvous::KeyAnswer>::Launch(
-      calls_, rendezvous_, "RendezvousService/KvGet",
-      [this, ctx, req](Rendezvous::Done<Rendezvous::KeyAnswer> done) -> Rendezvous::KeyArrival {
-        absl::StatusOr<Fenced> f = CheckFenced(*ctx, *req, req->fence(), req->has_timeout(),
-                                               req->timeout());
-        if (!f.ok()) return Rendezvous::KeyArrival::Answered(f.status());
-        return rendezvous_->AwaitKey(f->worker.job_id, f->worker.generation, req->scope(),
-                                     req->key(), f->timeout, RpcDeadline(*ctx), std::move(done));
+      calls_, rendezvous_, "RendezvousService/KvGet", ctx, CheckRequestLimits(*req),
+      &req->fence(), RequestTimeout(*req),
+      [this, ctx, req](const FencedWorker& fw, std::optional<absl::Duration> timeout,
+                       Rendezvous::Done<Rendezvous::KeyAnswer> done) {
+        return rendezvous_->AwaitKey(fw.job_id, fw.generation, req->scope(), req->key(), timeout,
+                                     RpcDeadline(*ctx), std::move(done));
       },
       [resp](Rendezvous::KeyAnswer value) {
         resp->set_found(value.has_value());
         if (value.has_value()) resp->set_value(*std::move(value));
       });
-}
-
-absl::Status RendezvousServiceImpl::Get(grpc::CallbackServerContext* ctx,
-                                        const v1::KvGetRequest* req, v1::KvGetResponse* resp) {
-  if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
-  if (!req->has_fence()) return OperatorRead(*ctx, *req, resp);
-  absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
-  if (!fw.ok()) return fw.status();
-  absl::StatusOr<std::optional<absl::Duration>> timeout =
-      ParseTimeout(req->has_timeout(), req->timeout(), kMaxWaitTimeout, "timeout");
-  if (!timeout.ok()) return timeout.status();
-  absl::StatusOr<std::optional<std::string>> r = rendezvous_->Get(
-      fw->job_id, fw->generation, req->scope(), req->key(), /*wait=*/false, *timeout);
-  if (!r.ok()) return r.status();
-  resp->set_found(r->has_value());
-  if (r->has_value()) resp->set_value(**std::move(r));
-  return absl::OkStatus();
 }
 
 absl::Status RendezvousServiceImpl::OperatorRead(const grpc::ServerContextBase& ctx,
@@ -222,47 +245,44 @@ absl::Status RendezvousServiceImpl::OperatorRead(const grpc::ServerContextBase& 
 grpc::ServerUnaryReactor* RendezvousServiceImpl::KvAdd(grpc::CallbackServerContext* ctx,
                                                        const v1::KvAddRequest* req,
                                                        v1::KvAddResponse* resp) {
-  return calls_->RunPooled(ctx, "RendezvousService/KvAdd", [=]() -> absl::Status {
-    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
-    absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
-    if (!fw.ok()) return fw.status();
-    absl::StatusOr<int64_t> r =
-        rendezvous_->Add(fw->job_id, fw->generation, req->scope(), req->key(), req->delta());
-    if (!r.ok()) return r.status();
-    resp->set_value(*r);
-    return absl::OkStatus();
-  });
+  return calls_->RunFenced(ctx, "RendezvousService/KvAdd", CheckRequestLimits(*req),
+                           &req->fence(),
+                           [this, req, resp](const FencedWorker& fw) -> absl::Status {
+                             absl::StatusOr<int64_t> r = rendezvous_->Add(
+                                 fw.job_id, fw.generation, req->scope(), req->key(), req->delta());
+                             if (!r.ok()) return r.status();
+                             resp->set_value(*r);
+                             return absl::OkStatus();
+                           });
 }
 
 grpc::ServerUnaryReactor* RendezvousServiceImpl::KvCompareAndSet(
     grpc::CallbackServerContext* ctx, const v1::KvCompareAndSetRequest* req,
     v1::KvCompareAndSetResponse* resp) {
-  return calls_->RunPooled(ctx, "RendezvousService/KvCompareAndSet", [=]() -> absl::Status {
-    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
-    absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
-    if (!fw.ok()) return fw.status();
-    std::optional<absl::string_view> expected;
-    if (req->has_expected()) expected = req->expected();
-    absl::StatusOr<Rendezvous::CasResult> r = rendezvous_->CompareAndSet(
-        fw->job_id, fw->generation, req->scope(), req->key(), expected, req->desired());
-    if (!r.ok()) return r.status();
-    resp->set_swapped(r->swapped);
-    if (r->current.has_value()) resp->set_current(*r->current);
-    return absl::OkStatus();
-  });
+  return calls_->RunFenced(
+      ctx, "RendezvousService/KvCompareAndSet", CheckRequestLimits(*req), &req->fence(),
+      [this, req, resp](const FencedWorker& fw) -> absl::Status {
+        std::optional<absl::string_view> expected;
+        if (req->has_expected()) expected = req->expected();
+        absl::StatusOr<Rendezvous::CasResult> r = rendezvous_->CompareAndSet(
+            fw.job_id, fw.generation, req->scope(), req->key(), expected, req->desired());
+        if (!r.ok()) return r.status();
+        resp->set_swapped(r->swapped);
+        if (r->current.has_value()) resp->set_current(*r->current);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* RendezvousServiceImpl::KvWait(grpc::CallbackServerContext* ctx,
                                                         const v1::KvWaitRequest* req,
                                                         v1::KvWaitResponse*) {
   return WaitingCall<Rendezvous::KeyAnswer>::Launch(
-      calls_, rendezvous_, "RendezvousService/KvWait",
-      [this, ctx, req](Rendezvous::Done<Rendezvous::KeyAnswer> done) -> Rendezvous::KeyArrival {
-        absl::StatusOr<Fenced> f = CheckFenced(*ctx, *req, req->fence(), req->has_timeout(),
-                                               req->timeout());
-        if (!f.ok()) return Rendezvous::KeyArrival::Answered(f.status());
-        return rendezvous_->AwaitKeys(f->worker.job_id, f->worker.generation, req->scope(),
-                                      {req->keys().begin(), req->keys().end()}, f->timeout,
+      calls_, rendezvous_, "RendezvousService/KvWait", ctx, CheckRequestLimits(*req),
+      &req->fence(), RequestTimeout(*req),
+      [this, ctx, req](const FencedWorker& fw, std::optional<absl::Duration> timeout,
+                       Rendezvous::Done<Rendezvous::KeyAnswer> done) {
+        return rendezvous_->AwaitKeys(fw.job_id, fw.generation, req->scope(),
+                                      {req->keys().begin(), req->keys().end()}, timeout,
                                       RpcDeadline(*ctx), std::move(done));
       },
       [](Rendezvous::KeyAnswer) {});
@@ -271,16 +291,15 @@ grpc::ServerUnaryReactor* RendezvousServiceImpl::KvWait(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* RendezvousServiceImpl::KvDelete(grpc::CallbackServerContext* ctx,
                                                           const v1::KvDeleteRequest* req,
                                                           v1::KvDeleteResponse* resp) {
-  return calls_->RunPooled(ctx, "RendezvousService/KvDelete", [=]() -> absl::Status {
-    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
-    absl::StatusOr<FencedWorker> fw = calls_->AuthorizeFence(*ctx, req->fence());
-    if (!fw.ok()) return fw.status();
-    absl::StatusOr<bool> r =
-        rendezvous_->Delete(fw->job_id, fw->generation, req->scope(), req->key());
-    if (!r.ok()) return r.status();
-    resp->set_deleted(*r);
-    return absl::OkStatus();
-  });
+  return calls_->RunFenced(ctx, "RendezvousService/KvDelete", CheckRequestLimits(*req),
+                           &req->fence(),
+                           [this, req, resp](const FencedWorker& fw) -> absl::Status {
+                             absl::StatusOr<bool> r = rendezvous_->Delete(
+                                 fw.job_id, fw.generation, req->scope(), req->key());
+                             if (!r.ok()) return r.status();
+                             resp->set_deleted(*r);
+                             return absl::OkStatus();
+                           });
 }
 
 grpc::Status RendezvousServiceImpl::KvNumKeys(grpc::ServerContext* ctx,
@@ -301,14 +320,13 @@ grpc::ServerUnaryReactor* RendezvousServiceImpl::Barrier(grpc::CallbackServerCon
                                                          const v1::BarrierRequest* req,
                                                          v1::BarrierResponse* resp) {
   return WaitingCall<uint32_t>::Launch(
-      calls_, rendezvous_, "RendezvousService/Barrier",
-      [this, ctx, req](Rendezvous::Done<uint32_t> done) -> Rendezvous::BarrierArrival {
-        absl::StatusOr<Fenced> f = CheckFenced(*ctx, *req, req->fence(), req->has_timeout(),
-                                               req->timeout());
-        if (!f.ok()) return Rendezvous::BarrierArrival::Answered(f.status());
-        return rendezvous_->BarrierArrive(f->worker.job_id, f->worker.generation, req->scope(),
-                                          req->name(), f->worker.worker_id, req->participants(),
-                                          f->timeout, RpcDeadline(*ctx), std::move(done));
+      calls_, rendezvous_, "RendezvousService/Barrier", ctx, CheckRequestLimits(*req),
+      &req->fence(), RequestTimeout(*req),
+      [this, ctx, req](const FencedWorker& fw, std::optional<absl::Duration> timeout,
+                       Rendezvous::Done<uint32_t> done) {
+        return rendezvous_->BarrierArrive(fw.job_id, fw.generation, req->scope(), req->name(),
+                                          fw.worker_id, req->participants(), timeout,
+                                          RpcDeadline(*ctx), std::move(done));
       },
       [resp](uint32_t position) { resp->set_arrival(position); });
 }

@@ -5,10 +5,13 @@
 //
 // Where each method runs (server/rpc/call.h):
 //   KvSet, KvAdd, KvCompareAndSet, KvDelete, and KvGet without wait:
-//     callback API, the body on the HandlerPool (they never wait).
+//     callback API (they never wait), CallRunner::RunFenced: on the gRPC
+//     thread that received the call when the coordinator's lock is free at
+//     once, else on the HandlerPool. An operator's KvGet (no fence): on the
+//     HandlerPool.
 //   KvGet with wait, KvWait, Barrier: callback API, and no thread while
 //     they wait (Rendezvous::AwaitKey, AwaitKeys, BarrierArrive; their
-//     checks on the HandlerPool), so any number of callers may wait at once
+//     checks and start as RunFenced's), so any number of callers may wait at once
 //     (the Rendezvous charges each waiting call to its generation's byte
 //     budget); not sliced: a call whose deadline passes, or whose caller
 //     cancels, is withdrawn (an alarm at the earlier of the request's
@@ -104,18 +107,6 @@ class RendezvousServiceImpl final
                          v1::KvNumKeysResponse* resp) override;
 
  private:
-  // A waiting call's checks: the request's limits, the fence, the timeout.
-  struct Fenced {
-    FencedWorker worker;
-    std::optional<absl::Duration> timeout;
-  };
-  template <typename Request>
-  absl::StatusOr<Fenced> CheckFenced(const grpc::ServerContextBase& ctx, const Request& req,
-                                     const v1::Fence& fence, bool has_timeout,
-                                     const google::protobuf::Duration& timeout) const;
-  // KvGet's body when it does not wait.
-  absl::Status Get(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* req,
-                   v1::KvGetResponse* resp);
   // KvGet without a fence: an operator's read-only look (admin token), which
   // proves nobody's liveness and never waits.
   absl::Status OperatorRead(const grpc::ServerContextBase& ctx, const v1::KvGetRequest& req,

@@ -223,19 +223,32 @@ void WorkerServiceImpl::EndAssignmentWaits() {
 grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
                                                        const v1::HeartbeatRequest* req,
                                                        v1::HeartbeatResponse* resp) {
-  return calls_->RunPooled(ctx, "WorkerService/Heartbeat", [=]() -> absl::Status {
-    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
-    const v1::Fence& fence = req->fence();
-    if (absl::Status st = calls_->AuthorizeMember(*ctx, fence.worker(), "fence.worker.job_id");
-        !st.ok()) {
-      return st;
-    }
-    absl::StatusOr<v1::HeartbeatResponse> r = coordinator_->Heartbeat(*req);
+  auto answer = [this, resp](absl::StatusOr<v1::HeartbeatResponse> r) -> absl::Status {
     if (!r.ok()) return r.status();
     *resp = *std::move(r);
     if (calls_->metrics() != nullptr) calls_->metrics()->CountHeartbeat();
     return absl::OkStatus();
-  });
+  };
+  auto checks = [this, ctx, req]() -> absl::Status {
+    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
+    return calls_->AuthorizeMember(*ctx, req->fence().worker(), "fence.worker.job_id");
+  };
+  // On the gRPC thread when the coordinator's lock is free, except a DONE
+  // heartbeat: it may complete the job, which writes every member to the
+  // state store (slow work: on the pool).
+  return calls_->RunInlineOrPooled(
+      ctx, "WorkerService/Heartbeat",
+      [this, req, answer, checks]() -> std::optional<absl::Status> {
+        if (absl::Status st = checks(); !st.ok()) return st;
+        if (req->state() == v1::WORKER_STATE_DONE) return std::nullopt;
+        std::optional<absl::StatusOr<v1::HeartbeatResponse>> r = coordinator_->TryHeartbeat(*req);
+        if (!r.has_value()) return std::nullopt;
+        return answer(*std::move(r));
+      },
+      [this, req, answer, checks]() -> absl::Status {
+        if (absl::Status st = checks(); !st.ok()) return st;
+        return answer(coordinator_->Heartbeat(*req));
+      });
 }
 
 grpc::Status WorkerServiceImpl::ReportError(grpc::ServerContext* ctx,
