@@ -48,7 +48,7 @@ expect "shardctl checkpoint list" "ckpt-step000000000040-gen2 +40 +2 +COMMITTED"
 expect "the sample" "== A sample from the trained model"
 expect "the run summary" "^run: +40 steps .* -> [0-9.]+ at step 40"
 expect "the throughput" "tokens/s [0-9]+ while training, [0-9]+ overall"
-expect "the recovery summary" "kill -> coordinator noticed [0-9.]+ s -> re-formed [0-9.]+ s -> restored [0-9.]+ s -> first resumed step \(11\) [0-9.]+ s"
+expect "the recovery summary" "kill -> coordinator noticed [0-9.]+ s -> generation 2 formed [0-9.]+ s -> communicators ready [0-9.]+ s -> restored [0-9.]+ s -> first resumed step \(11\) [0-9.]+ s"
 # The sample holds text: some letters after its header.
 if sed -n '/== A sample/,/== Summary/p' "$TMP/demo.out" | grep -a '^  | ' | grep -aq '[A-Za-z]'; then
   echo "[  OK  ] the sample has text"

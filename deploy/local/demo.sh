@@ -309,24 +309,25 @@ STEADY=$(grep -a -h "step [0-9]*/$STEPS loss" "$OUT"/worker*.log |
 EFFECTIVE=$(awk -v t="$TOKENS" -v w="$WALL" 'BEGIN{printf "%.0f", t/w}')
 
 # Recovery times, from the kill: the coordinator's "generation ended" line
-# (detection), the last "generation 2 ... communicators ready" (re-formed),
-# the last restore, and the last "recovery" line (written after the first
-# resumed step).
+# (detection), its "generation 2 formed" (the new layout decided), the last
+# worker's "generation 2 ... communicators ready", the last restore, and the
+# last "recovery" line (written after the first resumed step).
 iso_time() { sed -n "$1" "$OUT/coordinator.log" | head -1 | sed 's/^[0-9-]*T\([0-9:.]*\)Z.*/\1/'; }
 DETECTED=$(iso_time '/generation ended job=shakespeare generation=1/p')
+FORMED=$(iso_time '/generation 2 formed/p')
 REFORMED=$(grep -a -h "generation 2 rank .* communicators ready" "$OUT"/worker*.log | cut -c12-23 | sort | tail -1)
 RESTORED=$(grep -a -h "generation 2 rank .*: restored" "$OUT"/worker*.log | cut -c12-23 | sort | tail -1)
 RESUMED=$(grep -a -h "recovery (" "$OUT"/worker*.log | cut -c12-23 | sort | tail -1)
 RESTORE_LINE=$(grep -a -h "generation 2 rank 0: restored" "$OUT"/worker*.log | head -1 | sed 's/.*: generation 2 rank 0: //')
 RESUMED_STEP=$(grep -a -h "recovery (" "$OUT"/worker*.log | head -1 | sed 's/.*first resumed step \([0-9]*\).*/\1/')
-[ -n "$DETECTED" ] && [ -n "$REFORMED" ] && [ -n "$RESTORED" ] && [ -n "$RESUMED" ] ||
+[ -n "$DETECTED" ] && [ -n "$FORMED" ] && [ -n "$REFORMED" ] && [ -n "$RESTORED" ] && [ -n "$RESUMED" ] ||
   die "the recovery did not leave all its log lines"
 
 echo "== Summary"
 echo "run:      $STEPS steps (global batch 24 x 64 tokens), loss $FIRST_LOSS at step $LOG_INTERVAL -> $FINAL_LOSS at step $STEPS"
 echo "          wall time ${WALL} s from the workers' start to COMPLETED; tokens/s ${STEADY} while training, ${EFFECTIVE} overall"
 echo "recovery: node$VICTIM (rank 1) killed after step $KILL_AT; $RESTORE_LINE"
-echo "          kill -> coordinator noticed $(elapsed "$KILLED_AT" "$DETECTED") s -> re-formed $(elapsed "$KILLED_AT" "$REFORMED") s -> restored $(elapsed "$KILLED_AT" "$RESTORED") s -> first resumed step ($RESUMED_STEP) $(elapsed "$KILLED_AT" "$RESUMED") s"
+echo "          kill -> coordinator noticed $(elapsed "$KILLED_AT" "$DETECTED") s -> generation 2 formed $(elapsed "$KILLED_AT" "$FORMED") s -> communicators ready $(elapsed "$KILLED_AT" "$REFORMED") s -> restored $(elapsed "$KILLED_AT" "$RESTORED") s -> first resumed step ($RESUMED_STEP) $(elapsed "$KILLED_AT" "$RESUMED") s"
 echo "          per worker (from the moment each learned generation 1 was over):"
 grep -a -h "recovery (" "$OUT"/worker*.log | sed 's/^[0-9TZ:.-]* shardline-worker[^:]*: /            /'
 echo "demo:     $(awk -v a="$SCRIPT_START" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b-a}') s in all (build included); logs, state, checkpoints, plan.json and schedule.svg in $OUT"
