@@ -20,7 +20,10 @@
 //   * Callback API (WithCallbackMethod_*): gRPC calls the handler on one of
 //     its own threads, which also move the bytes of every connection; the
 //     body is posted to the HandlerPool (4 threads) and the handler returns
-//     at once: RunPooled(). Only for bodies that never wait long. A call
+//     at once: RunPooled(). Only for bodies that never wait long. A body
+//     that can first be tried without waiting for the coordinator's lock
+//     runs on gRPC's thread when that works, else on the pool:
+//     RunInlineOrPooled(), RunFenced(). A call
 //     that waits holds no thread while it waits: the Session and WatchJob
 //     streams (session_stream.h, watch_stream.h), GetAssignment with wait
 //     (worker_service.h, OwningReactor below), and KvGet with wait, KvWait

@@ -34,9 +34,12 @@
 //     ServerOptions::max_threads (beyond: RESOURCE_EXHAUSTED).
 //   * Callback API (JoinJob, GetAssignment, Heartbeat; KvSet, KvGet, KvAdd,
 //     KvCompareAndSet, KvWait, KvDelete, Barrier; Session; WatchJob): gRPC's own threads accept the call;
-//     the body runs on a HandlerPool of 4 threads, never on gRPC's threads
-//     (which would stall every connection's I/O while a body waits for the
-//     coordinator's lock). An open Session or WatchJob stream holds no
+//     the body runs on a HandlerPool of 4 threads, never waiting on gRPC's
+//     threads (which would stall every connection's I/O while a body waits
+//     for the coordinator's lock): the fenced KV calls, the start of the
+//     waiting ones and Heartbeat run on the receiving thread only when the
+//     coordinator's lock is free at once (CallRunner::RunInlineOrPooled,
+//     server/rpc/call.h), else on the pool. An open Session or WatchJob stream holds no
 //     thread (server/rpc/session_stream.h, watch_stream.h), nor does a
 //     GetAssignment that waits (server/rpc/worker_service.h), a KvGet
 //     with wait, a KvWait or a Barrier arrival
