@@ -157,11 +157,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   // Two coordinators on one port would split the clients between them.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // The sync server starts a thread per concurrent call (blocking waits
-  // included): bounded, so a flood of calls gets RESOURCE_EXHAUSTED instead
-  // of exhausting the process's threads (which left calls unanswered and
-  // shutdown hanging). Sized for 4096 workers each waiting in
-  // GetAssignment, plus room for everything else.
+  // The sync server starts a thread per concurrent call: bounded, so a
+  // flood of calls gets RESOURCE_EXHAUSTED instead of exhausting the
+  // process's threads (which left calls unanswered and shutdown hanging).
+  // No waiting call is a sync call any more (they hold no thread), so the
+  // bound only meets a flood of short ones.
   grpc::ResourceQuota quota("shardline-coordinator");
   quota.SetMaxThreads(options.max_threads);
   builder.SetResourceQuota(quota);

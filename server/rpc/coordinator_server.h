@@ -147,8 +147,8 @@ struct ServerOptions {
   // heartbeat_timeout (HEARTBEAT_TIMEOUT), not by the keepalive.
   absl::Duration keepalive_time = absl::Seconds(5);
   absl::Duration keepalive_timeout = spec::kMaxHeartbeatTimeout + absl::Minutes(1);
-  // Most threads of the sync server (one per concurrent sync-API call,
-  // blocking waits included); calls beyond get RESOURCE_EXHAUSTED.
+  // Most threads of the sync server (one per concurrent sync-API call);
+  // calls beyond get RESOURCE_EXHAUSTED.
   int max_threads = 16384;
   // Asked before every call of the four v1 services and every Tick; a
   // non-OK answer is the call's answer and the Tick is skipped (a replica
