@@ -276,7 +276,7 @@ absl::Status Rendezvous::StoreLocked(GenerationState* gen, Scope* sc, absl::stri
         KeyAnswer answer;
         if (KeysReadyLocked(sc, w, &answer)) {
           --gen->waiters;
-          gen->bytes -= w->bytes;
+          gen->waiting_bytes -= w->bytes;
           AnswerKeyWaitLocked(w, std::move(answer));
         } else {  // a Wait with more keys missing: on to the next one
           sc->key_waiters[w->keys[w->next]].insert(w);
@@ -303,20 +303,20 @@ Rendezvous::KeyArrival Rendezvous::StartKeyWaitLocked(std::unique_ptr<KeyWait> w
   }
   Scope* sc = EnsureScopeLocked(w->job_id, w->generation, w->scope);
   GenerationState* gen = FindGenerationLocked(w->job_id, w->generation);
-  if (gen->bytes + w->bytes > kMaxBytesPerGeneration) {
-    const int64_t held = gen->bytes;
+  if (gen->waiting_bytes + w->bytes > kMaxWaitingBytesPerGeneration) {
+    const int64_t held = gen->waiting_bytes;
     MaybeEraseScopeLocked(w->job_id, w->generation, w->scope);
     return KeyArrival::Answered(absl::ResourceExhaustedError(absl::StrCat(
-        "generation ", w->generation, " of job ", Quote(w->job_id), " holds ", held,
-        " bytes of rendezvous state (keys, values, names, waiting calls and their bookkeeping); "
-        "waiting for ",
+        "generation ", w->generation, " of job ", Quote(w->job_id), " already has ", held,
+        " bytes of waiting KvGet/KvWait calls; waiting for ",
         w->keys.size() == 1 ? absl::StrCat("key ", Quote(w->keys[0]))
                             : absl::StrCat(w->keys.size(), " keys"),
         " in ", Where(w->job_id, w->generation, w->scope), " (", w->bytes,
-        " bytes) would pass kMaxBytesPerGeneration = ", kMaxBytesPerGeneration,
-        ". Wait for fewer keys at once, or delete keys no longer needed (KvDelete)")));
+        " bytes) would pass kMaxWaitingBytesPerGeneration = ", kMaxWaitingBytesPerGeneration,
+        w->keys.size() == 1 ? ". Retry once fewer calls wait"
+                            : ". Wait for fewer keys at once, or retry once fewer calls wait")));
   }
-  gen->bytes += w->bytes;
+  gen->waiting_bytes += w->bytes;
   ++gen->waiters;
   w->wait_id = next_wait_id_++;
   sc->key_waiters[w->keys[w->next]].insert(w.get());
@@ -754,7 +754,7 @@ absl::Status Rendezvous::WithdrawKeyWaitLocked(std::unique_ptr<KeyWait> w, bool 
   waiting->second.erase(w.get());
   if (waiting->second.empty()) sc->key_waiters.erase(waiting);
   --gen->waiters;
-  gen->bytes -= w->bytes;
+  gen->waiting_bytes -= w->bytes;
   absl::Status answer = GaveUpLocked(sc, *w, cancelled);
   MaybeEraseScopeLocked(w->job_id, w->generation, w->scope);
   return answer;
@@ -852,6 +852,7 @@ Rendezvous::Usage Rendezvous::GetJobUsage(absl::string_view job_id) const {
     usage.scopes += gen->scopes_charged;
     usage.bytes += gen->bytes;
     usage.waiters += gen->waiters;
+    usage.waiting_bytes += gen->waiting_bytes;
     usage.last_write = std::max(usage.last_write, gen->last_write);
     for (const auto& [name, sc] : gen->scopes) usage.barriers += sc->barriers.size();
   }
@@ -867,6 +868,7 @@ Rendezvous::Usage Rendezvous::GetUsage(absl::string_view job_id, uint64_t genera
   usage.scopes = gen->scopes_charged;
   usage.bytes = gen->bytes;
   usage.waiters = gen->waiters;
+  usage.waiting_bytes = gen->waiting_bytes;
   usage.last_write = gen->last_write;
   for (const auto& [name, sc] : gen->scopes) usage.barriers += sc->barriers.size();
   return usage;

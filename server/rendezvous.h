@@ -121,8 +121,10 @@ inline constexpr int64_t kKeyOverheadBytes = 208;
 inline constexpr int64_t kScopeOverheadBytes = 384;
 inline constexpr int64_t kBarrierOverheadBytes = 320;
 inline constexpr int64_t kArrivalOverheadBytes = 112;
-// A waiting Get or Wait is charged too while it waits (so that waiting
-// calls, which hold no thread, are bounded by the same budget): its keys'
+// Gets and Waits that wait hold no thread; what they cost is charged, while
+// they wait, to a budget of their own, kMaxWaitingBytesPerGeneration (not
+// to kMaxBytesPerGeneration: waiting calls must never keep out the write
+// that would answer them). A waiting call is charged its keys'
 // bytes, kWaitedKeyOverheadBytes per key (the std::string in its list and
 // its heap buffer) and kKeyWaitOverheadBytes (the wait record, its copies
 // of job id, scope and deadline text, its slot in the wait index, the
@@ -132,6 +134,10 @@ inline constexpr int64_t kArrivalOverheadBytes = 112;
 // waits of 1000 ~20-byte keys 64 bytes a key (charged 84).
 inline constexpr int64_t kKeyWaitOverheadBytes = 640;
 inline constexpr int64_t kWaitedKeyOverheadBytes = 64;
+// Charged bytes of the Gets and Waits waiting at once in one generation ->
+// ResourceExhausted (256 MiB: ~370k one-key waits, or 7 Waits of 65536
+// keys of kMaxKeyBytes).
+inline constexpr int64_t kMaxWaitingBytesPerGeneration = 268435456;
 inline constexpr absl::Duration kDefaultWaitTimeout = absl::Seconds(300);
 inline constexpr absl::Duration kMaxWaitTimeout = absl::Seconds(3600);
 
@@ -152,6 +158,9 @@ class Rendezvous {
     int64_t bytes = 0;
     int64_t barriers = 0;  // barriers created (open or not)
     int64_t waiters = 0;   // calls waiting right now (Get with wait, Wait, Barrier)
+    // Bytes of the Gets and Waits waiting right now, charged to
+    // kMaxWaitingBytesPerGeneration (kKeyWaitOverheadBytes ...).
+    int64_t waiting_bytes = 0;
     absl::Time last_write = absl::InfinitePast();  // Clock time of the last successful write
   };
 
@@ -224,7 +233,8 @@ class Rendezvous {
   //   DeadlineExceeded: wait = true and the key was not set in time; the
   //     message names the key, scope and how long it waited.
   //   ResourceExhausted: wait = true, the key is missing, and the waiting
-  //     call (see kKeyWaitOverheadBytes) would pass kMaxBytesPerGeneration.
+  //     call (see kKeyWaitOverheadBytes) would pass
+  //     kMaxWaitingBytesPerGeneration.
   absl::StatusOr<std::optional<std::string>> Get(
       absl::string_view job_id, uint64_t generation, absl::string_view scope, absl::string_view key,
       bool wait, std::optional<absl::Duration> timeout = std::nullopt,
@@ -264,7 +274,8 @@ class Rendezvous {
   //   DeadlineExceeded: some keys still missing; the message names the
   //     first 16 missing keys and how many are missing.
   //   ResourceExhausted: some keys are missing, and the waiting call (its
-  //     keys, see kKeyWaitOverheadBytes) would pass kMaxBytesPerGeneration.
+  //     keys, see kKeyWaitOverheadBytes) would pass
+  //     kMaxWaitingBytesPerGeneration.
   absl::Status Wait(absl::string_view job_id, uint64_t generation, absl::string_view scope,
                     const std::vector<std::string>& keys,
                     std::optional<absl::Duration> timeout = std::nullopt,
@@ -382,7 +393,7 @@ class Rendezvous {
     std::vector<std::string> keys;  // AwaitKey: the one key
     bool want_value = false;        // AwaitKey: answer the key's value
     size_t next = 0;
-    int64_t bytes = 0;                 // charged while it waits
+    int64_t bytes = 0;                 // charged (waiting_bytes) while it waits
     std::string deadline_description;  // "within the timeout of 5s" ...
   };
   // A waiting barrier arrival (BarrierArrive; Barrier too), until answered
@@ -425,6 +436,7 @@ class Rendezvous {
     int64_t scopes_charged = 0;  // scopes holding keys or barriers
     int64_t bytes = 0;           // charged bytes (see kKeyOverheadBytes)
     int64_t waiters = 0;
+    int64_t waiting_bytes = 0;  // charged to kMaxWaitingBytesPerGeneration
     absl::Time last_write = absl::InfinitePast();
   };
   struct JobState {

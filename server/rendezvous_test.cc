@@ -734,11 +734,14 @@ TEST_F(RendezvousTest, AwaitKeyHoldsNoThreadAndIsAnsweredByTheWriteThatSetsIt) {
   }
   Rendezvous::Usage usage = rv_.GetUsage(kJob, 1);
   EXPECT_EQ(usage.waiters, 3);
-  EXPECT_EQ(usage.bytes - bytes_before,
+  // Charged to the waiting calls' own budget, not to the data's.
+  EXPECT_EQ(usage.waiting_bytes,
             3 * (kKeyWaitOverheadBytes + kWaitedKeyOverheadBytes + 4));  // "late"
+  EXPECT_EQ(usage.bytes, bytes_before);
   ASSERT_TRUE(rv_.Set(kJob, 1, "tp/0", "late", "v").ok());
   usage = rv_.GetUsage(kJob, 1);
   EXPECT_EQ(usage.waiters, 0);
+  EXPECT_EQ(usage.waiting_bytes, 0);
   // Only the new key's own charge remains.
   EXPECT_EQ(usage.bytes - bytes_before, 4 + 1 + kKeyOverheadBytes);
   for (int i = 0; i < 3; ++i) {
@@ -839,10 +842,11 @@ TEST_F(RendezvousTest, KeyWaitOfAnEndedGenerationIsAnsweredAborted) {
   EXPECT_EQ(c.answer->status().code(), absl::StatusCode::kAborted);
 }
 
-TEST_F(RendezvousTest, WaitingKeyCallsAreChargedToTheGenerationBudget) {
+TEST_F(RendezvousTest, WaitingKeyCallsHaveABudgetOfTheirOwnAndNeverKeepOutTheirWrites) {
   // A KvWait of the most keys of the longest names: each such call is
-  // charged ~65536 * (512 + 48) bytes = ~35 MiB, so the 256 MiB budget holds
-  // 7 of them; the 8th is refused, naming the limit, and waits for nothing.
+  // charged ~65536 * (512 + 64) bytes = ~36 MiB, so the 256 MiB budget of
+  // waiting calls holds 7 of them; the 8th is refused, naming the limit,
+  // and waits for nothing.
   std::vector<std::string> keys;
   for (size_t i = 0; i < kMaxKeysPerRequest; ++i) {
     std::string k = absl::StrCat("k", i, "-");
@@ -852,33 +856,82 @@ TEST_F(RendezvousTest, WaitingKeyCallsAreChargedToTheGenerationBudget) {
   const int64_t per_call =
       kKeyWaitOverheadBytes +
       static_cast<int64_t>(kMaxKeysPerRequest) * (kWaitedKeyOverheadBytes + kMaxKeyBytes);
-  const int fits = static_cast<int>(kMaxBytesPerGeneration / per_call);
+  const int fits = static_cast<int>(kMaxWaitingBytesPerGeneration / per_call);
   ASSERT_EQ(fits, 7);
-  int answered = 0;
-  auto count = [&answered](absl::StatusOr<Rendezvous::KeyAnswer>) { ++answered; };
+  std::vector<absl::StatusOr<Rendezvous::KeyAnswer>> answers;
+  auto keep = [&answers](absl::StatusOr<Rendezvous::KeyAnswer> r) {
+    answers.push_back(std::move(r));
+  };
   std::vector<uint64_t> ids;
   for (int i = 0; i < fits; ++i) {
-    Rendezvous::KeyArrival a = rv_.AwaitKeys(kJob, 1, "", keys, absl::Seconds(5),
-                                             absl::InfiniteFuture(), count);
+    Rendezvous::KeyArrival a =
+        rv_.AwaitKeys(kJob, 1, "", keys, absl::Seconds(60), absl::InfiniteFuture(), keep);
     ASSERT_FALSE(a.answer.has_value()) << i << ": " << a.answer->status();
     ids.push_back(a.wait_id);
   }
-  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, fits * per_call);
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).waiting_bytes, fits * per_call);
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, 0);
   Rendezvous::KeyArrival over =
-      rv_.AwaitKeys(kJob, 1, "", keys, absl::Seconds(5), absl::InfiniteFuture(), count);
+      rv_.AwaitKeys(kJob, 1, "", keys, absl::Seconds(5), absl::InfiniteFuture(), keep);
   ASSERT_TRUE(over.answer.has_value());
   EXPECT_EQ(over.answer->status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(over.answer->status().message(), HasSubstr("kMaxBytesPerGeneration"));
+  EXPECT_THAT(over.answer->status().message(), HasSubstr("kMaxWaitingBytesPerGeneration"));
   EXPECT_THAT(over.answer->status().message(), HasSubstr("waiting for 65536 keys"));
+  // One-key Gets fill the rest (~4 MiB: a few thousand), then are refused
+  // too, without advice about fewer keys.
+  const int64_t one_key = kKeyWaitOverheadBytes + kWaitedKeyOverheadBytes + kMaxKeyBytes;
+  const int64_t room = kMaxWaitingBytesPerGeneration - fits * per_call;
+  std::vector<uint64_t> gets;
+  std::optional<absl::Status> refused;
+  for (int64_t i = 0; i <= room / one_key && !refused.has_value(); ++i) {
+    std::string key = absl::StrCat("g", i, "-");
+    key.resize(kMaxKeyBytes, 'y');
+    Rendezvous::KeyArrival g =
+        rv_.AwaitKey(kJob, 1, "s", key, absl::Seconds(60), absl::InfiniteFuture(), keep);
+    if (g.answer.has_value()) {
+      refused = g.answer->status();
+    } else {
+      gets.push_back(g.wait_id);
+    }
+  }
+  EXPECT_EQ(static_cast<int64_t>(gets.size()), room / one_key);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused->message(), HasSubstr("Retry once fewer calls wait"));
+  EXPECT_THAT(refused->message(), ::testing::Not(HasSubstr("fewer keys")));
+  for (uint64_t id : gets) ASSERT_TRUE(rv_.Withdraw(id).has_value());
   EXPECT_EQ(rv_.GetUsage(kJob, 1).waiters, fits);
+  EXPECT_TRUE(answers.empty());
+
+  // The writes that answer them still fit: the data budget is untouched.
+  for (const std::string& k : keys) ASSERT_TRUE(rv_.Set(kJob, 1, "", k, "v").ok()) << k;
+  ASSERT_EQ(answers.size(), static_cast<size_t>(fits));
+  for (const auto& r : answers) EXPECT_TRUE(r.ok()) << r.status();
+  Rendezvous::Usage usage = rv_.GetUsage(kJob, 1);
+  EXPECT_EQ(usage.waiters, 0);
+  EXPECT_EQ(usage.waiting_bytes, 0);
+  EXPECT_EQ(usage.bytes, kScopeOverheadBytes +
+                             static_cast<int64_t>(kMaxKeysPerRequest) *
+                                 (kMaxKeyBytes + 1 + kKeyOverheadBytes));
+  for (uint64_t id : ids) EXPECT_FALSE(rv_.Withdraw(id).has_value());
+
+  // Withdrawn waits give their budget back.
+  std::vector<std::string> more = keys;
+  for (std::string& k : more) k[0] = 'm';
+  ids.clear();
+  for (int i = 0; i < fits; ++i) {
+    Rendezvous::KeyArrival a =
+        rv_.AwaitKeys(kJob, 1, "", more, absl::Seconds(60), absl::InfiniteFuture(), keep);
+    ASSERT_FALSE(a.answer.has_value());
+    ids.push_back(a.wait_id);
+  }
   for (uint64_t id : ids) {
-    std::optional<absl::Status> st = rv_.Withdraw(id);
+    std::optional<absl::Status> st = rv_.Withdraw(id, /*cancelled=*/true);
     ASSERT_TRUE(st.has_value());
-    EXPECT_EQ(st->code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(st->code(), absl::StatusCode::kCancelled);
     EXPECT_THAT(st->message(), HasSubstr("65536 of 65536 keys"));
   }
-  EXPECT_EQ(answered, 0);
-  EXPECT_EQ(rv_.GetUsage(kJob, 1).bytes, 0);
+  EXPECT_EQ(rv_.GetUsage(kJob, 1).waiting_bytes, 0);
   EXPECT_EQ(rv_.GetUsage(kJob, 1).waiters, 0);
 }
 

@@ -992,11 +992,14 @@ int Main(int argc, char** argv) {
   // process's CPU at 4096 workers, in GraphCycles on every lock.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   RaiseFdLimit();
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: cp_load kv|barrier|rendezvous|heartbeats|leases|jobs --flag value ...\n");
-    return 2;
+  constexpr char kUsage[] =
+      "usage: cp_load kv|barrier|rendezvous|heartbeats|leases|jobs --flag value ...\n"
+      "  (each mode's flags: the comments of bench/control_plane/cp_load_main.cc)\n";
+  const std::string mode = argc < 2 ? "" : argv[1];
+  if (mode.empty() || mode == "--help" || mode == "-h" || mode == "help") {
+    std::fputs(kUsage, mode.empty() ? stderr : stdout);
+    return mode.empty() ? 2 : 0;
   }
-  const std::string mode = argv[1];
   Flags flags(argc, argv);
   if (mode == "kv") return RunKv(flags);
   if (mode == "barrier") return RunBarrier(flags);
@@ -1005,7 +1008,7 @@ int Main(int argc, char** argv) {
   if (mode == "heartbeats") return RunHeartbeats(flags);
   if (mode == "leases") return RunLeases(flags);
   if (mode == "jobs") return RunJobs(flags);
-  std::fprintf(stderr, "cp_load: unknown mode '%s'\n", mode.c_str());
+  std::fprintf(stderr, "cp_load: unknown mode '%s'\n%s", mode.c_str(), kUsage);
   return 2;
 }
 

@@ -12,8 +12,8 @@
 //   KvGet with wait, KvWait, Barrier: callback API, and no thread while
 //     they wait (Rendezvous::AwaitKey, AwaitKeys, BarrierArrive; their
 //     checks and start as RunFenced's), so any number of callers may wait at once
-//     (the Rendezvous charges each waiting call to its generation's byte
-//     budget); not sliced: a call whose deadline passes, or whose caller
+//     (the Rendezvous charges each waiting KvGet/KvWait to its
+//     generation's budget of waiting calls); not sliced: a call whose deadline passes, or whose caller
 //     cancels, is withdrawn (an alarm at the earlier of the request's
 //     timeout and the gRPC deadline); ended by Rendezvous::DropJob at
 //     shutdown.
@@ -34,7 +34,7 @@
 //     was not set by the earlier of the timeout (default
 //     kDefaultWaitTimeout) and the gRPC deadline; CANCELLED the caller
 //     cancelled while waiting (it is withdrawn); RESOURCE_EXHAUSTED (wait)
-//     the waiting call would pass the generation's byte budget
+//     the waiting call would pass kMaxWaitingBytesPerGeneration
 //     (Rendezvous::Get).
 //   KvGet without a fence (an operator's read, admin token): INVALID_ARGUMENT
 //     job_id empty, wait set, or a generation that does not exist yet;
@@ -47,7 +47,7 @@
 //   KvWait: INVALID_ARGUMENT timeout as for KvGet, or keys (Rendezvous::Wait);
 //     DEADLINE_EXCEEDED some keys still missing; CANCELLED the caller
 //     cancelled while waiting; RESOURCE_EXHAUSTED the waiting call would
-//     pass the generation's byte budget (Rendezvous::Wait).
+//     pass kMaxWaitingBytesPerGeneration (Rendezvous::Wait).
 //   KvDelete: INVALID_ARGUMENT key (Rendezvous::Delete).
 //   KvNumKeys: the common errors only (Rendezvous::NumKeys).
 //   Barrier: INVALID_ARGUMENT timeout as for KvGet, name or participants;
