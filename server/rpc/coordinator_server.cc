@@ -264,10 +264,16 @@ void CoordinatorServer::PassOn(const std::vector<GenerationEnded>& ended) {
   for (const GenerationEnded& e : ended) {
     LogLine(absl::StrCat("generation ended job=", e.job_id, " generation=", e.generation,
                      " reason=\"", e.reason, "\""));
-    deps_.rendezvous->EndGeneration(e.job_id, e.generation);
-    flow_->AbortPendingCheckpoint(e.job_id, e.reason);
+    // A job that finished drops its rendezvous state at once, so that its
+    // waiting calls hear that the job is gone rather than "re-join" (which
+    // a finished job refuses).
     absl::StatusOr<v1::Job> job = deps_.coordinator->GetJob(e.job_id);
-    if (job.ok() && rpc::IsTerminal(job->phase())) deps_.rendezvous->DropJob(e.job_id);
+    if (job.ok() && rpc::IsTerminal(job->phase())) {
+      deps_.rendezvous->DropJob(e.job_id);
+    } else {
+      deps_.rendezvous->EndGeneration(e.job_id, e.generation);
+    }
+    flow_->AbortPendingCheckpoint(e.job_id, e.reason);
   }
 }
 

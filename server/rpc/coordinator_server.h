@@ -61,9 +61,10 @@
 //     common/grpc_status.h).
 //   * Every GenerationEnded the coordinator returns (CloseSession,
 //     ReportError, LeaveJob, DrainWorker, a commit that grows the job, Tick)
-//     is passed on outside any lock (PassOn): Rendezvous::EndGeneration and
-//     CheckpointFlow::AbortPendingCheckpoint; a job that reached a terminal
-//     phase has its rendezvous state dropped. CancelJob drops the job's
+//     is passed on outside any lock (PassOn): Rendezvous::EndGeneration
+//     (DropJob instead for a job that reached a terminal phase, so that its
+//     waiting calls hear the job is gone, not "re-join") and
+//     CheckpointFlow::AbortPendingCheckpoint. CancelJob drops the job's
 //     rendezvous state and aborts its pending checkpoint.
 //   * Checkpoint files and the restore fallback: server/checkpoint_flow.h.
 //     At Start, before serving, CheckpointFlow::RecoverCheckpointFiles.

@@ -172,6 +172,10 @@ TEST(ExternalRpcTest, CompleteJobStopsEveryoneAndAbortsBlockedRendezvousCalls) {
   EXPECT_EQ(job.phase_reason(), "completed by 'a': training finished");
   waiter.join();
   EXPECT_EQ(waited.error_code(), grpc::StatusCode::ABORTED) << waited.error_message();
+  // It hears that the job is gone, not "re-join" (a finished job refuses
+  // JoinJob).
+  EXPECT_THAT(waited.error_message(), HasSubstr("has been dropped (cancelled, completed or failed)"));
+  EXPECT_THAT(waited.error_message(), ::testing::Not(HasSubstr("re-join")));
   // Both sessions get STOP.
   for (SimWorker* w : {&a, &b}) {
     auto stop = w->WaitMessage([](const v1::SessionMessage& m) { return m.directive().has_stop(); },
