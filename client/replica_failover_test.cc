@@ -314,70 +314,71 @@ TEST(ReplicaFailoverTest, CancelTokenEndsTheWaitBetweenReplicas) {
   EXPECT_GE(a.Calls("KvSet"), 2);  // it was retrying until then
 }
 
+// The two ambiguous failures of a replica that did the write: it answers
+// UNAVAILABLE without a hint (its lease ran out while answering), or the
+// call ends CANCELLED without the client asking (a leader stepping down
+// cancels the calls still open after its grace; the client reads it as
+// UNAVAILABLE, client/grpc_call.h ServerEnded).
+struct AmbiguousFailure {
+  const char* name;
+  void (FakeReplica::*make)();
+  const char* message;  // in the error of a call not sent again
+};
+constexpr AmbiguousFailure kAmbiguousFailures[] = {
+    {"unavailable", &FakeReplica::StepDownAfterWrites, "lost its leader lease"},
+    {"cancelled", &FakeReplica::CancelAfterWrites,
+     "ended the call without an answer (CANCELLED"},
+};
+
 TEST(ReplicaFailoverTest, NonIdempotentCallIsNotRetriedAfterAnAmbiguousFailure) {
-  FakeReplica a("a"), b("b");
-  a.StepDownAfterWrites();  // does the add, then answers UNAVAILABLE, no hint
-  b.Lead();
-  CoordinatorClients clients = Connect(Options({a.address(), b.address()}));
-  v1::KvAddRequest add;
-  add.set_key("counter");
-  add.set_delta(1);
-  absl::Status s = clients.rendezvous->KvAdd(add, nullptr).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(s.message(), HasSubstr(a.address()));
-  EXPECT_EQ(a.Counter("counter"), 1);
-  EXPECT_EQ(b.Calls("KvAdd"), 0);  // not sent again: it might add twice
-  // The next call goes to the next replica.
-  absl::StatusOr<v1::KvAddResponse> again = clients.rendezvous->KvAdd(add, nullptr);
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(b.Counter("counter"), 1);
-  EXPECT_EQ(a.Calls("KvAdd"), 1);
+  for (const AmbiguousFailure& failure : kAmbiguousFailures) {
+    SCOPED_TRACE(failure.name);
+    FakeReplica a("a"), b("b");
+    (a.*failure.make)();  // does the add, then fails ambiguously
+    b.Lead();
+    CoordinatorClients clients = Connect(Options({a.address(), b.address()}));
+    v1::KvAddRequest add;
+    add.set_key("counter");
+    add.set_delta(1);
+    absl::Status s = clients.rendezvous->KvAdd(add, nullptr).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_THAT(s.message(), HasSubstr(a.address()));
+    EXPECT_THAT(s.message(), HasSubstr(failure.message));
+    EXPECT_EQ(a.Counter("counter"), 1);
+    EXPECT_EQ(b.Calls("KvAdd"), 0);  // not sent again: it might add twice
+    // The next call goes to the next replica.
+    absl::StatusOr<v1::KvAddResponse> again = clients.rendezvous->KvAdd(add, nullptr);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(b.Counter("counter"), 1);
+    EXPECT_EQ(a.Calls("KvAdd"), 1);
+  }
 }
 
 TEST(ReplicaFailoverTest, IdempotentCallIsRetriedAfterAnAmbiguousFailure) {
-  FakeReplica a("a"), b("b");
-  a.StepDownAfterWrites();
-  b.Lead();
-  CoordinatorClients clients = Connect(Options({a.address(), b.address()}));
-  v1::KvSetRequest set;
-  set.set_key("k");
-  absl::Status s = clients.rendezvous->KvSet(set, nullptr).status();
-  EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(a.Calls("KvSet"), 1);
-  EXPECT_EQ(b.Calls("KvSet"), 1);
+  for (const AmbiguousFailure& failure : kAmbiguousFailures) {
+    SCOPED_TRACE(failure.name);
+    FakeReplica a("a"), b("b");
+    (a.*failure.make)();
+    b.Lead();
+    CoordinatorClients clients = Connect(Options({a.address(), b.address()}));
+    v1::KvSetRequest set;
+    set.set_key("k");
+    absl::Status s = clients.rendezvous->KvSet(set, nullptr).status();
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(a.Calls("KvSet"), 1);
+    EXPECT_EQ(b.Calls("KvSet"), 1);
+  }
 }
 
-// A call the coordinator cancelled (a leader stepping down cancels the
-// calls still open after its grace) is an ambiguous failure like
-// UNAVAILABLE: an idempotent call goes on to the next replica, a
-// non-idempotent one ends UNAVAILABLE saying so, and one address keeps one
-// attempt. A CANCELLED the client asked for stays CANCELLED.
-TEST(ReplicaFailoverTest, CallTheCoordinatorCancelledIsAnAmbiguousFailure) {
-  FakeReplica a("a"), b("b");
-  a.CancelAfterWrites();
-  b.Lead();
-  CoordinatorClients clients = Connect(Options({a.address(), b.address()}));
+// With one address, a call the coordinator cancelled is one attempt that
+// ends UNAVAILABLE (a CANCELLED the client asked for stays CANCELLED:
+// ServerEndedTest).
+TEST(ReplicaFailoverTest, CallTheCoordinatorCancelledIsOneAttemptWithOneAddress) {
+  FakeReplica c("c");
+  c.CancelAfterWrites();
+  CoordinatorClients one = Connect(Options({c.address()}));
   v1::KvSetRequest set;
   set.set_key("k");
-  absl::Status s = clients.rendezvous->KvSet(set, nullptr).status();
-  EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(a.Calls("KvSet"), 1);
-  EXPECT_EQ(b.Calls("KvSet"), 1);
-
-  FakeReplica c("c"), d("d");
-  c.CancelAfterWrites();
-  d.Lead();
-  CoordinatorClients two = Connect(Options({c.address(), d.address()}));
-  v1::KvAddRequest add;
-  add.set_key("counter");
-  add.set_delta(1);
-  absl::Status added = two.rendezvous->KvAdd(add, nullptr).status();
-  EXPECT_EQ(added.code(), absl::StatusCode::kUnavailable) << added;
-  EXPECT_THAT(added.message(), HasSubstr("ended the call without an answer (CANCELLED"));
-  EXPECT_EQ(c.Counter("counter"), 1);
-  EXPECT_EQ(d.Calls("KvAdd"), 0);  // not sent again: it might add twice
-
-  CoordinatorClients one = Connect(Options({c.address()}));
   absl::Status single = one.rendezvous->KvSet(set, nullptr).status();
   EXPECT_EQ(single.code(), absl::StatusCode::kUnavailable) << single;
   EXPECT_EQ(c.Calls("KvSet"), 1);

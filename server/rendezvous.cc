@@ -461,21 +461,8 @@ Rendezvous::KeyArrival Rendezvous::AwaitKey(absl::string_view job_id, uint64_t g
                                             absl::Time rpc_deadline, Done<KeyAnswer> done) {
   if (absl::Status s = ValidateJobAndScope(job_id, scope); !s.ok()) return KeyArrival::Answered(s);
   if (absl::Status s = ValidateName("key", key); !s.ok()) return KeyArrival::Answered(s);
-  absl::StatusOr<absl::Duration> resolved = ResolveTimeout(timeout);
-  if (!resolved.ok()) return KeyArrival::Answered(resolved.status());
-  const Deadline deadline = Deadline::From(*resolved, rpc_deadline);
-  auto w = std::make_unique<KeyWait>();
-  w->done = std::move(done);
-  w->job_id = std::string(job_id);
-  w->generation = generation;
-  w->scope = std::string(scope);
-  w->keys.emplace_back(key);
-  w->want_value = true;
-  w->bytes = kKeyWaitOverheadBytes + kWaitedKeyOverheadBytes + static_cast<int64_t>(key.size());
-  w->deadline_description = deadline.Describe();
-
-  absl::MutexLock lock(&mu_);
-  return StartKeyWaitLocked(std::move(w), deadline.at);
+  return StartKeyWait(job_id, generation, scope, {std::string(key)}, /*want_value=*/true, timeout,
+                      rpc_deadline, std::move(done));
 }
 
 Rendezvous::KeyArrival Rendezvous::AwaitKeys(absl::string_view job_id, uint64_t generation,
@@ -489,13 +476,20 @@ Rendezvous::KeyArrival Rendezvous::AwaitKeys(absl::string_view job_id, uint64_t 
         absl::StrCat("keys has ", keys.size(), " entries; KvWait needs 1..", kMaxKeysPerRequest,
                      " (kMaxKeysPerRequest)")));
   }
-  int64_t bytes = kKeyWaitOverheadBytes;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (absl::Status s = ValidateName(absl::StrCat("keys[", i, "]"), keys[i]); !s.ok()) {
       return KeyArrival::Answered(s);
     }
-    bytes += kWaitedKeyOverheadBytes + static_cast<int64_t>(keys[i].size());
   }
+  return StartKeyWait(job_id, generation, scope, std::move(keys), /*want_value=*/false, timeout,
+                      rpc_deadline, std::move(done));
+}
+
+Rendezvous::KeyArrival Rendezvous::StartKeyWait(absl::string_view job_id, uint64_t generation,
+                                                absl::string_view scope,
+                                                std::vector<std::string> keys, bool want_value,
+                                                std::optional<absl::Duration> timeout,
+                                                absl::Time rpc_deadline, Done<KeyAnswer> done) {
   absl::StatusOr<absl::Duration> resolved = ResolveTimeout(timeout);
   if (!resolved.ok()) return KeyArrival::Answered(resolved.status());
   const Deadline deadline = Deadline::From(*resolved, rpc_deadline);
@@ -505,7 +499,11 @@ Rendezvous::KeyArrival Rendezvous::AwaitKeys(absl::string_view job_id, uint64_t 
   w->generation = generation;
   w->scope = std::string(scope);
   w->keys = std::move(keys);
-  w->bytes = bytes;
+  w->want_value = want_value;
+  w->bytes = kKeyWaitOverheadBytes;
+  for (const std::string& k : w->keys) {
+    w->bytes += kWaitedKeyOverheadBytes + static_cast<int64_t>(k.size());
+  }
   w->deadline_description = deadline.Describe();
 
   absl::MutexLock lock(&mu_);

@@ -479,6 +479,13 @@ class Rendezvous {
   absl::Status StoreLocked(GenerationState* gen, Scope* sc, absl::string_view job_id,
                            uint64_t generation, absl::string_view scope, absl::string_view key,
                            std::string value, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AwaitKey's and AwaitKeys' common part, after their checks of job_id,
+  // scope and the keys: checks the timeout, makes the wait record and
+  // starts it (StartKeyWaitLocked).
+  KeyArrival StartKeyWait(absl::string_view job_id, uint64_t generation, absl::string_view scope,
+                          std::vector<std::string> keys, bool want_value,
+                          std::optional<absl::Duration> timeout, absl::Time rpc_deadline,
+                          Done<KeyAnswer> done) ABSL_LOCKS_EXCLUDED(mu_);
   // Starts the wait `w` (job_id, generation, scope and keys filled in):
   // answers at once when its keys are set, or when its deadline has passed;
   // else charges it and registers it under its first missing key.

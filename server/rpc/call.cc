@@ -107,17 +107,19 @@ grpc::ServerUnaryReactor* CallRunner::RunPooled(grpc::CallbackServerContext* ctx
 
 grpc::ServerUnaryReactor* CallRunner::RunInlineOrPooled(
     grpc::CallbackServerContext* ctx, const char* method,
-    std::function<std::optional<absl::Status>()> attempt, std::function<absl::Status()> body) {
+    std::function<std::optional<absl::Status>()> attempt, std::function<absl::Status()> rest) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const absl::Time start = absl::Now();
-  if (Admit().ok()) {
-    if (std::optional<absl::Status> answer = attempt()) {
-      reactor->Finish(Conclude(method, start, *std::move(answer)));
-      return reactor;
-    }
+  // A refused admission is the answer: `rest` must never run without the
+  // checks of `attempt`.
+  absl::Status admitted = Admit();
+  std::optional<absl::Status> answer = admitted.ok() ? attempt() : admitted;
+  if (answer.has_value()) {
+    reactor->Finish(Conclude(method, start, *std::move(answer)));
+    return reactor;
   }
-  pool_->Post([this, reactor, method, body = std::move(body)] {
-    reactor->Finish(Run(method, body));
+  pool_->Post([this, reactor, method, rest = std::move(rest)] {
+    reactor->Finish(Run(method, rest));
   });
   return reactor;
 }
@@ -134,9 +136,8 @@ grpc::ServerUnaryReactor* CallRunner::RunFenced(grpc::CallbackServerContext* ctx
         if (!fw->ok()) return fw->status();
         return body(**fw);
       },
-      [this, ctx, checked, fence, body]() -> absl::Status {
-        if (!checked.ok()) return checked;
-        absl::StatusOr<FencedWorker> fw = AuthorizeFence(*ctx, *fence);
+      [this, fence, body]() -> absl::Status {  // limits and token checked above
+        absl::StatusOr<FencedWorker> fw = CheckFence(*fence);
         if (!fw.ok()) return fw.status();
         return body(*fw);
       });
@@ -203,6 +204,10 @@ std::optional<absl::StatusOr<FencedWorker>> CallRunner::TryAuthorizeFence(
     return absl::StatusOr<FencedWorker>(st);
   }
   return coordinator_->TryCheckFence(fence);
+}
+
+absl::StatusOr<FencedWorker> CallRunner::CheckFence(const v1::Fence& fence) const {
+  return coordinator_->CheckFence(fence);
 }
 
 // ---------------------------------------------------------------------------

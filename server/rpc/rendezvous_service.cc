@@ -27,9 +27,10 @@ absl::StatusOr<std::optional<absl::Duration>> RequestTimeout(const Request& req)
 
 // One call that may wait in the Rendezvous, without holding a thread: a
 // KvGet with wait, a KvWait or a Barrier arrival. Its checks (the request's
-// limits, the fence, the timeout, in that order) and its start run on the
-// gRPC thread that received it when the coordinator's lock is free at once
-// (as CallRunner::RunFenced), else on the pool. Shared by its reactor
+// limits, the token, the fence, the timeout, in that order) and its start
+// run on the gRPC thread that received it when the coordinator's lock is
+// free at once (as CallRunner::RunFenced); else the limits and the token
+// there, the rest on the pool. Shared by its reactor
 // (which owns it until OnDone), the Rendezvous's answer callback and the
 // deadline alarm (both hold weak references). Exactly one answer finishes
 // the call: the one known at once, or (once it waits) either the
@@ -57,31 +58,30 @@ class WaitingCall : public std::enable_shared_from_this<WaitingCall<T>> {
                                           absl::Status checked, const v1::Fence* fence,
                                           Timeout timeout, Begin begin, Respond respond) {
     auto* reactor = new OwningReactor<WaitingCall>();
-    auto call = std::make_shared<WaitingCall>(calls, rendezvous, method, ctx, reactor,
-                                              std::move(checked), fence, std::move(timeout),
-                                              std::move(begin), std::move(respond));
+    auto call = std::make_shared<WaitingCall>(calls, rendezvous, method, reactor, fence,
+                                              std::move(timeout), std::move(begin),
+                                              std::move(respond));
     reactor->Own(call);
-    if (call->checked_.ok() && calls->Admit().ok()) {
-      if (std::optional<absl::StatusOr<FencedWorker>> fw =
-              calls->TryAuthorizeFence(*ctx, *fence)) {
-        call->Start(*std::move(fw));  // checked without waiting: start here
-        return reactor;
-      }
+    if (absl::Status st = calls->Admit(); !st.ok()) {
+      call->Finish(st);
+    } else if (!checked.ok()) {
+      call->Finish(checked);
+    } else if (std::optional<absl::StatusOr<FencedWorker>> fw =
+                   calls->TryAuthorizeFence(*ctx, *fence)) {
+      call->Start(*std::move(fw));  // checked without waiting: start here
+    } else {
+      calls->pool()->Post([call] { call->StartPooled(); });
     }
-    calls->pool()->Post([call] { call->Start(std::nullopt); });
     return reactor;
   }
 
   WaitingCall(CallRunner* calls, Rendezvous* rendezvous, const char* method,
-              grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor,
-              absl::Status checked, const v1::Fence* fence, Timeout timeout, Begin begin,
-              Respond respond)
+              grpc::ServerUnaryReactor* reactor, const v1::Fence* fence, Timeout timeout,
+              Begin begin, Respond respond)
       : calls_(calls),
         rendezvous_(rendezvous),
         method_(method),
-        ctx_(ctx),
         reactor_(reactor),
-        checked_(std::move(checked)),
         fence_(fence),
         timeout_(std::move(timeout)),
         begin_(std::move(begin)),
@@ -94,13 +94,15 @@ class WaitingCall : public std::enable_shared_from_this<WaitingCall<T>> {
   }
 
  private:
-  // `fenced`: the fence's answer when already checked, else nullopt (then
-  // it is checked here, waiting for the coordinator's lock: on the pool).
-  void Start(std::optional<absl::StatusOr<FencedWorker>> fenced) {
+  // On the pool, when the coordinator's lock was held at Launch (the limits
+  // and the token were checked there): the fence, waiting for the lock.
+  void StartPooled() {
     if (absl::Status st = calls_->Admit(); !st.ok()) return Finish(st);
-    if (!checked_.ok()) return Finish(checked_);
-    absl::StatusOr<FencedWorker> fw =
-        fenced.has_value() ? *std::move(fenced) : calls_->AuthorizeFence(*ctx_, *fence_);
+    Start(calls_->CheckFence(*fence_));
+  }
+
+  // Starts the wait (or answers) with the fence's answer.
+  void Start(absl::StatusOr<FencedWorker> fw) {
     if (!fw.ok()) return Finish(fw.status());
     if (!timeout_.ok()) return Finish(timeout_.status());
     std::weak_ptr<WaitingCall> weak = this->weak_from_this();
@@ -142,9 +144,7 @@ class WaitingCall : public std::enable_shared_from_this<WaitingCall<T>> {
   CallRunner* const calls_;
   Rendezvous* const rendezvous_;
   const char* const method_;
-  grpc::CallbackServerContext* const ctx_;
   grpc::ServerUnaryReactor* const reactor_;
-  const absl::Status checked_;
   const v1::Fence* const fence_;
   const Timeout timeout_;
   const Begin begin_;

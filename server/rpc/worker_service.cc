@@ -229,24 +229,24 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerConte
     if (calls_->metrics() != nullptr) calls_->metrics()->CountHeartbeat();
     return absl::OkStatus();
   };
-  auto checks = [this, ctx, req]() -> absl::Status {
-    if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
-    return calls_->AuthorizeMember(*ctx, req->fence().worker(), "fence.worker.job_id");
-  };
   // On the gRPC thread when the coordinator's lock is free, except a DONE
   // heartbeat: it may complete the job, which writes every member to the
   // state store (slow work: on the pool).
   return calls_->RunInlineOrPooled(
       ctx, "WorkerService/Heartbeat",
-      [this, req, answer, checks]() -> std::optional<absl::Status> {
-        if (absl::Status st = checks(); !st.ok()) return st;
+      [this, ctx, req, answer]() -> std::optional<absl::Status> {
+        if (absl::Status st = CheckRequestLimits(*req); !st.ok()) return st;
+        if (absl::Status st =
+                calls_->AuthorizeMember(*ctx, req->fence().worker(), "fence.worker.job_id");
+            !st.ok()) {
+          return st;
+        }
         if (req->state() == v1::WORKER_STATE_DONE) return std::nullopt;
         std::optional<absl::StatusOr<v1::HeartbeatResponse>> r = coordinator_->TryHeartbeat(*req);
         if (!r.has_value()) return std::nullopt;
         return answer(*std::move(r));
       },
-      [this, req, answer, checks]() -> absl::Status {
-        if (absl::Status st = checks(); !st.ok()) return st;
+      [this, req, answer]() -> absl::Status {  // limits and token checked above
         return answer(coordinator_->Heartbeat(*req));
       });
 }
