@@ -117,8 +117,10 @@ class CheckpointToolsTest : public ::testing::Test {
     const TrainingOptions options = Options();
     const auto specs = *plan::GptParameters(options.model);
     worker::train::testing::Train(options, kSteps, [&](int rank, Trainer& t) {
+      absl::StatusOr<std::vector<Trainer::StateSlice>> slices = t.SaveSlices();
+      ASSERT_TRUE(slices.ok()) << slices.status();
       absl::StatusOr<v1::ReportShardRequest> r =
-          checkpoint::WriteShard(*dir_, rank, FromStateSlices(t.SaveSlices()));
+          checkpoint::WriteShard(*dir_, rank, FromStateSlices(*slices));
       ASSERT_TRUE(r.ok()) << r.status();
       // ZeRO-3: every rank of the dp group takes part in the gather.
       std::map<std::string, std::vector<float>> mine;

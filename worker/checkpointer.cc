@@ -93,8 +93,9 @@ absl::Status Checkpointer::Save(const v1::Fence& fence, uint32_t rank, int64_t s
   last_summary_.set_checkpoint_id(opened.checkpoint_id());
   last_summary_.set_step(static_cast<uint64_t>(step));
   last_summary_.set_state(v1::CHECKPOINT_STATE_PENDING);
-  const std::vector<checkpoint::LocalRun> runs =
-      FromStateSlices(trainer.SaveSlices());
+  absl::StatusOr<std::vector<train::Trainer::StateSlice>> slices = trainer.SaveSlices();
+  if (!slices.ok()) return slices.status();
+  const std::vector<checkpoint::LocalRun> runs = FromStateSlices(*slices);
   if (!async) {
     absl::StatusOr<v1::ReportShardRequest> written =
         checkpoint::WriteShard(opened.directory(), static_cast<int>(rank), runs);

@@ -48,7 +48,10 @@ void WithTrainer(int steps, const std::function<void(Trainer&)>& body) {
 // The values of every slice the trainer would save, in order.
 std::vector<std::vector<float>> SavedValues(Trainer& t) {
   std::vector<std::vector<float>> out;
-  for (const Trainer::StateSlice& s : t.SaveSlices()) {
+  absl::StatusOr<std::vector<Trainer::StateSlice>> slices = t.SaveSlices();
+  EXPECT_TRUE(slices.ok()) << slices.status();
+  if (!slices.ok()) return out;
+  for (const Trainer::StateSlice& s : *slices) {
     out.emplace_back(s.data, s.data + (s.end - s.begin));
   }
   return out;

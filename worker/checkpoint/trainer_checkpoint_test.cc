@@ -67,7 +67,9 @@ TEST_P(TrainerCheckpointTest, ContinuesTheUninterruptedCurveFromShardFiles) {
   absl::Mutex mu;
   std::map<int, v1::ReportShardRequest> reports;
   train::testing::Train(Options(param.before), kSaveAt, [&](int rank, Trainer& t) {
-    const std::vector<checkpoint::LocalRun> runs = FromStateSlices(t.SaveSlices());
+    absl::StatusOr<std::vector<Trainer::StateSlice>> slices = t.SaveSlices();
+    ASSERT_TRUE(slices.ok()) << slices.status();
+    const std::vector<checkpoint::LocalRun> runs = FromStateSlices(*slices);
     absl::StatusOr<v1::ReportShardRequest> r;
     if (param.async) {
       checkpoint::AsyncShardWriter writer;

@@ -168,6 +168,11 @@ class Backend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
+  // Whether this backend's buffers are device memory (NCCL: pointers on its
+  // rank's GPU, nccl_backend.h) rather than host memory (Gloo). The trainer
+  // keeps its state where its backends can read it (worker/train/trainer.h).
+  virtual bool device_memory() const { return false; }
+
   // Where this group's operations are now (see OpProgress). Cheap (a lock
   // and a copy; NCCL also polls the events of the operations it has not
   // seen finish, oldest first, up to the first one still running): the

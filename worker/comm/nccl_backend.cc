@@ -383,6 +383,7 @@ class NcclBackend : public Backend {
 
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
+  bool device_memory() const override { return true; }
 
   BackendProgress Progress() const override { return progress_->Progress(); }
 

@@ -60,4 +60,14 @@ absl::StatusOr<void*> GpuComputeDevice::AllocBytes(size_t bytes) {
   return ops_->AllocBytes(bytes);
 }
 
+absl::Status GpuComputeDevice::AdamWStep(const train::AdamWConfig& config, float lr, int64_t t,
+                                         float* param, const float* grad, float* exp_avg,
+                                         float* exp_avg_sq, const uint8_t* decay_mask,
+                                         int64_t n) {
+  const train::AdamWScalars k = train::AdamWScalarsFor(config, lr, t);
+  const ShardlineAdamWScalars scalars{k.step_size,    k.inv_sqrt_bc2, k.b1,  k.b2,
+                                      k.one_minus_b1, k.one_minus_b2, k.eps, k.decay};
+  return ops_->AdamWStep(scalars, param, grad, exp_avg, exp_avg_sq, decay_mask, n);
+}
+
 }  // namespace shardline::worker

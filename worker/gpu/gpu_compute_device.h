@@ -9,9 +9,10 @@
 //   if (!gpu.ok()) { /* Unavailable: no GPU; train on CpuDevice */ }
 //   options.device = gpu->get();   // one GpuComputeDevice per rank
 //
-// Memory: host_memory() is false, so the trainer copies parameters,
-// gradients, pipeline messages and tensor-parallel all-reduces through host
-// memory. Allocation (cudaMalloc) and Free synchronise with the device.
+// Memory: host_memory() is false: the trainer keeps its state here when its
+// backends take device memory (NCCL) or it has none, else on the host with
+// copies (trainer.h "Where the state lives"). Allocation (cudaMalloc) and
+// Free synchronise with the device.
 // Errors: GpuOps' (gpu_ops.h): InvalidArgument, ResourceExhausted,
 // Unavailable, the message naming the CUDA/cuBLAS call and the device.
 // Results match the CPU device within fp32 tolerance (cuBLAS vs OpenBLAS
@@ -149,6 +150,19 @@ class GpuComputeDevice final : public train::Device {
   }
   absl::Status AddInPlace(const float* x, float* y, int64_t n) override {
     return ops_->AddInPlace(x, y, n);
+  }
+  absl::Status Copy(void* dst, const void* src, size_t bytes) override {
+    return ops_->Copy(dst, src, bytes);
+  }
+  absl::Status Scale(float* x, float alpha, int64_t n) override {
+    return ops_->Scale(x, alpha, n);
+  }
+  absl::Status AdamWStep(const train::AdamWConfig& config, float lr, int64_t t, float* param,
+                         const float* grad, float* exp_avg, float* exp_avg_sq,
+                         const uint8_t* decay_mask, int64_t n) override;
+  absl::Status AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask, int64_t n,
+                                            double* sum) override {
+    return ops_->AccumulateMaskedSumOfSquares(x, mask, n, sum);
   }
 
  private:

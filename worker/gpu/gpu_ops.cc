@@ -173,4 +173,25 @@ absl::Status GpuOps::AddInPlace(const float* x, float* y, int64_t n) {
   return ToStatus(api_.add_in_place(ctx_, x, y, n), "add_in_place");
 }
 
+absl::Status GpuOps::Copy(void* dst, const void* src, size_t bytes) {
+  return ToStatus(api_.copy_device(ctx_, dst, src, bytes), "copy_device");
+}
+
+absl::Status GpuOps::Scale(float* x, float alpha, int64_t n) {
+  return ToStatus(api_.scale(ctx_, x, alpha, n), "scale");
+}
+
+absl::Status GpuOps::AdamWStep(const ShardlineAdamWScalars& scalars, float* param,
+                               const float* grad, float* exp_avg, float* exp_avg_sq,
+                               const uint8_t* decay_mask, int64_t n) {
+  return ToStatus(
+      api_.adamw_step(ctx_, &scalars, param, grad, exp_avg, exp_avg_sq, decay_mask, n),
+      "adamw_step");
+}
+
+absl::Status GpuOps::AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask, int64_t n,
+                                                  double* sum) {
+  return ToStatus(api_.masked_sum_squares(ctx_, x, mask, n, sum), "masked_sum_squares");
+}
+
 }  // namespace shardline::worker

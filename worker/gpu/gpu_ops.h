@@ -112,6 +112,17 @@ class GpuOps {
                                     int64_t vocab_local);
   absl::Status AddInPlace(const float* x, float* y, int64_t n);
 
+  // The optimizer's state (plugin_abi.h; worker/train/device.h's functions
+  // of the same names): device-to-device copy (bytes), x *= alpha, AdamW
+  // with its per-step constants, and *sum (host) += the masked sum of
+  // squares (waits for the stream).
+  absl::Status Copy(void* dst, const void* src, size_t bytes);
+  absl::Status Scale(float* x, float alpha, int64_t n);
+  absl::Status AdamWStep(const ShardlineAdamWScalars& scalars, float* param, const float* grad,
+                         float* exp_avg, float* exp_avg_sq, const uint8_t* decay_mask, int64_t n);
+  absl::Status AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask, int64_t n,
+                                            double* sum);
+
  private:
   GpuOps(const ShardlineGpuTrainApi* api, ShardlineGpuTrainCtx* ctx, int device)
       : api_(*api), ctx_(ctx), device_(device) {}

@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "worker/comm/nccl_backend.h"
 #include "worker/gpu/gpu_compute_device.h"
 #include "worker/gpu/gpu_plugin.h"
 #include "worker/train/local_cluster.h"
@@ -74,7 +75,7 @@ TrainingOptions TinyOptions(const Layout& l) {
 }
 
 class GpuTrainerTest : public ::testing::TestWithParam<Layout> {
- protected:
+ public:
   void SetUp() override {
     absl::StatusOr<GpuPlugin> plugin = GpuPlugin::Load(kPlugin);
     ASSERT_TRUE(plugin.ok()) << plugin.status();
@@ -91,13 +92,16 @@ class GpuTrainerTest : public ::testing::TestWithParam<Layout> {
 
   // Trains kSteps at options.parallel, every rank a thread; on the GPU (one
   // GpuComputeDevice per rank on device 0) when `gpu`, else on the CPU.
-  // Returns rank 0's stats; every rank must agree on each step's loss.
-  std::vector<StepStats> Train(const TrainingOptions& options, bool gpu) {
+  // Backends: Gloo over loopback, or `factory`'s. Returns rank 0's stats;
+  // every rank must agree on each step's loss.
+  std::vector<StepStats> Train(const TrainingOptions& options, bool gpu,
+                               train::BackendFactory factory = nullptr) {
     const int world = options.parallel.world_size();
     std::vector<std::vector<StepStats>> stats(world);
     GlooOptions gloo;
     gloo.timeout = absl::Seconds(300);  // the emulator is slow
     gloo.connect_timeout = absl::Seconds(60);
+    if (factory == nullptr) factory = train::GlooFactory(gloo);
     const absl::Status status = train::RunLocalCluster(
         options.parallel,
         [&](int rank, const train::RankGroups& groups) -> absl::Status {
@@ -120,7 +124,7 @@ class GpuTrainerTest : public ::testing::TestWithParam<Layout> {
           }
           return absl::OkStatus();  // the trainer goes before its device
         },
-        gloo);
+        factory);
     EXPECT_TRUE(status.ok()) << status;
     for (int rank = 1; rank < world; ++rank) {
       EXPECT_EQ(stats[rank].size(), stats[0].size()) << "rank " << rank;
@@ -133,12 +137,14 @@ class GpuTrainerTest : public ::testing::TestWithParam<Layout> {
   std::unique_ptr<GpuPlugin> plugin_;
 };
 
-TEST_P(GpuTrainerTest, MatchesCpuLossAndGradNorm) {
-  const TrainingOptions options = TinyOptions(GetParam());
+// The GPU run of `options` (with `factory`'s backends, else Gloo) against the
+// CPU run over Gloo: loss and gradient norm at every step.
+void ExpectGpuMatchesCpu(GpuTrainerTest& test, const TrainingOptions& options,
+                         const std::string& name, train::BackendFactory factory = nullptr) {
   const absl::Time cpu_start = absl::Now();
-  const std::vector<StepStats> cpu = Train(options, /*gpu=*/false);
+  const std::vector<StepStats> cpu = test.Train(options, /*gpu=*/false);
   const absl::Time gpu_start = absl::Now();
-  const std::vector<StepStats> gpu = Train(options, /*gpu=*/true);
+  const std::vector<StepStats> gpu = test.Train(options, /*gpu=*/true, std::move(factory));
   const absl::Time end = absl::Now();
   ASSERT_EQ(cpu.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(gpu.size(), static_cast<size_t>(kSteps));
@@ -158,10 +164,58 @@ TEST_P(GpuTrainerTest, MatchesCpuLossAndGradNorm) {
   }
   std::printf("%s: cpu %.2f s, gpu %.2f s for %d steps; largest relative difference: "
               "loss %.2e, grad_norm %.2e\n",
-              absl::StrCat("tp", GetParam().tp, "_pp", GetParam().pp).c_str(),
-              absl::ToDoubleSeconds(gpu_start - cpu_start),
+              name.c_str(), absl::ToDoubleSeconds(gpu_start - cpu_start),
               absl::ToDoubleSeconds(end - gpu_start), kSteps, max_loss_rel, max_norm_rel);
 }
+
+// World 1: the state on the GPU (no backend: trainer.h "Where the state
+// lives"). tp 2 x pp 2 over Gloo: the state on the host (ZeRO-Offload).
+TEST_P(GpuTrainerTest, MatchesCpuLossAndGradNorm) {
+  ExpectGpuMatchesCpu(*this, TinyOptions(GetParam()),
+                      absl::StrCat("tp", GetParam().tp, "_pp", GetParam().pp));
+}
+
+// World 1 with host_optimizer: the host-staged path the GPU benchmark sets
+// beside the resident one.
+TEST_F(GpuTrainerTest, HostOptimizerAtWorldOneMatchesCpu) {
+  TrainingOptions options = TinyOptions(Layout{});
+  options.host_optimizer = true;
+  ExpectGpuMatchesCpu(*this, options, "world 1, host_optimizer");
+}
+
+#ifdef SHARDLINE_GPU_TRAINER_EMU
+// The state on the device at world > 1: NCCL backends over the emulated
+// plugin's loopback communicators (fake_plugin.cc; "device" memory is host
+// memory there, as in the emulator), so every collective, pipeline message,
+// ZeRO shard and the optimizer step run on the emulated GPU's buffers. Not
+// on a real GPU: NCCL refuses two ranks on one device.
+NcclOptions EmuNccl(int rank, plan::GroupKind kind) {
+  NcclOptions o;
+  o.plugin_path = kPlugin;
+  o.device = rank;
+  o.p2p_channels = kind == plan::GroupKind::kPp;
+  o.timeout = absl::Seconds(300);
+  o.connect_timeout = absl::Seconds(60);
+  return o;
+}
+
+train::BackendFactory EmuNcclFactory() {
+  return [](std::shared_ptr<Store> store, plan::GroupKind kind, int rank, int group_rank,
+            int group_size) {
+    return CreateNcclBackend(std::move(store), group_rank, group_size, EmuNccl(rank, kind));
+  };
+}
+
+TEST_F(GpuTrainerTest, ResidentOverNcclTp2Pp2MatchesCpu) {
+  ExpectGpuMatchesCpu(*this, TinyOptions(Layout{.tp = 2, .pp = 2}), "nccl tp2_pp2",
+                      EmuNcclFactory());
+}
+
+TEST_F(GpuTrainerTest, ResidentOverNcclDp2Zero3MatchesCpu) {
+  ExpectGpuMatchesCpu(*this, TinyOptions(Layout{.dp = 2, .zero = 3}), "nccl dp2_zero3",
+                      EmuNcclFactory());
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, GpuTrainerTest,

@@ -15,6 +15,7 @@
 #include <dlfcn.h>
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,8 +25,10 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "plan/model.h"
 #include "worker/comm/nccl_backend.h"
 #include "worker/train/local_cluster.h"
+#include "worker/train/staging_device.h"
 #include "worker/train/test_util.h"
 #include "worker/train/trainer.h"
 
@@ -201,6 +204,118 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{.tp = 2, .pp = 2, .vpp = 2, .dp = 2, .zero = 2, .schedule = kInterleaved,
                .micro_batch_size = 1}),
     [](const ::testing::TestParamInfo<Layout>& info) { return info.param.Name(); });
+
+// The state on the device (worker/train/trainer.h "Where the state lives"):
+// every rank's compute device is a StagingDevice, whose memory the trainer
+// must treat as device memory (it is host memory underneath, which the
+// fake's loopback communicators read as a GPU's). With NCCL backends the
+// parameters, gradients, AdamW moments, ZeRO shards and pipeline messages
+// then stay on it, clipping and AdamW run through the device, and every
+// collective runs on its buffers. The math is the CPU's, so the result must
+// be bit-identical to the host path over the same communicators; and what
+// crosses between host and device during training (token ids, losses, the
+// norm) must stay far below one copy of the model per step, which the
+// offload path moves at least twice (parameters up, gradients down).
+class NcclResidentTrainerTest : public ::testing::TestWithParam<Layout> {
+ protected:
+  static constexpr int kResidentSteps = 4;
+
+  // Trains `steps` on a fresh StagingDevice; *copied = its host<->device bytes.
+  static std::vector<StepStats> TrainResident(const TrainingOptions& options, int steps,
+                                              int64_t* copied,
+                                              const std::function<void(int, train::Trainer&)>&
+                                                  after = nullptr) {
+    train::testing::StagingDevice device;  // thread-safe: shared by the rank threads
+    TrainingOptions o = options;
+    o.device = &device;
+    std::vector<StepStats> stats = train::testing::Train(o, steps, after, NcclFactory());
+    *copied = device.copied_bytes();
+    EXPECT_EQ(device.live_bytes(), 0) << "device memory leaked after the trainers ended";
+    return stats;
+  }
+};
+
+TEST_P(NcclResidentTrainerTest, BitIdenticalToTheHostPathAndMovesNoStatePerStep) {
+  const TrainingOptions options = Options(GetParam());
+  const std::vector<StepStats> host =
+      train::testing::Train(options, kResidentSteps, nullptr, NcclFactory());
+  int64_t copied_one = 0, copied_all = 0;
+  TrainResident(options, 1, &copied_one);
+  const std::vector<StepStats> resident = TrainResident(options, kResidentSteps, &copied_all);
+  ASSERT_EQ(resident.size(), static_cast<size_t>(kResidentSteps));
+  EXPECT_LT(host.back().loss, host.front().loss) << "did not learn";
+  for (int s = 0; s < kResidentSteps; ++s) {
+    EXPECT_EQ(resident[s].loss, host[s].loss) << "step " << s;
+    EXPECT_EQ(resident[s].grad_norm, host[s].grad_norm) << "step " << s;
+  }
+  const absl::StatusOr<std::vector<plan::ParameterSpec>> specs =
+      plan::GptParameters(options.model);
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  int64_t model_bytes = 0;
+  for (const plan::ParameterSpec& p : *specs)
+    model_bytes += p.numel() * static_cast<int64_t>(sizeof(float));
+  const int64_t per_step = (copied_all - copied_one) / (kResidentSteps - 1);
+  EXPECT_GT(per_step, 0) << "token ids and losses cross every step";
+  // The offload path moves at least 2 * model_bytes per step (and this
+  // test model is tiny, 70 kB, so token ids and losses are not negligible).
+  EXPECT_LT(per_step, model_bytes / 4)
+      << per_step << " bytes between host and device per step for a model of " << model_bytes
+      << " bytes: state is being staged";
+}
+
+// SaveSlices / RestoreSlices / FinishRestore with the state on the device:
+// resumed at step 2 on fresh trainers, the same layout continues the
+// uninterrupted run bit for bit.
+TEST_P(NcclResidentTrainerTest, SavesAndRestoresTheDeviceState) {
+  const TrainingOptions options = Options(GetParam());
+  int64_t copied = 0;
+  const std::vector<StepStats> whole = TrainResident(options, kResidentSteps, &copied);
+  train::testing::GlobalState checkpoint;
+  TrainResident(options, 2, &copied,
+                [&](int, train::Trainer& t) { train::testing::Save(t, checkpoint); });
+  train::testing::StagingDevice device;
+  TrainingOptions o = options;
+  o.device = &device;
+  const std::vector<double> resumed = train::testing::ResumeAndTrain(
+      o, 2, kResidentSteps,
+      [&](train::Trainer& t) { train::testing::Restore(t, checkpoint, 2); }, NcclFactory());
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kResidentSteps - 2));
+  for (int s = 2; s < kResidentSteps; ++s) EXPECT_EQ(resumed[s - 2], whole[s].loss) << "step " << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, NcclResidentTrainerTest,
+    ::testing::Values(
+        Layout{},  // world 1: no backend at all
+        Layout{.dp = 2, .zero = 2},
+        Layout{.tp = 2, .pp = 2, .dp = 2, .zero = 1, .schedule = k1F1B, .micro_batch_size = 1},
+        Layout{.pp = 2, .vpp = 2, .dp = 2, .zero = 3, .schedule = kInterleaved,
+               .micro_batch_size = 1}),
+    [](const ::testing::TestParamInfo<Layout>& info) { return info.param.Name(); });
+
+// host_optimizer keeps the state on the host, which an NCCL backend cannot
+// read: refused on every rank, naming the group and the option.
+TEST(NcclResidentTrainerRefusalTest, HostOptimizerWithNcclIsRefused) {
+  train::testing::StagingDevice device;
+  TrainingOptions options = Options(Layout{.dp = 2, .zero = 1});
+  options.device = &device;
+  options.host_optimizer = true;
+  std::vector<absl::Status> created(2);
+  const absl::Status status = train::RunLocalCluster(
+      options.parallel,
+      [&](int rank, const train::RankGroups& groups) -> absl::Status {
+        created[rank] =
+            train::Trainer::Create(options, groups, &train::testing::ShakespeareCorpus()).status();
+        return absl::OkStatus();
+      },
+      NcclFactory());
+  EXPECT_TRUE(status.ok()) << status;
+  for (const absl::Status& s : created) {
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("groups.dp takes device memory (NCCL)"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("host_optimizer is set"));
+  }
+}
 
 // A rank lost in the middle of a step: its communicators are aborted (what
 // its peers see when its process dies), and every other rank's step fails

@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define SHARDLINE_GPU_ABI_VERSION 3
+#define SHARDLINE_GPU_ABI_VERSION 4
 #define SHARDLINE_GPU_MAX_DEVICES 64
 
 typedef struct {
@@ -211,6 +211,12 @@ typedef const ShardlineGpuApi* (*ShardlineGpuApiFn)(void);
 
 typedef struct ShardlineGpuTrainCtx ShardlineGpuTrainCtx;  // opaque: stream + cuBLAS handle
 
+// AdamW's per-step constants (worker/train/adamw.h AdamWScalars, same
+// fields, same meaning), computed by the caller.
+typedef struct {
+  float step_size, inv_sqrt_bc2, b1, b2, one_minus_b1, one_minus_b2, eps, decay;
+} ShardlineAdamWScalars;
+
 typedef struct {
   int32_t abi_version;  // SHARDLINE_GPU_ABI_VERSION
 
@@ -286,6 +292,22 @@ typedef struct {
                                 const int32_t* targets, float scale, float* dlogits,
                                 int64_t rows, int64_t vocab_begin, int64_t vocab_local);
   int (*add_in_place)(ShardlineGpuTrainCtx* ctx, const float* x, float* y, int64_t n);
+
+  // The optimizer's state on the device (worker/train/device.h):
+  //   copy: dst = src, bytes, device to device, enqueued (no overlap).
+  int (*copy_device)(ShardlineGpuTrainCtx* ctx, void* dst, const void* src, size_t bytes);
+  //   scale: x[i] *= alpha.
+  int (*scale)(ShardlineGpuTrainCtx* ctx, float* x, float alpha, int64_t n);
+  //   adamw_step: adamw.h's per-element update with the caller's constants;
+  //   decay_mask (n bytes, device) may be null (every element decays).
+  int (*adamw_step)(ShardlineGpuTrainCtx* ctx, const ShardlineAdamWScalars* scalars, float* param,
+                    const float* grad, float* exp_avg, float* exp_avg_sq,
+                    const uint8_t* decay_mask, int64_t n);
+  //   masked_sum_squares: *sum (HOST) += sum of x[i]^2 where mask[i] != 0,
+  //   in double (per-block partial sums, then added in block order on the
+  //   host). Waits for the stream.
+  int (*masked_sum_squares)(ShardlineGpuTrainCtx* ctx, const float* x, const uint8_t* mask,
+                            int64_t n, double* sum);
 } ShardlineGpuTrainApi;
 
 // Returns the plugin's training table (static storage, never null). Optional:

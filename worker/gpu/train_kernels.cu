@@ -356,6 +356,38 @@ __global__ void AddInPlaceKernel(const float* x, float* y, int64_t n) {
   SL_FOR_EACH(i, n) y[i] += x[i];
 }
 
+__global__ void ScaleKernel(float* x, float alpha, int64_t n) {
+  SL_FOR_EACH(i, n) x[i] *= alpha;
+}
+
+// adamw.cc's loop body, element for element.
+__global__ void AdamWStepKernel(float step_size, float inv_sqrt_bc2, float b1, float b2,
+                                float one_minus_b1, float one_minus_b2, float eps, float decay,
+                                float* param, const float* grad, float* exp_avg,
+                                float* exp_avg_sq, const uint8_t* decay_mask, int64_t n) {
+  SL_FOR_EACH(i, n) {
+    const float d = decay_mask == nullptr ? decay : (decay_mask[i] != 0 ? decay : 1.0f);
+    const float p = param[i] * d;
+    const float g = grad[i];
+    const float m = b1 * exp_avg[i] + one_minus_b1 * g;
+    const float v = b2 * exp_avg_sq[i] + one_minus_b2 * g * g;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    param[i] = p - step_size * m / (sqrtf(v) * inv_sqrt_bc2 + eps);
+  }
+}
+
+__global__ void MaskedSumSquaresKernel(const float* x, const uint8_t* mask, int64_t n,
+                                       double* partial) {
+  __shared__ double smem[33];
+  double acc = 0.0;
+  SL_FOR_EACH(i, n) {
+    if (mask[i] != 0) acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  }
+  acc = BlockReduce(acc, SumOp(), 0.0, smem);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
 }  // namespace
 
 cudaError_t LaunchScaleMatrix(cudaStream_t stream, float* c, int64_t m, int64_t n, int64_t ldc,
@@ -506,6 +538,33 @@ cudaError_t LaunchCrossEntropyBackward(cudaStream_t stream, const float* logits,
 cudaError_t LaunchAddInPlace(cudaStream_t stream, const float* x, float* y, int64_t n) {
   if (n <= 0) return cudaSuccess;
   AddInPlaceKernel<<<BlocksFor(n), kThreads, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScale(cudaStream_t stream, float* x, float alpha, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  ScaleKernel<<<BlocksFor(n), kThreads, 0, stream>>>(x, alpha, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAdamWStep(cudaStream_t stream, float step_size, float inv_sqrt_bc2, float b1,
+                            float b2, float one_minus_b1, float one_minus_b2, float eps,
+                            float decay, float* param, const float* grad, float* exp_avg,
+                            float* exp_avg_sq, const uint8_t* decay_mask, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  AdamWStepKernel<<<BlocksFor(n), kThreads, 0, stream>>>(step_size, inv_sqrt_bc2, b1, b2,
+                                                          one_minus_b1, one_minus_b2, eps, decay,
+                                                          param, grad, exp_avg, exp_avg_sq,
+                                                          decay_mask, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMaskedSumSquares(cudaStream_t stream, const float* x, const uint8_t* mask,
+                                   int64_t n, double* partial, int* blocks) {
+  const int b = BlocksFor(n);
+  *blocks = b < kMaxSumSquaresBlocks ? b : kMaxSumSquaresBlocks;
+  if (n <= 0) return cudaSuccess;
+  MaskedSumSquaresKernel<<<*blocks, kThreads, 0, stream>>>(x, mask, n, partial);
   return cudaGetLastError();
 }
 

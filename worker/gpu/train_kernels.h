@@ -73,6 +73,22 @@ cudaError_t LaunchCrossEntropyBackward(cudaStream_t stream, const float* logits,
                                        int64_t rows, int64_t vocab_begin, int64_t vocab_local);
 cudaError_t LaunchAddInPlace(cudaStream_t stream, const float* x, float* y, int64_t n);
 
+// x[i] *= alpha.
+cudaError_t LaunchScale(cudaStream_t stream, float* x, float alpha, int64_t n);
+// worker/train/adamw.h AdamWStep with its per-step constants precomputed
+// (AdamWScalars' fields): the same float arithmetic per element.
+cudaError_t LaunchAdamWStep(cudaStream_t stream, float step_size, float inv_sqrt_bc2, float b1,
+                            float b2, float one_minus_b1, float one_minus_b2, float eps,
+                            float decay, float* param, const float* grad, float* exp_avg,
+                            float* exp_avg_sq, const uint8_t* decay_mask, int64_t n);
+// The largest `blocks` LaunchMaskedSumSquares uses.
+constexpr int kMaxSumSquaresBlocks = 1024;
+// partial[b] (b < *blocks, at most kMaxSumSquaresBlocks) = the sum in double
+// of x[i]^2 with mask[i] != 0 over block b's grid-stride elements; the sum
+// of the partials is the whole sum. *blocks is set before the launch.
+cudaError_t LaunchMaskedSumSquares(cudaStream_t stream, const float* x, const uint8_t* mask,
+                                   int64_t n, double* partial, int* blocks);
+
 }  // namespace shardline::gpu
 
 #endif  // SHARDLINE_WORKER_GPU_TRAIN_KERNELS_H_

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "worker/gpu/gpu_ops.h"
 #include "worker/gpu/gpu_plugin.h"
+#include "worker/train/adamw.h"
 #include "worker/train/ops.h"
 
 namespace shardline::worker {
@@ -466,6 +467,60 @@ TEST_F(TrainKernelsTest, AddInPlace) {
   ops::AddInPlace(x.data(), y.data(), n);
   ASSERT_TRUE(gpu_->AddInPlace(d_x, d_y, n).ok());
   ExpectNear(Down(d_y, n), y, kElementwise, "add");
+}
+
+// The optimizer's state kernels against adamw.h / the CPU loops. n spans
+// several blocks, and the masked sum more blocks than the plugin's cap of
+// partial sums (so blocks take several grid-stride elements each).
+TEST_F(TrainKernelsTest, AdamWStepWithAndWithoutDecayMask) {
+  const int64_t n = 3000;
+  ops::AdamWConfig config;
+  config.weight_decay = 0.1;
+  std::vector<uint8_t> mask(n);
+  for (int64_t i = 0; i < n; ++i) mask[i] = (i % 3) != 0;
+  for (const bool masked : {true, false}) {
+    auto p = Random(n, 40), m = Random(n, 41, -0.1f, 0.1f), v = Random(n, 42, 0.0f, 0.01f);
+    const auto g = Random(n, 43);
+    float* d_p = Up(p);
+    float* d_m = Up(m);
+    float* d_v = Up(v);
+    float* d_g = Up(g);
+    const uint8_t* d_mask = masked ? Up(mask) : nullptr;
+    const ops::AdamWScalars k = ops::AdamWScalarsFor(config, 3e-3f, 7);
+    const ShardlineAdamWScalars scalars{k.step_size, k.inv_sqrt_bc2, k.b1, k.b2,
+                                        k.one_minus_b1, k.one_minus_b2, k.eps, k.decay};
+    ops::AdamWStep(config, 3e-3f, 7, p.data(), g.data(), m.data(), v.data(),
+                   masked ? mask.data() : nullptr, n);
+    ASSERT_TRUE(gpu_->AdamWStep(scalars, d_p, d_g, d_m, d_v, d_mask, n).ok());
+    const std::string what = masked ? "adamw (masked) " : "adamw ";
+    ExpectNear(Down(d_p, n), p, kElementwise, what + "param");
+    ExpectNear(Down(d_m, n), m, kElementwise, what + "exp_avg");
+    ExpectNear(Down(d_v, n), v, kElementwise, what + "exp_avg_sq");
+  }
+}
+
+TEST_F(TrainKernelsTest, ScaleCopyAndMaskedSumOfSquares) {
+  const int64_t n = 300000;  // > 1024 blocks of 256 threads
+  auto x = Random(n, 50);
+  std::vector<uint8_t> mask(n);
+  for (int64_t i = 0; i < n; ++i) mask[i] = (i % 7) != 0;
+  float* d_x = Up(x);
+  const uint8_t* d_mask = Up(mask);
+  ASSERT_TRUE(gpu_->Scale(d_x, 0.25f, n).ok());
+  for (float& v : x) v *= 0.25f;
+  ExpectNear(Down(d_x, n), x, kElementwise, "scale");
+  float* d_copy = UpNaN(n);
+  ASSERT_TRUE(gpu_->Copy(d_copy, d_x, n * sizeof(float)).ok());
+  ExpectNear(Down(d_copy, n), x, 0.0, "copy");
+  double cpu = 1.5, gpu = 1.5;  // both add to what is there
+  for (int64_t i = 0; i < n; ++i) {
+    if (mask[i]) cpu += static_cast<double>(x[i]) * x[i];
+  }
+  ASSERT_TRUE(gpu_->AccumulateMaskedSumOfSquares(d_x, d_mask, n, &gpu).ok());
+  EXPECT_NEAR(gpu, cpu, 1e-12 * cpu);
+  double empty = 2.0;
+  ASSERT_TRUE(gpu_->AccumulateMaskedSumOfSquares(d_x, d_mask, 0, &empty).ok());
+  EXPECT_EQ(empty, 2.0);
 }
 
 TEST_F(TrainKernelsTest, NegativeSizesAreInvalidArgument) {

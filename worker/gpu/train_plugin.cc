@@ -29,6 +29,7 @@ struct ShardlineGpuTrainCtx {
   cublasHandle_t cublas = nullptr;
   float* scratch = nullptr;  // attention_backward's dS, grown on demand
   size_t scratch_floats = 0;
+  double* partials = nullptr;  // masked_sum_squares' per-block sums (made at first use)
   std::string error;  // message of the last failed call
 };
 
@@ -192,6 +193,7 @@ void CtxDestroy(Ctx* ctx) {
   cudaSetDevice(ctx->device);
   if (ctx->stream != nullptr) cudaStreamSynchronize(ctx->stream);
   if (ctx->scratch != nullptr) cudaFree(ctx->scratch);
+  if (ctx->partials != nullptr) cudaFree(ctx->partials);
   if (ctx->cublas != nullptr) cublasDestroy(ctx->cublas);
   if (ctx->stream != nullptr) cudaStreamDestroy(ctx->stream);
   delete ctx;
@@ -471,6 +473,54 @@ int AddInPlace(Ctx* ctx, const float* x, float* y, int64_t n) {
   return Check(ctx, "add kernel", LaunchAddInPlace(ctx->stream, x, y, n));
 }
 
+int CopyDevice(Ctx* ctx, void* dst, const void* src, size_t bytes) {
+  SL_RETURN_IF_ERROR(Enter(ctx, "copy_device", {}));
+  if (bytes == 0) return SHARDLINE_GPU_OK;
+  return Check(ctx, "cudaMemcpyAsync (device to device)",
+               cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
+}
+
+int Scale(Ctx* ctx, float* x, float alpha, int64_t n) {
+  SL_RETURN_IF_ERROR(Enter(ctx, "scale", {n}));
+  return Check(ctx, "scale kernel", shardline::gpu::LaunchScale(ctx->stream, x, alpha, n));
+}
+
+int AdamWStep(Ctx* ctx, const ShardlineAdamWScalars* k, float* param, const float* grad,
+              float* exp_avg, float* exp_avg_sq, const uint8_t* decay_mask, int64_t n) {
+  SL_RETURN_IF_ERROR(Enter(ctx, "adamw_step", {n}));
+  if (k == nullptr) return Fail(ctx, SHARDLINE_GPU_INVALID_ARGUMENT, "adamw_step: scalars is null");
+  return Check(ctx, "adamw kernel",
+               shardline::gpu::LaunchAdamWStep(ctx->stream, k->step_size, k->inv_sqrt_bc2, k->b1,
+                                               k->b2, k->one_minus_b1, k->one_minus_b2, k->eps,
+                                               k->decay, param, grad, exp_avg, exp_avg_sq,
+                                               decay_mask, n));
+}
+
+int MaskedSumSquares(Ctx* ctx, const float* x, const uint8_t* mask, int64_t n, double* sum) {
+  SL_RETURN_IF_ERROR(Enter(ctx, "masked_sum_squares", {n}));
+  if (n == 0) return SHARDLINE_GPU_OK;
+  if (ctx->partials == nullptr) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, sizeof(double) * shardline::gpu::kMaxSumSquaresBlocks);
+    if (e != cudaSuccess) {
+      return Fail(ctx, CodeOf(e), "cudaMalloc for masked_sum_squares' partial sums: %s",
+                  cudaGetErrorString(e));
+    }
+    ctx->partials = static_cast<double*>(p);
+  }
+  int blocks = 0;
+  SL_RETURN_IF_ERROR(Check(ctx, "sum of squares kernel",
+                           shardline::gpu::LaunchMaskedSumSquares(ctx->stream, x, mask, n,
+                                                                  ctx->partials, &blocks)));
+  double host[shardline::gpu::kMaxSumSquaresBlocks];
+  SL_RETURN_IF_ERROR(Copy(ctx, host, ctx->partials, sizeof(double) * blocks,
+                          cudaMemcpyDeviceToHost));
+  double total = *sum;
+  for (int b = 0; b < blocks; ++b) total += host[b];
+  *sum = total;
+  return SHARDLINE_GPU_OK;
+}
+
 const ShardlineGpuTrainApi kTrainApi = {
     SHARDLINE_GPU_ABI_VERSION,
     CtxCreate,
@@ -500,6 +550,10 @@ const ShardlineGpuTrainApi kTrainApi = {
     TokenLoss,
     CrossEntropyBackward,
     AddInPlace,
+    CopyDevice,
+    Scale,
+    AdamWStep,
+    MaskedSumSquares,
 };
 
 }  // namespace

@@ -14,20 +14,10 @@ SL_VECTOR_CLONES void AdamWStep(const AdamWConfig& config, float lr, int64_t t,
                                 float* __restrict param, const float* __restrict grad,
                                 float* __restrict exp_avg, float* __restrict exp_avg_sq,
                                 const uint8_t* __restrict decay_mask, int64_t n) {
-  const double bias_correction1 = 1.0 - std::pow(config.beta1, static_cast<double>(t));
-  const double bias_correction2 = 1.0 - std::pow(config.beta2, static_cast<double>(t));
-  // As torch.optim.AdamW (single-tensor path): step_size = lr / bc1,
-  // denom = sqrt(v) / sqrt(bc2) + eps.
-  const float step_size = static_cast<float>(static_cast<double>(lr) / bias_correction1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
-  const float b1 = static_cast<float>(config.beta1);
-  const float b2 = static_cast<float>(config.beta2);
-  const float one_minus_b1 = static_cast<float>(1.0 - config.beta1);
-  const float one_minus_b2 = static_cast<float>(1.0 - config.beta2);
-  const float eps = static_cast<float>(config.epsilon);
-  const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * config.weight_decay);
-  // p * 1.0f == p exactly, so elements without decay can take the same path.
-  const float no_mask_decay = config.weight_decay != 0.0 ? decay : 1.0f;
+  const AdamWScalars k = AdamWScalarsFor(config, lr, t);
+  const float step_size = k.step_size, inv_sqrt_bc2 = k.inv_sqrt_bc2, b1 = k.b1, b2 = k.b2,
+              one_minus_b1 = k.one_minus_b1, one_minus_b2 = k.one_minus_b2, eps = k.eps;
+  const float no_mask_decay = k.decay;
   for (int64_t i = 0; i < n; ++i) {
     const float d = decay_mask == nullptr ? no_mask_decay
                                           : (decay_mask[i] != 0 ? no_mask_decay : 1.0f);
@@ -39,6 +29,26 @@ SL_VECTOR_CLONES void AdamWStep(const AdamWConfig& config, float lr, int64_t t,
     exp_avg_sq[i] = v;
     param[i] = p - step_size * m / (std::sqrt(v) * inv_sqrt_bc2 + eps);
   }
+}
+
+AdamWScalars AdamWScalarsFor(const AdamWConfig& config, float lr, int64_t t) {
+  const double bias_correction1 = 1.0 - std::pow(config.beta1, static_cast<double>(t));
+  const double bias_correction2 = 1.0 - std::pow(config.beta2, static_cast<double>(t));
+  // As torch.optim.AdamW (single-tensor path): step_size = lr / bc1,
+  // denom = sqrt(v) / sqrt(bc2) + eps.
+  AdamWScalars k;
+  k.step_size = static_cast<float>(static_cast<double>(lr) / bias_correction1);
+  k.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
+  k.b1 = static_cast<float>(config.beta1);
+  k.b2 = static_cast<float>(config.beta2);
+  k.one_minus_b1 = static_cast<float>(1.0 - config.beta1);
+  k.one_minus_b2 = static_cast<float>(1.0 - config.beta2);
+  k.eps = static_cast<float>(config.epsilon);
+  // p * 1.0f == p exactly, so elements without decay can take the same path.
+  k.decay = config.weight_decay != 0.0
+                ? static_cast<float>(1.0 - static_cast<double>(lr) * config.weight_decay)
+                : 1.0f;
+  return k;
 }
 
 double LearningRate(int64_t step, const LearningRateSchedule& schedule) {

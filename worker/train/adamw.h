@@ -31,6 +31,19 @@ struct AdamWConfig {
 void AdamWStep(const AdamWConfig& config, float lr, int64_t t, float* param, const float* grad,
                float* exp_avg, float* exp_avg_sq, const uint8_t* decay_mask, int64_t n);
 
+// The per-step constants of AdamWStep (computed in double, rounded to float
+// once), so a device kernel does the same float arithmetic per element:
+//   d = decay_mask[i] ? decay : 1;  p = param[i] * d;
+//   m = b1 * exp_avg[i] + one_minus_b1 * g;  v = b2 * exp_avg_sq[i] + one_minus_b2 * g * g;
+//   param[i] = p - step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps).
+struct AdamWScalars {
+  float step_size = 0;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2 = 0;  // 1 / sqrt(1 - beta2^t)
+  float b1 = 0, b2 = 0, one_minus_b1 = 0, one_minus_b2 = 0, eps = 0;
+  float decay = 1;         // 1 - lr * weight_decay (1 without weight decay)
+};
+AdamWScalars AdamWScalarsFor(const AdamWConfig& config, float lr, int64_t t);
+
 struct LearningRateSchedule {
   double learning_rate = 1e-3;      // peak
   double min_learning_rate = 0.0;   // floor of the cosine

@@ -109,6 +109,23 @@ class Bf16Device final : public Device {
                                     float* dlogits, int64_t rows, int64_t vocab_begin,
                                     int64_t vocab_local) override;
   absl::Status AddInPlace(const float* x, float* y, int64_t n) override;
+  // The optimizer's state is fp32 (master weights, gradients, moments): these
+  // are the inner device's, unrounded.
+  absl::Status Copy(void* dst, const void* src, size_t bytes) override {
+    return inner_.Copy(dst, src, bytes);
+  }
+  absl::Status Scale(float* x, float alpha, int64_t n) override {
+    return inner_.Scale(x, alpha, n);
+  }
+  absl::Status AdamWStep(const AdamWConfig& config, float lr, int64_t t, float* param,
+                         const float* grad, float* exp_avg, float* exp_avg_sq,
+                         const uint8_t* decay_mask, int64_t n) override {
+    return inner_.AdamWStep(config, lr, t, param, grad, exp_avg, exp_avg_sq, decay_mask, n);
+  }
+  absl::Status AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask, int64_t n,
+                                            double* sum) override {
+    return inner_.AccumulateMaskedSumOfSquares(x, mask, n, sum);
+  }
 
  private:
   Device& inner_;

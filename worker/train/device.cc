@@ -225,4 +225,31 @@ absl::Status CpuDevice::AddInPlace(const float* x, float* y, int64_t n) {
   return absl::OkStatus();
 }
 
+absl::Status CpuDevice::Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Scale(float* x, float alpha, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::AdamWStep(const AdamWConfig& config, float lr, int64_t t, float* param,
+                                  const float* grad, float* exp_avg, float* exp_avg_sq,
+                                  const uint8_t* decay_mask, int64_t n) {
+  train::AdamWStep(config, lr, t, param, grad, exp_avg, exp_avg_sq, decay_mask, n);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask,
+                                                     int64_t n, double* sum) {
+  double s = *sum;
+  for (int64_t i = 0; i < n; ++i) {
+    if (mask[i]) s += static_cast<double>(x[i]) * x[i];
+  }
+  *sum = s;
+  return absl::OkStatus();
+}
+
 }  // namespace shardline::worker::train

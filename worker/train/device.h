@@ -47,6 +47,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/train/adamw.h"
 
 namespace shardline::worker::train {
 
@@ -122,6 +123,26 @@ class Device {
                                             float scale, float* dlogits, int64_t rows,
                                             int64_t vocab_begin, int64_t vocab_local) = 0;
   virtual absl::Status AddInPlace(const float* x, float* y, int64_t n) = 0;
+
+  // --- The optimizer's state on this device (trainer.h "Where the state
+  // lives"); pointers are memory of this device, sizes as marked ----------
+  // dst[0, bytes) = src[0, bytes), device to device, ordered like the math.
+  // The ranges must not overlap.
+  virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;
+  // x[i] *= alpha for i in [0, n) (ELEMENTS): gradient clipping.
+  virtual absl::Status Scale(float* x, float alpha, int64_t n) = 0;
+  // adamw.h's AdamWStep over n ELEMENTS (same float arithmetic per element;
+  // decay_mask is n bytes of this device's memory, or null).
+  virtual absl::Status AdamWStep(const AdamWConfig& config, float lr, int64_t t, float* param,
+                                 const float* grad, float* exp_avg, float* exp_avg_sq,
+                                 const uint8_t* decay_mask, int64_t n) = 0;
+  // *sum (HOST memory) += the sum over i in [0, n) (ELEMENTS) with
+  // mask[i] != 0 of x[i]^2, accumulated in double (the global gradient
+  // norm). mask is n bytes of this device's memory. Waits for the device (the
+  // result is on the host). CpuDevice adds each term into *sum in index
+  // order; a GPU sums blocks of terms first (the last bits may differ).
+  virtual absl::Status AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask,
+                                                    int64_t n, double* sum) = 0;
 };
 
 // ops.h on host memory: every call is the ops.h function itself (bit-identical
@@ -202,6 +223,13 @@ class CpuDevice final : public Device {
                                     float* dlogits, int64_t rows, int64_t vocab_begin,
                                     int64_t vocab_local) override;
   absl::Status AddInPlace(const float* x, float* y, int64_t n) override;
+  absl::Status Copy(void* dst, const void* src, size_t bytes) override;
+  absl::Status Scale(float* x, float alpha, int64_t n) override;
+  absl::Status AdamWStep(const AdamWConfig& config, float lr, int64_t t, float* param,
+                         const float* grad, float* exp_avg, float* exp_avg_sq,
+                         const uint8_t* decay_mask, int64_t n) override;
+  absl::Status AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask, int64_t n,
+                                            double* sum) override;
 
   // Idle bytes held for reuse now (<= kMaxCachedBytes); for tests.
   size_t cached_bytes() const;

@@ -17,12 +17,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/train/staging_device.h"
 #include "worker/train/test_util.h"
 
 namespace shardline::worker::train {
 namespace {
 
 using testing::Layout;
+using testing::StagingDevice;
 
 TEST(DeviceBufferTest, ResizeReuseMoveAndReset) {
   Device& d = *CpuDevice::Default();
@@ -105,136 +107,6 @@ TEST(CpuDeviceTest, IsHostMemoryAndCopies) {
   ASSERT_TRUE(d.Zero(x.data(), x.bytes()).ok());
   EXPECT_EQ(x.data()[2], 0.0f);
 }
-
-// CpuDevice's math on memory the trainer must treat as device memory: fresh
-// allocations are NaN (reading unwritten memory shows), live bytes are
-// counted. Thread-safe (shared by every rank thread of a test).
-class StagingDevice : public Device {
- public:
-  std::string name() const override { return "staging"; }
-  bool host_memory() const override { return false; }
-  absl::StatusOr<void*> AllocBytes(size_t bytes) override {
-    if (bytes == 0) return nullptr;
-    // A header before the block remembers its size.
-    char* block = static_cast<char*>(std::malloc(bytes + kHeader));
-    if (block == nullptr) return absl::ResourceExhaustedError("staging: out of memory");
-    std::memcpy(block, &bytes, sizeof(bytes));
-    float* data = reinterpret_cast<float*>(block + kHeader);
-    for (size_t i = 0; i < bytes / sizeof(float); ++i)
-      data[i] = std::numeric_limits<float>::quiet_NaN();
-    live_bytes_ += static_cast<int64_t>(bytes);
-    ++allocations_;
-    return data;
-  }
-  void Free(void* ptr) override {
-    if (ptr == nullptr) return;
-    char* block = static_cast<char*>(ptr) - kHeader;
-    size_t bytes = 0;
-    std::memcpy(&bytes, block, sizeof(bytes));
-    live_bytes_ -= static_cast<int64_t>(bytes);
-    std::free(block);
-  }
-  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
-    ++copies_;
-    return cpu().CopyToDevice(dst, src, bytes);
-  }
-  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
-    ++copies_;
-    return cpu().CopyToHost(dst, src, bytes);
-  }
-  absl::Status Zero(void* ptr, size_t bytes) override { return cpu().Zero(ptr, bytes); }
-  absl::Status Synchronize() override { return absl::OkStatus(); }
-
-  absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                    const float* a, const float* b, float beta, float* c) override {
-    return cpu().Gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
-  }
-  absl::Status LinearForward(const float* x, const float* w, const float* b, float* y,
-                             int64_t rows, int64_t in, int64_t out) override {
-    return cpu().LinearForward(x, w, b, y, rows, in, out);
-  }
-  absl::Status LinearBackward(const float* x, const float* w, const float* dy, float* dx,
-                              float* dw, float* db, int64_t rows, int64_t in,
-                              int64_t out) override {
-    return cpu().LinearBackward(x, w, dy, dx, dw, db, rows, in, out);
-  }
-  absl::Status LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
-                                float* mean, float* rstd, int64_t rows, int64_t width) override {
-    return cpu().LayerNormForward(x, gamma, beta, y, mean, rstd, rows, width);
-  }
-  absl::Status LayerNormBackward(const float* x, const float* gamma, const float* mean,
-                                 const float* rstd, const float* dy, float* dx, float* dgamma,
-                                 float* dbeta, int64_t rows, int64_t width) override {
-    return cpu().LayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows, width);
-  }
-  absl::Status GeluForward(const float* x, float* y, int64_t n) override {
-    return cpu().GeluForward(x, y, n);
-  }
-  absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n) override {
-    return cpu().GeluBackward(x, dy, dx, n);
-  }
-  absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
-                                int64_t seq, int64_t heads, int64_t head_dim) override {
-    return cpu().AttentionForward(qkv, probs, y, batch, seq, heads, head_dim);
-  }
-  absl::Status AttentionBackward(const float* qkv, const float* probs, const float* dy,
-                                 float* dqkv, int64_t batch, int64_t seq, int64_t heads,
-                                 int64_t head_dim) override {
-    return cpu().AttentionBackward(qkv, probs, dy, dqkv, batch, seq, heads, head_dim);
-  }
-  absl::Status EmbeddingForward(const int32_t* tokens, const float* table, float* y,
-                                int64_t rows, int64_t width, int64_t vocab_begin,
-                                int64_t vocab_local) override {
-    return cpu().EmbeddingForward(tokens, table, y, rows, width, vocab_begin, vocab_local);
-  }
-  absl::Status EmbeddingBackward(const int32_t* tokens, const float* dy, float* dtable,
-                                 int64_t rows, int64_t width, int64_t vocab_begin,
-                                 int64_t vocab_local) override {
-    return cpu().EmbeddingBackward(tokens, dy, dtable, rows, width, vocab_begin, vocab_local);
-  }
-  absl::Status AddPositionForward(const float* pos_table, float* y, int64_t rows, int64_t seq,
-                                  int64_t width) override {
-    return cpu().AddPositionForward(pos_table, y, rows, seq, width);
-  }
-  absl::Status AddPositionBackward(const float* dy, float* dpos, int64_t rows, int64_t seq,
-                                   int64_t width) override {
-    return cpu().AddPositionBackward(dy, dpos, rows, seq, width);
-  }
-  absl::Status LocalRowMax(const float* logits, float* row_max, int64_t rows,
-                           int64_t vocab_local) override {
-    return cpu().LocalRowMax(logits, row_max, rows, vocab_local);
-  }
-  absl::Status LocalSumExpAndTarget(const float* logits, const float* row_max,
-                                    const int32_t* targets, float* sum_exp, float* target_logit,
-                                    int64_t rows, int64_t vocab_begin,
-                                    int64_t vocab_local) override {
-    return cpu().LocalSumExpAndTarget(logits, row_max, targets, sum_exp, target_logit, rows,
-                                      vocab_begin, vocab_local);
-  }
-  absl::Status TokenLoss(const float* row_max, const float* sum_exp, const float* target_logit,
-                         float* loss, int64_t rows) override {
-    return cpu().TokenLoss(row_max, sum_exp, target_logit, loss, rows);
-  }
-  absl::Status CrossEntropyBackward(const float* logits, const float* row_max,
-                                    const float* sum_exp, const int32_t* targets, float scale,
-                                    float* dlogits, int64_t rows, int64_t vocab_begin,
-                                    int64_t vocab_local) override {
-    return cpu().CrossEntropyBackward(logits, row_max, sum_exp, targets, scale, dlogits, rows,
-                                      vocab_begin, vocab_local);
-  }
-  absl::Status AddInPlace(const float* x, float* y, int64_t n) override {
-    return cpu().AddInPlace(x, y, n);
-  }
-
-  int64_t live_bytes() const { return live_bytes_; }
-  int64_t allocations() const { return allocations_; }
-  int64_t copies() const { return copies_; }
-
- private:
-  static constexpr size_t kHeader = 64;  // keeps the data 16-byte aligned
-  static CpuDevice& cpu() { return *CpuDevice::Default(); }
-  std::atomic<int64_t> live_bytes_{0}, allocations_{0}, copies_{0};
-};
 
 constexpr int kSteps = 5;
 

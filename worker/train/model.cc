@@ -43,14 +43,42 @@ absl::Status Collectives::Wait(const std::shared_ptr<Work>& work) {
   return s;
 }
 
+absl::Status Collectives::OnHostMemory(
+    float* data, int64_t count, const std::function<std::shared_ptr<Work>(float*)>& issue) {
+  if (!StagesHostMemory(staging_)) return Wait(issue(data));
+  const ObservedCommWait observed;
+  const absl::Time start = absl::Now();
+  DeviceBuffer<float> staged;
+  const size_t bytes = sizeof(float) * static_cast<size_t>(count);
+  absl::Status s = staged.Resize(*staging_, count);
+  if (s.ok()) s = staging_->CopyToDevice(staged.data(), data, bytes);
+  if (s.ok()) s = issue(staged.data())->Wait();
+  if (s.ok()) s = staging_->CopyToHost(data, staged.data(), bytes);
+  if (comm_time_ != nullptr) *comm_time_ += absl::Now() - start;
+  return s;
+}
+
 absl::Status Collectives::AllReduce(float* data, int64_t count, ReduceOp op) {
   if (size() == 1) return absl::OkStatus();
-  return Wait(backend_->AllReduce(data, static_cast<size_t>(count), DType::kFloat32, op));
+  return OnHostMemory(data, count, [&](float* p) {
+    return backend_->AllReduce(p, static_cast<size_t>(count), DType::kFloat32, op);
+  });
+}
+
+absl::Status Collectives::Broadcast(float* data, int64_t count, int root) {
+  if (size() == 1) return absl::OkStatus();
+  return OnHostMemory(data, count, [&](float* p) {
+    return backend_->Broadcast(p, static_cast<size_t>(count), DType::kFloat32, root);
+  });
 }
 
 absl::Status Collectives::AllReduce(Device& device, float* data, int64_t count, ReduceOp op) {
   if (size() == 1) return absl::OkStatus();
-  if (device.host_memory()) return AllReduce(data, count, op);
+  if (device.host_memory() || backend_->device_memory()) {
+    // The backend runs on its own stream: the device's results must be done.
+    SL_RETURN_IF_ERROR(device.Synchronize());
+    return Wait(backend_->AllReduce(data, static_cast<size_t>(count), DType::kFloat32, op));
+  }
   // Staged through host memory; the copies count as communication.
   const ObservedCommWait observed;
   const absl::Time start = absl::Now();
@@ -254,6 +282,14 @@ absl::Status LastTokenLogits(Device& d, const LayerShape& shape, const HeadActiv
   std::vector<float> gathered(tp.size() * mine.size());
   if (tp.size() == 1) {
     gathered = mine;
+  } else if (tp.StagesHostMemory(&d)) {  // a backend on device memory (NCCL)
+    DeviceBuffer<float> in, all;
+    SL_RETURN_IF_ERROR(in.Resize(d, static_cast<int64_t>(mine.size())));
+    SL_RETURN_IF_ERROR(all.Resize(d, static_cast<int64_t>(gathered.size())));
+    SL_RETURN_IF_ERROR(d.CopyToDevice(in.data(), mine.data(), in.bytes()));
+    SL_RETURN_IF_ERROR(
+        tp.Wait(tp.backend()->AllGather(in.data(), mine.size(), all.data(), DType::kFloat32)));
+    SL_RETURN_IF_ERROR(d.CopyToHost(gathered.data(), all.data(), all.bytes()));
   } else {
     absl::Status s = tp.Wait(tp.backend()->AllGather(mine.data(), mine.size(), gathered.data(),
                                                      DType::kFloat32));

@@ -23,10 +23,11 @@
 //
 // Memory: every pointer and buffer given to or kept by these functions
 // (parameters, gradients, tokens, targets, activations) is memory of the
-// `device` argument. The tensor-parallel collectives run on host memory
-// (Gloo): on a device whose memory is not host memory, Collectives stages
-// each all-reduce through a host buffer (copy to host, all-reduce, copy back)
-// and counts the copies as communication time.
+// `device` argument. The tensor-parallel collectives run where the tp
+// backend reads: on the device's buffers themselves when its memory is host
+// memory or the backend takes device memory (NCCL); else (a GPU with Gloo)
+// Collectives stages each all-reduce through a host buffer (copy to host,
+// all-reduce, copy back) and counts the copies as communication time.
 //
 // Every function returns the status of its device calls (device.h's errors:
 // InvalidArgument, ResourceExhausted, Unavailable) and of its collectives
@@ -39,6 +40,8 @@
 #define SHARDLINE_WORKER_TRAIN_MODEL_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -90,9 +93,12 @@ class ObservedCommWait {
   CommWaitObserver* const observer_;
 };
 
-// All-reduces over one group and counts the time spent waiting (the
-// "time in communication" the trainer reports). A group of size 1 costs
-// nothing. Not thread-safe.
+// Collectives over one group, counting the time spent waiting (the "time
+// in communication" the trainer reports). A group of size 1 costs nothing.
+// Buffers are where the backend reads them: host memory for Gloo, device
+// memory for a backend with device_memory() (NCCL); the functions below move
+// data between the two where the caller's memory is the other kind. Not
+// thread-safe.
 class Collectives {
  public:
   // `backend` and `comm_time` are not owned and may be shared by several
@@ -101,20 +107,43 @@ class Collectives {
       : backend_(backend), comm_time_(comm_time) {}
   int size() const { return backend_ == nullptr ? 1 : backend_->size(); }
   int rank() const { return backend_ == nullptr ? 0 : backend_->rank(); }
-  // All-reduces `count` floats of HOST memory in place.
+  // The device through which host-memory calls reach a backend that takes
+  // device memory (not owned; null: none). Unused where the device's memory
+  // is host memory.
+  void set_staging_device(Device* device) { staging_ = device; }
+  // All-reduces `count` floats of HOST memory in place; to a device-memory
+  // backend through a buffer of the staging device (copy in, all-reduce, copy
+  // out). Errors: the Backend's, the staging device's copies'.
   absl::Status AllReduce(float* data, int64_t count, ReduceOp op);
+  // Broadcasts `count` floats of HOST memory from group rank `root`, staged
+  // like AllReduce.
+  absl::Status Broadcast(float* data, int64_t count, int root);
   // All-reduces `count` floats of `device`'s memory in place: directly when
-  // the device's memory is host memory, else through a host buffer (copy to
-  // host, all-reduce, copy back), the copies counted as communication time.
-  // Errors: the device's copies' and the Backend's.
+  // the device's memory is host memory or the backend takes device memory
+  // (after device.Synchronize(), so the backend's stream reads finished
+  // results), else through a host buffer (copy to host, all-reduce, copy
+  // back), the copies counted as communication time. Errors: the device's
+  // and the Backend's.
   absl::Status AllReduce(Device& device, float* data, int64_t count, ReduceOp op);
   // Waits for `work`, counting the time.
   absl::Status Wait(const std::shared_ptr<Work>& work);
   Backend* backend() const { return backend_; }
+  // Whether the backend takes device memory of a device whose memory is not
+  // host memory (so host buffers must be staged through `device`).
+  bool StagesHostMemory(const Device* device) const {
+    return backend_ != nullptr && backend_->device_memory() && device != nullptr &&
+           !device->host_memory();
+  }
 
  private:
+  // Runs `issue` on `count` floats of host memory `data`: directly, or on a
+  // staging-device copy.
+  absl::Status OnHostMemory(float* data, int64_t count,
+                            const std::function<std::shared_ptr<Work>(float*)>& issue);
+
   Backend* backend_;
   absl::Duration* comm_time_;
+  Device* staging_ = nullptr;
 };
 
 struct LayerShape {

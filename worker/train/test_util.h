@@ -186,7 +186,9 @@ struct GlobalState {
 // every element once).
 inline void Save(Trainer& t, GlobalState& g) {
   absl::MutexLock lock(&g.mu);
-  for (const Trainer::StateSlice& s : t.SaveSlices()) {
+  absl::StatusOr<std::vector<Trainer::StateSlice>> slices = t.SaveSlices();
+  ASSERT_TRUE(slices.ok()) << slices.status();
+  for (const Trainer::StateSlice& s : *slices) {
     const int64_t n = s.spec->numel();
     auto& v = g.values[s.tensor];
     auto& w = g.writes[s.tensor];

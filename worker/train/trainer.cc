@@ -30,22 +30,29 @@ namespace {
   } while (0)
 
 // One ZeRO unit of this rank's model slice and every state kept for it.
+// The state lives on the state device (Impl::state, trainer.h "Where the
+// state lives").
 struct UnitState {
   plan::Unit unit;
   int64_t shard = 0;  // padded / dp: elements of each dp rank's shard
   // The whole unit (padded). Always present for zero_stage 0-2; under
   // ZeRO-3 only between Acquire and Release.
-  std::vector<float> params;
-  int acquired = 0;                  // ZeRO-3 users of `params`
-  std::vector<float> shard_params;   // ZeRO-3: this dp rank's shard, [shard]
-  std::vector<float> grads;          // whole unit, during a step (lazy)
-  std::vector<float> shard_grads;    // ZeRO-2/3 after the reduce-scatter, [shard]
-  std::vector<float> exp_avg, exp_avg_sq;  // AdamW: [padded] at stage 0, else [shard]
-  std::vector<uint8_t> decay;        // [padded]: 1 where weight decay applies
-  std::vector<uint8_t> norm;         // [padded]: 1 where this rank counts the element in the norm
+  DeviceBuffer<float> params;
+  int acquired = 0;                   // ZeRO-3 users of `params`
+  DeviceBuffer<float> shard_params;   // ZeRO-3: this dp rank's shard, [shard]
+  DeviceBuffer<float> grads;          // whole unit, during a step (lazy, zeroed when made)
+  DeviceBuffer<float> shard_grads;    // ZeRO-2/3 after the reduce-scatter, [shard]
+  DeviceBuffer<float> exp_avg, exp_avg_sq;  // AdamW: [padded] at stage 0, else [shard]
+  DeviceBuffer<uint8_t> decay;        // [padded]: 1 where weight decay applies
+  DeviceBuffer<uint8_t> norm;         // [padded]: 1 where this rank counts the element in the norm
   std::map<std::string, int64_t> offset;  // parameter name -> first element in the unit
-  // Only on a device whose memory is not host memory (else the math runs on
-  // `params` and `grads` themselves):
+  // A state device whose memory is not host memory: host copies of the
+  // checkpointed state (params or shard_params, and the moments), filled by
+  // Slices(save) and read back by FinishRestore.
+  std::vector<float> host_params, host_exp_avg, host_exp_avg_sq;
+  // Only when the state is on the host and the math on a device without host
+  // memory (the ZeRO-Offload path; else the math runs on `params` and
+  // `grads` themselves):
   DeviceBuffer<float> device_params;  // [padded]: a copy of `params`
   bool device_params_fresh = false;   // device_params == params (this step)
   DeviceBuffer<float> device_grads;   // [padded]: this step's gradients, not yet downloaded
@@ -66,13 +73,12 @@ struct Stash {
   DeviceBuffer<int32_t> tokens;  // chunk 0, [batch * seq] on the device
   std::vector<LayerActivations> layers;
   HeadActivations head;
-  std::vector<float> dloss_input;  // unused placeholder for symmetry
 };
 
 // A posted send and the buffer it reads.
 struct PendingSend {
   std::shared_ptr<Work> work;
-  std::shared_ptr<std::vector<float>> buffer;
+  std::shared_ptr<DeviceBuffer<float>> buffer;
 };
 
 }  // namespace
@@ -94,17 +100,23 @@ class Trainer::Impl {
   int word_unit = -1;                 // unit holding the head's word embedding
   Device* device = nullptr;           // options.device or CpuDevice::Default() (not owned),
                                       // or bf16_device over it
+  // Where the parameters, gradients, moments, ZeRO shards and pipeline
+  // messages live: `device` itself (resident), or host memory
+  // (CpuDevice::Default()) on the ZeRO-Offload path. Not owned.
+  Device* state = nullptr;
   absl::Duration comm_time;
   Collectives tp{nullptr, &comm_time}, dp{nullptr, &comm_time}, pp{nullptr, &comm_time},
       embedding{nullptr, &comm_time};
   int64_t step = 0;
   // Between a rank's own consecutive chunks (pp == 1, vpp > 1), by tag.
-  std::map<uint32_t, std::vector<float>> local_handoff;
+  std::map<uint32_t, DeviceBuffer<float>> local_handoff;
   std::vector<PendingSend> pending_sends;
   // Data-parallel gradient all-reduces started during the backward, by unit
   // (StartGradReduce), and this step's backward passes done per chunk.
   std::map<int, std::shared_ptr<Work>> grad_reduces;
   std::map<int, int> backwards_done;
+  // RestoreSlices handed out host copies that FinishRestore must upload.
+  bool restore_pending = false;
 
   ~Impl() { DrainGradReduces(); }
 
@@ -130,24 +142,49 @@ class Trainer::Impl {
 
   // --- Units -------------------------------------------------------------
 
-  bool on_host() const { return device->host_memory(); }
+  // Whether the state lives where the math runs (no staging copies).
+  bool resident() const { return state == device; }
+  Device& sd() { return *state; }
+
+  // The state device has finished every call issued so far: a backend with
+  // its own stream (NCCL) may read what the device wrote, and an error of a
+  // kernel surfaces here. Free on host memory.
+  absl::Status StateSettled() {
+    return state->host_memory() ? absl::OkStatus() : state->Synchronize();
+  }
+
+  // Unit s's whole-unit gradients, allocated and zeroed at first use in a step.
+  absl::Status EnsureGrads(UnitState& s) {
+    if (!s.grads.empty()) return absl::OkStatus();
+    SL_RETURN_IF_ERROR(HostAlloc(s.grads.Resize(sd(), s.unit.padded)));
+    return sd().Zero(s.grads.data(), s.grads.bytes());
+  }
+
+  // A failed allocation of host memory is the trainer's host-memory
+  // shortage (Create and TrainStep turn std::bad_alloc into
+  // HostOutOfMemoryError); other errors pass.
+  absl::Status HostAlloc(absl::Status s) {
+    if (absl::IsResourceExhausted(s) && state->host_memory()) throw std::bad_alloc();
+    return s;
+  }
 
   // Makes unit u's whole parameters available until Release: ZeRO-3
-  // all-gathers them into `params`; with `to_device` and a device that is
-  // not host memory, they are also uploaded to `device_params` (once per
-  // step: ResetDeviceState drops the copies).
+  // all-gathers them into `params`; with `to_device` on the offload path,
+  // they are also uploaded to `device_params` (once per step:
+  // ResetDeviceState drops the copies).
   absl::Status Acquire(int u, bool to_device = true) {
     UnitState& s = units[u];
     if (zero() == 3 && s.acquired++ == 0) {
-      s.params.assign(s.unit.padded, 0.0f);
+      SL_RETURN_IF_ERROR(HostAlloc(s.params.Resize(sd(), s.unit.padded)));
       if (dp.size() == 1) {
-        std::copy(s.shard_params.begin(), s.shard_params.end(), s.params.begin());
+        SL_RETURN_IF_ERROR(sd().Copy(s.params.data(), s.shard_params.data(), s.shard_params.bytes()));
       } else {
+        SL_RETURN_IF_ERROR(StateSettled());
         SL_RETURN_IF_ERROR(dp.Wait(dp.backend()->AllGather(
             s.shard_params.data(), s.shard, s.params.data(), DType::kFloat32)));
       }
     }
-    if (!to_device || on_host() || s.device_params_fresh) return absl::OkStatus();
+    if (!to_device || resident() || s.device_params_fresh) return absl::OkStatus();
     SL_RETURN_IF_ERROR(s.device_params.Resize(*device, s.unit.padded));
     SL_RETURN_IF_ERROR(
         device->CopyToDevice(s.device_params.data(), s.params.data(), s.device_params.bytes()));
@@ -159,7 +196,7 @@ class Trainer::Impl {
     UnitState& s = units[u];
     if (zero() < 3) return;
     if (--s.acquired > 0) return;
-    std::vector<float>().swap(s.params);
+    s.params.Reset();
     s.device_params.Reset();
     s.device_params_fresh = false;
   }
@@ -175,18 +212,18 @@ class Trainer::Impl {
     }
   }
 
-  // Parameter `name` of unit u (acquired) where the math runs: the host
-  // buffer on a host-memory device, else the device copy.
+  // Parameter `name` of unit u (acquired) where the math runs: the state
+  // itself when resident, else the device copy.
   float* Param(int u, const std::string& name) {
     UnitState& s = units[u];
-    return (on_host() ? s.params.data() : s.device_params.data()) + s.offset.at(name);
+    return (resident() ? s.params.data() : s.device_params.data()) + s.offset.at(name);
   }
-  // The same for gradients (zeroed at first use in a step). On a device
-  // whose memory is not host memory, DownloadGradients adds them into the
-  // host buffer (HostGrad) after the step's last backward.
+  // The same for gradients (zeroed at first use in a step). On the offload
+  // path, DownloadGradients adds them into the state's buffer (StateGrad)
+  // after the step's last backward.
   absl::StatusOr<float*> Grad(int u, const std::string& name) {
     UnitState& s = units[u];
-    if (on_host()) return HostGrad(u, name);
+    if (resident()) return StateGrad(u, name);
     if (!s.device_grads_live) {
       SL_RETURN_IF_ERROR(s.device_grads.Resize(*device, s.unit.padded));
       SL_RETURN_IF_ERROR(device->Zero(s.device_grads.data(), s.device_grads.bytes()));
@@ -194,24 +231,24 @@ class Trainer::Impl {
     }
     return s.device_grads.data() + s.offset.at(name);
   }
-  float* HostGrad(int u, const std::string& name) {
+  absl::StatusOr<float*> StateGrad(int u, const std::string& name) {
     UnitState& s = units[u];
-    if (s.grads.empty()) s.grads.assign(s.unit.padded, 0.0f);
+    SL_RETURN_IF_ERROR(EnsureGrads(s));
     return s.grads.data() + s.offset.at(name);
   }
 
-  // Adds every unit's device gradients of this step into its host gradient
-  // buffer (a device that is not host memory only).
+  // Adds every unit's device gradients of this step into its state gradient
+  // buffer (the offload path only).
   absl::Status DownloadGradients() {
-    if (on_host()) return absl::OkStatus();
+    if (resident()) return absl::OkStatus();
     std::vector<float> host;
     for (UnitState& s : units) {
       if (!s.device_grads_live) continue;
       host.resize(s.unit.padded);
       SL_RETURN_IF_ERROR(
           device->CopyToHost(host.data(), s.device_grads.data(), s.device_grads.bytes()));
-      if (s.grads.empty()) s.grads.assign(s.unit.padded, 0.0f);
-      AddInPlace(host.data(), s.grads.data(), s.unit.padded);
+      SL_RETURN_IF_ERROR(EnsureGrads(s));
+      SL_RETURN_IF_ERROR(sd().AddInPlace(host.data(), s.grads.data(), s.unit.padded));
       s.device_grads_live = false;
     }
     return absl::OkStatus();
@@ -265,15 +302,18 @@ class Trainer::Impl {
     return static_cast<uint32_t>((mb * num_chunks() + boundary) * 2 + direction);
   }
 
-  absl::Status SendTo(int chunk, uint32_t tag, std::vector<float> data) {
+  // Pipeline messages are buffers of the state device: the activations
+  // themselves when resident, host copies on the offload path.
+  absl::Status SendTo(int chunk, uint32_t tag, DeviceBuffer<float> data) {
     const int peer = pipeline.chunks[chunk].pp_rank;
     if (peer == pp_rank()) {
       local_handoff[tag] = std::move(data);
       return absl::OkStatus();
     }
-    auto buffer = std::make_shared<std::vector<float>>(std::move(data));
-    std::shared_ptr<Work> w =
-        pp.backend()->Send(buffer->data(), buffer->size(), DType::kFloat32, peer, tag);
+    SL_RETURN_IF_ERROR(StateSettled());
+    auto buffer = std::make_shared<DeviceBuffer<float>>(std::move(data));
+    std::shared_ptr<Work> w = pp.backend()->Send(buffer->data(), static_cast<size_t>(buffer->size()),
+                                                 DType::kFloat32, peer, tag);
     // Drop sends already done; keep the rest (and their buffers) alive.
     pending_sends.erase(std::remove_if(pending_sends.begin(), pending_sends.end(),
                                        [](const PendingSend& p) { return p.work->IsCompleted(); }),
@@ -282,17 +322,38 @@ class Trainer::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status RecvFrom(int chunk, uint32_t tag, std::vector<float>* data) {
+  // Receives `count` elements into *data (a state-device buffer).
+  absl::Status RecvFrom(int chunk, uint32_t tag, int64_t count, DeviceBuffer<float>* data) {
     const int peer = pipeline.chunks[chunk].pp_rank;
     if (peer == pp_rank()) {
       auto it = local_handoff.find(tag);
-      if (it == local_handoff.end() || it->second.size() != data->size())
+      if (it == local_handoff.end() || it->second.size() != count)
         return absl::InternalError(absl::StrCat("pipeline: no local message with tag ", tag));
       *data = std::move(it->second);
       local_handoff.erase(it);
       return absl::OkStatus();
     }
-    return pp.Wait(pp.backend()->Recv(data->data(), data->size(), DType::kFloat32, peer, tag));
+    SL_RETURN_IF_ERROR(HostAlloc(data->Resize(sd(), count)));
+    return pp.Wait(pp.backend()->Recv(data->data(), static_cast<size_t>(count), DType::kFloat32,
+                                      peer, tag));
+  }
+
+  // Sends device activations x (chunk c's output or input gradient) on:
+  // itself when resident, else a host copy.
+  absl::Status SendActivations(int chunk, uint32_t tag, DeviceBuffer<float> x) {
+    if (resident()) return SendTo(chunk, tag, std::move(x));
+    DeviceBuffer<float> host;
+    SL_RETURN_IF_ERROR(HostAlloc(host.Resize(sd(), x.size())));
+    SL_RETURN_IF_ERROR(device->CopyToHost(host.data(), x.data(), x.bytes()));
+    return SendTo(chunk, tag, std::move(host));
+  }
+  // Receives `count` activations into *x (a compute-device buffer).
+  absl::Status RecvActivations(int chunk, uint32_t tag, int64_t count, DeviceBuffer<float>* x) {
+    if (resident()) return RecvFrom(chunk, tag, count, x);
+    DeviceBuffer<float> host;
+    SL_RETURN_IF_ERROR(RecvFrom(chunk, tag, count, &host));
+    SL_RETURN_IF_ERROR(x->Resize(*device, count));
+    return device->CopyToDevice(x->data(), host.data(), x->bytes());
   }
 
   absl::Status FinishSends() {
@@ -313,18 +374,20 @@ class Trainer::Impl {
   // buffers after the whole backward) and ZeRO 0-1 (an all-reduce of the
   // whole unit; ZeRO-2/3 reduce-scatter after the backward as before).
   bool OverlapsGradReduce() const {
-    return on_host() && zero() <= 1 && dp.size() > 1 && dp.backend() != nullptr;
+    return resident() && device->host_memory() && zero() <= 1 && dp.size() > 1 &&
+           dp.backend() != nullptr;
   }
   // Starts unit u's all-reduce on the dp group's ordered stream: every dp
   // rank of this pipeline stage runs the same schedule, so they issue these
   // in the same order; the dp group has no other collective during a
   // backward at ZeRO 0-1. The gradients stay untouched until it is waited
   // for (WaitGradReduce, DrainGradReduces).
-  void StartGradReduce(int u) {
+  absl::Status StartGradReduce(int u) {
     UnitState& s = units[u];
-    if (s.grads.empty()) s.grads.assign(s.unit.padded, 0.0f);
+    SL_RETURN_IF_ERROR(EnsureGrads(s));
     grad_reduces[u] = dp.backend()->AllReduce(s.grads.data(), static_cast<size_t>(s.unit.padded),
                                               DType::kFloat32, ReduceOp::kAvg);
+    return absl::OkStatus();
   }
   // Waits for unit u's all-reduce if one was started (true in *started).
   absl::Status WaitGradReduce(int u, bool* started) {
@@ -357,8 +420,8 @@ class Trainer::Impl {
     const LayerShape shape = Shape(batch);
     const int64_t n = shape.tokens() * shape.hidden;
     DeviceBuffer<float> x;
-    SL_RETURN_IF_ERROR(x.Resize(*device, n));
     if (layout.embedding_unit >= 0) {
+      SL_RETURN_IF_ERROR(x.Resize(*device, n));
       const int u = layout.embedding_unit;
       DeviceBuffer<int32_t> device_tokens;
       SL_RETURN_IF_ERROR(Upload(tokens, shape.tokens(), &device_tokens));
@@ -370,9 +433,7 @@ class Trainer::Impl {
       SL_RETURN_IF_ERROR(s);
       if (stash != nullptr) stash->tokens = std::move(device_tokens);
     } else {
-      std::vector<float> host(n);
-      SL_RETURN_IF_ERROR(RecvFrom(c - 1, Tag(mb, c - 1, 0), &host));
-      SL_RETURN_IF_ERROR(device->CopyToDevice(x.data(), host.data(), x.bytes()));
+      SL_RETURN_IF_ERROR(RecvActivations(c - 1, Tag(mb, c - 1, 0), n, &x));
     }
     LayerActivations scratch;
     if (stash != nullptr) stash->layers.resize(layout.layer_units.size());
@@ -387,11 +448,7 @@ class Trainer::Impl {
       SL_RETURN_IF_ERROR(s);
       x = std::move(y);
     }
-    if (layout.head_unit < 0) {
-      std::vector<float> host(n);
-      SL_RETURN_IF_ERROR(device->CopyToHost(host.data(), x.data(), x.bytes()));
-      return SendTo(c + 1, Tag(mb, c, 0), std::move(host));
-    }
+    if (layout.head_unit < 0) return SendActivations(c + 1, Tag(mb, c, 0), std::move(x));
 
     const int u = layout.head_unit;
     DeviceBuffer<int32_t> device_targets;
@@ -424,8 +481,8 @@ class Trainer::Impl {
     const LayerShape shape = Shape(options.parallel.micro_batch_size);
     const int64_t n = shape.tokens() * shape.hidden;
     DeviceBuffer<float> dy, dx;
-    SL_RETURN_IF_ERROR(dy.Resize(*device, n));
     if (layout.head_unit >= 0) {
+      SL_RETURN_IF_ERROR(dy.Resize(*device, n));
       const int u = layout.head_unit;
       SL_RETURN_IF_ERROR(AcquireHead(u));
       absl::StatusOr<float*> dln_weight = Grad(u, "final_layernorm.weight");
@@ -443,9 +500,7 @@ class Trainer::Impl {
       ReleaseHead(u);
       SL_RETURN_IF_ERROR(s);
     } else {
-      std::vector<float> host(n);
-      SL_RETURN_IF_ERROR(RecvFrom(c + 1, Tag(mb, c, 1), &host));
-      SL_RETURN_IF_ERROR(device->CopyToDevice(dy.data(), host.data(), dy.bytes()));
+      SL_RETURN_IF_ERROR(RecvActivations(c + 1, Tag(mb, c, 1), n, &dy));
     }
     if (!layout.layer_units.empty()) SL_RETURN_IF_ERROR(dx.Resize(*device, n));
     const bool last_backward = ++backwards_done[c] == options.parallel.micro_batches;
@@ -460,7 +515,7 @@ class Trainer::Impl {
       }
       Release(u);
       SL_RETURN_IF_ERROR(s);
-      if (last_backward && OverlapsGradReduce()) StartGradReduce(u);
+      if (last_backward && OverlapsGradReduce()) SL_RETURN_IF_ERROR(StartGradReduce(u));
       std::swap(dx, dy);
     }
     if (layout.embedding_unit >= 0) {
@@ -472,9 +527,7 @@ class Trainer::Impl {
       return EmbeddingBackward(*device, shape, stash.tokens.data(), dy.data(), *dword,
                                *dposition, vocab_begin(), vocab_local());
     }
-    std::vector<float> host(n);
-    SL_RETURN_IF_ERROR(device->CopyToHost(host.data(), dy.data(), dy.bytes()));
-    return SendTo(c - 1, Tag(mb, c - 1, 1), std::move(host));
+    return SendActivations(c - 1, Tag(mb, c - 1, 1), std::move(dy));
   }
 
   // --- Data ------------------------------------------------------------------
@@ -526,16 +579,19 @@ class Trainer::Impl {
       }
     }
     if (absl::Status s = FinishSends(); !s.ok()) return s;
-    // From here on everything is on the host (ZeRO-Offload style).
+    // From here on everything runs on the state device: the compute device
+    // when resident, else the host (ZeRO-Offload style).
     if (absl::Status s = DownloadGradients(); !s.ok()) return s;
 
     // Tied word embedding: first and last stage add their gradients.
     if (groups.embedding != nullptr && embedding.size() > 1) {
-      UnitState& w = units[groups.coordinates.pp_rank == 0 ? chunks.begin()->second.embedding_unit
-                                                           : word_unit];
-      float* g = HostGrad(&w - units.data(), kWord);
+      const int w = groups.coordinates.pp_rank == 0 ? chunks.begin()->second.embedding_unit
+                                                    : word_unit;
+      absl::StatusOr<float*> g = StateGrad(w, kWord);
+      if (!g.ok()) return g.status();
       const plan::ParameterSpec& spec = *spec_of.at(kWord);
-      if (absl::Status s = embedding.AllReduce(g, spec.local_numel(options.parallel.tp), ReduceOp::kSum);
+      if (absl::Status s = embedding.AllReduce(sd(), *g, spec.local_numel(options.parallel.tp),
+                                               ReduceOp::kSum);
           !s.ok())
         return s;
     }
@@ -543,24 +599,26 @@ class Trainer::Impl {
     // Data parallelism.
     for (size_t u = 0; u < units.size(); ++u) {
       UnitState& s = units[u];
-      if (s.grads.empty()) s.grads.assign(s.unit.padded, 0.0f);
+      SL_RETURN_IF_ERROR(EnsureGrads(s));
       if (zero() <= 1) {
         bool started = false;
         if (absl::Status st = WaitGradReduce(static_cast<int>(u), &started); !st.ok()) return st;
         if (started) continue;
-        if (absl::Status st = dp.AllReduce(s.grads.data(), s.unit.padded, ReduceOp::kAvg); !st.ok())
+        if (absl::Status st = dp.AllReduce(sd(), s.grads.data(), s.unit.padded, ReduceOp::kAvg);
+            !st.ok())
           return st;
       } else {
-        s.shard_grads.assign(s.shard, 0.0f);
+        SL_RETURN_IF_ERROR(HostAlloc(s.shard_grads.Resize(sd(), s.shard)));
         if (dp.size() == 1) {
-          std::copy(s.grads.begin(), s.grads.end(), s.shard_grads.begin());
+          SL_RETURN_IF_ERROR(sd().Copy(s.shard_grads.data(), s.grads.data(), s.shard_grads.bytes()));
         } else {
+          SL_RETURN_IF_ERROR(StateSettled());
           std::vector<size_t> counts(dp.size(), static_cast<size_t>(s.shard));
           absl::Status st = dp.Wait(dp.backend()->ReduceScatter(
               s.grads.data(), s.shard_grads.data(), counts, DType::kFloat32, ReduceOp::kAvg));
           if (!st.ok()) return st;
         }
-        std::vector<float>().swap(s.grads);
+        s.grads.Reset();
       }
     }
 
@@ -569,10 +627,10 @@ class Trainer::Impl {
     double sumsq = 0;
     for (UnitState& s : units) {
       const int64_t begin = my_begin * s.shard, end = std::min(begin + s.shard, s.unit.numel);
-      const float* g = zero() <= 1 ? s.grads.data() : s.shard_grads.data() - begin;
-      for (int64_t i = begin; i < end; ++i) {
-        if (s.norm[i]) sumsq += static_cast<double>(g[i]) * g[i];
-      }
+      if (end <= begin) continue;
+      const float* g = zero() <= 1 ? s.grads.data() + begin : s.shard_grads.data();
+      SL_RETURN_IF_ERROR(
+          sd().AccumulateMaskedSumOfSquares(g, s.norm.data() + begin, end - begin, &sumsq));
     }
     const bool last_stage = chunks.count(num_chunks() - 1) > 0;
     // One all-reduce carries the global norm, the loss and whether any rank
@@ -604,24 +662,26 @@ class Trainer::Impl {
       const int64_t count = zero() == 0 ? s.unit.padded : s.shard;
       float* g = zero() <= 1 ? s.grads.data() + begin : s.shard_grads.data();
       float* p = zero() <= 2 ? s.params.data() + begin : s.shard_params.data();
-      if (clip != 1.0f) {
-        for (int64_t i = 0; i < count; ++i) g[i] *= clip;
-      }
-      AdamWStep(options.adamw, lr, step + 1, p, g, s.exp_avg.data(), s.exp_avg_sq.data(),
-                s.decay.data() + begin, count);
+      if (clip != 1.0f) SL_RETURN_IF_ERROR(sd().Scale(g, clip, count));
+      SL_RETURN_IF_ERROR(sd().AdamWStep(options.adamw, lr, step + 1, p, g, s.exp_avg.data(),
+                                        s.exp_avg_sq.data(), s.decay.data() + begin, count));
       if (zero() == 1 || zero() == 2) {
         if (dp.size() > 1) {
+          SL_RETURN_IF_ERROR(StateSettled());
           absl::Status st = dp.Wait(
               dp.backend()->AllGather(p, s.shard, s.params.data(), DType::kFloat32));
           if (!st.ok()) return st;
         }
       }
       if (zero() <= 1) {
-        std::fill(s.grads.begin(), s.grads.end(), 0.0f);
+        SL_RETURN_IF_ERROR(sd().Zero(s.grads.data(), s.grads.bytes()));
       } else {
-        std::vector<float>().swap(s.shard_grads);
+        s.shard_grads.Reset();
       }
     }
+    // The step's last kernels are done (and their errors returned) before it
+    // counts as finished.
+    SL_RETURN_IF_ERROR(StateSettled());
     ++step;
     stats.time = absl::Now() - start;
     stats.comm_time = comm_time;
@@ -630,11 +690,34 @@ class Trainer::Impl {
 
   // Save: the owned real elements of each piece (tp rank 0 only for
   // tp-replicated tensors, never the tied copy). Restore: what this rank
-  // keeps under its zero_stage, tied copy included.
-  std::vector<StateSlice> Slices(bool save) {
+  // keeps under its zero_stage, tied copy included. Slices point into the
+  // state itself on host memory, else into host copies (UnitState::host_*)
+  // that Slices(save) fills and FinishRestore uploads.
+  absl::StatusOr<std::vector<StateSlice>> Slices(bool save) {
     std::vector<StateSlice> out;
     const int tp_size = options.parallel.tp;
+    const bool direct = sd().host_memory();
     for (UnitState& s : units) {
+      DeviceBuffer<float>& params = zero() == 3 ? s.shard_params : s.params;
+      float* params_data = params.data();
+      float* exp_avg_data = s.exp_avg.data();
+      float* exp_avg_sq_data = s.exp_avg_sq.data();
+      if (!direct) {
+        const std::pair<DeviceBuffer<float>*, std::vector<float>*> copies[] = {
+            {&params, &s.host_params}, {&s.exp_avg, &s.host_exp_avg},
+            {&s.exp_avg_sq, &s.host_exp_avg_sq}};
+        for (const auto& [state_buffer, host] : copies) {
+          host->resize(static_cast<size_t>(state_buffer->size()));
+          if (save) {
+            SL_RETURN_IF_ERROR(
+                sd().CopyToHost(host->data(), state_buffer->data(), state_buffer->bytes()));
+          }
+        }
+        if (!save) restore_pending = true;
+        params_data = s.host_params.data();
+        exp_avg_data = s.host_exp_avg.data();
+        exp_avg_sq_data = s.host_exp_avg_sq.data();
+      }
       const int64_t shard_begin = static_cast<int64_t>(dp_rank()) * s.shard;
       const plan::ShardRange owned{std::min(shard_begin, s.unit.numel),
                                    std::min(shard_begin + s.shard, s.unit.numel)};
@@ -652,18 +735,37 @@ class Trainer::Impl {
         };
         // Parameters.
         if (zero() == 3) {
-          add(piece.parameter, mine, s.shard_params.data(), shard_begin);
+          add(piece.parameter, mine, params_data, shard_begin);
         } else {
-          add(piece.parameter, save ? mine : whole, s.params.data(), 0);
+          add(piece.parameter, save ? mine : whole, params_data, 0);
         }
         // AdamW moments: whole units at stage 0, else the shard.
         const plan::ShardRange moments = zero() == 0 && !save ? whole : mine;
         const int64_t moments_base = zero() == 0 ? 0 : shard_begin;
-        add(piece.parameter + "/exp_avg", moments, s.exp_avg.data(), moments_base);
-        add(piece.parameter + "/exp_avg_sq", moments, s.exp_avg_sq.data(), moments_base);
+        add(piece.parameter + "/exp_avg", moments, exp_avg_data, moments_base);
+        add(piece.parameter + "/exp_avg_sq", moments, exp_avg_sq_data, moments_base);
       }
     }
     return out;
+  }
+
+  // After RestoreSlices were filled: the host copies go to the state device
+  // (nothing to do when the state is host memory).
+  absl::Status UploadRestoredState() {
+    if (!restore_pending) return absl::OkStatus();
+    restore_pending = false;
+    for (UnitState& s : units) {
+      DeviceBuffer<float>& params = zero() == 3 ? s.shard_params : s.params;
+      const std::pair<DeviceBuffer<float>*, std::vector<float>*> copies[] = {
+          {&params, &s.host_params}, {&s.exp_avg, &s.host_exp_avg},
+          {&s.exp_avg_sq, &s.host_exp_avg_sq}};
+      for (const auto& [state_buffer, host] : copies) {
+        SL_RETURN_IF_ERROR(
+            sd().CopyToDevice(state_buffer->data(), host->data(), state_buffer->bytes()));
+        std::vector<float>().swap(*host);
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Forward only over every chunk of this rank for micro-batches in order:
@@ -769,11 +871,7 @@ absl::StatusOr<std::string> Trainer::Sample(const std::string& prompt, int64_t l
       next = static_cast<float>(best);
     }
     // The last stage tells the others (pp rank pp-1 is the broadcast root).
-    if (t.pp.size() > 1) {
-      absl::Status s = t.pp.Wait(
-          t.pp.backend()->Broadcast(&next, 1, DType::kFloat32, t.pp.size() - 1));
-      if (!s.ok()) return s;
-    }
+    if (absl::Status s = t.pp.Broadcast(&next, 1, t.pp.size() - 1); !s.ok()) return s;
     text.push_back(static_cast<int32_t>(next));
     out.push_back(static_cast<char>(static_cast<int32_t>(next)));
   }
@@ -788,19 +886,30 @@ absl::StatusOr<std::vector<float>> Trainer::Parameter(const std::string& name) {
     if (it == s.offset.end()) continue;
     if (absl::Status st = t.Acquire(static_cast<int>(u), /*to_device=*/false); !st.ok()) return st;
     const int64_t n = t.spec_of.at(name)->local_numel(t.options.parallel.tp);
-    std::vector<float> out(s.params.begin() + it->second, s.params.begin() + it->second + n);
+    std::vector<float> out(static_cast<size_t>(n));
+    const absl::Status copied =
+        t.sd().CopyToHost(out.data(), s.params.data() + it->second, sizeof(float) * out.size());
     t.Release(static_cast<int>(u));
+    if (!copied.ok()) return copied;
     return out;
   }
   return absl::NotFoundError(absl::StrCat("parameter '", name, "' is not held by pp rank ",
                                           t.pp_rank()));
 }
 
-std::vector<Trainer::StateSlice> Trainer::SaveSlices() { return impl_->Slices(/*save=*/true); }
-std::vector<Trainer::StateSlice> Trainer::RestoreSlices() { return impl_->Slices(/*save=*/false); }
+absl::StatusOr<std::vector<Trainer::StateSlice>> Trainer::SaveSlices() {
+  return impl_->Slices(/*save=*/true);
+}
+
+std::vector<Trainer::StateSlice> Trainer::RestoreSlices() {
+  // Without save, Slices only sizes host memory: it cannot fail but for
+  // std::bad_alloc.
+  return *impl_->Slices(/*save=*/false);
+}
 
 absl::Status Trainer::FinishRestore(int64_t step) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step=", step, " must be >= 0"));
+  if (absl::Status s = impl_->UploadRestoredState(); !s.ok()) return s;
   impl_->step = step;
   return absl::OkStatus();
 }
@@ -861,6 +970,31 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Build(const TrainingOptions& o
       return s;
   }
 
+  // Where the state lives: with the math when the backends can read it
+  // there (trainer.h "Where the state lives").
+  const std::pair<const char*, Backend*> backends[] = {
+      {"tp", groups.tp}, {"dp", groups.dp}, {"pp", groups.pp},
+      {"embedding", end_stage ? groups.embedding : nullptr}};
+  const char* host_group = nullptr;    // a group whose backend takes host memory
+  const char* device_group = nullptr;  // ... device memory
+  for (const auto& [name, backend] : backends) {
+    if (backend == nullptr || backend->size() == 1) continue;
+    (backend->device_memory() ? device_group : host_group) = name;
+  }
+  bool resident = true;
+  if (!device->host_memory()) {
+    if (device_group != nullptr && (host_group != nullptr || options.host_optimizer)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "groups.", device_group, " takes device memory (NCCL) but ",
+          host_group != nullptr ? absl::StrCat("groups.", host_group, " takes host memory (Gloo)")
+                                : std::string("host_optimizer is set"),
+          "; on device ", device->name(),
+          " give every group the same kind of backend (all NCCL: the state on the device; all "
+          "Gloo: the state on the host), and host_optimizer only with Gloo"));
+    }
+    resident = !options.host_optimizer && host_group == nullptr;
+  }
+
   auto impl = std::make_unique<Impl>();
   Impl& t = *impl;
   t.options = options;
@@ -869,6 +1003,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Build(const TrainingOptions& o
     t.bf16_device = std::make_unique<Bf16Device>(*device);
     t.device = t.bf16_device.get();
   }
+  t.state = resident ? t.device : CpuDevice::Default();
   t.groups = groups;
   if (!end_stage) t.groups.embedding = nullptr;
   t.corpus = corpus;
@@ -876,6 +1011,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Build(const TrainingOptions& o
   t.dp = Collectives(groups.dp, &t.comm_time);
   t.pp = Collectives(groups.pp, &t.comm_time);
   t.embedding = Collectives(t.groups.embedding, &t.comm_time);
+  for (Collectives* c : {&t.tp, &t.dp, &t.pp, &t.embedding}) c->set_staging_device(t.device);
 
   absl::StatusOr<plan::PipelinePlan> pipeline = plan::PartitionLayers(options.model.num_layers, par.pp, par.vpp);
   if (!pipeline.ok()) return pipeline.status();
@@ -898,30 +1034,38 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Build(const TrainingOptions& o
     s.unit = unit;
     s.shard = unit.padded / par.dp;
     std::vector<float> full(unit.padded, 0.0f);
-    s.decay.assign(unit.padded, 0);
-    s.norm.assign(unit.padded, 0);
+    std::vector<uint8_t> decay(unit.padded, 0), norm(unit.padded, 0);
     for (const plan::UnitPiece& piece : unit.pieces) {
       s.offset[piece.parameter] = piece.offset;
       const plan::ParameterSpec& spec = *t.spec_of.at(piece.parameter);
       if (piece.numel == 0) continue;
       InitializeLocalSlice(options.seed, spec, options.model.num_layers, par.tp, c.tp_rank,
                            full.data() + piece.offset);
-      const bool decay = spec.shape.size() >= 2;
+      const bool decays = spec.shape.size() >= 2;
       const bool counted = !piece.tied_copy && (spec.tp_split_dim >= 0 || c.tp_rank == 0);
-      std::fill(s.decay.begin() + piece.offset, s.decay.begin() + piece.offset + piece.numel,
-                decay ? 1 : 0);
-      std::fill(s.norm.begin() + piece.offset, s.norm.begin() + piece.offset + piece.numel,
+      std::fill(decay.begin() + piece.offset, decay.begin() + piece.offset + piece.numel,
+                decays ? 1 : 0);
+      std::fill(norm.begin() + piece.offset, norm.begin() + piece.offset + piece.numel,
                 counted ? 1 : 0);
     }
+    // Onto the state device.
+    Device& sd = t.sd();
+    auto upload = [&](auto& buffer, const auto* host, int64_t count) -> absl::Status {
+      SL_RETURN_IF_ERROR(t.HostAlloc(buffer.Resize(sd, count)));
+      return sd.CopyToDevice(buffer.data(), host, buffer.bytes());
+    };
+    SL_RETURN_IF_ERROR(upload(s.decay, decay.data(), unit.padded));
+    SL_RETURN_IF_ERROR(upload(s.norm, norm.data(), unit.padded));
     if (par.zero_stage == 3) {
-      s.shard_params.assign(full.begin() + c.dp_rank * s.shard,
-                            full.begin() + (c.dp_rank + 1) * s.shard);
+      SL_RETURN_IF_ERROR(upload(s.shard_params, full.data() + c.dp_rank * s.shard, s.shard));
     } else {
-      s.params = std::move(full);
+      SL_RETURN_IF_ERROR(upload(s.params, full.data(), unit.padded));
     }
     const int64_t moments = par.zero_stage == 0 ? unit.padded : s.shard;
-    s.exp_avg.assign(moments, 0.0f);
-    s.exp_avg_sq.assign(moments, 0.0f);
+    for (DeviceBuffer<float>* m : {&s.exp_avg, &s.exp_avg_sq}) {
+      SL_RETURN_IF_ERROR(t.HostAlloc(m->Resize(sd, moments)));
+      SL_RETURN_IF_ERROR(sd.Zero(m->data(), m->bytes()));
+    }
     const int index = static_cast<int>(t.units.size());
     ChunkLayout& layout = t.chunks[unit.chunk];
     layout.chunk = unit.chunk;

@@ -34,24 +34,43 @@
 // the same global batch follows the same loss curve (docs/ARCHITECTURE.md "Numbers
 // that are contracts").
 //
-// Compute device (TrainingOptions::device, device.h): the layers' forward and
-// backward run on it; everything else stays on the host, as in ZeRO-Offload
-// (Ren et al., 2021): the fp32 master parameters, the gradient buffers, ZeRO
-// sharding, clipping, AdamW and all dp / pp / embedding-group communication.
-// On a device whose memory is host memory (CpuDevice, the default) the math
-// runs on the host buffers themselves: no copies, results bit-identical to
-// calling ops.h. On any other device (a GPU):
-//   * each unit's parameters are uploaded when first used in a step (ZeRO-3:
-//     after its all-gather, and freed with it), and reused for the rest of
-//     the step (also for EvaluateValidation's batch and Sample's call);
-//   * each unit's gradients accumulate on the device during the step and are
-//     downloaded and added into the host gradient buffer after the last
-//     backward, before the embedding-group and dp reductions;
-//   * activations stay on the device; pipeline messages are copied to and
-//     from host buffers at the chunk boundaries; tensor-parallel all-reduces
-//     are staged through host memory (model.h), counted as comm_time.
-// Device memory per rank: every unit's parameters and gradients (whole
-// units) plus the activations of the micro-batches in flight.
+// Compute device (TrainingOptions::device, device.h): the layers' forward
+// and backward run on it.
+//
+// Where the state lives (the fp32 master parameters, the gradient buffers,
+// AdamW's moments, ZeRO shards, pipeline messages; clipping and AdamW run
+// where it lives, through device.h's Copy / Scale / AdamWStep /
+// AccumulateMaskedSumOfSquares):
+//   * Resident, on the compute device itself: whenever the device's memory
+//     is host memory (CpuDevice; results bit-identical to calling ops.h),
+//     and on any other device (a GPU) when every group of size > 1 has a
+//     backend that takes device memory (Backend::device_memory(), NCCL) or
+//     there is none (world 1), unless TrainingOptions::host_optimizer. The
+//     host then only feeds token ids and reads back the loss and the
+//     gradient norm (and the checkpoint state, SaveSlices). Collectives run
+//     on the device buffers; before each one the device is synchronised (the
+//     backend runs on its own stream), so a step has a host synchronisation
+//     at every collective and pipeline message, not yet stream-event
+//     ordering; ZeRO-3 gathers a unit when a layer needs it, without
+//     prefetching the next.
+//   * On the host (ZeRO-Offload, Ren et al., 2021): a GPU whose groups use
+//     Gloo, or host_optimizer. Then
+//       - each unit's parameters are uploaded when first used in a step
+//         (ZeRO-3: after its all-gather, and freed with it), and reused for
+//         the rest of the step (also for EvaluateValidation's batch and
+//         Sample's call);
+//       - each unit's gradients accumulate on the device during the step and
+//         are downloaded and added into the host gradient buffer after the
+//         last backward, before the embedding-group and dp reductions;
+//       - activations stay on the device; pipeline messages are copied to and
+//         from host buffers at the chunk boundaries; tensor-parallel
+//         all-reduces are staged through host memory (model.h), counted as
+//         comm_time.
+//   A GPU with an NCCL group and a Gloo group is refused (InvalidArgument).
+// Device memory per rank, resident: every unit's parameters, gradients and
+// moments (ZeRO shards where sharded) plus the activations of the
+// micro-batches in flight; offload: parameters and gradients (whole units)
+// plus the activations.
 //
 // Precision: fp32 parameters, gradients and moments. At precision bf16
 // (plan::Precision::kMixed) the layers' math runs through a Bf16Device
@@ -106,6 +125,11 @@ struct TrainingOptions {
   // outlive the Trainer; null means CpuDevice::Default(). Ranks that run as
   // threads of one process each need their own GPU device object.
   Device* device = nullptr;
+  // Keep the state on the host (the ZeRO-Offload path, "Where the state
+  // lives") even where it could live on `device`: the baseline the GPU
+  // benchmark sets beside the resident path. Ignored on a device whose
+  // memory is host memory; refused with a backend that takes device memory.
+  bool host_optimizer = false;
 };
 
 // This rank's place and its communicators. Backends are not owned. A group
@@ -138,9 +162,11 @@ class Trainer {
   // vocabulary is smaller than the 256 byte values, the precision is bf16
   // on a device without host memory, a needed group is missing or has the wrong size
   // (names the group), or the corpus is too short for seq_length;
+  // a GPU device given groups with NCCL and Gloo backends together, or
+  // host_optimizer with an NCCL backend (names both);
   // ResourceExhausted when the host runs out of memory for this rank's
   // units (std::bad_alloc; host_memory.h's HostOutOfMemoryError, naming
-  // what to change).
+  // what to change), or the device (device.h).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainingOptions& options,
                                                          const RankGroups& groups,
                                                          const Corpus* corpus);
@@ -203,8 +229,11 @@ class Trainer {
   // rank 0; never the last stage's tied copy of the word embedding; never
   // padding. Together the ranks cover every element of every tensor exactly
   // once. Pointers stay valid until the next TrainStep / Restore call.
-  // Under ZeRO-3 parameters come from the shard (no gathering).
-  std::vector<StateSlice> SaveSlices();
+  // Under ZeRO-3 parameters come from the shard (no gathering). Where the
+  // state is not in host memory ("Where the state lives") the slices point
+  // into host copies made by this call (it waits for the device). Errors:
+  // the device's (device.h: Unavailable, the device failed).
+  absl::StatusOr<std::vector<StateSlice>> SaveSlices();
 
   // What this rank needs to continue from a checkpoint under ITS layout:
   // every element it keeps (stage 0: whole units; 1/2: whole parameters,
@@ -213,8 +242,9 @@ class Trainer {
   std::vector<StateSlice> RestoreSlices();
 
   // Sets the step (the data cursor is step * global_batch and AdamW's bias
-  // correction continues from it) after RestoreSlices were filled.
-  // InvalidArgument for a negative step.
+  // correction continues from it) after RestoreSlices were filled, and
+  // copies them to the device where the state is not in host memory.
+  // InvalidArgument for a negative step; the device's errors.
   absl::Status FinishRestore(int64_t step);
 
   class Impl;

@@ -9,7 +9,7 @@
 struct CUstream_st {};
 typedef CUstream_st* cudaStream_t;
 enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9, cudaErrorInvalidDevicePointer = 17 };
-enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
 #define cudaStreamNonBlocking 1
 inline const char* cudaGetErrorString(cudaError_t) { return "mock"; }
 inline const char* cudaGetErrorName(cudaError_t) { return "mock"; }
