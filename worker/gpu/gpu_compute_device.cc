@@ -55,9 +55,25 @@ absl::StatusOr<std::unique_ptr<GpuComputeDevice>> GpuComputeDevice::FromName(
 
 std::string GpuComputeDevice::name() const { return absl::StrCat("cuda:", ops_->device()); }
 
+GpuComputeDevice::~GpuComputeDevice() {
+  for (void* p : pool_.TakeIdle()) ops_->Free(p);
+}
+
 absl::StatusOr<void*> GpuComputeDevice::AllocBytes(size_t bytes) {
   if (bytes == 0) return nullptr;
-  return ops_->AllocBytes(bytes);
+  if (void* reused = pool_.Reuse(bytes); reused != nullptr) return reused;
+  absl::StatusOr<void*> p = ops_->AllocBytes(bytes);
+  if (absl::IsResourceExhausted(p.status())) {
+    for (void* idle : pool_.TakeIdle()) ops_->Free(idle);
+    p = ops_->AllocBytes(bytes);
+  }
+  if (p.ok()) pool_.Track(*p, bytes);
+  return p;
+}
+
+void GpuComputeDevice::Free(void* ptr) {
+  if (ptr == nullptr) return;
+  if (!pool_.Release(ptr)) ops_->Free(ptr);
 }
 
 absl::Status GpuComputeDevice::AdamWStep(const train::AdamWConfig& config, float lr, int64_t t,

@@ -11,8 +11,12 @@
 //
 // Memory: host_memory() is false: the trainer keeps its state here when its
 // backends take device memory (NCCL) or it has none, else on the host with
-// copies (trainer.h "Where the state lives"). Allocation (cudaMalloc) and
-// Free synchronise with the device.
+// copies (trainer.h "Where the state lives"). A freed block is kept and
+// handed to the next allocation of the same size (train::BlockPool: the
+// shapes of a step repeat, so after the first step nothing reaches
+// cudaMalloc/cudaFree, which synchronise the device); blocks are reused in
+// the order of this device's one stream. When cudaMalloc runs out of memory
+// the idle blocks are freed and it is tried once more.
 // Errors: GpuOps' (gpu_ops.h): InvalidArgument, ResourceExhausted,
 // Unavailable, the message naming the CUDA/cuBLAS call and the device.
 // Results match the CPU device within fp32 tolerance (cuBLAS vs OpenBLAS
@@ -60,8 +64,10 @@ class GpuComputeDevice final : public train::Device {
   bool host_memory() const override { return false; }
   GpuOps& ops() { return *ops_; }
 
+  ~GpuComputeDevice() override;
+
   absl::StatusOr<void*> AllocBytes(size_t bytes) override;
-  void Free(void* ptr) override { ops_->Free(ptr); }
+  void Free(void* ptr) override;
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
     return ops_->CopyToDevice(dst, src, bytes);
   }
@@ -166,8 +172,12 @@ class GpuComputeDevice final : public train::Device {
   }
 
  private:
-  explicit GpuComputeDevice(std::unique_ptr<GpuOps> ops) : ops_(std::move(ops)) {}
+  explicit GpuComputeDevice(std::unique_ptr<GpuOps> ops)
+      : ops_(std::move(ops)), pool_(SIZE_MAX, 0) {}
   std::unique_ptr<GpuOps> ops_;
+  // Freed blocks for reuse (every size, no cap: when cudaMalloc runs out,
+  // the idle blocks are freed and it is tried once more).
+  train::BlockPool pool_;
 };
 
 }  // namespace shardline::worker

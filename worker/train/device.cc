@@ -12,25 +12,68 @@
 
 namespace shardline::worker::train {
 
-// Idle blocks by size, and the size of every live cached-size block (Free
+// Idle blocks by size, and the size of every live tracked block (Release
 // gets only the pointer).
-struct CpuDevice::BlockCache {
+struct BlockPool::State {
   mutable absl::Mutex mu;
   absl::flat_hash_map<size_t, std::vector<void*>> idle ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<void*, size_t> live ABSL_GUARDED_BY(mu);
   size_t idle_bytes ABSL_GUARDED_BY(mu) = 0;
 };
 
-CpuDevice::CpuDevice() : cache_(new BlockCache) {}
+BlockPool::BlockPool(size_t max_idle_bytes, size_t min_block)
+    : max_idle_bytes_(max_idle_bytes), min_block_(min_block), state_(new State) {}
+
+BlockPool::~BlockPool() { delete state_; }
+
+void* BlockPool::Reuse(size_t bytes) {
+  if (bytes < min_block_) return nullptr;
+  absl::MutexLock lock(&state_->mu);
+  auto it = state_->idle.find(bytes);
+  if (it == state_->idle.end() || it->second.empty()) return nullptr;
+  void* reused = it->second.back();
+  it->second.pop_back();
+  state_->idle_bytes -= bytes;
+  state_->live.emplace(reused, bytes);
+  return reused;
+}
+
+void BlockPool::Track(void* ptr, size_t bytes) {
+  if (ptr == nullptr || bytes < min_block_) return;
+  absl::MutexLock lock(&state_->mu);
+  state_->live.emplace(ptr, bytes);
+}
+
+bool BlockPool::Release(void* ptr) {
+  absl::MutexLock lock(&state_->mu);
+  auto it = state_->live.find(ptr);
+  if (it == state_->live.end()) return false;
+  const size_t bytes = it->second;
+  state_->live.erase(it);
+  if (state_->idle_bytes + bytes > max_idle_bytes_) return false;
+  state_->idle[bytes].push_back(ptr);
+  state_->idle_bytes += bytes;
+  return true;
+}
+
+std::vector<void*> BlockPool::TakeIdle() {
+  absl::MutexLock lock(&state_->mu);
+  std::vector<void*> out;
+  for (auto& [bytes, blocks] : state_->idle) out.insert(out.end(), blocks.begin(), blocks.end());
+  state_->idle.clear();
+  state_->idle_bytes = 0;
+  return out;
+}
+
+size_t BlockPool::idle_bytes() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->idle_bytes;
+}
+
+CpuDevice::CpuDevice() : pool_(kMaxCachedBytes, kMinCachedBlock) {}
 
 CpuDevice::~CpuDevice() {
-  {
-    absl::MutexLock lock(&cache_->mu);
-    for (auto& [bytes, blocks] : cache_->idle) {
-      for (void* p : blocks) std::free(p);
-    }
-  }
-  delete cache_;
+  for (void* p : pool_.TakeIdle()) std::free(p);
 }
 
 CpuDevice* CpuDevice::Default() {
@@ -40,56 +83,22 @@ CpuDevice* CpuDevice::Default() {
 
 absl::StatusOr<void*> CpuDevice::AllocBytes(size_t bytes) {
   if (bytes == 0) return nullptr;
-  if (bytes >= kMinCachedBlock) {
-    void* reused = nullptr;
-    {
-      absl::MutexLock lock(&cache_->mu);
-      auto it = cache_->idle.find(bytes);
-      if (it != cache_->idle.end() && !it->second.empty()) {
-        reused = it->second.back();
-        it->second.pop_back();
-        cache_->idle_bytes -= bytes;
-        cache_->live.emplace(reused, bytes);
-      }
-    }
-    // Not zero-filled again: its contents are unspecified, as AllocBytes'
-    // are on every device (memset took ~3% of a nanoGPT CPU step; the
-    // trainer passes its tests with reused blocks poisoned with NaN).
-    if (reused != nullptr) return reused;
-  }
+  // A reused block is not zero-filled again: its contents are unspecified,
+  // as AllocBytes' are on every device (memset took ~3% of a nanoGPT CPU
+  // step; the trainer passes its tests with reused blocks poisoned with NaN).
+  if (void* reused = pool_.Reuse(bytes); reused != nullptr) return reused;
   void* p = std::calloc(bytes, 1);
   if (p == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cpu: cannot allocate ", bytes, " bytes of host memory"));
   }
-  if (bytes >= kMinCachedBlock) {
-    absl::MutexLock lock(&cache_->mu);
-    cache_->live.emplace(p, bytes);
-  }
+  pool_.Track(p, bytes);
   return p;
 }
 
 void CpuDevice::Free(void* ptr) {
   if (ptr == nullptr) return;
-  {
-    absl::MutexLock lock(&cache_->mu);
-    auto it = cache_->live.find(ptr);
-    if (it != cache_->live.end()) {
-      const size_t bytes = it->second;
-      cache_->live.erase(it);
-      if (cache_->idle_bytes + bytes <= kMaxCachedBytes) {
-        cache_->idle[bytes].push_back(ptr);
-        cache_->idle_bytes += bytes;
-        return;
-      }
-    }
-  }
-  std::free(ptr);
-}
-
-size_t CpuDevice::cached_bytes() const {
-  absl::MutexLock lock(&cache_->mu);
-  return cache_->idle_bytes;
+  if (!pool_.Release(ptr)) std::free(ptr);
 }
 
 absl::Status CpuDevice::CopyToDevice(void* dst, const void* src, size_t bytes) {

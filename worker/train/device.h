@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -145,6 +146,43 @@ class Device {
                                                     int64_t n, double* sum) = 0;
 };
 
+// Freed device blocks kept for reuse by an allocation of exactly the same
+// size (a training step asks for the same activation shapes at every
+// micro-batch and step), so a device allocates from its driver only while
+// the shapes are new. Used by CpuDevice and the GPU device
+// (worker/gpu/gpu_compute_device.h). Blocks are handed back in the order the
+// device's own calls use them: on a device whose calls run in issue order
+// (one stream), a block freed after its last use and taken by a later call
+// is never used by both at once. Thread-safe.
+class BlockPool {
+ public:
+  // Keeps at most `max_idle_bytes` idle, and only blocks of `min_block`
+  // bytes or more.
+  BlockPool(size_t max_idle_bytes, size_t min_block);
+  ~BlockPool();  // the idle blocks must have been drained (TakeIdle)
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  // An idle block of exactly `bytes`, now live; null when there is none.
+  void* Reuse(size_t bytes);
+  // Records a new live block of `bytes` from the driver (so Release knows
+  // its size); blocks below min_block are not recorded.
+  void Track(void* ptr, size_t bytes);
+  // A live block is no longer used: true when the pool keeps it idle, false
+  // when the caller must give it back to the driver (untracked, or the pool
+  // is full).
+  bool Release(void* ptr);
+  // Removes and returns every idle block (to free them: on destruction, or
+  // before retrying an allocation the driver refused).
+  std::vector<void*> TakeIdle();
+  size_t idle_bytes() const;
+
+ private:
+  struct State;
+  const size_t max_idle_bytes_, min_block_;
+  State* const state_;  // owned
+};
+
 // ops.h on host memory: every call is the ops.h function itself (bit-identical
 // results, no copies). Never fails except AllocBytes. Thread-safe. BLAS
 // threads: SetIntraOpThreads (parallel.h).
@@ -232,11 +270,10 @@ class CpuDevice final : public Device {
                                             double* sum) override;
 
   // Idle bytes held for reuse now (<= kMaxCachedBytes); for tests.
-  size_t cached_bytes() const;
+  size_t cached_bytes() const { return pool_.idle_bytes(); }
 
  private:
-  struct BlockCache;
-  BlockCache* const cache_;  // owned
+  BlockPool pool_;
 };
 
 // `count` elements of T in one Device's memory, freed on destruction (RAII).

@@ -92,6 +92,29 @@ TEST(CpuDeviceTest, ReusesFreedBlocks) {
   d.Free(nullptr);  // a no-op
 }
 
+TEST(BlockPoolTest, ReusesExactSizesWithinItsCapAndDrains) {
+  BlockPool pool(/*max_idle_bytes=*/300, /*min_block=*/100);
+  int a = 0, b = 0, c = 0, small = 0;
+  pool.Track(&a, 100);
+  pool.Track(&b, 200);
+  pool.Track(&c, 150);
+  pool.Track(&small, 50);               // below min_block: not tracked
+  EXPECT_FALSE(pool.Release(&small));   // the caller frees it
+  EXPECT_TRUE(pool.Release(&a));
+  EXPECT_TRUE(pool.Release(&b));
+  EXPECT_EQ(pool.idle_bytes(), 300u);
+  EXPECT_FALSE(pool.Release(&c)) << "past the cap the caller frees it";
+  EXPECT_EQ(pool.Reuse(150), nullptr) << "only exactly the same size";
+  EXPECT_EQ(pool.Reuse(200), &b);
+  EXPECT_EQ(pool.Reuse(200), nullptr);
+  EXPECT_EQ(pool.idle_bytes(), 100u);
+  EXPECT_TRUE(pool.Release(&b));
+  std::vector<void*> idle = pool.TakeIdle();
+  EXPECT_EQ(idle.size(), 2u);
+  EXPECT_EQ(pool.idle_bytes(), 0u);
+  EXPECT_EQ(pool.Reuse(100), nullptr);
+}
+
 TEST(CpuDeviceTest, IsHostMemoryAndCopies) {
   CpuDevice& d = *CpuDevice::Default();
   EXPECT_TRUE(d.host_memory());
