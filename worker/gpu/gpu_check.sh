@@ -54,8 +54,11 @@ bench() {  # bench BENCH_BINARY [extra args...]
 
 # Training throughput on GPU 0: a few steps of the GPT-2-small-sized model
 # (deploy/jobs/gpt2-small.yaml) through shardline-train-local --device
-# cuda:0, today's host-staged path (fp32 layers on the GPU; master weights,
-# AdamW and gradients on the host). Prints tokens/s (median of the steps
+# cuda:0, twice: the state on the GPU (world 1: parameters, gradients, AdamW
+# on the device; worker/train/trainer.h "Where the state lives") and
+# --host-optimizer (the host-staged ZeRO-Offload path: master weights, AdamW
+# and gradients on the host, every unit up and every gradient down per
+# step), fp32 layers both. Each prints tokens/s (median of the steps
 # after the first two) and model FLOPs utilisation: tokens/s x FLOPs per
 # token / the device's dense peak, FLOPs per token = 6 N + 12 L h s (N
 # parameters, L layers, width h, context s: PaLM, Chowdhery et al. 2022,
@@ -64,17 +67,21 @@ bench() {  # bench BENCH_BINARY [extra args...]
 # without recomputation), against the bf16 tensor-core peak
 # (the issue's yardstick) and the fp32 (no TF32) peak this path can reach.
 train_bench() {  # train_bench BINARY SPEC [extra args...]
-  local bin="$1" spec="$2"; shift 2
+  train_bench_one "state on the GPU" "$@"
+  train_bench_one "host-staged" "$@" --host-optimizer
+}
+train_bench_one() {  # train_bench_one LABEL BINARY SPEC [extra args...]
+  local label="$1" bin="$2" spec="$3"; shift 3
   local precision=fp32
-  echo "=== benchmark: shardline-train-local $(basename "$spec") --device cuda:0 ($precision, host-staged)"
+  echo "=== benchmark: shardline-train-local $(basename "$spec") --device cuda:0 $* ($precision, $label)"
   timeout 300 "$bin" "$spec" --device cuda:0 --steps 12 --log-interval 1 --eval-samples 8 "$@" \
     2>&1 | tee /tmp/gpu_check_train.log
   [ "${PIPESTATUS[0]}" -eq 0 ] || { fails=$((fails + 1)); return; }
   local name
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null || echo unknown)
-  python3 - "$name" /tmp/gpu_check_train.log "$precision" <<'PY' || fails=$((fails + 1))
+  python3 - "$name" /tmp/gpu_check_train.log "$precision" "$label" <<'PY' || fails=$((fails + 1))
 import re, statistics, sys
-name, log, precision = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3]
+name, log, precision, label = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3], sys.argv[4]
 steps = [(int(m.group(1)), float(m.group(2)))
          for m in re.finditer(r"^step (\d+)/\d+ .*?tokens/s (\d+)", log, re.M)]
 tps = [t for s, t in steps if s > 2]
@@ -89,12 +96,12 @@ peaks = [("H200", 989e12, 67e12), ("H100 SXM", 989e12, 67e12), ("H100 80GB HBM3"
          ("H100 NVL", 835e12, 60e12), ("H100 PCIe", 756e12, 51e12), ("A100", 312e12, 19.5e12)]
 match = next((p for p in peaks if p[0].lower() in name.lower()), None)
 rate = statistics.median(tps)
-print(f"train_bench: device {name!r}, {precision}, N = {N / 1e6:.1f}M parameters, "
+print(f"train_bench ({label}): device {name!r}, {precision}, N = {N / 1e6:.1f}M parameters, "
       f"{flops_per_token / 1e9:.3f} GFLOP/token")
-print(f"train_bench: {rate:.0f} tokens/s (median of {len(tps)} steps), "
+print(f"train_bench ({label}): {rate:.0f} tokens/s (median of {len(tps)} steps), "
       f"{rate * flops_per_token / 1e12:.2f} TFLOP/s")
 if match:
-    print(f"train_bench: MFU {100 * rate * flops_per_token / match[1]:.2f}% of the bf16 dense peak "
+    print(f"train_bench ({label}): MFU {100 * rate * flops_per_token / match[1]:.2f}% of the bf16 dense peak "
           f"({match[1] / 1e12:.0f} TFLOP/s), {100 * rate * flops_per_token / match[2]:.2f}% of the "
           f"fp32 peak ({match[2] / 1e12:.1f} TFLOP/s)")
 else:

@@ -12,9 +12,12 @@
 //
 // --device cuda:N runs every rank's layers on GPU N through the GPU plugin
 // (--gpu-plugin, default libshardline_gpu.so next to this binary, else in its
-// Bazel runfiles), the optimizer and communication staying on the host
-// (trainer.h). Without a usable GPU it exits 1 before training, naming the
-// cause (the CUDA error); a malformed --device exits 2.
+// Bazel runfiles). Where the optimizer state lives (trainer.h "Where the
+// state lives"): on the GPU at world 1, and with --backend nccl (rank r on
+// GPU N + r, NCCL communicators between them); on the host with Gloo at
+// world > 1, or with --host-optimizer. Without a usable GPU it exits 1
+// before training, naming the cause (the CUDA error); a malformed --device
+// exits 2.
 // Every rank's model states (the planner's estimate, as `shardctl plan`
 // prints) must fit in this host's memory together (host_memory.h): else it
 // exits 1 before training, naming the sizes and what to change.
@@ -32,11 +35,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/flags.h"
 #include "spec/spec_file.h"
 #include "spec/job_spec.h"
+#include "worker/comm/nccl_backend.h"
 #include "worker/gpu/gpu_compute_device.h"
 #include "worker/gpu/gpu_plugin.h"
 #include "worker/train/data.h"
@@ -66,7 +71,8 @@ int Main(int argc, char** argv) {
   constexpr int64_t kSpecSteps = std::numeric_limits<int64_t>::min();  // --steps not given
   int64_t dp = 1, steps = kSpecSteps, log_interval = 10, eval_interval = 0, eval_samples = 240,
           sample_length = 0, threads = 1;
-  std::string data_override, prompt = "\n", device_name = "cpu", gpu_plugin;
+  std::string data_override, prompt = "\n", device_name = "cpu", gpu_plugin, backend = "gloo";
+  bool host_optimizer = false;
   args.AddInt("dp", &dp, "data-parallel degree (world = tp * pp * dp threads); default 1");
   args.AddInt("steps", &steps, "optimizer steps (default: the spec's training.train_steps)");
   args.AddInt("log-interval", &log_interval, "print every N steps (default 10)");
@@ -81,6 +87,12 @@ int Main(int argc, char** argv) {
   args.AddString("data", &data_override, "corpus path (default: the spec's data.dataset_path)");
   args.AddString("device", &device_name,
                  "where the layers run: cpu (default) or cuda[:N] (the GPU plugin's CUDA math)");
+  args.AddString("backend", &backend,
+                 "collectives between the ranks: gloo (default) or nccl (with --device cuda[:N]: "
+                 "rank r on GPU N + r)");
+  args.AddBool("host-optimizer", &host_optimizer,
+               "with --device cuda: keep parameters, gradients and AdamW on the host "
+               "(ZeRO-Offload; not with --backend nccl)");
   args.AddString("gpu-plugin", &gpu_plugin,
                  "path of libshardline_gpu.so (default: next to this binary, else its "
                  "runfiles)");
@@ -110,6 +122,21 @@ int Main(int argc, char** argv) {
   if (sample_length < 0 || sample_length > kMaxSampleLength) {
     return Fail(absl::StrCat("--sample-length=", sample_length, " must be in 0..",
                              kMaxSampleLength, " (bytes)"));
+  }
+
+  if (backend != "gloo" && backend != "nccl") {
+    return Fail(absl::StrCat("--backend=", backend, " is not one of gloo, nccl"));
+  }
+  if (backend == "nccl" && device_name == "cpu") {
+    return Fail("--backend nccl needs --device cuda[:N] (NCCL exchanges GPU memory)");
+  }
+  if (backend == "nccl" && host_optimizer) {
+    return Fail("--host-optimizer keeps the state in host memory, which NCCL cannot read: use "
+                "--backend gloo with it");
+  }
+  if (host_optimizer && device_name == "cpu") {
+    return Fail("--host-optimizer needs --device cuda[:N] (on the CPU the state is host memory "
+                "already)");
   }
 
   absl::StatusOr<v1::JobSpec> raw = spec::ReadJobSpecFile((*positional)[0]);
@@ -182,14 +209,36 @@ int Main(int argc, char** argv) {
               static_cast<long long>(total));
   std::fflush(stdout);
 
+  // --backend nccl: rank r on GPU first_gpu + r, for its layers and its
+  // communicators.
+  int first_gpu = 0;
+  if (on_gpu && device_name != "cuda") {
+    (void)absl::SimpleAtoi(device_name.substr(std::string("cuda:").size()), &first_gpu);
+  }
+  auto rank_device = [&](int rank) {
+    return backend == "nccl" ? absl::StrCat("cuda:", first_gpu + rank) : device_name;
+  };
+  BackendFactory factory = nullptr;  // Gloo
+  if (backend == "nccl") {
+    factory = [&](std::shared_ptr<Store> store, plan::GroupKind kind, int rank, int group_rank,
+                  int group_size) {
+      NcclOptions o;
+      o.plugin_path = gpu_plugin;
+      o.device = first_gpu + rank;
+      o.p2p_channels = kind == plan::GroupKind::kPp;
+      return CreateNcclBackend(std::move(store), group_rank, group_size, o);
+    };
+  }
+
   const absl::Time start = absl::Now();
   auto run_rank = [&](int rank, const RankGroups& groups) -> absl::Status {
     // One GPU device per rank (thread), declared first so it outlives the trainer.
     std::unique_ptr<GpuComputeDevice> gpu;
     TrainingOptions rank_options = *options;
+    rank_options.host_optimizer = host_optimizer;
     if (on_gpu) {
       absl::StatusOr<std::unique_ptr<GpuComputeDevice>> d =
-          GpuComputeDevice::FromName(device_name, gpu_plugin);
+          GpuComputeDevice::FromName(rank_device(rank), gpu_plugin);
       if (!d.ok()) return d.status();
       gpu = *std::move(d);
       rank_options.device = gpu.get();
@@ -197,6 +246,12 @@ int Main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<Trainer>> trainer =
         Trainer::Create(rank_options, groups, &*corpus);
     if (!trainer.ok()) return trainer.status();
+    if (rank == 0) {
+      std::printf("optimizer state on %s, collectives over %s\n",
+                  (*trainer)->state_location().c_str(),
+                  p.world_size() == 1 ? "none (world 1)" : backend.c_str());
+      std::fflush(stdout);
+    }
     absl::Duration window_time, window_comm;
     int64_t window_tokens = 0;
     for (int64_t s = 0; s < total; ++s) {
@@ -238,7 +293,7 @@ int Main(int argc, char** argv) {
     std::fflush(stdout);
     return absl::OkStatus();
   };
-  absl::Status status = RunLocalCluster(p, [&](int rank, const RankGroups& groups) {
+  auto guarded_rank = [&](int rank, const RankGroups& groups) {
     // The trainer turns its own std::bad_alloc into a status; this catches
     // the rest of a rank's work (evaluation, sampling, logging).
     try {
@@ -246,7 +301,9 @@ int Main(int argc, char** argv) {
     } catch (const std::bad_alloc&) {
       return HostOutOfMemoryError(absl::StrCat("running rank ", rank), options->model, p);
     }
-  });
+  };
+  absl::Status status = factory == nullptr ? RunLocalCluster(p, guarded_rank)
+                                           : RunLocalCluster(p, guarded_rank, factory);
   if (!status.ok()) return Fail(std::string(status.message()), 1);
   return 0;
 }

@@ -52,5 +52,14 @@ check "no validation split" 2 "" \
   "the validation split (data.validation_fraction=0 of $TMP/corpus.txt: 0 bytes) must be longer than model.seq_length=64" \
   -- "$TMP/noval.yaml" --steps 1
 
+# Backend and optimizer placement flags are checked before training.
+check "bad --backend" 2 "" "--backend=mpi is not one of gloo, nccl" -- "$SPEC" --backend mpi --steps 1
+check "--backend nccl on the CPU" 2 "" "--backend nccl needs --device cuda[:N]" \
+  -- "$SPEC" --backend nccl --steps 1
+check "--host-optimizer on the CPU" 2 "" "--host-optimizer needs --device cuda[:N]" \
+  -- "$SPEC" --host-optimizer --steps 1
+check "--host-optimizer with NCCL" 2 "" "--host-optimizer keeps the state in host memory, which NCCL cannot read" \
+  -- "$SPEC" --device cuda:0 --backend nccl --host-optimizer --steps 1
+
 echo "$fails failed"
 [ $fails -eq 0 ]

@@ -803,6 +803,10 @@ Trainer::~Trainer() = default;
 
 int64_t Trainer::step() const { return impl_->step; }
 
+std::string Trainer::state_location() const {
+  return impl_->resident() ? impl_->device->name() : std::string("host");
+}
+
 absl::StatusOr<StepStats> Trainer::TrainStep(bool request_checkpoint) {
   try {
     return impl_->TrainStep(request_checkpoint);

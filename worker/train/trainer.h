@@ -199,6 +199,11 @@ class Trainer {
   // The next step to run (0-based); the data cursor is step() * global_batch.
   int64_t step() const;
 
+  // The device the state lives on ("Where the state lives"): the compute
+  // device's name when resident ("cpu", "cuda:0"), "host" on the offload
+  // path. For logs.
+  std::string state_location() const;
+
   // The current value of parameter `name`'s tp-local slice (row-major over
   // its local shape), gathered over dp under ZeRO-3. Only the ranks of this
   // rank's dp group take part (they must all call it). Errors: NotFound
