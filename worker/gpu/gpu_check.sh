@@ -107,7 +107,7 @@ if match:
 else:
     print(f"train_bench: no peak known for {name!r}; add it to gpu_check.sh's table")
 PY
-  echo "train_bench: bf16 on the GPU path is not built yet (training.precision bf16 is CPU-only)"
+  echo "train_bench: bf16 (training.precision: bf16) runs on the GPU with the CPU's numbers (bf16 rounding in a kernel, fp32 cuBLAS products): not benchmarked, bf16 tensor-core products are still to do"
 }
 
 case "$mode" in

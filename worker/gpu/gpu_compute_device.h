@@ -157,6 +157,9 @@ class GpuComputeDevice final : public train::Device {
   absl::Status AddInPlace(const float* x, float* y, int64_t n) override {
     return ops_->AddInPlace(x, y, n);
   }
+  absl::Status RoundToBFloat16(float* x, int64_t n) override {
+    return ops_->RoundToBFloat16(x, n);
+  }
   absl::Status Copy(void* dst, const void* src, size_t bytes) override {
     return ops_->Copy(dst, src, bytes);
   }

@@ -117,6 +117,7 @@ class GpuOps {
   // with its per-step constants, and *sum (host) += the masked sum of
   // squares (waits for the stream).
   absl::Status Copy(void* dst, const void* src, size_t bytes);
+  absl::Status RoundToBFloat16(float* x, int64_t n);
   absl::Status Scale(float* x, float alpha, int64_t n);
   absl::Status AdamWStep(const ShardlineAdamWScalars& scalars, float* param, const float* grad,
                          float* exp_avg, float* exp_avg_sq, const uint8_t* decay_mask, int64_t n);

@@ -183,6 +183,28 @@ TEST_F(GpuTrainerTest, HostOptimizerAtWorldOneMatchesCpu) {
   ExpectGpuMatchesCpu(*this, options, "world 1, host_optimizer");
 }
 
+// precision bf16 on the GPU (the rounding in the plugin's kernel, the
+// products fp32 cuBLAS on bf16-exact inputs) against bf16 on the CPU. A
+// product summed in another order can land on the other side of a bf16
+// rounding boundary, so the contract is bf16's layout tolerance (2e-3 for
+// the loss, bf16_device_test; 2e-2 for the gradient norm, a sum of squares
+// of bf16-rounded products that such a flip moves more), not fp32's.
+TEST_F(GpuTrainerTest, Bf16MatchesCpuBf16) {
+  TrainingOptions options = TinyOptions(Layout{});
+  options.parallel.precision = plan::Precision::kMixed;
+  const std::vector<StepStats> cpu = Train(options, /*gpu=*/false);
+  const std::vector<StepStats> gpu = Train(options, /*gpu=*/true);
+  ASSERT_EQ(cpu.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(gpu.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(cpu.back().loss, cpu.front().loss) << "the CPU run did not learn";
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_NEAR(gpu[s].loss, cpu[s].loss, 2e-3 * cpu[s].loss) << "step " << s;
+    EXPECT_NEAR(gpu[s].grad_norm, cpu[s].grad_norm, 2e-2 * cpu[s].grad_norm) << "step " << s;
+  }
+  std::printf("bf16 world 1: loss %.6f vs cpu %.6f at the last step\n", gpu.back().loss,
+              cpu.back().loss);
+}
+
 #ifdef SHARDLINE_GPU_TRAINER_EMU
 // The state on the device at world > 1: NCCL backends over the emulated
 // plugin's loopback communicators (fake_plugin.cc; "device" memory is host

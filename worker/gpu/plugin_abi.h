@@ -308,6 +308,9 @@ typedef struct {
   //   host). Waits for the stream.
   int (*masked_sum_squares)(ShardlineGpuTrainCtx* ctx, const float* x, const uint8_t* mask,
                             int64_t n, double* sum);
+  // round_bf16: x[i] rounded to the nearest bfloat16 (ties to even, NaN kept
+  // NaN: worker/comm/float16.h's rule), stored as fp32, in place.
+  int (*round_bf16)(ShardlineGpuTrainCtx* ctx, float* x, int64_t n);
 } ShardlineGpuTrainApi;
 
 // Returns the plugin's training table (static storage, never null). Optional:

@@ -356,6 +356,20 @@ __global__ void AddInPlaceKernel(const float* x, float* y, int64_t n) {
   SL_FOR_EACH(i, n) y[i] += x[i];
 }
 
+// float16.h's FloatToBFloat16 and BFloat16ToFloat, on the bits.
+__global__ void RoundBf16Kernel(float* x, int64_t n) {
+  SL_FOR_EACH(i, n) {
+    uint32_t u = __float_as_uint(x[i]);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      u = ((u >> 16) | 0x40u) << 16;  // NaN: quiet, high half kept
+    } else {
+      u += 0x7fffu + ((u >> 16) & 1u);
+      u &= 0xffff0000u;
+    }
+    x[i] = __uint_as_float(u);
+  }
+}
+
 __global__ void ScaleKernel(float* x, float alpha, int64_t n) {
   SL_FOR_EACH(i, n) x[i] *= alpha;
 }
@@ -538,6 +552,12 @@ cudaError_t LaunchCrossEntropyBackward(cudaStream_t stream, const float* logits,
 cudaError_t LaunchAddInPlace(cudaStream_t stream, const float* x, float* y, int64_t n) {
   if (n <= 0) return cudaSuccess;
   AddInPlaceKernel<<<BlocksFor(n), kThreads, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRoundBf16(cudaStream_t stream, float* x, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  RoundBf16Kernel<<<BlocksFor(n), kThreads, 0, stream>>>(x, n);
   return cudaGetLastError();
 }
 

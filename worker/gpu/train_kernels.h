@@ -73,6 +73,9 @@ cudaError_t LaunchCrossEntropyBackward(cudaStream_t stream, const float* logits,
                                        int64_t rows, int64_t vocab_begin, int64_t vocab_local);
 cudaError_t LaunchAddInPlace(cudaStream_t stream, const float* x, float* y, int64_t n);
 
+// x[i] = x[i] rounded to bfloat16 (round to nearest even; a NaN stays a
+// NaN), stored as fp32: worker/comm/float16.h's FloatToBFloat16 and back.
+cudaError_t LaunchRoundBf16(cudaStream_t stream, float* x, int64_t n);
 // x[i] *= alpha.
 cudaError_t LaunchScale(cudaStream_t stream, float* x, float alpha, int64_t n);
 // worker/train/adamw.h AdamWStep with its per-step constants precomputed

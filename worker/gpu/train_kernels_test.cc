@@ -7,6 +7,7 @@
 // skip is never replayed from the cache on a GPU machine).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
@@ -17,6 +18,7 @@
 #include "worker/gpu/gpu_ops.h"
 #include "worker/gpu/gpu_plugin.h"
 #include "worker/train/adamw.h"
+#include "worker/train/device.h"
 #include "worker/train/ops.h"
 
 namespace shardline::worker {
@@ -521,6 +523,29 @@ TEST_F(TrainKernelsTest, ScaleCopyAndMaskedSumOfSquares) {
   double empty = 2.0;
   ASSERT_TRUE(gpu_->AccumulateMaskedSumOfSquares(d_x, d_mask, 0, &empty).ok());
   EXPECT_EQ(empty, 2.0);
+}
+
+// Bit for bit the CPU's rounding (float16.h), ties, NaN and infinities too.
+TEST_F(TrainKernelsTest, RoundToBFloat16MatchesTheCpuBitForBit) {
+  std::vector<float> x = Random(5000, 60, -100.0f, 100.0f);
+  const uint32_t specials[] = {0x3f808000u /* a tie, even below */, 0x3f818000u /* tie, up */,
+                               0x7f800000u /* inf */, 0xff800000u, 0x7fc00001u /* NaN */,
+                               0x7f7fffffu /* rounds to inf */, 0x00000001u /* denormal */};
+  for (uint32_t bits : specials) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    x.push_back(f);
+  }
+  float* d_x = Up(x);
+  ASSERT_TRUE(gpu_->RoundToBFloat16(d_x, static_cast<int64_t>(x.size())).ok());
+  ops::RoundToBFloat16(x.data(), static_cast<int64_t>(x.size()));
+  const std::vector<float> got = Down(d_x, static_cast<int64_t>(x.size()));
+  int bad = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::memcmp(&got[i], &x[i], 4) != 0 && ++bad <= 5)
+      ADD_FAILURE() << "[" << i << "]: gpu " << got[i] << " cpu " << x[i];
+  }
+  EXPECT_EQ(bad, 0);
 }
 
 TEST_F(TrainKernelsTest, NegativeSizesAreInvalidArgument) {

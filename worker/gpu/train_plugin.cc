@@ -480,6 +480,11 @@ int CopyDevice(Ctx* ctx, void* dst, const void* src, size_t bytes) {
                cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
 }
 
+int RoundBf16(Ctx* ctx, float* x, int64_t n) {
+  SL_RETURN_IF_ERROR(Enter(ctx, "round_bf16", {n}));
+  return Check(ctx, "bf16 rounding kernel", shardline::gpu::LaunchRoundBf16(ctx->stream, x, n));
+}
+
 int Scale(Ctx* ctx, float* x, float alpha, int64_t n) {
   SL_RETURN_IF_ERROR(Enter(ctx, "scale", {n}));
   return Check(ctx, "scale kernel", shardline::gpu::LaunchScale(ctx->stream, x, alpha, n));
@@ -554,6 +559,7 @@ const ShardlineGpuTrainApi kTrainApi = {
     Scale,
     AdamWStep,
     MaskedSumSquares,
+    RoundBf16,
 };
 
 }  // namespace

@@ -1,66 +1,54 @@
 #include "worker/train/bf16_device.h"
 
-#include <cstring>
-#include <vector>
-
-#include "worker/comm/float16.h"
-
 namespace shardline::worker::train {
-namespace {
 
-// Per-thread scratch for the rounded copies of one call's inputs.
-struct Scratch {
-  std::vector<float> a, b, c;
-};
-Scratch& ThreadScratch() {
-  thread_local Scratch s;
-  return s;
-}
+#define SL_ASSIGN_ROUNDED(name, x, n, buf)                          \
+  absl::StatusOr<const float*> name##_or = Rounded((x), (n), (buf)); \
+  if (!name##_or.ok()) return name##_or.status();                   \
+  const float* name = *name##_or
 
-// x rounded to bf16 in `buf` (null stays null).
-const float* Rounded(const float* x, int64_t n, std::vector<float>* buf) {
+absl::StatusOr<const float*> Bf16Device::Rounded(const float* x, int64_t n,
+                                                 DeviceBuffer<float>* buf) {
   if (x == nullptr) return nullptr;
-  buf->assign(x, x + n);
-  RoundToBFloat16(buf->data(), n);
+  if (buf->size() < n) {
+    if (absl::Status s = buf->Resize(inner_, n); !s.ok()) return s;
+  }
+  if (absl::Status s = inner_.Copy(buf->data(), x, sizeof(float) * static_cast<size_t>(n));
+      !s.ok())
+    return s;
+  if (absl::Status s = inner_.RoundToBFloat16(buf->data(), n); !s.ok()) return s;
   return buf->data();
 }
 
-absl::Status Round(absl::Status s, float* y, int64_t n) {
-  if (s.ok() && y != nullptr) RoundToBFloat16(y, n);
+absl::Status Bf16Device::Round(absl::Status s, float* y, int64_t n) {
+  if (s.ok() && y != nullptr) return inner_.RoundToBFloat16(y, n);
   return s;
-}
-
-}  // namespace
-
-void RoundToBFloat16(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = BFloat16ToFloat(FloatToBFloat16(x[i]));
 }
 
 absl::Status Bf16Device::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                               float alpha, const float* a, const float* b, float beta, float* c) {
-  Scratch& s = ThreadScratch();
-  return Round(inner_.Gemm(trans_a, trans_b, m, n, k, alpha, Rounded(a, m * k, &s.a),
-                           Rounded(b, k * n, &s.b), beta, c),
-               c, m * n);
+  SL_ASSIGN_ROUNDED(ra, a, m * k, &scratch_a_);
+  SL_ASSIGN_ROUNDED(rb, b, k * n, &scratch_b_);
+  return Round(inner_.Gemm(trans_a, trans_b, m, n, k, alpha, ra, rb, beta, c), c, m * n);
 }
 
 absl::Status Bf16Device::LinearForward(const float* x, const float* w, const float* b, float* y,
                                        int64_t rows, int64_t in, int64_t out) {
-  Scratch& s = ThreadScratch();
-  return Round(inner_.LinearForward(Rounded(x, rows * in, &s.a), Rounded(w, out * in, &s.b),
-                                    Rounded(b, out, &s.c), y, rows, in, out),
-               y, rows * out);
+  SL_ASSIGN_ROUNDED(rx, x, rows * in, &scratch_a_);
+  SL_ASSIGN_ROUNDED(rw, w, out * in, &scratch_b_);
+  SL_ASSIGN_ROUNDED(rb, b, out, &scratch_c_);
+  return Round(inner_.LinearForward(rx, rw, rb, y, rows, in, out), y, rows * out);
 }
 
 absl::Status Bf16Device::LinearBackward(const float* x, const float* w, const float* dy,
                                         float* dx, float* dw, float* db, int64_t rows, int64_t in,
                                         int64_t out) {
-  Scratch& s = ThreadScratch();
   // dw and db accumulate in fp32 (parameter gradients); dx is an activation
   // gradient.
-  return Round(inner_.LinearBackward(Rounded(x, rows * in, &s.a), Rounded(w, out * in, &s.b),
-                                     Rounded(dy, rows * out, &s.c), dx, dw, db, rows, in, out),
-               dx, rows * in);
+  SL_ASSIGN_ROUNDED(rx, x, rows * in, &scratch_a_);
+  SL_ASSIGN_ROUNDED(rw, w, out * in, &scratch_b_);
+  SL_ASSIGN_ROUNDED(rdy, dy, rows * out, &scratch_c_);
+  return Round(inner_.LinearBackward(rx, rw, rdy, dx, dw, db, rows, in, out), dx, rows * in);
 }
 
 absl::Status Bf16Device::LayerNormForward(const float* x, const float* gamma, const float* beta,
@@ -90,21 +78,19 @@ absl::Status Bf16Device::GeluBackward(const float* x, const float* dy, float* dx
 absl::Status Bf16Device::AttentionForward(const float* qkv, float* probs, float* y,
                                           int64_t batch, int64_t seq, int64_t heads,
                                           int64_t head_dim) {
-  Scratch& s = ThreadScratch();
   const int64_t width = heads * head_dim;
-  return Round(inner_.AttentionForward(Rounded(qkv, batch * seq * 3 * width, &s.a), probs, y,
-                                       batch, seq, heads, head_dim),
-               y, batch * seq * width);
+  SL_ASSIGN_ROUNDED(rqkv, qkv, batch * seq * 3 * width, &scratch_a_);
+  return Round(inner_.AttentionForward(rqkv, probs, y, batch, seq, heads, head_dim), y,
+               batch * seq * width);
 }
 
 absl::Status Bf16Device::AttentionBackward(const float* qkv, const float* probs, const float* dy,
                                            float* dqkv, int64_t batch, int64_t seq,
                                            int64_t heads, int64_t head_dim) {
-  Scratch& s = ThreadScratch();
   const int64_t width = heads * head_dim;
-  return Round(inner_.AttentionBackward(Rounded(qkv, batch * seq * 3 * width, &s.a), probs,
-                                        Rounded(dy, batch * seq * width, &s.b), dqkv, batch, seq,
-                                        heads, head_dim),
+  SL_ASSIGN_ROUNDED(rqkv, qkv, batch * seq * 3 * width, &scratch_a_);
+  SL_ASSIGN_ROUNDED(rdy, dy, batch * seq * width, &scratch_b_);
+  return Round(inner_.AttentionBackward(rqkv, probs, rdy, dqkv, batch, seq, heads, head_dim),
                dqkv, batch * seq * 3 * width);
 }
 
@@ -124,10 +110,8 @@ absl::Status Bf16Device::EmbeddingBackward(const int32_t* tokens, const float* d
 
 absl::Status Bf16Device::AddPositionForward(const float* pos_table, float* y, int64_t rows,
                                             int64_t seq, int64_t width) {
-  Scratch& s = ThreadScratch();
-  return Round(inner_.AddPositionForward(Rounded(pos_table, seq * width, &s.a), y, rows, seq,
-                                         width),
-               y, rows * width);
+  SL_ASSIGN_ROUNDED(rpos, pos_table, seq * width, &scratch_a_);
+  return Round(inner_.AddPositionForward(rpos, y, rows, seq, width), y, rows * width);
 }
 
 absl::Status Bf16Device::AddPositionBackward(const float* dy, float* dpos, int64_t rows,
@@ -165,5 +149,7 @@ absl::Status Bf16Device::CrossEntropyBackward(const float* logits, const float* 
 absl::Status Bf16Device::AddInPlace(const float* x, float* y, int64_t n) {
   return Round(inner_.AddInPlace(x, y, n), y, n);
 }
+
+#undef SL_ASSIGN_ROUNDED
 
 }  // namespace shardline::worker::train

@@ -1,8 +1,10 @@
-// bf16 mixed precision on a device whose memory is host memory (the CPU
-// path): a Device (device.h) that runs every call on another one and rounds
-// to bfloat16 where a bf16 model on a GPU holds bf16 values, so a CPU run of
-// `training.precision: bf16` follows the numbers a GPU run would (the same
-// roundings, fp32 accumulation inside each kernel), only slower.
+// bf16 mixed precision: a Device (device.h) that runs every call on another
+// one (the CPU or a GPU) and rounds to bfloat16 where a bf16 model holds
+// bf16 values, so a run of `training.precision: bf16` has the same numbers
+// on every device (the same roundings, fp32 accumulation inside each
+// kernel). The rounding runs on the wrapped device (its RoundToBFloat16);
+// the products themselves are its fp32 ones on bf16-exact inputs, so no
+// faster than fp32 yet (a GPU's bf16 tensor-core products are still to do).
 //
 //   Bf16Device bf16(*CpuDevice::Default());
 //   options.device = &bf16;  // the trainer does this for precision bf16
@@ -30,28 +32,25 @@
 // Rounding is round-to-nearest-even (worker/comm/float16.h); values stay
 // stored as fp32 (a bf16 value is an fp32 with its low 16 bits zero).
 //
-// Memory: the rounded copies of inputs are thread-local scratch buffers
-// that grow to the largest input seen (weights included) and are kept for
-// the thread's life. Errors: the wrapped device's (device.h). Thread-safety:
-// as the wrapped device (CpuDevice: thread-safe). The wrapped device must
-// have host_memory() (the rounding runs on the host); it must outlive this.
+// Memory: the rounded copies of inputs are scratch buffers of the wrapped
+// device that grow to the largest input seen (weights included) and are
+// kept for this object's life. Errors: the wrapped device's (device.h).
+// Thread-safety: one thread at a time (the scratch is this object's); the
+// wrapped device must outlive this.
 #ifndef SHARDLINE_WORKER_TRAIN_BF16_DEVICE_H_
 #define SHARDLINE_WORKER_TRAIN_BF16_DEVICE_H_
 
 #include <cstdint>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "worker/train/device.h"
 
 namespace shardline::worker::train {
 
-// Rounds x[0, n) to the nearest bf16 (ties to even) in place; NaN stays NaN.
-void RoundToBFloat16(float* x, int64_t n);
-
 class Bf16Device final : public Device {
  public:
-  // `inner` must have host_memory() (checked by the trainer, which refuses
-  // bf16 on other devices); not owned.
+  // `inner`: not owned.
   explicit Bf16Device(Device& inner) : inner_(inner) {}
 
   std::string name() const override { return inner_.name() + " (bf16)"; }
@@ -127,8 +126,20 @@ class Bf16Device final : public Device {
     return inner_.AccumulateMaskedSumOfSquares(x, mask, n, sum);
   }
 
+  // Rounding is idempotent: the inner device's.
+  absl::Status RoundToBFloat16(float* x, int64_t n) override {
+    return inner_.RoundToBFloat16(x, n);
+  }
+
  private:
+  // x rounded to bf16 in *buf (grown as needed), a buffer of the inner
+  // device; null stays null.
+  absl::StatusOr<const float*> Rounded(const float* x, int64_t n, DeviceBuffer<float>* buf);
+  // y[0, n) rounded in place after the call that wrote it succeeded.
+  absl::Status Round(absl::Status s, float* y, int64_t n);
+
   Device& inner_;
+  DeviceBuffer<float> scratch_a_, scratch_b_, scratch_c_;
 };
 
 }  // namespace shardline::worker::train

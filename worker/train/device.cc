@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "worker/comm/float16.h"
 #include "worker/train/ops.h"
 
 namespace shardline::worker::train {
@@ -231,6 +232,15 @@ absl::Status CpuDevice::CrossEntropyBackward(const float* logits, const float* r
 
 absl::Status CpuDevice::AddInPlace(const float* x, float* y, int64_t n) {
   train::AddInPlace(x, y, n);
+  return absl::OkStatus();
+}
+
+void RoundToBFloat16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = BFloat16ToFloat(FloatToBFloat16(x[i]));
+}
+
+absl::Status CpuDevice::RoundToBFloat16(float* x, int64_t n) {
+  train::RoundToBFloat16(x, n);
   return absl::OkStatus();
 }
 

@@ -124,6 +124,9 @@ class Device {
                                             float scale, float* dlogits, int64_t rows,
                                             int64_t vocab_begin, int64_t vocab_local) = 0;
   virtual absl::Status AddInPlace(const float* x, float* y, int64_t n) = 0;
+  // x[0, n) (ELEMENTS) rounded to the nearest bfloat16, ties to even, in
+  // place (RoundToBFloat16 below); bf16 mixed precision (bf16_device.h).
+  virtual absl::Status RoundToBFloat16(float* x, int64_t n) = 0;
 
   // --- The optimizer's state on this device (trainer.h "Where the state
   // lives"); pointers are memory of this device, sizes as marked ----------
@@ -145,6 +148,11 @@ class Device {
   virtual absl::Status AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask,
                                                     int64_t n, double* sum) = 0;
 };
+
+// Rounds host memory x[0, n) to the nearest bf16 (ties to even) in place;
+// NaN stays NaN (worker/comm/float16.h). Values stay stored as fp32 (a bf16
+// value is an fp32 with its low 16 bits zero).
+void RoundToBFloat16(float* x, int64_t n);
 
 // Freed device blocks kept for reuse by an allocation of exactly the same
 // size (a training step asks for the same activation shapes at every
@@ -261,6 +269,7 @@ class CpuDevice final : public Device {
                                     float* dlogits, int64_t rows, int64_t vocab_begin,
                                     int64_t vocab_local) override;
   absl::Status AddInPlace(const float* x, float* y, int64_t n) override;
+  absl::Status RoundToBFloat16(float* x, int64_t n) override;
   absl::Status Copy(void* dst, const void* src, size_t bytes) override;
   absl::Status Scale(float* x, float alpha, int64_t n) override;
   absl::Status AdamWStep(const AdamWConfig& config, float lr, int64_t t, float* param,

@@ -175,19 +175,33 @@ TEST_P(StagingDeviceTrainerTest, BitIdenticalToCpuDevice) {
   EXPECT_EQ(staging.live_bytes(), 0) << "device memory leaked after the trainers ended";
 }
 
-// bf16's rounding is emulated on host memory (bf16_device.h): a device
-// without host memory is refused at precision bf16, naming both.
-TEST(StagingDeviceTest, Bf16IsRefusedOnADeviceWithoutHostMemory) {
-  StagingDevice staging;
-  TrainingOptions o = testing::SmallGptOptions(Layout{}, 1);
+// precision bf16 on a device whose memory is not host memory: the rounding
+// runs through the device (Device::RoundToBFloat16), bit-identical to the
+// CPU path, with the state on the device (world 1) and on the host (Gloo).
+class StagingDeviceBf16Test : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(StagingDeviceBf16Test, BitIdenticalToCpuDevice) {
+  TrainingOptions o = testing::SmallGptOptions(GetParam(), kSteps);
   o.parallel.precision = plan::Precision::kMixed;
+  const std::vector<StepStats> cpu = testing::Train(o, kSteps);
+  StagingDevice staging;
   o.device = &staging;
-  RankGroups none;
-  const absl::Status s = Trainer::Create(o, none, &testing::ShakespeareCorpus()).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(s.message().find("precision=bf16 on device"), absl::string_view::npos) << s;
-  EXPECT_NE(s.message().find("precision=fp32"), absl::string_view::npos) << s;
+  const std::vector<StepStats> staged = testing::Train(o, kSteps);
+  ASSERT_EQ(staged.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(cpu.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(cpu.back().loss, cpu.front().loss) << "did not learn";
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(staged[s].loss, cpu[s].loss) << "step " << s;
+    EXPECT_EQ(staged[s].grad_norm, cpu[s].grad_norm) << "step " << s;
+  }
+  EXPECT_EQ(staging.live_bytes(), 0) << "device memory leaked after the trainers ended";
 }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, StagingDeviceBf16Test,
+                         ::testing::Values(Layout{}, Layout{.tp = 2, .pp = 2}),
+                         [](const ::testing::TestParamInfo<Layout>& info) {
+                           return info.param.Name();
+                         });
 
 using plan::ScheduleKind;
 

@@ -140,6 +140,9 @@ class StagingDevice : public Device {
   absl::Status AddInPlace(const float* x, float* y, int64_t n) override {
     return cpu().AddInPlace(x, y, n);
   }
+  absl::Status RoundToBFloat16(float* x, int64_t n) override {
+    return cpu().RoundToBFloat16(x, n);
+  }
   absl::Status Copy(void* dst, const void* src, size_t bytes) override {
     return cpu().Copy(dst, src, bytes);
   }

@@ -172,11 +172,6 @@ int Main(int argc, char** argv) {
   }
   SetIntraOpThreads(static_cast<int>(threads));
   const bool on_gpu = device_name != "cpu";
-  if (on_gpu && options->parallel.precision == plan::Precision::kMixed) {
-    return Fail(absl::StrCat("training.precision bf16 with --device ", device_name,
-                             ": bf16 runs on the CPU path only so far (bf16 rounding is emulated "
-                             "on host memory); use --device cpu, or precision: fp32 on the GPU"));
-  }
   if (on_gpu) {
     // Fail before training, naming the cause, when the GPU is not usable.
     absl::StatusOr<std::unique_ptr<GpuComputeDevice>> probe =

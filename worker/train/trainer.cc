@@ -936,12 +936,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Build(const TrainingOptions& o
   const plan::ParallelConfig& par = options.parallel;
   if (absl::Status s = plan::ValidateConfig(options.model, par); !s.ok()) return s;
   Device* const device = options.device != nullptr ? options.device : CpuDevice::Default();
-  if (par.precision == plan::Precision::kMixed && !device->host_memory()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "precision=bf16 on device ", device->name(),
-        ": bf16 runs on the CPU path only so far (its rounding is emulated on host memory, "
-        "bf16_device.h); use precision=fp32 on a GPU, or device cpu"));
-  }
   if (corpus == nullptr) return absl::InvalidArgumentError("corpus is null");
   if (options.model.vocab_size < 256) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -81,8 +81,10 @@
 // over micro-batches and dp ranks whose small terms bf16 (8 bits of
 // mantissa) would drop, and fp32 keeps the dp reduction exact enough for
 // every layout to follow the single-rank curve (2e-3 relative in bf16,
-// bf16_device_test). bf16 needs a device with host memory (the CPU) for
-// now. Gradient accumulation
+// bf16_device_test). On a GPU the rounding runs in the plugin's kernel
+// (Device::RoundToBFloat16) and the products are fp32 cuBLAS on bf16-exact
+// inputs: the same numbers as the CPU, not yet bf16 tensor-core speed.
+// Gradient accumulation
 // keeps a full gradient buffer per unit during the step (as Megatron-LM's
 // distributed optimizer); ZeRO-2/3 reduce-scatter it once per step.
 //
@@ -114,8 +116,8 @@ namespace shardline::worker::train {
 struct TrainingOptions {
   plan::GptConfig model;
   // tp, pp, dp, vpp, zero_stage, zero_alignment, micro_batches (m per dp
-  // rank), micro_batch_size, schedule, precision (fp32, or kMixed: bf16 on
-  // a device with host memory; see "Precision" above).
+  // rank), micro_batch_size, schedule, precision (fp32, or kMixed: bf16;
+  // see "Precision" above).
   plan::ParallelConfig parallel;
   uint64_t seed = 1234;  // initial weights and data order
   LearningRateSchedule learning_rate;
@@ -159,8 +161,8 @@ class Trainer {
  public:
   // Builds this rank's units and initial weights. Errors: InvalidArgument
   // when the configuration is invalid (plan::ValidateConfig's message), the
-  // vocabulary is smaller than the 256 byte values, the precision is bf16
-  // on a device without host memory, a needed group is missing or has the wrong size
+  // vocabulary is smaller than the 256 byte values, a needed group is
+  // missing or has the wrong size
   // (names the group), or the corpus is too short for seq_length;
   // a GPU device given groups with NCCL and Gloo backends together, or
   // host_optimizer with an NCCL backend (names both);

@@ -10,6 +10,7 @@
 // library (glibc's expf/tanhf stand in), timing. Slow: ~30 s for
 // train_kernels_emu_test on two cores.
 #pragma once
+#include <cstring>
 #include <barrier>
 #include <cmath>
 #include <condition_variable>
@@ -36,6 +37,8 @@ inline std::mutex g_launch_mu;
 #define __device__
 #define __shared__ static
 inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
+inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
+inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
 template <typename T> T __shfl_xor_sync(unsigned, T v, int o) {
   const unsigned tid = threadIdx.x + threadIdx.y * blockDim.x;
   const unsigned w = tid / 32, lane = tid % 32;
