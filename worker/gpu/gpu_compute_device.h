@@ -160,6 +160,8 @@ class GpuComputeDevice final : public train::Device {
   absl::Status RoundToBFloat16(float* x, int64_t n) override {
     return ops_->RoundToBFloat16(x, n);
   }
+  // bf16 tensor-core products (cublasGemmEx, CUBLAS_COMPUTE_32F_FAST_16BF).
+  absl::Status SetBf16Products(bool on) override { return ops_->SetBf16Products(on); }
   absl::Status Copy(void* dst, const void* src, size_t bytes) override {
     return ops_->Copy(dst, src, bytes);
   }

@@ -177,6 +177,10 @@ absl::Status GpuOps::Copy(void* dst, const void* src, size_t bytes) {
   return ToStatus(api_.copy_device(ctx_, dst, src, bytes), "copy_device");
 }
 
+absl::Status GpuOps::SetBf16Products(bool on) {
+  return ToStatus(api_.set_bf16_products(ctx_, on ? 1 : 0), "set_bf16_products");
+}
+
 absl::Status GpuOps::RoundToBFloat16(float* x, int64_t n) {
   return ToStatus(api_.round_bf16(ctx_, x, n), "round_bf16");
 }

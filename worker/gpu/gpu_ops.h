@@ -118,6 +118,8 @@ class GpuOps {
   // squares (waits for the stream).
   absl::Status Copy(void* dst, const void* src, size_t bytes);
   absl::Status RoundToBFloat16(float* x, int64_t n);
+  // plugin_abi.h set_bf16_products.
+  absl::Status SetBf16Products(bool on);
   absl::Status Scale(float* x, float alpha, int64_t n);
   absl::Status AdamWStep(const ShardlineAdamWScalars& scalars, float* param, const float* grad,
                          float* exp_avg, float* exp_avg_sq, const uint8_t* decay_mask, int64_t n);

@@ -311,6 +311,13 @@ typedef struct {
   // round_bf16: x[i] rounded to the nearest bfloat16 (ties to even, NaN kept
   // NaN: worker/comm/float16.h's rule), stored as fp32, in place.
   int (*round_bf16)(ShardlineGpuTrainCtx* ctx, float* x, int64_t n);
+  // set_bf16_products: from now on gemm, linear_forward and linear_backward
+  // (not attention) read their inputs as bf16 and run on the bf16 tensor
+  // cores with fp32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F_FAST_16BF);
+  // the caller promises bf16-exact inputs (worker/train/bf16_device.h rounds
+  // them), so the result is the fp32 product's up to summation order. 0
+  // turns it off (the default: fp32 products, no TF32).
+  int (*set_bf16_products)(ShardlineGpuTrainCtx* ctx, int32_t on);
 } ShardlineGpuTrainApi;
 
 // Returns the plugin's training table (static storage, never null). Optional:

@@ -191,6 +191,37 @@ TEST_F(TrainKernelsTest, LinearForwardWithAndWithoutBias) {
   }
 }
 
+// set_bf16_products: the dense products read their inputs as bf16 (tensor
+// cores) with fp32 accumulation, so on inputs that are not bf16-exact they
+// give the product of the rounded inputs, not the fp32 one; attention is
+// not affected; turning it off gives fp32 again.
+TEST_F(TrainKernelsTest, Bf16ProductsReadBf16Inputs) {
+  const int64_t rows = 32, in = 64, out = 48;
+  const auto x = Random(rows * in, 70), w = Random(out * in, 71);
+  auto rx = x, rw = w;
+  ops::RoundToBFloat16(rx.data(), rows * in);
+  ops::RoundToBFloat16(rw.data(), out * in);
+  std::vector<float> fp32(rows * out), bf16(rows * out);
+  ops::LinearForward(x.data(), w.data(), nullptr, fp32.data(), rows, in, out);
+  ops::LinearForward(rx.data(), rw.data(), nullptr, bf16.data(), rows, in, out);
+  float* d_x = Up(x);
+  float* d_w = Up(w);
+  float* d_y = UpNaN(rows * out);
+  ASSERT_TRUE(gpu_->SetBf16Products(true).ok());
+  ASSERT_TRUE(gpu_->LinearForward(d_x, d_w, nullptr, d_y, rows, in, out).ok());
+  const std::vector<float> got = Down(d_y, rows * out);
+  ExpectRelL2(got, bf16, kGemmRelL2, "y with bf16 products");
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    diff += (static_cast<double>(got[i]) - fp32[i]) * (static_cast<double>(got[i]) - fp32[i]);
+    norm += static_cast<double>(fp32[i]) * fp32[i];
+  }
+  EXPECT_GT(std::sqrt(diff / norm), 1e-4) << "the product did not read bf16 inputs";
+  ASSERT_TRUE(gpu_->SetBf16Products(false).ok());
+  ASSERT_TRUE(gpu_->LinearForward(d_x, d_w, nullptr, d_y, rows, in, out).ok());
+  ExpectRelL2(Down(d_y, rows * out), fp32, kGemmRelL2, "y with fp32 products again");
+}
+
 TEST_F(TrainKernelsTest, LinearBackwardOverwritesDxAndAccumulatesDwDb) {
   const int64_t rows = 24, in = 40, out = 72;
   const auto x = Random(rows * in, 8), w = Random(out * in, 9), g = Random(rows * out, 10);

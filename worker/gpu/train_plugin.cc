@@ -30,6 +30,7 @@ struct ShardlineGpuTrainCtx {
   float* scratch = nullptr;  // attention_backward's dS, grown on demand
   size_t scratch_floats = 0;
   double* partials = nullptr;  // masked_sum_squares' per-block sums (made at first use)
+  bool bf16_products = false;  // set_bf16_products
   std::string error;  // message of the last failed call
 };
 
@@ -96,11 +97,14 @@ int Enter(Ctx* ctx, const char* what, std::initializer_list<int64_t> sizes) {
 
 // C (row-major, row stride ldc) = alpha * op(A) op(B) + beta * C for `batch`
 // matrices at strides stride_a/b/c (elements). See the file comment for the
-// column-major mapping. beta == 0 never reads C.
+// column-major mapping. beta == 0 never reads C. With `bf16` (a single
+// product whose inputs the caller made bf16-exact) the product runs on the
+// bf16 tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS converts A and B
+// to bf16, exactly here, and accumulates in fp32).
 int StridedBatchedGemm(Ctx* ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                        float alpha, const float* a, int64_t lda, int64_t stride_a,
                        const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
-                       int64_t ldc, int64_t stride_c, int64_t batch) {
+                       int64_t ldc, int64_t stride_c, int64_t batch, bool bf16 = false) {
   if (m <= 0 || n <= 0 || batch <= 0) return SHARDLINE_GPU_OK;
   if (k <= 0) {  // empty product: C = beta * C
     return Check(ctx, "scale kernel (k == 0 product)",
@@ -118,6 +122,14 @@ int StridedBatchedGemm(Ctx* ctx, bool trans_a, bool trans_b, int64_t m, int64_t 
   }
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1 && bf16) {
+    return CheckBlas(ctx, "cublasGemmEx (bf16 tensor cores, fp32 accumulation)",
+                     cublasGemmEx(ctx->cublas, op_b, op_a, static_cast<int>(n),
+                                  static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_32F,
+                                  static_cast<int>(ldb), a, CUDA_R_32F, static_cast<int>(lda),
+                                  &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+                                  CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+  }
   if (batch == 1) {
     return CheckBlas(ctx, "cublasSgemm",
                      cublasSgemm(ctx->cublas, op_b, op_a, static_cast<int>(n),
@@ -135,13 +147,14 @@ int StridedBatchedGemm(Ctx* ctx, bool trans_a, bool trans_b, int64_t m, int64_t 
                                 static_cast<int>(batch)));
 }
 
-// ops.h's Gemm: dense row-major operands.
+// ops.h's Gemm: dense row-major operands (gemm, linear_forward,
+// linear_backward: the products set_bf16_products covers).
 int DenseGemm(Ctx* ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float* a, const float* b, float beta, float* c) {
   const int64_t lda = std::max<int64_t>(1, trans_a ? m : k);
   const int64_t ldb = std::max<int64_t>(1, trans_b ? k : n);
   return StridedBatchedGemm(ctx, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c,
-                            std::max<int64_t>(1, n), 0, 1);
+                            std::max<int64_t>(1, n), 0, 1, ctx->bf16_products);
 }
 
 // --- context and memory ------------------------------------------------------
@@ -480,6 +493,11 @@ int CopyDevice(Ctx* ctx, void* dst, const void* src, size_t bytes) {
                cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
 }
 
+int SetBf16Products(Ctx* ctx, int32_t on) {
+  ctx->bf16_products = on != 0;
+  return SHARDLINE_GPU_OK;
+}
+
 int RoundBf16(Ctx* ctx, float* x, int64_t n) {
   SL_RETURN_IF_ERROR(Enter(ctx, "round_bf16", {n}));
   return Check(ctx, "bf16 rounding kernel", shardline::gpu::LaunchRoundBf16(ctx->stream, x, n));
@@ -560,6 +578,7 @@ const ShardlineGpuTrainApi kTrainApi = {
     AdamWStep,
     MaskedSumSquares,
     RoundBf16,
+    SetBf16Products,
 };
 
 }  // namespace

@@ -3,8 +3,8 @@
 // bf16 values, so a run of `training.precision: bf16` has the same numbers
 // on every device (the same roundings, fp32 accumulation inside each
 // kernel). The rounding runs on the wrapped device (its RoundToBFloat16);
-// the products themselves are its fp32 ones on bf16-exact inputs, so no
-// faster than fp32 yet (a GPU's bf16 tensor-core products are still to do).
+// the dense products are its own on bf16-exact inputs, on bf16 hardware
+// where it has some (Device::SetBf16Products: a GPU's tensor cores).
 //
 //   Bf16Device bf16(*CpuDevice::Default());
 //   options.device = &bf16;  // the trainer does this for precision bf16
@@ -126,6 +126,7 @@ class Bf16Device final : public Device {
     return inner_.AccumulateMaskedSumOfSquares(x, mask, n, sum);
   }
 
+  absl::Status SetBf16Products(bool on) override { return inner_.SetBf16Products(on); }
   // Rounding is idempotent: the inner device's.
   absl::Status RoundToBFloat16(float* x, int64_t n) override {
     return inner_.RoundToBFloat16(x, n);

@@ -127,6 +127,14 @@ class Device {
   // x[0, n) (ELEMENTS) rounded to the nearest bfloat16, ties to even, in
   // place (RoundToBFloat16 below); bf16 mixed precision (bf16_device.h).
   virtual absl::Status RoundToBFloat16(float* x, int64_t n) = 0;
+  // From now on Gemm, LinearForward and LinearBackward (not attention) may
+  // read their inputs as bf16 and run on bf16 hardware with fp32
+  // accumulation (a GPU's tensor cores); the caller promises bf16-exact
+  // inputs (Bf16Device rounds them), so the numbers are the fp32 products'
+  // up to summation order. The trainer sets it for precision bf16 and clears
+  // it otherwise. Default: nothing to change (CpuDevice's fp32 products on
+  // bf16-exact inputs are those numbers already).
+  virtual absl::Status SetBf16Products(bool on) { return absl::OkStatus(); }
 
   // --- The optimizer's state on this device (trainer.h "Where the state
   // lives"); pointers are memory of this device, sizes as marked ----------

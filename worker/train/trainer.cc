@@ -1001,6 +1001,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Build(const TrainingOptions& o
     t.bf16_device = std::make_unique<Bf16Device>(*device);
     t.device = t.bf16_device.get();
   }
+  // bf16's products read bf16-exact inputs (Bf16Device): a GPU runs them on
+  // its tensor cores. The device may have served another precision before.
+  SL_RETURN_IF_ERROR(device->SetBf16Products(par.precision == plan::Precision::kMixed));
   t.state = resident ? t.device : CpuDevice::Default();
   t.groups = groups;
   if (!end_stage) t.groups.embedding = nullptr;

@@ -82,8 +82,9 @@
 // mantissa) would drop, and fp32 keeps the dp reduction exact enough for
 // every layout to follow the single-rank curve (2e-3 relative in bf16,
 // bf16_device_test). On a GPU the rounding runs in the plugin's kernel
-// (Device::RoundToBFloat16) and the products are fp32 cuBLAS on bf16-exact
-// inputs: the same numbers as the CPU, not yet bf16 tensor-core speed.
+// (Device::RoundToBFloat16) and the dense products on the bf16 tensor cores
+// (Device::SetBf16Products; attention's stay fp32, as on the CPU): the same
+// numbers as the CPU up to summation order.
 // Gradient accumulation
 // keeps a full gradient buffer per unit during the step (as Megatron-LM's
 // distributed optimizer); ZeRO-2/3 reduce-scatter it once per step.
