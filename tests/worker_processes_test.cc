@@ -270,9 +270,17 @@ TEST(WorkerProcessesTest, ClearErrors) {
     EXPECT_TRUE(absl::StrContains(c.Log(), "--job is required")) << c.Log();
   }
   {
-    Child c(worker, {"--job", "j", "--device", "cuda:0", "--backend", "nccl"}, dir + "/nccl.log");
+    Child c(worker, {"--job", "j", "--backend", "nccl"}, dir + "/nccl.log");
     EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
-    EXPECT_TRUE(absl::StrContains(c.Log(), "--backend=nccl: the trainer communicates through host"))
+    EXPECT_TRUE(absl::StrContains(c.Log(), "--backend=nccl needs --device=cuda:N")) << c.Log();
+  }
+  {
+    Child c(worker,
+            {"--job", "j", "--device", "cuda:0", "--backend", "nccl", "--inject-fault",
+             "collective_count_mismatch_at_step=3"},
+            dir + "/nccl-fault.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "collective_count_mismatch_at_step works with Gloo only"))
         << c.Log();
   }
   {

@@ -15,12 +15,13 @@ namespace v1 = ::shardline::v1;
 absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
     const v1::Assignment& assignment, std::shared_ptr<client::RendezvousClient> rendezvous,
     const Clock* clock, const v1::Fence& fence, GlooOptions options,
-    std::shared_ptr<client::CancelToken> cancel) {
+    std::shared_ptr<client::CancelToken> cancel, std::optional<NcclOptions> nccl) {
   if (assignment.spare()) {
     return absl::InvalidArgumentError("a spare has no communicators");
   }
   auto comms = std::make_unique<Communicators>();
   comms->generation_ = assignment.generation();
+  comms->nccl_ = nccl;
   v1::Fence f = fence;
   f.set_generation(assignment.generation());
   const uint32_t rank = assignment.rank();
@@ -41,8 +42,16 @@ absl::StatusOr<std::unique_ptr<Communicators>> Communicators::Build(
     GlooOptions named = options;  // errors name "rank 3 (dp/0 rank 1)"
     named.group_name = pg.name();
     named.global_ranks.assign(g.ranks.begin(), g.ranks.end());
-    absl::StatusOr<std::unique_ptr<Backend>> backend =
-        CreateGlooBackend(store, g.group_rank, static_cast<int>(g.ranks.size()), named);
+    absl::StatusOr<std::unique_ptr<Backend>> backend;
+    if (nccl.has_value()) {
+      NcclOptions o = *nccl;
+      o.timeout = options.timeout;
+      o.connect_timeout = options.connect_timeout;
+      o.p2p_channels = pg.kind() == v1::GROUP_KIND_PP;
+      backend = CreateNcclBackend(store, g.group_rank, static_cast<int>(g.ranks.size()), o);
+    } else {
+      backend = CreateGlooBackend(store, g.group_rank, static_cast<int>(g.ranks.size()), named);
+    }
     if (!backend.ok()) {
       comms->Abort();
       // Once the generation is known to be over, whatever broke is Aborted.
@@ -72,8 +81,22 @@ absl::Status Communicators::Check(absl::Duration timeout) {
   float value = static_cast<float>(global_rank + 1);
   float expected = 0;
   for (uint32_t r : dp->ranks) expected += static_cast<float>(r + 1);
-  absl::Status s =
-      dp->backend->AllReduce(&value, 1, DType::kFloat32, ReduceOp::kSum)->Wait(timeout);
+  absl::Status s;
+  if (dp->backend->device_memory() && nccl_.has_value()) {
+    // NCCL reads device memory: the value goes through a float on the GPU.
+    absl::StatusOr<DeviceMemory> memory = DeviceMemory::Load(nccl_->plugin_path);
+    if (!memory.ok()) return memory.status();
+    absl::StatusOr<void*> on_device = memory->Alloc(nccl_->device, sizeof(float));
+    if (!on_device.ok()) return on_device.status();
+    s = memory->CopyToDevice(nccl_->device, *on_device, &value, sizeof(float));
+    if (s.ok()) {
+      s = dp->backend->AllReduce(*on_device, 1, DType::kFloat32, ReduceOp::kSum)->Wait(timeout);
+    }
+    if (s.ok()) s = memory->CopyToHost(nccl_->device, &value, *on_device, sizeof(float));
+    memory->Free(nccl_->device, *on_device);
+  } else {
+    s = dp->backend->AllReduce(&value, 1, DType::kFloat32, ReduceOp::kSum)->Wait(timeout);
+  }
   if (!s.ok())
     return absl::Status(s.code(), absl::StrCat("all_reduce ", dp->name, ": ", s.message()));
   if (value != expected) {

@@ -21,6 +21,7 @@
 #define SHARDLINE_WORKER_COMMUNICATORS_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@
 #include "shardline/v1/coordinator.grpc.pb.h"
 #include "shardline/v1/progress.pb.h"
 #include "worker/comm/backend.h"
+#include "worker/comm/nccl_backend.h"
 
 namespace shardline::worker {
 
@@ -50,18 +52,26 @@ class Communicators {
   // generation ended (the coordinator said so, or `cancel` was cancelled:
   // pass WorkerAgent::GenerationToken(assignment.generation()) so that the
   // agent learning of the end interrupts a rendezvous wait at once);
-  // DeadlineExceeded / Unavailable from CreateGlooBackend (the message names
-  // the group). The stores call `rendezvous` and measure their timeouts on
-  // `clock` (not owned; must outlive the communicators).
+  // DeadlineExceeded / Unavailable from CreateGlooBackend or
+  // CreateNcclBackend (the message names the group). The stores call
+  // `rendezvous` and measure their timeouts on `clock` (not owned; must
+  // outlive the communicators).
+  //
+  // Backends: Gloo (`options`), or, when `nccl` is given, NCCL for every
+  // group (nccl_backend.h: buffers are device memory of nccl->device; the
+  // timeouts are options.timeout / options.connect_timeout; pipeline
+  // groups get their p2p channels).
   static absl::StatusOr<std::unique_ptr<Communicators>> Build(
       const shardline::v1::Assignment& assignment,
       std::shared_ptr<client::RendezvousClient> rendezvous, const Clock* clock,
       const shardline::v1::Fence& fence, GlooOptions options,
-      std::shared_ptr<client::CancelToken> cancel = nullptr);
+      std::shared_ptr<client::CancelToken> cancel = nullptr,
+      std::optional<NcclOptions> nccl = std::nullopt);
 
   // A barrier on every group, then an fp32 all_reduce (sum) on this rank's dp
-  // group of (global rank + 1), checked against the closed form. Errors: the
-  // backend's; Internal when the sum is wrong (names both values).
+  // group of (global rank + 1), checked against the closed form (through a
+  // buffer on the GPU with NCCL). Errors: the backend's (and, with NCCL, the
+  // device memory's); Internal when the sum is wrong (names both values).
   absl::Status Check(absl::Duration timeout);
 
   // Aborts every group (idempotent, bounded time).
@@ -95,6 +105,7 @@ class Communicators {
  private:
   uint64_t generation_ = 0;
   std::vector<Group> groups_;
+  std::optional<NcclOptions> nccl_;  // the groups are NCCL's
 };
 
 }  // namespace shardline::worker

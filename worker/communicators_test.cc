@@ -113,6 +113,42 @@ TEST_F(CommunicatorsTest, CompactAssignmentsBuildAndPassTheCheck) {
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(status[i].ok()) << "worker " << i << ": " << status[i];
 }
 
+// With NCCL (the fake plugin's loopback communicators, one fake GPU per
+// worker: the BUILD rule sets SHARDLINE_FAKE_LOOPBACK_DEVICES), every group
+// is an NCCL communicator bootstrapped through the coordinator's rendezvous,
+// and Check's all_reduce goes through a float in device memory.
+TEST_F(CommunicatorsTest, NcclGroupsBuildAndPassTheCheck) {
+  std::vector<absl::Status> status(2);
+  std::vector<bool> device_memory(2, false);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      GlooOptions timeouts;
+      timeouts.connect_timeout = absl::Seconds(30);
+      timeouts.timeout = absl::Seconds(30);
+      NcclOptions nccl;
+      nccl.plugin_path = "worker/gpu/libshardline_gpu_fake.so";
+      nccl.device = i;
+      absl::StatusOr<std::unique_ptr<Communicators>> c =
+          Communicators::Build(assignments_[i], agents_[i]->rendezvous(), &clock_,
+                               agents_[i]->fence(), timeouts, nullptr, nccl);
+      if (!c.ok()) {
+        status[i] = c.status();
+        return;
+      }
+      device_memory[i] = !(*c)->groups().empty();
+      for (const Communicators::Group& g : (*c)->groups())
+        device_memory[i] = device_memory[i] && g.backend->device_memory();
+      status[i] = (*c)->Check(absl::Seconds(30));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(status[i].ok()) << "worker " << i << ": " << status[i];
+    EXPECT_TRUE(device_memory[i]) << "worker " << i << ": not every group is NCCL";
+  }
+}
+
 // The peer reports an error: the coordinator ends generation 1.
 TEST_F(CommunicatorsTest, BuildReturnsAbortedWhenAPeerReportsAnError) {
   absl::Status status;

@@ -1,6 +1,7 @@
 // shardline-worker: one daemon per rank. Joins a job, waits for its
-// assignment, builds its communicators (Gloo over the coordinator's
-// rendezvous store), checks them with a barrier and an all_reduce, restores
+// assignment, builds its communicators (Gloo, or NCCL with --backend nccl,
+// bootstrapped through the coordinator's rendezvous store), checks them with
+// a barrier and an all_reduce, restores
 // the assignment's checkpoint and trains (worker/training_loop.h) until
 // train_steps, saving checkpoints; on a generation change it aborts its
 // communicators, re-joins and continues in the same process.
@@ -40,6 +41,7 @@
 #include <csignal>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <thread>
@@ -57,6 +59,7 @@
 #include "client/coordinator_client.h"
 #include "worker/agent.h"
 #include "worker/checkpointer.h"
+#include "worker/comm/nccl_backend.h"
 #include "worker/communicators.h"
 #include "worker/exit_watchdog.h"
 #include "worker/fault_injection.h"
@@ -208,8 +211,8 @@ int Run(int argc, char** argv) {
   parser.AddString("gpu-plugin", &gpu_plugin,
                    "path of libshardline_gpu.so (default: next to this binary)");
   parser.AddString("backend", &backend_flag,
-                   "auto, gloo or nccl (default auto: Gloo; training communicates through host "
-                   "memory in this version)");
+                   "auto, gloo or nccl (default auto: Gloo; nccl needs --device cuda:N and "
+                   "keeps the trainer's state on the GPU)");
   parser.AddString("host", &host, "host name reported to the coordinator (default hostname)");
   parser.AddString("interface", &interface,
                    "IPv4 address Gloo binds and advertises (default 127.0.0.1)");
@@ -302,20 +305,18 @@ int Run(int argc, char** argv) {
     std::cerr << "shardline-worker: --backend=nccl needs --device=cuda:N\n";
     return 2;
   }
-  if (backend == v1::BACKEND_NCCL) {
-    // The NCCL backend exists (worker/comm/nccl_backend.h, in the GPU
-    // plugin) but the trainer keeps its communication in host memory (its
-    // GPU path computes the layers on the device, trainer.h): refuse at once
-    // rather than join and fail every generation.
-    std::cerr << "shardline-worker: --backend=nccl: the trainer communicates through host "
-                 "memory (Gloo) in this version, also with --device cuda:N; use --backend gloo "
-                 "or auto\n";
+  if (backend == v1::BACKEND_NCCL && faults->collective_count_mismatch_at_step.has_value()) {
+    // The injected mismatch copies the caller's buffers in host memory.
+    std::cerr << "shardline-worker: --inject-fault collective_count_mismatch_at_step works "
+                 "with Gloo only; use --backend gloo with it\n";
     return 2;
   }
   // The GPU, if any, is checked before joining: a worker that cannot use
   // its device must not take a rank.
   std::unique_ptr<GpuComputeDevice> gpu;
+  int gpu_ordinal = 0;
   if (device != "cpu") {
+    (void)absl::SimpleAtoi(device.substr(device.find(':') + 1), &gpu_ordinal);
     absl::StatusOr<std::unique_ptr<GpuComputeDevice>> d =
         GpuComputeDevice::FromName(device, gpu_plugin);
     if (!d.ok()) {
@@ -372,7 +373,9 @@ int Run(int argc, char** argv) {
   }
   options.worker_id = worker_id.empty() ? absl::StrCat(options.host, ":", device) : worker_id;
   options.device = device;
-  options.backend = v1::BACKEND_GLOO;  // see --backend above
+  // auto is Gloo (the trainer's state then stays on the host with
+  // --device cuda:N); nccl puts the communicators and the state on the GPU.
+  options.backend = backend == v1::BACKEND_NCCL ? v1::BACKEND_NCCL : v1::BACKEND_GLOO;
   options.connect_timeout = connect_timeout_d;
   // Outlive the agent, whose threads call into them (progress source,
   // directive callback).
@@ -485,9 +488,15 @@ int Run(int argc, char** argv) {
         gloo.timeout = FromProto(spec.elastic().collective_timeout());
         gloo.connect_timeout = gloo.timeout;
       }
+      std::optional<NcclOptions> nccl;
+      if (options.backend == v1::BACKEND_NCCL) {
+        nccl.emplace();
+        nccl->plugin_path = gpu_plugin;
+        nccl->device = gpu_ordinal;
+      }
       absl::StatusOr<std::unique_ptr<Communicators>> built =
           Communicators::Build(*a, agent->rendezvous(), agent->clock(), agent->fence(), gloo,
-                               agent->GenerationToken(gen));
+                               agent->GenerationToken(gen), nccl);
       absl::Status status = built.status();
       std::shared_ptr<Communicators> comms;
       if (built.ok()) {

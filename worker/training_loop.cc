@@ -176,9 +176,11 @@ absl::StatusOr<TrainingLoop::Outcome> TrainingLoop::Run(const v1::Assignment& a,
   }
   if (leader) {
     Log(absl::StrFormat(
-        "generation %d: training steps %d..%d  tp=%d pp=%d dp=%d zero_stage=%d micro_batches=%d",
+        "generation %d: training steps %d..%d  tp=%d pp=%d dp=%d zero_stage=%d micro_batches=%d "
+        "state on %s",
         gen, trainer.step() + 1, total, options->parallel.tp, options->parallel.pp,
-        options->parallel.dp, options->parallel.zero_stage, options->parallel.micro_batches));
+        options->parallel.dp, options->parallel.zero_stage, options->parallel.micro_batches,
+        trainer.state_location()));
   }
 
   absl::Duration window_time, window_comm;
