@@ -323,8 +323,14 @@ TEST(NcclResidentTrainerRefusalTest, HostOptimizerWithNcclIsRefused) {
 // re-forms without it, as the coordinator's next generation would: new
 // communicators at dp 1 (tp 2) from the state every rank saved after step 2
 // (the last committed checkpoint), continuing the single-rank curve.
-TEST(NcclTrainerFailureTest, ARankLostMidStepIsUnavailableNamingItAndTheJobReForms) {
-  const TrainingOptions options = Options(Layout{.tp = 2, .dp = 2, .zero = 1});
+class NcclTrainerFailureTest : public ::testing::TestWithParam<bool> {};
+
+// GetParam(): the state on the device (a StagingDevice per run, the trainer
+// resident) or on the host (the CPU).
+TEST_P(NcclTrainerFailureTest, ARankLostMidStepIsUnavailableNamingItAndTheJobReForms) {
+  train::testing::StagingDevice device;
+  TrainingOptions options = Options(Layout{.tp = 2, .dp = 2, .zero = 1});
+  if (GetParam()) options.device = &device;
   train::SetIntraOpThreads(1);
   train::testing::GlobalState checkpoint;
   std::vector<absl::Status> failed(4);
@@ -360,13 +366,20 @@ TEST(NcclTrainerFailureTest, ARankLostMidStepIsUnavailableNamingItAndTheJobReFor
   // The next generation: tp 2 at dp 1 over new communicators, restored from
   // step 2, on the single-rank curve (the global batch is unchanged).
   const std::vector<StepStats>& ref = Reference();
+  TrainingOptions next = Options(Layout{.tp = 2});
+  next.device = options.device;
   const std::vector<double> resumed = train::testing::ResumeAndTrain(
-      Options(Layout{.tp = 2}), 2, 5,
+      next, 2, 5,
       [&](train::Trainer& t) { train::testing::Restore(t, checkpoint, 2); }, NcclFactory());
   ASSERT_EQ(resumed.size(), 3u);
   for (int s = 2; s < 5; ++s)
     EXPECT_NEAR(resumed[s - 2], ref[s].loss, 1e-4 * ref[s].loss) << "step " << s;
 }
+
+INSTANTIATE_TEST_SUITE_P(StateOnDeviceOrHost, NcclTrainerFailureTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "StateOnDevice" : "StateOnHost");
+                         });
 
 }  // namespace
 }  // namespace shardline::worker
