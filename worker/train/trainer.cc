@@ -114,11 +114,16 @@ class Trainer::Impl {
   // Data-parallel gradient all-reduces started during the backward, by unit
   // (StartGradReduce), and this step's backward passes done per chunk.
   std::map<int, std::shared_ptr<Work>> grad_reduces;
+  // ZeRO-3 all-gathers started ahead of their unit's use (Prefetch), by unit.
+  std::map<int, std::shared_ptr<Work>> prefetches;
   std::map<int, int> backwards_done;
   // RestoreSlices handed out host copies that FinishRestore must upload.
   bool restore_pending = false;
 
-  ~Impl() { DrainGradReduces(); }
+  ~Impl() {
+    DrainGradReduces();
+    DrainPrefetches();
+  }
 
   int tp_rank() const { return groups.coordinates.tp_rank; }
   int dp_rank() const { return groups.coordinates.dp_rank; }
@@ -174,7 +179,12 @@ class Trainer::Impl {
   // ResetDeviceState drops the copies).
   absl::Status Acquire(int u, bool to_device = true) {
     UnitState& s = units[u];
-    if (zero() == 3 && s.acquired++ == 0) {
+    if (auto it = prefetches.find(u); it != prefetches.end()) {
+      // Prefetch started the gather and holds the unit: the hold is ours.
+      std::shared_ptr<Work> work = std::move(it->second);
+      prefetches.erase(it);
+      SL_RETURN_IF_ERROR(dp.Wait(work));
+    } else if (zero() == 3 && s.acquired++ == 0) {
       SL_RETURN_IF_ERROR(HostAlloc(s.params.Resize(sd(), s.unit.padded)));
       if (dp.size() == 1) {
         SL_RETURN_IF_ERROR(sd().Copy(s.params.data(), s.shard_params.data(), s.shard_params.bytes()));
@@ -192,6 +202,34 @@ class Trainer::Impl {
     return absl::OkStatus();
   }
 
+  // ZeRO-3: starts unit u's all-gather now, so that it runs while the
+  // current unit computes; the Acquire that uses it waits for it. Every dp
+  // rank of a stage runs the same schedule, so they issue these gathers in
+  // the same order. Nothing to do when the unit is already whole or on its
+  // way, or without data parallelism.
+  absl::Status Prefetch(int u) {
+    if (u < 0 || zero() != 3 || dp.size() == 1) return absl::OkStatus();
+    UnitState& s = units[u];
+    if (s.acquired > 0 || prefetches.count(u) > 0) return absl::OkStatus();
+    SL_RETURN_IF_ERROR(HostAlloc(s.params.Resize(sd(), s.unit.padded)));
+    SL_RETURN_IF_ERROR(StateSettled());
+    prefetches[u] = dp.backend()->AllGather(s.shard_params.data(), s.shard, s.params.data(),
+                                            DType::kFloat32);
+    s.acquired = 1;  // held for the Acquire that takes it over
+    return absl::OkStatus();
+  }
+  // After a failed step (or at destruction): waits for every prefetch still
+  // in flight (its error is the step's, or moot) and drops its hold, so no
+  // backend thread writes into parameters being freed.
+  void DrainPrefetches() {
+    for (auto& [u, work] : prefetches) {
+      work->Wait().IgnoreError();
+      units[u].acquired = 0;
+      units[u].params.Reset();
+    }
+    prefetches.clear();
+  }
+
   void Release(int u) {
     UnitState& s = units[u];
     if (zero() < 3) return;
@@ -203,9 +241,10 @@ class Trainer::Impl {
 
   // At the start of every step, evaluation and sample: the host parameters
   // may have changed since (an optimizer step, a restore), so the device
-  // copies are uploaded again before use, and no device gradient is live
-  // (even after a step that failed half-way).
+  // copies are uploaded again before use, no device gradient is live and
+  // no prefetch is in flight (even after a step that failed half-way).
   void ResetDeviceState() {
+    DrainPrefetches();  // a failed pass's
     for (UnitState& s : units) {
       s.device_params_fresh = false;
       s.device_grads_live = false;
@@ -440,6 +479,9 @@ class Trainer::Impl {
     for (size_t i = 0; i < layout.layer_units.size(); ++i) {
       const int u = layout.layer_units[i];
       SL_RETURN_IF_ERROR(Acquire(u));
+      // The next unit's gather runs while this one computes.
+      SL_RETURN_IF_ERROR(Prefetch(i + 1 < layout.layer_units.size() ? layout.layer_units[i + 1]
+                                                                      : layout.head_unit));
       DeviceBuffer<float> y;
       absl::Status s = LayerForward(*device, shape, LayerPointers(u, layout.layers[i], false), tp,
                                     std::move(x), &y,
@@ -507,6 +549,7 @@ class Trainer::Impl {
     for (size_t k = layout.layer_units.size(); k-- > 0;) {
       const int u = layout.layer_units[k];
       SL_RETURN_IF_ERROR(Acquire(u));
+      if (k > 0) SL_RETURN_IF_ERROR(Prefetch(layout.layer_units[k - 1]));
       absl::Status s;
       const LayerParams grads = LayerPointers(u, layout.layers[k], true, &s);
       if (s.ok()) {

@@ -13,8 +13,11 @@
 //     micro-batches, sending activations and gradients to the neighbouring
 //     pp ranks (Send/Recv on the pp group, tag = (micro_batch, chunk,
 //     direction)). Tensor parallelism happens inside the layers (model.h).
-//     ZeRO-3 all-gathers each unit just before a layer uses it and frees it
-//     after. Parameter gradients accumulate in one flat buffer per unit.
+//     ZeRO-3 all-gathers each unit for the layer that uses it and frees it
+//     after; the next unit's gather is started before the current layer
+//     computes (prefetch: one more unit whole at a time), so it runs beside
+//     the computation. Parameter gradients accumulate in one flat buffer per
+//     unit.
 //  2. pp > 1: the tied word-embedding gradient is all-reduced between the
 //     first and the last stage (the embedding group), as Megatron-LM does.
 //  3. Data parallelism: zero_stage 0 and 1 all-reduce (average) each unit's
@@ -51,8 +54,7 @@
 //     on the device buffers; before each one the device is synchronised (the
 //     backend runs on its own stream), so a step has a host synchronisation
 //     at every collective and pipeline message, not yet stream-event
-//     ordering; ZeRO-3 gathers a unit when a layer needs it, without
-//     prefetching the next.
+//     ordering.
 //   * On the host (ZeRO-Offload, Ren et al., 2021): a GPU whose groups use
 //     Gloo, or host_optimizer. Then
 //       - each unit's parameters are uploaded when first used in a step
