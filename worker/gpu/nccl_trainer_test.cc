@@ -293,6 +293,28 @@ INSTANTIATE_TEST_SUITE_P(
                .micro_batch_size = 1}),
     [](const ::testing::TestParamInfo<Layout>& info) { return info.param.Name(); });
 
+// precision bf16 with the state on the device (the rounding through the
+// device, Device::RoundToBFloat16): bit-identical to bf16 on the host path.
+TEST(NcclResidentTrainerBf16Test, BitIdenticalToTheHostPath) {
+  TrainingOptions options =
+      Options(Layout{.tp = 2, .pp = 2, .dp = 2, .zero = 3, .schedule = k1F1B, .micro_batch_size = 1});
+  options.parallel.precision = plan::Precision::kMixed;
+  constexpr int kBf16Steps = 4;
+  const std::vector<StepStats> host =
+      train::testing::Train(options, kBf16Steps, nullptr, NcclFactory());
+  train::testing::StagingDevice device;
+  options.device = &device;
+  const std::vector<StepStats> resident =
+      train::testing::Train(options, kBf16Steps, nullptr, NcclFactory());
+  ASSERT_EQ(resident.size(), static_cast<size_t>(kBf16Steps));
+  ASSERT_EQ(host.size(), static_cast<size_t>(kBf16Steps));
+  EXPECT_LT(host.back().loss, host.front().loss) << "did not learn";
+  for (int s = 0; s < kBf16Steps; ++s) {
+    EXPECT_EQ(resident[s].loss, host[s].loss) << "step " << s;
+    EXPECT_EQ(resident[s].grad_norm, host[s].grad_norm) << "step " << s;
+  }
+}
+
 // host_optimizer keeps the state on the host, which an NCCL backend cannot
 // read: refused on every rank, naming the group and the option.
 TEST(NcclResidentTrainerRefusalTest, HostOptimizerWithNcclIsRefused) {
