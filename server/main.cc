@@ -15,7 +15,9 @@
 #include <csignal>
 #include <cstdio>
 #include <fcntl.h>
+#include <netdb.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <cerrno>
 #include <cstring>
@@ -139,6 +141,38 @@ int ServeReplica(const ReplicaFlags& flags, ServerOptions server_options,
                           signals, [&replica] { (*replica)->Shutdown(); });
 }
 
+// Whether `host`:`port` can be bound here: 0, or the errno of the last
+// failed bind (EADDRNOTAVAIL: not an address of this machine; EADDRINUSE:
+// taken), or -1 when the host does not resolve. The port is released at
+// once; the server binds it for real right after (a race with another
+// program is then reported by the server).
+int TryBind(const std::string& host, const std::string& port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  std::string h = host;
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  if (::getaddrinfo(h.empty() ? nullptr : h.c_str(), port.c_str(), &hints, &found) != 0) return -1;
+  int err = -1;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as gRPC does
+    const bool bound = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    err = bound ? 0 : errno;
+    ::close(fd);
+    if (bound) break;
+  }
+  ::freeaddrinfo(found);
+  return err;
+}
+
 int Main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070";
   std::string state = "./shardline-state.db";
@@ -224,6 +258,30 @@ int Main(int argc, char** argv) {
                    "0..65535 (e.g. 127.0.0.1:7070, [::1]:0)\n",
                    listen.c_str());
       return 2;
+    }
+    // Say why the address cannot be served on before gRPC tries (its own
+    // message is a raw log line).
+    const int err = TryBind(listen.substr(0, colon), listen.substr(colon + 1));
+    if (err == -1) {
+      std::fprintf(stderr,
+                   "shardline-coordinator: --listen='%s': the host does not resolve; give an "
+                   "address or name of this machine (e.g. 127.0.0.1:7070, 0.0.0.0:7070)\n",
+                   listen.c_str());
+      return 2;
+    }
+    if (err == EADDRNOTAVAIL) {
+      std::fprintf(stderr,
+                   "shardline-coordinator: --listen='%s' is not an address of this machine "
+                   "(%s); give one of its addresses, or 0.0.0.0 for all of them\n",
+                   listen.c_str(), std::strerror(err));
+      return 2;
+    }
+    if (err == EADDRINUSE) {
+      std::fprintf(stderr,
+                   "shardline-coordinator: --listen='%s': the port is in use (%s); stop what "
+                   "holds it or choose another port (0: any free one)\n",
+                   listen.c_str(), std::strerror(err));
+      return 1;
     }
   }
   if (metrics_port < 0 || metrics_port > 65535) {
