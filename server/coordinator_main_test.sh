@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# shardline-coordinator's --listen before it serves: a malformed address,
-# one that is not this machine's, a host that does not resolve (exit 2) and
-# a port in use (exit 1) each get one line naming the flag and the cause,
-# never gRPC's raw log line.
+# shardline-coordinator's --listen and --state before it serves: a malformed
+# address, one that is not this machine's, a host that does not resolve, a
+# --state with an unknown scheme or naming a directory (exit 2) and a port
+# in use (exit 1) each get one line naming the flag and the cause, never
+# gRPC's raw log line.
 #
 #   coordinator_main_test.sh COORDINATOR
 set -uo pipefail
@@ -18,6 +19,11 @@ check "not this machine's address" 2 "" \
   -- --listen 192.0.2.1:7070 --state memory
 check "host does not resolve" 2 "" "--listen='no-such-host.invalid:7070': the host does not resolve" \
   -- --listen no-such-host.invalid:7070 --state memory
+
+check "--state with an unknown scheme" 2 "" "--state='bogus://x': unknown scheme 'bogus://'" \
+  -- --listen 127.0.0.1:0 --state bogus://x
+check "--state that is a directory" 2 "" "--state='$TMP' is a directory; give the path of the state file in it" \
+  -- --listen 127.0.0.1:0 --state "$TMP"
 
 # A port some other program holds: the first coordinator's.
 "$CLI" --listen 127.0.0.1:0 --state memory >"$TMP/first.out" 2>"$TMP/first.err" &

@@ -18,6 +18,7 @@
 #include <netdb.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cerrno>
 #include <cstring>
@@ -457,6 +458,20 @@ int Main(int argc, char** argv) {
   } else {
     if (state.empty()) {
       std::fprintf(stderr, "shardline-coordinator: --state needs a file path or \"memory\"\n");
+      return 2;
+    }
+    if (const size_t scheme = state.find("://"); scheme != std::string::npos) {
+      std::fprintf(stderr,
+                   "shardline-coordinator: --state='%s': unknown scheme '%s://'; give a SQLite "
+                   "file path, memory, or etcd://HOST:PORT[,HOST:PORT...]/PREFIX\n",
+                   state.c_str(), state.substr(0, scheme).c_str());
+      return 2;
+    }
+    if (struct stat st; ::stat(state.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      std::fprintf(stderr,
+                   "shardline-coordinator: --state='%s' is a directory; give the path of the "
+                   "state file in it (e.g. %s/shardline-state.db)\n",
+                   state.c_str(), state.c_str());
       return 2;
     }
     // One coordinator per state file: the store holds a lock on the file

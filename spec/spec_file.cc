@@ -618,7 +618,8 @@ absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path, SpecFormat 
                                            : absl::FailedPreconditionError(what);
   }
   if (S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
+    // A wrong argument, as a missing file is (exit 2 in the tools).
+    return absl::InvalidArgumentError(
         absl::StrCat("spec file '", path, "' is a directory; give a .yaml or .json file"));
   }
   if (S_ISREG(st.st_mode) && static_cast<size_t>(st.st_size) > kMaxSpecBytes) {

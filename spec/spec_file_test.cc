@@ -367,7 +367,7 @@ TEST(SpecFileTest, FileErrorsNameThePath) {
   const char* dir = std::getenv("TEST_TMPDIR");
   absl::StatusOr<v1::JobSpec> directory = ReadJobSpecFile(dir ? dir : "/tmp");
   ASSERT_FALSE(directory.ok());
-  EXPECT_EQ(directory.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(directory.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(directory.status().message(), HasSubstr("is a directory"));
 
   const std::string bad = WriteTemp("bad.yaml", "model:\n  layers: 4\n");
