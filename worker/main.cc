@@ -456,6 +456,11 @@ int Run(int argc, char** argv) {
     }
   });
 
+  // Connect retries for up to --connect-timeout: say so rather than stay
+  // silent meanwhile.
+  Log(absl::StrCat("joining job '", job, "' as ", options.worker_id, " at ",
+                   options.connection.address, " (retrying while it does not answer; "
+                   "--connect-timeout ", absl::FormatDuration(connect_timeout_d), ")"));
   if (absl::Status s = agent->Connect(); !s.ok()) {
     Log(absl::StrCat("cannot join job '", job, "': ", s.message()));
     return 1;
