@@ -10,7 +10,7 @@ absl::StatusOr<std::unique_ptr<GpuOps>> GpuOps::Create(const GpuPlugin& plugin, 
   const ShardlineGpuTrainApi* api = plugin.train_api();
   if (api == nullptr) {
     return absl::UnavailableError(
-        "the GPU plugin has no training math (shardline_gpu_train_api); use the CPU ops");
+        "the GPU plugin has no training math (no shardline_gpu_train_api: a test stand-in?)");
   }
   char error[512] = {0};
   ShardlineGpuTrainCtx* ctx = nullptr;

@@ -49,8 +49,7 @@ absl::StatusOr<GpuPlugin> GpuPlugin::Load(const std::string& path) {
   if (handle == nullptr) {
     const char* why = dlerror();
     return absl::UnavailableError(absl::StrCat("cannot load GPU plugin '", path, "': ",
-                                               why ? why : "unknown dlopen error",
-                                               "; GPU collectives are off, Gloo is used"));
+                                               why ? why : "unknown dlopen error"));
   }
   auto probe = reinterpret_cast<ProbeFn>(dlsym(handle, SHARDLINE_GPU_PROBE_SYMBOL));
   if (probe == nullptr) {

@@ -172,16 +172,33 @@ int Main(int argc, char** argv) {
   }
   SetIntraOpThreads(static_cast<int>(threads));
   const bool on_gpu = device_name != "cpu";
+  // --backend nccl: rank r on GPU first_gpu + r, for its layers and its
+  // communicators.
+  int first_gpu = 0;
+  if (on_gpu && device_name != "cuda") {
+    (void)absl::SimpleAtoi(device_name.substr(std::string("cuda:").size()), &first_gpu);
+  }
+  auto rank_device = [&](int rank) {
+    return backend == "nccl" ? absl::StrCat("cuda:", first_gpu + rank) : device_name;
+  };
   if (on_gpu) {
-    // Fail before training, naming the cause, when the GPU is not usable.
-    absl::StatusOr<std::unique_ptr<GpuComputeDevice>> probe =
-        GpuComputeDevice::FromName(device_name, gpu_plugin);
-    if (!probe.ok()) {
-      return Fail(absl::StrCat("--device ", device_name, ": ", probe.status().message(),
+    // Fail before training, naming the cause, when a rank's GPU is not
+    // usable (with NCCL every rank has its own).
+    const int gpus = backend == "nccl" ? options->parallel.world_size() : 1;
+    for (int r = 0; r < gpus; ++r) {
+      const std::string name = rank_device(r);
+      absl::StatusOr<std::unique_ptr<GpuComputeDevice>> probe =
+          GpuComputeDevice::FromName(name, gpu_plugin);
+      if (probe.ok()) continue;
+      return Fail(absl::StrCat("--device ", device_name,
+                               gpus > 1 ? absl::StrCat(" (rank ", r, " on ", name, ")") : "",
+                               ": ", probe.status().message(),
                                absl::IsUnavailable(probe.status())
                                    ? "; no usable NVIDIA GPU, driver or plugin here: use --device "
                                      "cpu (or --gpu-plugin PATH)"
-                                   : ""),
+                                   : gpus > 1 ? "; --backend nccl needs a GPU per rank (world = "
+                                                "tp * pp * dp)"
+                                              : ""),
                   absl::IsInvalidArgument(probe.status()) ? 2 : 1);
     }
   }
@@ -204,15 +221,6 @@ int Main(int argc, char** argv) {
               static_cast<long long>(total));
   std::fflush(stdout);
 
-  // --backend nccl: rank r on GPU first_gpu + r, for its layers and its
-  // communicators.
-  int first_gpu = 0;
-  if (on_gpu && device_name != "cuda") {
-    (void)absl::SimpleAtoi(device_name.substr(std::string("cuda:").size()), &first_gpu);
-  }
-  auto rank_device = [&](int rank) {
-    return backend == "nccl" ? absl::StrCat("cuda:", first_gpu + rank) : device_name;
-  };
   BackendFactory factory = nullptr;  // Gloo
   if (backend == "nccl") {
     factory = [&](std::shared_ptr<Store> store, plan::GroupKind kind, int rank, int group_rank,

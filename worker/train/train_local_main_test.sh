@@ -4,10 +4,11 @@
 # reason on stderr and nothing on stdout; a model too large for the host
 # exits 1 with the sizes.
 #
-#   train_local_main_test.sh TRAIN_LOCAL SPEC_YAML
+#   train_local_main_test.sh TRAIN_LOCAL SPEC_YAML EMULATED_GPU_PLUGIN
 set -uo pipefail
 TRAIN_LOCAL="$1"
 SPEC="$2"
+EMU="$3"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 
 CLI="$TRAIN_LOCAL"
@@ -60,6 +61,14 @@ check "--host-optimizer on the CPU" 2 "" "--host-optimizer needs --device cuda[:
   -- "$SPEC" --host-optimizer --steps 1
 check "--host-optimizer with NCCL" 2 "" "--host-optimizer keeps the state in host memory, which NCCL cannot read" \
   -- "$SPEC" --device cuda:0 --backend nccl --host-optimizer --steps 1
+
+# --backend nccl puts rank r on GPU N + r: every rank's GPU is checked before
+# training (the emulated plugin has as many devices as the fake's loopback).
+export SHARDLINE_FAKE_LOOPBACK_DEVICES=2
+check "a GPU per NCCL rank" 2 "" \
+  "--device cuda:1 (rank 1 on cuda:2): GPU ops on device 2: device 2 does not exist; this machine has devices 0..1; --backend nccl needs a GPU per rank" \
+  -- "$SPEC" --data "$TMP/corpus.txt" --device cuda:1 --gpu-plugin "$EMU" --backend nccl --dp 2 --steps 1
+unset SHARDLINE_FAKE_LOOPBACK_DEVICES
 
 echo "$fails failed"
 [ $fails -eq 0 ]

@@ -847,7 +847,11 @@ Trainer::~Trainer() = default;
 int64_t Trainer::step() const { return impl_->step; }
 
 std::string Trainer::state_location() const {
-  return impl_->resident() ? impl_->device->name() : std::string("host");
+  if (!impl_->resident()) return "host";
+  // The device itself, not the bf16 wrapper: the state is fp32 at every
+  // precision.
+  const Device* d = impl_->options.device;
+  return d != nullptr ? d->name() : CpuDevice::Default()->name();
 }
 
 absl::StatusOr<StepStats> Trainer::TrainStep(bool request_checkpoint) {

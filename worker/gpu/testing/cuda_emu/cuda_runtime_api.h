@@ -14,7 +14,8 @@ enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cu
 inline const char* cudaGetErrorString(cudaError_t) { return "mock"; }
 inline const char* cudaGetErrorName(cudaError_t) { return "mock"; }
 inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
-inline cudaError_t cudaGetDeviceCount(int* c) { *c = 1; return cudaSuccess; }
+// As many devices as the fake's loopback NCCL has (SHARDLINE_FAKE_LOOPBACK_DEVICES), else 1.
+inline cudaError_t cudaGetDeviceCount(int* c) { const char* e = std::getenv("SHARDLINE_FAKE_LOOPBACK_DEVICES"); *c = e != nullptr && std::atoi(e) > 0 ? std::atoi(e) : 1; return cudaSuccess; }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { *s = new CUstream_st; return cudaSuccess; }
 inline cudaError_t cudaStreamDestroy(cudaStream_t s) { delete s; return cudaSuccess; }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
