@@ -263,6 +263,45 @@ TEST_P(NcclResidentTrainerTest, BitIdenticalToTheHostPathAndMovesNoStatePerStep)
       << " bytes: state is being staged";
 }
 
+// After training, EvaluateValidation (its loss all-reduced from host memory,
+// staged through the device for NCCL), Sample (the last-token logits
+// gathered over tp, the next byte broadcast over pp, both staged) and
+// Parameter (ZeRO-3 gathered on the device, then downloaded) give what the
+// host path gives, bit for bit.
+TEST_P(NcclResidentTrainerTest, EvaluatesSamplesAndReadsParametersAsTheHostPath) {
+  struct Results {
+    double validation = 0;
+    std::string sample;
+    std::vector<float> qkv;
+  };
+  auto after = [](Results* out) {
+    return [out](int rank, train::Trainer& t) {
+      absl::StatusOr<double> v = t.EvaluateValidation(8);
+      ASSERT_TRUE(v.ok()) << v.status();
+      absl::StatusOr<std::string> s = t.Sample("ROMEO:", 6, 0.8, 11);
+      ASSERT_TRUE(s.ok()) << s.status();
+      absl::StatusOr<std::vector<float>> p = t.Parameter("layers.0.attention.qkv.weight");
+      if (rank == 0) {
+        out->validation = *v;
+        out->sample = *s;
+        ASSERT_TRUE(p.ok()) << p.status();
+        out->qkv = *p;
+      }
+    };
+  };
+  const TrainingOptions options = Options(GetParam());
+  Results host, resident;
+  train::testing::Train(options, 2, after(&host), NcclFactory());
+  int64_t copied = 0;
+  TrainResident(options, 2, &copied, after(&resident));
+  EXPECT_GT(host.validation, 0);
+  EXPECT_EQ(resident.validation, host.validation);
+  EXPECT_EQ(host.sample.size(), 6u);
+  EXPECT_EQ(resident.sample, host.sample);
+  EXPECT_FALSE(host.qkv.empty());
+  EXPECT_EQ(resident.qkv, host.qkv);
+}
+
 // SaveSlices / RestoreSlices / FinishRestore with the state on the device:
 // resumed at step 2 on fresh trainers, the same layout continues the
 // uninterrupted run bit for bit.
