@@ -420,7 +420,7 @@ class Trainer::Impl {
   // rank of this pipeline stage runs the same schedule, so they issue these
   // in the same order; the dp group has no other collective during a
   // backward at ZeRO 0-1. The gradients stay untouched until it is waited
-  // for (WaitGradReduce, DrainGradReduces).
+  // for (TrainStep's dp reductions, DrainGradReduces).
   absl::Status StartGradReduce(int u) {
     UnitState& s = units[u];
     SL_RETURN_IF_ERROR(EnsureGrads(s));
@@ -428,14 +428,17 @@ class Trainer::Impl {
                                               DType::kFloat32, ReduceOp::kAvg);
     return absl::OkStatus();
   }
-  // Waits for unit u's all-reduce if one was started (true in *started).
-  absl::Status WaitGradReduce(int u, bool* started) {
-    auto it = grad_reduces.find(u);
-    *started = it != grad_reduces.end();
-    if (!*started) return absl::OkStatus();
-    std::shared_ptr<Work> work = std::move(it->second);
-    grad_reduces.erase(it);
-    return dp.Wait(work);
+  // Waits for every operation of `works` on the dp group (all of them, also
+  // after a failure, so none still writes into buffers the caller frees)
+  // and returns the first error.
+  absl::Status WaitAll(std::vector<std::shared_ptr<Work>>* works) {
+    absl::Status first;
+    for (const std::shared_ptr<Work>& w : *works) {
+      absl::Status s = dp.Wait(w);
+      if (first.ok() && !s.ok()) first = s;
+    }
+    works->clear();
+    return first;
   }
   // After a failed step (or at destruction): waits for every started
   // all-reduce, whose error the step has already returned or will not
@@ -639,30 +642,37 @@ class Trainer::Impl {
         return s;
     }
 
-    // Data parallelism.
+    // Data parallelism: every unit's reduction is issued at once, after one
+    // synchronisation of the device (the backend runs them in issue order),
+    // then all are waited for.
+    for (UnitState& s : units) {
+      SL_RETURN_IF_ERROR(EnsureGrads(s));
+      if (zero() >= 2) SL_RETURN_IF_ERROR(HostAlloc(s.shard_grads.Resize(sd(), s.shard)));
+    }
+    SL_RETURN_IF_ERROR(StateSettled());
+    std::vector<std::shared_ptr<Work>> reductions;
     for (size_t u = 0; u < units.size(); ++u) {
       UnitState& s = units[u];
-      SL_RETURN_IF_ERROR(EnsureGrads(s));
       if (zero() <= 1) {
-        bool started = false;
-        if (absl::Status st = WaitGradReduce(static_cast<int>(u), &started); !st.ok()) return st;
-        if (started) continue;
-        if (absl::Status st = dp.AllReduce(sd(), s.grads.data(), s.unit.padded, ReduceOp::kAvg);
-            !st.ok())
-          return st;
-      } else {
-        SL_RETURN_IF_ERROR(HostAlloc(s.shard_grads.Resize(sd(), s.shard)));
-        if (dp.size() == 1) {
-          SL_RETURN_IF_ERROR(sd().Copy(s.shard_grads.data(), s.grads.data(), s.shard_grads.bytes()));
-        } else {
-          SL_RETURN_IF_ERROR(StateSettled());
-          std::vector<size_t> counts(dp.size(), static_cast<size_t>(s.shard));
-          absl::Status st = dp.Wait(dp.backend()->ReduceScatter(
-              s.grads.data(), s.shard_grads.data(), counts, DType::kFloat32, ReduceOp::kAvg));
-          if (!st.ok()) return st;
+        // Started during the backward (OverlapsGradReduce), or now.
+        if (auto it = grad_reduces.find(static_cast<int>(u)); it != grad_reduces.end()) {
+          reductions.push_back(std::move(it->second));
+          grad_reduces.erase(it);
+        } else if (dp.size() > 1) {
+          reductions.push_back(dp.backend()->AllReduce(
+              s.grads.data(), static_cast<size_t>(s.unit.padded), DType::kFloat32, ReduceOp::kAvg));
         }
-        s.grads.Reset();
+      } else if (dp.size() == 1) {
+        SL_RETURN_IF_ERROR(sd().Copy(s.shard_grads.data(), s.grads.data(), s.shard_grads.bytes()));
+      } else {
+        const std::vector<size_t> counts(dp.size(), static_cast<size_t>(s.shard));
+        reductions.push_back(dp.backend()->ReduceScatter(
+            s.grads.data(), s.shard_grads.data(), counts, DType::kFloat32, ReduceOp::kAvg));
       }
+    }
+    SL_RETURN_IF_ERROR(WaitAll(&reductions));
+    if (zero() >= 2) {
+      for (UnitState& s : units) s.grads.Reset();
     }
 
     // Global norm and the loss, in one buffer summed over tp, dp and pp.
@@ -708,19 +718,21 @@ class Trainer::Impl {
       if (clip != 1.0f) SL_RETURN_IF_ERROR(sd().Scale(g, clip, count));
       SL_RETURN_IF_ERROR(sd().AdamWStep(options.adamw, lr, step + 1, p, g, s.exp_avg.data(),
                                         s.exp_avg_sq.data(), s.decay.data() + begin, count));
-      if (zero() == 1 || zero() == 2) {
-        if (dp.size() > 1) {
-          SL_RETURN_IF_ERROR(StateSettled());
-          absl::Status st = dp.Wait(
-              dp.backend()->AllGather(p, s.shard, s.params.data(), DType::kFloat32));
-          if (!st.ok()) return st;
-        }
+      if (zero() <= 1) SL_RETURN_IF_ERROR(sd().Zero(s.grads.data(), s.grads.bytes()));
+    }
+    // ZeRO-1/2: every dp rank updated its shard; all units' gathers are
+    // issued at once after one synchronisation, then waited for.
+    if ((zero() == 1 || zero() == 2) && dp.size() > 1) {
+      SL_RETURN_IF_ERROR(StateSettled());
+      std::vector<std::shared_ptr<Work>> gathers;
+      for (UnitState& s : units) {
+        gathers.push_back(dp.backend()->AllGather(s.params.data() + my_begin * s.shard, s.shard,
+                                                  s.params.data(), DType::kFloat32));
       }
-      if (zero() <= 1) {
-        SL_RETURN_IF_ERROR(sd().Zero(s.grads.data(), s.grads.bytes()));
-      } else {
-        s.shard_grads.Reset();
-      }
+      SL_RETURN_IF_ERROR(WaitAll(&gathers));
+    }
+    if (zero() >= 2) {
+      for (UnitState& s : units) s.shard_grads.Reset();
     }
     // The step's last kernels are done (and their errors returned) before it
     // counts as finished.
