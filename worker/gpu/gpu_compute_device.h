@@ -161,7 +161,12 @@ class GpuComputeDevice final : public train::Device {
     return ops_->RoundToBFloat16(x, n);
   }
   // bf16 tensor-core products (cublasGemmEx, CUBLAS_COMPUTE_32F_FAST_16BF).
-  absl::Status SetBf16Products(bool on) override { return ops_->SetBf16Products(on); }
+  absl::Status SetBf16Products(bool on) override {
+    absl::Status s = ops_->SetBf16Products(on);
+    if (s.ok()) bf16_products_ = on;
+    return s;
+  }
+  bool bf16_products() const override { return bf16_products_; }
   absl::Status Copy(void* dst, const void* src, size_t bytes) override {
     return ops_->Copy(dst, src, bytes);
   }
@@ -180,6 +185,7 @@ class GpuComputeDevice final : public train::Device {
   explicit GpuComputeDevice(std::unique_ptr<GpuOps> ops)
       : ops_(std::move(ops)), pool_(SIZE_MAX, 0) {}
   std::unique_ptr<GpuOps> ops_;
+  bool bf16_products_ = false;  // SetBf16Products
   // Freed blocks for reuse (every size, no cap: when cudaMalloc runs out,
   // the idle blocks are freed and it is tried once more).
   train::BlockPool pool_;

@@ -6,6 +6,12 @@ namespace shardline::worker::train {
   absl::StatusOr<const float*> name##_or = Rounded((x), (n), (buf)); \
   if (!name##_or.ok()) return name##_or.status();                   \
   const float* name = *name##_or
+// An operand of a dense product (Operand: not copied where the device
+// rounds it itself).
+#define SL_ASSIGN_OPERAND(name, x, n, buf)                          \
+  absl::StatusOr<const float*> name##_or = Operand((x), (n), (buf)); \
+  if (!name##_or.ok()) return name##_or.status();                   \
+  const float* name = *name##_or
 
 absl::StatusOr<const float*> Bf16Device::Rounded(const float* x, int64_t n,
                                                  DeviceBuffer<float>* buf) {
@@ -20,6 +26,12 @@ absl::StatusOr<const float*> Bf16Device::Rounded(const float* x, int64_t n,
   return buf->data();
 }
 
+absl::StatusOr<const float*> Bf16Device::Operand(const float* x, int64_t n,
+                                                 DeviceBuffer<float>* buf) {
+  if (inner_.bf16_products()) return x;
+  return Rounded(x, n, buf);
+}
+
 absl::Status Bf16Device::Round(absl::Status s, float* y, int64_t n) {
   if (s.ok() && y != nullptr) return inner_.RoundToBFloat16(y, n);
   return s;
@@ -27,16 +39,16 @@ absl::Status Bf16Device::Round(absl::Status s, float* y, int64_t n) {
 
 absl::Status Bf16Device::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                               float alpha, const float* a, const float* b, float beta, float* c) {
-  SL_ASSIGN_ROUNDED(ra, a, m * k, &scratch_a_);
-  SL_ASSIGN_ROUNDED(rb, b, k * n, &scratch_b_);
+  SL_ASSIGN_OPERAND(ra, a, m * k, &scratch_a_);
+  SL_ASSIGN_OPERAND(rb, b, k * n, &scratch_b_);
   return Round(inner_.Gemm(trans_a, trans_b, m, n, k, alpha, ra, rb, beta, c), c, m * n);
 }
 
 absl::Status Bf16Device::LinearForward(const float* x, const float* w, const float* b, float* y,
                                        int64_t rows, int64_t in, int64_t out) {
-  SL_ASSIGN_ROUNDED(rx, x, rows * in, &scratch_a_);
-  SL_ASSIGN_ROUNDED(rw, w, out * in, &scratch_b_);
-  SL_ASSIGN_ROUNDED(rb, b, out, &scratch_c_);
+  SL_ASSIGN_OPERAND(rx, x, rows * in, &scratch_a_);
+  SL_ASSIGN_OPERAND(rw, w, out * in, &scratch_b_);
+  SL_ASSIGN_ROUNDED(rb, b, out, &scratch_c_);  // added to the product, not an operand
   return Round(inner_.LinearForward(rx, rw, rb, y, rows, in, out), y, rows * out);
 }
 
@@ -45,9 +57,10 @@ absl::Status Bf16Device::LinearBackward(const float* x, const float* w, const fl
                                         int64_t out) {
   // dw and db accumulate in fp32 (parameter gradients); dx is an activation
   // gradient.
-  SL_ASSIGN_ROUNDED(rx, x, rows * in, &scratch_a_);
-  SL_ASSIGN_ROUNDED(rw, w, out * in, &scratch_b_);
-  SL_ASSIGN_ROUNDED(rdy, dy, rows * out, &scratch_c_);
+  // db sums dy directly: dy is an activation gradient, bf16 already.
+  SL_ASSIGN_OPERAND(rx, x, rows * in, &scratch_a_);
+  SL_ASSIGN_OPERAND(rw, w, out * in, &scratch_b_);
+  SL_ASSIGN_OPERAND(rdy, dy, rows * out, &scratch_c_);
   return Round(inner_.LinearBackward(rx, rw, rdy, dx, dw, db, rows, in, out), dx, rows * in);
 }
 
@@ -151,5 +164,6 @@ absl::Status Bf16Device::AddInPlace(const float* x, float* y, int64_t n) {
 }
 
 #undef SL_ASSIGN_ROUNDED
+#undef SL_ASSIGN_OPERAND
 
 }  // namespace shardline::worker::train

@@ -34,7 +34,10 @@
 //
 // Memory: the rounded copies of inputs are scratch buffers of the wrapped
 // device that grow to the largest input seen (weights included) and are
-// kept for this object's life. Errors: the wrapped device's (device.h).
+// kept for this object's life. A device whose products round their operands
+// themselves (bf16_products(): a GPU's tensor cores) gets the products'
+// operands as they are (the same numbers, without two or three extra passes
+// over memory per product); only the bias is rounded first. Errors: the wrapped device's (device.h).
 // Thread-safety: one thread at a time (the scratch is this object's); the
 // wrapped device must outlive this.
 #ifndef SHARDLINE_WORKER_TRAIN_BF16_DEVICE_H_
@@ -127,6 +130,7 @@ class Bf16Device final : public Device {
   }
 
   absl::Status SetBf16Products(bool on) override { return inner_.SetBf16Products(on); }
+  bool bf16_products() const override { return inner_.bf16_products(); }
   // Rounding is idempotent: the inner device's.
   absl::Status RoundToBFloat16(float* x, int64_t n) override {
     return inner_.RoundToBFloat16(x, n);
@@ -136,6 +140,9 @@ class Bf16Device final : public Device {
   // x rounded to bf16 in *buf (grown as needed), a buffer of the inner
   // device; null stays null.
   absl::StatusOr<const float*> Rounded(const float* x, int64_t n, DeviceBuffer<float>* buf);
+  // The same for an operand of a dense product, which a device with
+  // bf16_products() rounds itself: then x as it is.
+  absl::StatusOr<const float*> Operand(const float* x, int64_t n, DeviceBuffer<float>* buf);
   // y[0, n) rounded in place after the call that wrote it succeeded.
   absl::Status Round(absl::Status s, float* y, int64_t n);
 

@@ -135,6 +135,11 @@ class Device {
   // it otherwise. Default: nothing to change (CpuDevice's fp32 products on
   // bf16-exact inputs are those numbers already).
   virtual absl::Status SetBf16Products(bool on) { return absl::OkStatus(); }
+  // True while this device's Gemm / LinearForward / LinearBackward read
+  // their operands as bf16, rounding them to nearest even themselves (after
+  // SetBf16Products(true) on a device with bf16 hardware): Bf16Device then
+  // hands them the operands as they are, without rounded copies.
+  virtual bool bf16_products() const { return false; }
 
   // --- The optimizer's state on this device (trainer.h "Where the state
   // lives"); pointers are memory of this device, sizes as marked ----------
