@@ -80,17 +80,20 @@ def torch_peer(python, steps, skip, threads, dp, blas_threads=None):
 # FP32 (non-tensor-core) peak FLOP/s from NVIDIA's data sheets, by a piece of
 # the name nvidia-smi prints; the first match wins. The trainer's products are
 # fp32 cuBLAS SGEMMs, so this is the peak they can reach.
-GPU_FP32_PEAK = [("H200", 67e12), ("H100 80GB HBM3", 67e12), ("H100 SXM", 67e12),
-                 ("H100 NVL", 60e12), ("H100", 51e12), ("A100", 19.5e12), ("L40S", 91.6e12),
-                 ("L4", 30.3e12), ("A10", 31.2e12)]
+# Dense bf16 tensor-core peaks in FLOP/s (vendor data sheets, without
+# sparsity): the yardstick of model FLOPs utilisation. H200 SXM: 989 TFLOP/s.
+GPU_BF16_PEAK = [("H200", 989e12), ("H100 80GB HBM3", 989e12), ("H100 SXM", 989e12),
+                 ("H100 NVL", 835e12), ("H100", 756e12), ("A100", 312e12), ("L40S", 362e12),
+                 ("L4", 121e12), ("A10", 125e12)]
 
-# A GPT-2-small-sized model for the GPU (the CPU spec is too small to say
-# anything about a GPU).
+# A GPT-2-small-sized model for the GPU (deploy/jobs/gpt2-small.yaml: 12
+# layers, width 768, context 1024; the CPU spec is too small to say anything
+# about a GPU).
 GPU_SPEC = """name: gpt2-small-gpu
-model: {num_layers: 12, hidden_size: 768, num_heads: 12, vocab_size: 256, seq_length: 256}
+model: {num_layers: 12, hidden_size: 768, num_heads: 12, vocab_size: 256, seq_length: 1024}
 parallel: {tp: 1, pp: 1, zero_stage: 0}
-training: {global_batch: 16, micro_batch: 16, train_steps: 1000, learning_rate: 3.0e-4,
-           seed: 1, precision: fp32}
+training: {global_batch: 8, micro_batch: 8, train_steps: 1000, learning_rate: 3.0e-4,
+           seed: 1, precision: %s}
 data: {dataset_path: %s, validation_fraction: 0.1}
 elastic: {min_workers: 1, max_workers: 1}
 """
@@ -106,45 +109,51 @@ def gpu_name():
 
 
 def gpu_mfu(rows, quick):
-    """Model FLOPs utilisation of shardline-train-local --device cuda:0: tokens/s x
-    FLOPs per token / the GPU's fp32 peak, FLOPs per token = 6 N + 12 L h s (PaLM,
-    Chowdhery et al. 2022, Appendix B, as nanoGPT's estimate_mfu; N = parameters
-    without the position table, each counted once)."""
+    """Model FLOPs utilisation of shardline-train-local --device cuda:0 on GPT-2 small:
+    tokens/s x FLOPs per token / the GPU's dense bf16 peak, FLOPs per token = 6 N + 12 L h s
+    (PaLM, Chowdhery et al. 2022, Appendix B, as nanoGPT's estimate_mfu; N = parameters
+    without the position table, each counted once). Two runs: bf16 with the state on the
+    GPU (the trainer's device-resident path), and fp32 with --host-optimizer (the
+    host-staged ZeRO-Offload path) beside it."""
     name = gpu_name()
     if name is None:
-        rows.add("GPU model FLOPs utilisation", "gpus=0", None, "fp32 peak", None, "%",
+        rows.add("GPU model FLOPs utilisation", "gpus=0", None, "bf16 dense peak", None, "%",
                  note="no GPU on this machine")
         return
-    peak = next((p for key, p in GPU_FP32_PEAK if key in name), None)
+    peak = next((p for key, p in GPU_BF16_PEAK if key in name), None)
     plugin = os.path.join(benchlib.bench_bin(), "worker/gpu/libshardline_gpu.so")
-    spec = os.path.join(benchlib.bench_tmp(), "gpt2-small-gpu.yaml")
-    with open(spec, "w") as f:
-        f.write(GPU_SPEC % os.path.abspath(DATA))
     steps, skip = (6, 2) if quick else (20, 5)
-    cmd = [os.path.join(benchlib.bench_bin(), "worker/train/shardline-train-local"), spec,
-           "--steps", str(steps), "--log-interval", "1", "--device", "cuda:0",
-           "--gpu-plugin", plugin, "--threads", str(os.cpu_count() or 1),
-           "--eval-samples", "16"]
-    benchlib.log("+ " + " ".join(cmd))
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    rates = [float(m.group(2)) for m in
-             re.finditer(r"^step (\d+)/\d+ .*tokens/s (\d+)", r.stdout, re.M)
-             if int(m.group(1)) > skip]
-    if r.returncode != 0 or not rates:
-        rows.add("GPU model FLOPs utilisation", "gpus=1", None, "fp32 peak", None, "%",
-                 note="%s: shardline-train-local --device cuda:0 failed: %s" % (
-                     name, r.stdout.strip().splitlines()[-1][:200] if r.stdout.strip() else "?"))
-        return
-    layers, h, s, v = 12, 768, 256, 256
+    layers, h, s, v = 12, 768, 1024, 256
     n = v * h + layers * (12 * h * h + 13 * h) + 2 * h
     flops_per_token = 6 * n + 12 * layers * h * s
-    tokens = statistics.mean(rates)
-    mfu = 100.0 * tokens * flops_per_token / peak if peak else None
-    rows.add("GPU model FLOPs utilisation", "gpus=1", mfu, "fp32 peak", None, "%",
-             note="%s; %.0f tokens/s; %.3g FLOPs/token; peak %s" % (
-                 name, tokens, flops_per_token,
-                 "%.3g FLOP/s" % peak if peak else "unknown for this GPU"))
-    rows.add("GPU tokens/s", "gpus=1", tokens, "fp32 peak", None, "tokens/s", note=name)
+    for precision, extra, label in (("bf16", [], "bf16, state on the GPU"),
+                                    ("fp32", ["--host-optimizer"], "fp32, host-staged")):
+        spec = os.path.join(benchlib.bench_tmp(), "gpt2-small-gpu-%s.yaml" % precision)
+        with open(spec, "w") as f:
+            f.write(GPU_SPEC % (precision, os.path.abspath(DATA)))
+        cmd = [os.path.join(benchlib.bench_bin(), "worker/train/shardline-train-local"), spec,
+               "--steps", str(steps), "--log-interval", "1", "--device", "cuda:0",
+               "--gpu-plugin", plugin, "--threads", str(os.cpu_count() or 1),
+               "--eval-samples", "16"] + extra
+        benchlib.log("+ " + " ".join(cmd))
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        rates = [float(m.group(2)) for m in
+                 re.finditer(r"^step (\d+)/\d+ .*tokens/s (\d+)", r.stdout, re.M)
+                 if int(m.group(1)) > skip]
+        case = "GPU model FLOPs utilisation (%s)" % label
+        if r.returncode != 0 or not rates:
+            rows.add(case, "gpus=1", None, "bf16 dense peak", None, "%",
+                     note="%s: shardline-train-local --device cuda:0 failed: %s" % (
+                         name, r.stdout.strip().splitlines()[-1][:200] if r.stdout.strip() else "?"))
+            continue
+        tokens = statistics.mean(rates)
+        mfu = 100.0 * tokens * flops_per_token / peak if peak else None
+        rows.add(case, "gpus=1", mfu, "bf16 dense peak", None, "%",
+                 note="%s; %.0f tokens/s; %.3g FLOPs/token; peak %s" % (
+                     name, tokens, flops_per_token,
+                     "%.3g FLOP/s" % peak if peak else "unknown for this GPU"))
+        rows.add("GPU tokens/s (%s)" % label, "gpus=1", tokens, "bf16 dense peak", None,
+                 "tokens/s", note=name)
 
 
 def main():
@@ -203,11 +212,12 @@ calls the system libblas.so.3, which here is OpenBLAS 0.3.21 (pthread) too, so b
 run the same GEMM kernels (%s). Current torch (%s: PyPI's wheel, in the virtualenv
 `deploy/install_deps.sh --bench` makes) brings its own GEMM and OpenMP runtime. DDP: 2 processes, gloo all-reduce of gradients in buckets.
 On a machine with an NVIDIA GPU the GPU rows measure `shardline-train-local --device cuda:0`
-on a GPT-2-small-sized model (12 layers, width 768, context 256, batch 16) and report model
-FLOPs utilisation against the GPU's fp32 peak (6N + 12Lhs FLOPs per token, PaLM Appendix B);
-the trainer's GPU path keeps the optimizer and communication on the host (ZeRO-Offload
-style), so this is far from what a device-resident trainer reaches. No torch peer there:
-Debian's torch 1.13 is built without CUDA (USE_CUDA=OFF).
+on a GPT-2-small-sized model (12 layers, width 768, context 1024, batch 8) and report model
+FLOPs utilisation against the GPU's dense bf16 peak (6N + 12Lhs FLOPs per token, PaLM
+Appendix B): in bf16 with the state on the GPU (device-resident: bf16 tensor-core products,
+activations bf16 values stored as fp32), and in fp32 with `--host-optimizer` (the host-staged
+ZeRO-Offload path) beside it. No torch peer there: Debian's torch 1.13 is built without CUDA
+(USE_CUDA=OFF).
 With 2 threads on this 2-core machine every thread needs a whole core: torch's OpenMP
 threads spin-wait, so any other load on the machine stalls them; for "1 process 2 threads"
 torch is therefore run twice, with its default (2 intra-op threads, 2 OpenBLAS threads) and
