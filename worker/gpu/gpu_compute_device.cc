@@ -55,7 +55,9 @@ absl::StatusOr<std::unique_ptr<GpuComputeDevice>> GpuComputeDevice::FromName(
 
 std::string GpuComputeDevice::name() const { return absl::StrCat("cuda:", ops_->device()); }
 
-GpuComputeDevice::~GpuComputeDevice() {
+GpuComputeDevice::~GpuComputeDevice() { ReleaseCachedMemory(); }
+
+void GpuComputeDevice::ReleaseCachedMemory() {
   for (void* p : pool_.TakeIdle()) ops_->Free(p);
 }
 

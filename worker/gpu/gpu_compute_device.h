@@ -167,6 +167,7 @@ class GpuComputeDevice final : public train::Device {
     return s;
   }
   bool bf16_products() const override { return bf16_products_; }
+  void ReleaseCachedMemory() override;
   absl::Status Copy(void* dst, const void* src, size_t bytes) override {
     return ops_->Copy(dst, src, bytes);
   }

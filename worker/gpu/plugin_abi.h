@@ -314,9 +314,10 @@ typedef struct {
   // set_bf16_products: from now on gemm, linear_forward and linear_backward
   // (not attention) read their inputs as bf16 and run on the bf16 tensor
   // cores with fp32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F_FAST_16BF);
-  // the caller promises bf16-exact inputs (worker/train/bf16_device.h rounds
-  // them), so the result is the fp32 product's up to summation order. 0
-  // turns it off (the default: fp32 products, no TF32).
+  // the caller hands in bf16-exact operands (worker/train/bf16_device.h:
+  // activations are bf16 outputs, weights rounded copies), so the result is
+  // the fp32 product's up to summation order whatever cuBLAS's conversion.
+  // 0 turns it off (the default: fp32 products, no TF32).
   int (*set_bf16_products)(ShardlineGpuTrainCtx* ctx, int32_t on);
 } ShardlineGpuTrainApi;
 

@@ -374,7 +374,9 @@ __global__ void ScaleKernel(float* x, float alpha, int64_t n) {
   SL_FOR_EACH(i, n) x[i] *= alpha;
 }
 
-// adamw.cc's loop body, element for element.
+// adamw.cc's loop body, element for element (nvcc may contract the products
+// and sums into FMAs, so a GPU's result can differ from the CPU's in the last
+// bit).
 __global__ void AdamWStepKernel(float step_size, float inv_sqrt_bc2, float b1, float b2,
                                 float one_minus_b1, float one_minus_b2, float eps, float decay,
                                 float* param, const float* grad, float* exp_avg,

@@ -79,7 +79,8 @@ cudaError_t LaunchRoundBf16(cudaStream_t stream, float* x, int64_t n);
 // x[i] *= alpha.
 cudaError_t LaunchScale(cudaStream_t stream, float* x, float alpha, int64_t n);
 // worker/train/adamw.h AdamWStep with its per-step constants precomputed
-// (AdamWScalars' fields): the same float arithmetic per element.
+// (AdamWScalars' fields): the same formula per element (nvcc may fuse
+// multiply-adds, so the last bit can differ from the CPU's).
 cudaError_t LaunchAdamWStep(cudaStream_t stream, float step_size, float inv_sqrt_bc2, float b1,
                             float b2, float one_minus_b1, float one_minus_b2, float eps,
                             float decay, float* param, const float* grad, float* exp_avg,

@@ -39,15 +39,15 @@ absl::Status Bf16Device::Round(absl::Status s, float* y, int64_t n) {
 
 absl::Status Bf16Device::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                               float alpha, const float* a, const float* b, float beta, float* c) {
-  SL_ASSIGN_OPERAND(ra, a, m * k, &scratch_a_);
-  SL_ASSIGN_OPERAND(rb, b, k * n, &scratch_b_);
+  SL_ASSIGN_ROUNDED(ra, a, m * k, &scratch_a_);
+  SL_ASSIGN_ROUNDED(rb, b, k * n, &scratch_b_);
   return Round(inner_.Gemm(trans_a, trans_b, m, n, k, alpha, ra, rb, beta, c), c, m * n);
 }
 
 absl::Status Bf16Device::LinearForward(const float* x, const float* w, const float* b, float* y,
                                        int64_t rows, int64_t in, int64_t out) {
   SL_ASSIGN_OPERAND(rx, x, rows * in, &scratch_a_);
-  SL_ASSIGN_OPERAND(rw, w, out * in, &scratch_b_);
+  SL_ASSIGN_ROUNDED(rw, w, out * in, &scratch_b_);  // fp32 master weights
   SL_ASSIGN_ROUNDED(rb, b, out, &scratch_c_);  // added to the product, not an operand
   return Round(inner_.LinearForward(rx, rw, rb, y, rows, in, out), y, rows * out);
 }
@@ -59,7 +59,7 @@ absl::Status Bf16Device::LinearBackward(const float* x, const float* w, const fl
   // gradient.
   // db sums dy directly: dy is an activation gradient, bf16 already.
   SL_ASSIGN_OPERAND(rx, x, rows * in, &scratch_a_);
-  SL_ASSIGN_OPERAND(rw, w, out * in, &scratch_b_);
+  SL_ASSIGN_ROUNDED(rw, w, out * in, &scratch_b_);  // fp32 master weights
   SL_ASSIGN_OPERAND(rdy, dy, rows * out, &scratch_c_);
   return Round(inner_.LinearBackward(rx, rw, rdy, dx, dw, db, rows, in, out), dx, rows * in);
 }

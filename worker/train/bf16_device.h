@@ -34,10 +34,10 @@
 //
 // Memory: the rounded copies of inputs are scratch buffers of the wrapped
 // device that grow to the largest input seen (weights included) and are
-// kept for this object's life. A device whose products round their operands
-// themselves (bf16_products(): a GPU's tensor cores) gets the products'
-// operands as they are (the same numbers, without two or three extra passes
-// over memory per product); only the bias is rounded first. Errors: the wrapped device's (device.h).
+// kept for this object's life. On a device whose products read bf16
+// operands (bf16_products(): a GPU's tensor cores) the activations and
+// activation gradients, bf16 already, go in as they are (no copies of the
+// large operands); the weights and biases are still rounded copies. Errors: the wrapped device's (device.h).
 // Thread-safety: one thread at a time (the scratch is this object's); the
 // wrapped device must outlive this.
 #ifndef SHARDLINE_WORKER_TRAIN_BF16_DEVICE_H_
@@ -140,8 +140,12 @@ class Bf16Device final : public Device {
   // x rounded to bf16 in *buf (grown as needed), a buffer of the inner
   // device; null stays null.
   absl::StatusOr<const float*> Rounded(const float* x, int64_t n, DeviceBuffer<float>* buf);
-  // The same for an operand of a dense product, which a device with
-  // bf16_products() rounds itself: then x as it is.
+  // The same for an activation or activation-gradient operand of a dense
+  // product (bf16-exact already: every such value is an output this device
+  // rounded, or a message or sum of them that was) when the device has
+  // bf16_products(): then x as it is, no copy. Weights and biases (fp32
+  // master values) always go through Rounded, so the numbers never depend on
+  // how the device converts its operands.
   absl::StatusOr<const float*> Operand(const float* x, int64_t n, DeviceBuffer<float>* buf);
   // y[0, n) rounded in place after the call that wrote it succeeded.
   absl::Status Round(absl::Status s, float* y, int64_t n);

@@ -138,8 +138,11 @@ class Device {
   // True while this device's Gemm / LinearForward / LinearBackward read
   // their operands as bf16, rounding them to nearest even themselves (after
   // SetBf16Products(true) on a device with bf16 hardware): Bf16Device then
-  // hands them the operands as they are, without rounded copies.
+  // hands them the activation operands, bf16 already, without rounded copies.
   virtual bool bf16_products() const { return false; }
+  // Gives the blocks kept for reuse (BlockPool) back to the driver. The
+  // trainer calls it when it is destroyed. Default: nothing kept.
+  virtual void ReleaseCachedMemory() {}
 
   // --- The optimizer's state on this device (trainer.h "Where the state
   // lives"); pointers are memory of this device, sizes as marked ----------

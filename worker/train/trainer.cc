@@ -241,13 +241,25 @@ class Trainer::Impl {
 
   // At the start of every step, evaluation and sample: the host parameters
   // may have changed since (an optimizer step, a restore), so the device
-  // copies are uploaded again before use, no device gradient is live and
-  // no prefetch is in flight (even after a step that failed half-way).
+  // copies are uploaded again before use, no device gradient is live, no
+  // prefetch is in flight and no ZeRO-3 unit is held (even after a step
+  // that failed half-way), and SaveSlices' host copies are dropped.
   void ResetDeviceState() {
     DrainPrefetches();  // a failed pass's
     for (UnitState& s : units) {
       s.device_params_fresh = false;
       s.device_grads_live = false;
+      // No unit is held between passes; a failed pass may have left one.
+      if (zero() == 3 && s.acquired > 0) {
+        s.acquired = 0;
+        s.params.Reset();
+      }
+      // SaveSlices' host copies are only valid until the next step.
+      if (!restore_pending) {
+        std::vector<float>().swap(s.host_params);
+        std::vector<float>().swap(s.host_exp_avg);
+        std::vector<float>().swap(s.host_exp_avg_sq);
+      }
     }
   }
 
@@ -373,6 +385,9 @@ class Trainer::Impl {
       return absl::OkStatus();
     }
     SL_RETURN_IF_ERROR(HostAlloc(data->Resize(sd(), count)));
+    // The block may have just been freed by a kernel still queued on the
+    // device; the backend writes it from its own stream.
+    SL_RETURN_IF_ERROR(StateSettled());
     return pp.Wait(pp.backend()->Recv(data->data(), static_cast<size_t>(count), DType::kFloat32,
                                       peer, tag));
   }
@@ -854,7 +869,15 @@ constexpr char Trainer::Impl::kWord[];
 constexpr char Trainer::Impl::kPosition[];
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // Every buffer of this trainer is freed with its Impl; the device's cache
+  // of freed blocks then goes back to the driver, so that what comes next
+  // (the next generation's communicators, their own allocations) finds the
+  // memory free.
+  Device* device = impl_->options.device;
+  impl_.reset();
+  if (device != nullptr) device->ReleaseCachedMemory();
+}
 
 int64_t Trainer::step() const { return impl_->step; }
 
@@ -877,6 +900,15 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool request_checkpoint) {
 }
 
 absl::StatusOr<double> Trainer::EvaluateValidation(int64_t samples) {
+  try {
+    return EvaluateValidationUnguarded(samples);
+  } catch (const std::bad_alloc&) {
+    return HostOutOfMemoryError("evaluating the validation loss", impl_->options.model,
+                                impl_->options.parallel);
+  }
+}
+
+absl::StatusOr<double> Trainer::EvaluateValidationUnguarded(int64_t samples) {
   Impl& t = *impl_;
   if (t.corpus->validation_size() <= t.options.model.seq_length)
     return absl::FailedPreconditionError("the corpus has no validation split longer than seq_length");
@@ -893,6 +925,15 @@ absl::StatusOr<double> Trainer::EvaluateValidation(int64_t samples) {
 
 absl::StatusOr<std::string> Trainer::Sample(const std::string& prompt, int64_t length,
                                             double temperature, uint64_t seed) {
+  try {
+    return SampleUnguarded(prompt, length, temperature, seed);
+  } catch (const std::bad_alloc&) {
+    return HostOutOfMemoryError("sampling text", impl_->options.model, impl_->options.parallel);
+  }
+}
+
+absl::StatusOr<std::string> Trainer::SampleUnguarded(const std::string& prompt, int64_t length,
+                                                     double temperature, uint64_t seed) {
   Impl& t = *impl_;
   if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty; give at least one byte");
   if (length < 0) return absl::InvalidArgumentError(absl::StrCat("length=", length, " must be >= 0"));
@@ -942,6 +983,15 @@ absl::StatusOr<std::string> Trainer::Sample(const std::string& prompt, int64_t l
 }
 
 absl::StatusOr<std::vector<float>> Trainer::Parameter(const std::string& name) {
+  try {
+    return ParameterUnguarded(name);
+  } catch (const std::bad_alloc&) {
+    return HostOutOfMemoryError("reading a parameter", impl_->options.model,
+                                impl_->options.parallel);
+  }
+}
+
+absl::StatusOr<std::vector<float>> Trainer::ParameterUnguarded(const std::string& name) {
   Impl& t = *impl_;
   for (size_t u = 0; u < t.units.size(); ++u) {
     UnitState& s = t.units[u];
@@ -961,7 +1011,12 @@ absl::StatusOr<std::vector<float>> Trainer::Parameter(const std::string& name) {
 }
 
 absl::StatusOr<std::vector<Trainer::StateSlice>> Trainer::SaveSlices() {
-  return impl_->Slices(/*save=*/true);
+  try {
+    return impl_->Slices(/*save=*/true);
+  } catch (const std::bad_alloc&) {
+    return HostOutOfMemoryError("copying the state for a checkpoint", impl_->options.model,
+                                impl_->options.parallel);
+  }
 }
 
 std::vector<Trainer::StateSlice> Trainer::RestoreSlices() {

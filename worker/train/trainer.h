@@ -238,7 +238,8 @@ class Trainer {
   // once, spread over the dp ranks); a tp-replicated tensor only from tp
   // rank 0; never the last stage's tied copy of the word embedding; never
   // padding. Together the ranks cover every element of every tensor exactly
-  // once. Pointers stay valid until the next TrainStep / Restore call.
+  // once. Pointers stay valid until the next TrainStep, EvaluateValidation,
+  // Sample or Restore call.
   // Under ZeRO-3 parameters come from the shard (no gathering). Where the
   // state is not in host memory ("Where the state lives") the slices point
   // into host copies made by this call (it waits for the device). Errors:
@@ -265,6 +266,12 @@ class Trainer {
   static absl::StatusOr<std::unique_ptr<Trainer>> Build(const TrainingOptions& options,
                                                         const RankGroups& groups,
                                                         const Corpus* corpus);
+  // The public calls of the same names without catching std::bad_alloc
+  // (which they turn into HostOutOfMemoryError).
+  absl::StatusOr<double> EvaluateValidationUnguarded(int64_t samples);
+  absl::StatusOr<std::string> SampleUnguarded(const std::string& prompt, int64_t length,
+                                              double temperature, uint64_t seed);
+  absl::StatusOr<std::vector<float>> ParameterUnguarded(const std::string& name);
   std::unique_ptr<Impl> impl_;
 };
 
