@@ -296,6 +296,15 @@ TEST(WorkerProcessesTest, ClearErrors) {
     EXPECT_FALSE(absl::StrContains(c.Log(), "cannot reach the coordinator")) << c.Log();
   }
   {
+    // "cuda" is GPU 0, as shardline-train-local takes it.
+    Child c(worker,
+            {"--coordinator", "127.0.0.1:1", "--job", "j", "--device", "cuda", "--gpu-plugin",
+             dir + "/no-such-plugin.so"},
+            dir + "/gpu-cuda.log");
+    EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 1);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "--device=cuda:0: ")) << c.Log();
+  }
+  {
     Child c(worker, {"--job", "j", "--log-interval", "-3"}, dir + "/log-interval.log");
     EXPECT_EQ(c.WaitExit(absl::Seconds(10)), 2);
     EXPECT_TRUE(absl::StrContains(c.Log(), "--log-interval=-3 must be >= 1")) << c.Log();

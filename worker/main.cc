@@ -285,8 +285,9 @@ int Run(int argc, char** argv) {
                  "HOST:DEVICE\n";
     return 2;
   }
+  if (device == "cuda") device = "cuda:0";  // as shardline-train-local takes it
   if (!ValidDevice(device)) {
-    std::cerr << "shardline-worker: --device='" << device << "' is not cpu or cuda:N\n";
+    std::cerr << "shardline-worker: --device='" << device << "' is not cpu, cuda or cuda:N\n";
     return 2;
   }
   v1::Backend backend;
