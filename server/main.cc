@@ -263,26 +263,23 @@ int Main(int argc, char** argv) {
     // Say why the address cannot be served on before gRPC tries (its own
     // message is a raw log line).
     const int err = TryBind(listen.substr(0, colon), listen.substr(colon + 1));
+    auto refuse = [&](int rc, const std::string& why) {
+      std::fprintf(stderr, "shardline-coordinator: --listen='%s'%s\n", listen.c_str(),
+                   why.c_str());
+      return rc;
+    };
     if (err == -1) {
-      std::fprintf(stderr,
-                   "shardline-coordinator: --listen='%s': the host does not resolve; give an "
-                   "address or name of this machine (e.g. 127.0.0.1:7070, 0.0.0.0:7070)\n",
-                   listen.c_str());
-      return 2;
+      return refuse(2, ": the host does not resolve; give an address or name of this machine "
+                       "(e.g. 127.0.0.1:7070, 0.0.0.0:7070)");
     }
     if (err == EADDRNOTAVAIL) {
-      std::fprintf(stderr,
-                   "shardline-coordinator: --listen='%s' is not an address of this machine "
-                   "(%s); give one of its addresses, or 0.0.0.0 for all of them\n",
-                   listen.c_str(), std::strerror(err));
-      return 2;
+      return refuse(2, absl::StrCat(" is not an address of this machine (", std::strerror(err),
+                                    "); give one of its addresses, or 0.0.0.0 for all of them"));
     }
     if (err == EADDRINUSE) {
-      std::fprintf(stderr,
-                   "shardline-coordinator: --listen='%s': the port is in use (%s); stop what "
-                   "holds it or choose another port (0: any free one)\n",
-                   listen.c_str(), std::strerror(err));
-      return 1;
+      return refuse(1, absl::StrCat(": the port is in use (", std::strerror(err),
+                                    "); stop what holds it or choose another port (0: any free "
+                                    "one)"));
     }
   }
   if (metrics_port < 0 || metrics_port > 65535) {

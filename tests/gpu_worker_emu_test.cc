@@ -17,7 +17,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
@@ -55,12 +54,7 @@ TEST(GpuWorkerEmuTest, NcclOnTheEmulatedGpuLogsTheCpuWorkersLosses) {
   Child coordinator(Runfile("server/shardline-coordinator"),
                     {"--listen", "127.0.0.1:0", "--state", "memory"}, dir + "/coordinator.log");
   ASSERT_TRUE(coordinator.WaitFor("listening on ", absl::Seconds(20))) << coordinator.Log();
-  std::string address;
-  for (absl::string_view line : absl::StrSplit(coordinator.Log(), '\n')) {
-    if (absl::ConsumePrefix(&line, "listening on ")) {
-      address = std::string(absl::StripAsciiWhitespace(line));
-    }
-  }
+  const std::string address = ListeningAddress(coordinator);
   ASSERT_FALSE(address.empty());
   auto jobs = v1::JobService::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));

@@ -315,9 +315,7 @@ int Run(int argc, char** argv) {
   // The GPU, if any, is checked before joining: a worker that cannot use
   // its device must not take a rank.
   std::unique_ptr<GpuComputeDevice> gpu;
-  int gpu_ordinal = 0;
   if (device != "cpu") {
-    (void)absl::SimpleAtoi(device.substr(device.find(':') + 1), &gpu_ordinal);
     absl::StatusOr<std::unique_ptr<GpuComputeDevice>> d =
         GpuComputeDevice::FromName(device, gpu_plugin);
     if (!d.ok()) {
@@ -498,7 +496,7 @@ int Run(int argc, char** argv) {
       if (options.backend == v1::BACKEND_NCCL) {
         nccl.emplace();
         nccl->plugin_path = gpu_plugin;
-        nccl->device = gpu_ordinal;
+        nccl->device = gpu->ops().device();
       }
       absl::StatusOr<std::unique_ptr<Communicators>> built =
           Communicators::Build(*a, agent->rendezvous(), agent->clock(), agent->fence(), gloo,

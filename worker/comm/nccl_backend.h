@@ -1,7 +1,7 @@
 // The NCCL (GPU) backend: Backend (backend.h) over the GPU plugin
 // (worker/gpu/plugin_abi.h). This file and nccl_backend.cc never link CUDA or
 // NCCL; every call goes through libshardline_gpu.so, dlopen()ed at run time,
-// so one worker binary runs anywhere and falls back to Gloo.
+// so one worker binary runs anywhere (with Gloo where there is no GPU).
 //
 //   auto group = PrefixStore(store, "gen3/dp0/");
 //   auto nccl = CreateNcclBackend(group, rank, size, {});
@@ -97,8 +97,9 @@ struct NcclOptions {
 //     of range, non-positive timeouts (message names the field).
 //   Unavailable: no GPU plugin (CUDA compiled out and no explicit
 //     plugin_path, or libshardline_gpu.so or the CUDA/NCCL libraries
-//     missing), no usable GPU, or NCCL init failed; the message says which. The worker falls back
-//     to Gloo on this code.
+//     missing), no usable GPU, or NCCL init failed; the message says which. A caller
+//     that can may fall back to Gloo on this code (the worker with --backend nccl does
+//     not: its trainer keeps its state on the GPU for NCCL).
 //   FailedPrecondition: the plugin was built from another tree (ABI version).
 //   DeadlineExceeded: the unique id did not arrive, or some rank did not join
 //     NCCL's init, within connect_timeout (the half-made communicator is

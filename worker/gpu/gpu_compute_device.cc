@@ -37,8 +37,7 @@ absl::StatusOr<std::unique_ptr<GpuComputeDevice>> GpuComputeDevice::Create(
   return std::unique_ptr<GpuComputeDevice>(new GpuComputeDevice(*std::move(ops)));
 }
 
-absl::StatusOr<std::unique_ptr<GpuComputeDevice>> GpuComputeDevice::FromName(
-    const std::string& device_name, const std::string& plugin_path) {
+absl::StatusOr<int> GpuComputeDevice::Ordinal(const std::string& device_name) {
   absl::string_view rest = device_name;
   int ordinal = 0;
   if (!absl::ConsumePrefix(&rest, "cuda") ||
@@ -47,10 +46,17 @@ absl::StatusOr<std::unique_ptr<GpuComputeDevice>> GpuComputeDevice::FromName(
     return absl::InvalidArgumentError(absl::StrCat(
         "device '", device_name, "' is not a GPU device name; use cuda or cuda:N (N >= 0), or cpu for no GPU"));
   }
+  return ordinal;
+}
+
+absl::StatusOr<std::unique_ptr<GpuComputeDevice>> GpuComputeDevice::FromName(
+    const std::string& device_name, const std::string& plugin_path) {
+  absl::StatusOr<int> ordinal = Ordinal(device_name);
+  if (!ordinal.ok()) return ordinal.status();
   absl::StatusOr<GpuPlugin> plugin =
       GpuPlugin::Load(plugin_path.empty() ? DefaultPluginPath() : plugin_path);
   if (!plugin.ok()) return plugin.status();
-  return Create(*plugin, ordinal);
+  return Create(*plugin, *ordinal);
 }
 
 std::string GpuComputeDevice::name() const { return absl::StrCat("cuda:", ops_->device()); }

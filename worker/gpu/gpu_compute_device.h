@@ -59,6 +59,9 @@ class GpuComputeDevice final : public train::Device {
   // plugin speaks another ABI version); Create's.
   static absl::StatusOr<std::unique_ptr<GpuComputeDevice>> FromName(
       const std::string& device_name, const std::string& plugin_path = "");
+  // The CUDA ordinal of "cuda:N" (N) or "cuda" (0); InvalidArgument for any
+  // other name. FromName's parsing, without loading anything.
+  static absl::StatusOr<int> Ordinal(const std::string& device_name);
 
   std::string name() const override;
   bool host_memory() const override { return false; }

@@ -24,7 +24,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "worker/comm/nccl_backend.h"
+#include "worker/gpu/nccl_test_util.h"
 #include "worker/gpu/gpu_compute_device.h"
 #include "worker/gpu/gpu_plugin.h"
 #include "worker/train/local_cluster.h"
@@ -211,21 +211,8 @@ TEST_F(GpuTrainerTest, Bf16MatchesCpuBf16) {
 // memory there, as in the emulator), so every collective, pipeline message,
 // ZeRO shard and the optimizer step run on the emulated GPU's buffers. Not
 // on a real GPU: NCCL refuses two ranks on one device.
-NcclOptions EmuNccl(int rank, plan::GroupKind kind) {
-  NcclOptions o;
-  o.plugin_path = kPlugin;
-  o.device = rank;
-  o.p2p_channels = kind == plan::GroupKind::kPp;
-  o.timeout = absl::Seconds(300);
-  o.connect_timeout = absl::Seconds(60);
-  return o;
-}
-
 train::BackendFactory EmuNcclFactory() {
-  return [](std::shared_ptr<Store> store, plan::GroupKind kind, int rank, int group_rank,
-            int group_size) {
-    return CreateNcclBackend(std::move(store), group_rank, group_size, EmuNccl(rank, kind));
-  };
+  return testing::NcclLoopbackFactory(kPlugin, absl::Seconds(300));  // the emulator is slow
 }
 
 TEST_F(GpuTrainerTest, ResidentOverNcclTp2Pp2MatchesCpu) {

@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "plan/model.h"
 #include "worker/comm/nccl_backend.h"
+#include "worker/gpu/nccl_test_util.h"
 #include "worker/train/local_cluster.h"
 #include "worker/train/staging_device.h"
 #include "worker/train/test_util.h"
@@ -44,21 +45,10 @@ constexpr char kPlugin[] = "worker/gpu/libshardline_gpu_fake.so";  // runfiles
 constexpr int kSteps = 20;
 
 // NCCL backends over the loopback fake: world rank r on fake device r (the
-// BUILD rule sets SHARDLINE_FAKE_LOOPBACK_DEVICES=8); pipeline groups with
-// their p2p channels (NcclOptions::p2p_channels) unless `p2p_channels` is
-// false.
+// BUILD rule sets SHARDLINE_FAKE_LOOPBACK_DEVICES=8).
 train::BackendFactory NcclFactory(absl::Duration timeout = absl::Seconds(60),
                                   bool p2p_channels = true) {
-  return [timeout, p2p_channels](std::shared_ptr<Store> store, plan::GroupKind kind, int rank,
-                                 int group_rank, int group_size) {
-    NcclOptions o;
-    o.plugin_path = kPlugin;
-    o.device = rank;
-    o.p2p_channels = p2p_channels && kind == plan::GroupKind::kPp;
-    o.timeout = timeout;
-    o.connect_timeout = absl::Seconds(60);
-    return CreateNcclBackend(std::move(store), group_rank, group_size, o);
-  };
+  return testing::NcclLoopbackFactory(kPlugin, timeout, p2p_channels);
 }
 
 TrainingOptions Options(const Layout& l) { return train::testing::SmallGptOptions(l, kSteps); }

@@ -2,15 +2,11 @@
 
 namespace shardline::worker::train {
 
-#define SL_ASSIGN_ROUNDED(name, x, n, buf)                          \
-  absl::StatusOr<const float*> name##_or = Rounded((x), (n), (buf)); \
-  if (!name##_or.ok()) return name##_or.status();                   \
-  const float* name = *name##_or
-// An operand of a dense product (Operand: not copied where the device
-// rounds it itself).
-#define SL_ASSIGN_OPERAND(name, x, n, buf)                          \
-  absl::StatusOr<const float*> name##_or = Operand((x), (n), (buf)); \
-  if (!name##_or.ok()) return name##_or.status();                   \
+// const float* name = the pointer `expr` (a StatusOr) holds, or return its
+// error.
+#define SL_ASSIGN_OR_RETURN(name, expr)                 \
+  absl::StatusOr<const float*> name##_or = (expr);      \
+  if (!name##_or.ok()) return name##_or.status();       \
   const float* name = *name##_or
 
 absl::StatusOr<const float*> Bf16Device::Rounded(const float* x, int64_t n,
@@ -39,16 +35,16 @@ absl::Status Bf16Device::Round(absl::Status s, float* y, int64_t n) {
 
 absl::Status Bf16Device::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                               float alpha, const float* a, const float* b, float beta, float* c) {
-  SL_ASSIGN_ROUNDED(ra, a, m * k, &scratch_a_);
-  SL_ASSIGN_ROUNDED(rb, b, k * n, &scratch_b_);
+  SL_ASSIGN_OR_RETURN(ra, Rounded(a, m * k, &scratch_a_));
+  SL_ASSIGN_OR_RETURN(rb, Rounded(b, k * n, &scratch_b_));
   return Round(inner_.Gemm(trans_a, trans_b, m, n, k, alpha, ra, rb, beta, c), c, m * n);
 }
 
 absl::Status Bf16Device::LinearForward(const float* x, const float* w, const float* b, float* y,
                                        int64_t rows, int64_t in, int64_t out) {
-  SL_ASSIGN_OPERAND(rx, x, rows * in, &scratch_a_);
-  SL_ASSIGN_ROUNDED(rw, w, out * in, &scratch_b_);  // fp32 master weights
-  SL_ASSIGN_ROUNDED(rb, b, out, &scratch_c_);  // added to the product, not an operand
+  SL_ASSIGN_OR_RETURN(rx, Operand(x, rows * in, &scratch_a_));
+  SL_ASSIGN_OR_RETURN(rw, Rounded(w, out * in, &scratch_b_));  // fp32 master weights
+  SL_ASSIGN_OR_RETURN(rb, Rounded(b, out, &scratch_c_));  // added to the product, not an operand
   return Round(inner_.LinearForward(rx, rw, rb, y, rows, in, out), y, rows * out);
 }
 
@@ -58,9 +54,9 @@ absl::Status Bf16Device::LinearBackward(const float* x, const float* w, const fl
   // dw and db accumulate in fp32 (parameter gradients); dx is an activation
   // gradient.
   // db sums dy directly: dy is an activation gradient, bf16 already.
-  SL_ASSIGN_OPERAND(rx, x, rows * in, &scratch_a_);
-  SL_ASSIGN_ROUNDED(rw, w, out * in, &scratch_b_);  // fp32 master weights
-  SL_ASSIGN_OPERAND(rdy, dy, rows * out, &scratch_c_);
+  SL_ASSIGN_OR_RETURN(rx, Operand(x, rows * in, &scratch_a_));
+  SL_ASSIGN_OR_RETURN(rw, Rounded(w, out * in, &scratch_b_));  // fp32 master weights
+  SL_ASSIGN_OR_RETURN(rdy, Operand(dy, rows * out, &scratch_c_));
   return Round(inner_.LinearBackward(rx, rw, rdy, dx, dw, db, rows, in, out), dx, rows * in);
 }
 
@@ -92,7 +88,7 @@ absl::Status Bf16Device::AttentionForward(const float* qkv, float* probs, float*
                                           int64_t batch, int64_t seq, int64_t heads,
                                           int64_t head_dim) {
   const int64_t width = heads * head_dim;
-  SL_ASSIGN_ROUNDED(rqkv, qkv, batch * seq * 3 * width, &scratch_a_);
+  SL_ASSIGN_OR_RETURN(rqkv, Rounded(qkv, batch * seq * 3 * width, &scratch_a_));
   return Round(inner_.AttentionForward(rqkv, probs, y, batch, seq, heads, head_dim), y,
                batch * seq * width);
 }
@@ -101,8 +97,8 @@ absl::Status Bf16Device::AttentionBackward(const float* qkv, const float* probs,
                                            float* dqkv, int64_t batch, int64_t seq,
                                            int64_t heads, int64_t head_dim) {
   const int64_t width = heads * head_dim;
-  SL_ASSIGN_ROUNDED(rqkv, qkv, batch * seq * 3 * width, &scratch_a_);
-  SL_ASSIGN_ROUNDED(rdy, dy, batch * seq * width, &scratch_b_);
+  SL_ASSIGN_OR_RETURN(rqkv, Rounded(qkv, batch * seq * 3 * width, &scratch_a_));
+  SL_ASSIGN_OR_RETURN(rdy, Rounded(dy, batch * seq * width, &scratch_b_));
   return Round(inner_.AttentionBackward(rqkv, probs, rdy, dqkv, batch, seq, heads, head_dim),
                dqkv, batch * seq * 3 * width);
 }
@@ -123,7 +119,7 @@ absl::Status Bf16Device::EmbeddingBackward(const int32_t* tokens, const float* d
 
 absl::Status Bf16Device::AddPositionForward(const float* pos_table, float* y, int64_t rows,
                                             int64_t seq, int64_t width) {
-  SL_ASSIGN_ROUNDED(rpos, pos_table, seq * width, &scratch_a_);
+  SL_ASSIGN_OR_RETURN(rpos, Rounded(pos_table, seq * width, &scratch_a_));
   return Round(inner_.AddPositionForward(rpos, y, rows, seq, width), y, rows * width);
 }
 
@@ -163,7 +159,6 @@ absl::Status Bf16Device::AddInPlace(const float* x, float* y, int64_t n) {
   return Round(inner_.AddInPlace(x, y, n), y, n);
 }
 
-#undef SL_ASSIGN_ROUNDED
-#undef SL_ASSIGN_OPERAND
+#undef SL_ASSIGN_OR_RETURN
 
 }  // namespace shardline::worker::train

@@ -175,8 +175,10 @@ int Main(int argc, char** argv) {
   // --backend nccl: rank r on GPU first_gpu + r, for its layers and its
   // communicators.
   int first_gpu = 0;
-  if (on_gpu && device_name != "cuda") {
-    (void)absl::SimpleAtoi(device_name.substr(std::string("cuda:").size()), &first_gpu);
+  if (on_gpu) {
+    absl::StatusOr<int> ordinal = GpuComputeDevice::Ordinal(device_name);
+    if (!ordinal.ok()) return Fail(std::string(ordinal.status().message()));
+    first_gpu = *ordinal;
   }
   auto rank_device = [&](int rank) {
     return backend == "nccl" ? absl::StrCat("cuda:", first_gpu + rank) : device_name;

@@ -1,6 +1,7 @@
 #include "worker/train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -256,9 +257,7 @@ class Trainer::Impl {
       }
       // SaveSlices' host copies are only valid until the next step.
       if (!restore_pending) {
-        std::vector<float>().swap(s.host_params);
-        std::vector<float>().swap(s.host_exp_avg);
-        std::vector<float>().swap(s.host_exp_avg_sq);
+        for (const auto& [state_buffer, host] : HostCopies(s)) std::vector<float>().swap(*host);
       }
     }
   }
@@ -758,6 +757,14 @@ class Trainer::Impl {
     return stats;
   }
 
+  // The checkpointed state buffers of unit s (its parameters as this
+  // zero_stage keeps them, both moments), each with its host copy.
+  std::array<std::pair<DeviceBuffer<float>*, std::vector<float>*>, 3> HostCopies(UnitState& s) {
+    return {{{zero() == 3 ? &s.shard_params : &s.params, &s.host_params},
+             {&s.exp_avg, &s.host_exp_avg},
+             {&s.exp_avg_sq, &s.host_exp_avg_sq}}};
+  }
+
   // Save: the owned real elements of each piece (tp rank 0 only for
   // tp-replicated tensors, never the tied copy). Restore: what this rank
   // keeps under its zero_stage, tied copy included. Slices point into the
@@ -768,15 +775,11 @@ class Trainer::Impl {
     const int tp_size = options.parallel.tp;
     const bool direct = sd().host_memory();
     for (UnitState& s : units) {
-      DeviceBuffer<float>& params = zero() == 3 ? s.shard_params : s.params;
-      float* params_data = params.data();
+      float* params_data = (zero() == 3 ? s.shard_params : s.params).data();
       float* exp_avg_data = s.exp_avg.data();
       float* exp_avg_sq_data = s.exp_avg_sq.data();
       if (!direct) {
-        const std::pair<DeviceBuffer<float>*, std::vector<float>*> copies[] = {
-            {&params, &s.host_params}, {&s.exp_avg, &s.host_exp_avg},
-            {&s.exp_avg_sq, &s.host_exp_avg_sq}};
-        for (const auto& [state_buffer, host] : copies) {
+        for (const auto& [state_buffer, host] : HostCopies(s)) {
           host->resize(static_cast<size_t>(state_buffer->size()));
           if (save) {
             SL_RETURN_IF_ERROR(
@@ -825,11 +828,7 @@ class Trainer::Impl {
     if (!restore_pending) return absl::OkStatus();
     restore_pending = false;
     for (UnitState& s : units) {
-      DeviceBuffer<float>& params = zero() == 3 ? s.shard_params : s.params;
-      const std::pair<DeviceBuffer<float>*, std::vector<float>*> copies[] = {
-          {&params, &s.host_params}, {&s.exp_avg, &s.host_exp_avg},
-          {&s.exp_avg_sq, &s.host_exp_avg_sq}};
-      for (const auto& [state_buffer, host] : copies) {
+      for (const auto& [state_buffer, host] : HostCopies(s)) {
         SL_RETURN_IF_ERROR(
             sd().CopyToDevice(state_buffer->data(), host->data(), state_buffer->bytes()));
         std::vector<float>().swap(*host);
