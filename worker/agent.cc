@@ -451,6 +451,9 @@ bool WorkerAgent::StopIfJobForgotten(const absl::Status& status,
 }
 
 void WorkerAgent::HeartbeatLoop() {
+  // The current run of failed heartbeats: how many, since when.
+  int failures = 0;
+  absl::Time first_failure;
   while (true) {
     v1::HeartbeatRequest req;
     absl::Duration interval;
@@ -477,6 +480,18 @@ void WorkerAgent::HeartbeatLoop() {
     const absl::StatusOr<v1::HeartbeatResponse> resp =
         workers_->Heartbeat(req, std::max(interval, options_.connection.timeout));
     const absl::Status& s = resp.status();
+    if (options_.log) {
+      if (!resp.ok() && failures++ == 0) {
+        first_failure = clock_->Now();
+        options_.log(absl::StrCat("heartbeat of generation ", req.fence().generation(),
+                                  " failed (trying again every ", absl::FormatDuration(interval),
+                                  "): ", s.ToString()));
+      } else if (resp.ok() && failures > 0) {
+        options_.log(absl::StrCat("heartbeats accepted again after ", failures, " failed over ",
+                                  absl::FormatDuration(clock_->Now() - first_failure)));
+        failures = 0;
+      }
+    }
     if (resp.ok()) {
       HandleDirective(resp->directive());
     } else if (absl::IsAborted(s)) {

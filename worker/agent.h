@@ -68,6 +68,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/cancel_token.h"
@@ -103,6 +104,12 @@ struct WorkerAgentOptions {
   // Retries of UNAVAILABLE and of a broken Session stream: 100 ms doubling
   // to 2 s, half of each delay random.
   BackoffOptions backoff;
+  // Where the agent says that the coordinator stopped accepting heartbeats
+  // (the first failure of a run of them, with its status) and that it
+  // accepts them again (how many failed, over how long): one line each, so
+  // a worker declared lost shows whether its heartbeats were sent and what
+  // they met. Called on the heartbeat thread; empty: not said.
+  std::function<void(absl::string_view)> log;
 };
 
 

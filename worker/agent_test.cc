@@ -376,6 +376,34 @@ TEST_F(AgentTest, ProgressIsHeartbeatedAtOnceWhenTheStateChanges) {
   EXPECT_EQ(beats[2].metrics().loss(), 2.5);
 }
 
+// A run of failed heartbeats is logged twice: its first failure with the
+// status, and the first accepted heartbeat after it with the count and the
+// time since the first failure; the failures in between are not.
+TEST_F(AgentTest, LogsTheFirstFailedHeartbeatAndTheRecovery) {
+  std::vector<std::string> lines;
+  absl::Mutex mu;
+  WorkerAgentOptions o = Options();
+  o.log = [&](absl::string_view line) {
+    absl::MutexLock lock(&mu);
+    lines.emplace_back(line);
+  };
+  std::unique_ptr<WorkerAgent> agent = Agent(o);
+  ASSERT_TRUE(agent->Connect().ok());
+  ASSERT_TRUE(workers_->AwaitCalls("Heartbeat", 1));
+  ASSERT_TRUE(clock_.AwaitWaiterAt(t0_ + kInterval));
+  workers_->FailNext("Heartbeat", absl::UnavailableError("connection refused"), 3);
+  for (int n = 2; n <= 5; ++n) {
+    clock_.Advance(kInterval);
+    ASSERT_TRUE(workers_->AwaitCalls("Heartbeat", n));
+    ASSERT_TRUE(clock_.AwaitWaiterAt(t0_ + n * kInterval));
+  }
+  absl::MutexLock lock(&mu);
+  EXPECT_THAT(lines,
+              ElementsAre("heartbeat of generation 1 failed (trying again every 5s): "
+                          "UNAVAILABLE: connection refused",
+                          "heartbeats accepted again after 3 failed over 15s"));
+}
+
 TEST_F(AgentTest, NoHeartbeatsWhenDisabled) {
   WorkerAgentOptions o = Options();
   o.send_heartbeats = false;

@@ -365,6 +365,7 @@ int Run(int argc, char** argv) {
   options.connection = *connection;
   options.job_id = job;
   options.host = host;
+  options.log = [](absl::string_view line) { Log(std::string(line)); };
   if (options.host.empty()) {
     char buf[256] = {};
     ::gethostname(buf, sizeof(buf) - 1);
