@@ -109,13 +109,13 @@ class GpuComputeDevice final : public train::Device {
     return ops_->GeluBackward(x, dy, dx, n);
   }
   absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
-                                int64_t seq, int64_t heads, int64_t head_dim) override {
-    return ops_->AttentionForward(qkv, probs, y, batch, seq, heads, head_dim);
+                                int64_t seq, int64_t heads, int64_t head_dim, bool bf16) override {
+    return ops_->AttentionForward(qkv, probs, y, batch, seq, heads, head_dim, bf16);
   }
   absl::Status AttentionBackward(const float* qkv, const float* probs, const float* dy,
                                  float* dqkv, int64_t batch, int64_t seq, int64_t heads,
-                                 int64_t head_dim) override {
-    return ops_->AttentionBackward(qkv, probs, dy, dqkv, batch, seq, heads, head_dim);
+                                 int64_t head_dim, bool bf16) override {
+    return ops_->AttentionBackward(qkv, probs, dy, dqkv, batch, seq, heads, head_dim, bf16);
   }
   absl::Status EmbeddingForward(const int32_t* tokens, const float* table, float* y,
                                 int64_t rows, int64_t width, int64_t vocab_begin,

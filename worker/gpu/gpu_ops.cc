@@ -99,17 +99,18 @@ absl::Status GpuOps::GeluBackward(const float* x, const float* dy, float* dx, in
 }
 
 absl::Status GpuOps::AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
-                                      int64_t seq, int64_t heads, int64_t head_dim) {
-  return ToStatus(api_.attention_forward(ctx_, qkv, probs, y, batch, seq, heads, head_dim),
-                  "attention_forward");
+                                      int64_t seq, int64_t heads, int64_t head_dim, bool bf16) {
+  return ToStatus(
+      api_.attention_forward(ctx_, qkv, probs, y, batch, seq, heads, head_dim, bf16 ? 1 : 0),
+      "attention_forward");
 }
 
 absl::Status GpuOps::AttentionBackward(const float* qkv, const float* probs, const float* dy,
                                        float* dqkv, int64_t batch, int64_t seq, int64_t heads,
-                                       int64_t head_dim) {
-  return ToStatus(
-      api_.attention_backward(ctx_, qkv, probs, dy, dqkv, batch, seq, heads, head_dim),
-      "attention_backward");
+                                       int64_t head_dim, bool bf16) {
+  return ToStatus(api_.attention_backward(ctx_, qkv, probs, dy, dqkv, batch, seq, heads,
+                                          head_dim, bf16 ? 1 : 0),
+                  "attention_backward");
 }
 
 absl::Status GpuOps::EmbeddingForward(const int32_t* tokens, const float* table, float* y,

@@ -82,12 +82,12 @@ class GpuOps {
   absl::Status GeluForward(const float* x, float* y, int64_t n);
   absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n);
   absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
-                                int64_t seq, int64_t heads, int64_t head_dim);
+                                int64_t seq, int64_t heads, int64_t head_dim, bool bf16);
   // Uses a scratch buffer of batch*heads*seq*seq floats owned by this object
   // (grown on demand, which synchronises the device once).
   absl::Status AttentionBackward(const float* qkv, const float* probs, const float* dy,
                                  float* dqkv, int64_t batch, int64_t seq, int64_t heads,
-                                 int64_t head_dim);
+                                 int64_t head_dim, bool bf16);
   absl::Status EmbeddingForward(const int32_t* tokens, const float* table, float* y,
                                 int64_t rows, int64_t width, int64_t vocab_begin,
                                 int64_t vocab_local);

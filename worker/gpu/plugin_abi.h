@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define SHARDLINE_GPU_ABI_VERSION 4
+#define SHARDLINE_GPU_ABI_VERSION 5
 #define SHARDLINE_GPU_MAX_DEVICES 64
 
 typedef struct {
@@ -263,12 +263,16 @@ typedef struct {
   int (*gelu_backward)(ShardlineGpuTrainCtx* ctx, const float* x, const float* dy, float* dx,
                        int64_t n);
   // Backward uses the context's scratch (batch*heads*seq*seq floats, grown
-  // on demand, which synchronises the device once).
+  // on demand, which synchronises the device once). bf16 != 0: ops.h's bf16
+  // attention (probabilities and score gradients rounded to bf16, every
+  // product on the bf16 tensor cores with fp32 accumulation,
+  // CUBLAS_COMPUTE_32F_FAST_16BF); 0: fp32 products, no TF32.
   int (*attention_forward)(ShardlineGpuTrainCtx* ctx, const float* qkv, float* probs, float* y,
-                           int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
+                           int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                           int32_t bf16);
   int (*attention_backward)(ShardlineGpuTrainCtx* ctx, const float* qkv, const float* probs,
                             const float* dy, float* dqkv, int64_t batch, int64_t seq,
-                            int64_t heads, int64_t head_dim);
+                            int64_t heads, int64_t head_dim, int32_t bf16);
   int (*embedding_forward)(ShardlineGpuTrainCtx* ctx, const int32_t* tokens, const float* table,
                            float* y, int64_t rows, int64_t width, int64_t vocab_begin,
                            int64_t vocab_local);
@@ -312,7 +316,7 @@ typedef struct {
   // NaN: worker/comm/float16.h's rule), stored as fp32, in place.
   int (*round_bf16)(ShardlineGpuTrainCtx* ctx, float* x, int64_t n);
   // set_bf16_products: from now on gemm, linear_forward and linear_backward
-  // (not attention) read their inputs as bf16 and run on the bf16 tensor
+  // (attention has its own bf16 argument) read their inputs as bf16 and run on the bf16 tensor
   // cores with fp32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F_FAST_16BF);
   // the caller hands in bf16-exact operands (worker/train/bf16_device.h:
   // activations are bf16 outputs, weights rounded copies), so the result is

@@ -61,6 +61,19 @@ __device__ T BlockReduce(T v, Op op, T identity, T* smem) {
   return smem[32];
 }
 
+// x rounded to the nearest bf16, stored as fp32: float16.h's
+// FloatToBFloat16 then BFloat16ToFloat, on the bits.
+__device__ float RoundBf16(float x) {
+  uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    u = ((u >> 16) | 0x40u) << 16;  // NaN: quiet, high half kept
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+  }
+  return __uint_as_float(u);
+}
+
 __global__ void ScaleMatrixKernel(float* c, int64_t m, int64_t n, int64_t ldc, int64_t stride_c,
                                   int64_t batch, float beta) {
   const int64_t per = m * n;
@@ -207,7 +220,7 @@ __global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, i
   }
 }
 
-__global__ void CausalSoftmaxKernel(float* p, int64_t rows, int64_t seq) {
+__global__ void CausalSoftmaxKernel(float* p, int64_t rows, int64_t seq, bool bf16) {
   __shared__ float smem_f[33];
   __shared__ double smem_d[33];
   SL_FOR_EACH_ROW(r, rows) {
@@ -225,13 +238,14 @@ __global__ void CausalSoftmaxKernel(float* p, int64_t rows, int64_t seq) {
     sum = BlockReduce(sum, SumOp(), 0.0, smem_d);
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) {
-      row[j] = j <= i ? row[j] * inv : 0.0f;  // each j is this thread's own
+      const float v = row[j] * inv;
+      row[j] = j > i ? 0.0f : bf16 ? RoundBf16(v) : v;  // each j is this thread's own
     }
   }
 }
 
 __global__ void CausalSoftmaxBackwardKernel(const float* p, float* ds, int64_t rows,
-                                            int64_t seq) {
+                                            int64_t seq, bool bf16) {
   __shared__ double smem[33];
   SL_FOR_EACH_ROW(r, rows) {
     const int64_t i = r % seq;
@@ -244,7 +258,8 @@ __global__ void CausalSoftmaxBackwardKernel(const float* p, float* ds, int64_t r
     dot = BlockReduce(dot, SumOp(), 0.0, smem);
     const float d = static_cast<float>(dot);
     for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) {
-      row[j] = j <= i ? pr[j] * (row[j] - d) : 0.0f;
+      const float v = pr[j] * (row[j] - d);
+      row[j] = j > i ? 0.0f : bf16 ? RoundBf16(v) : v;
     }
   }
 }
@@ -356,18 +371,8 @@ __global__ void AddInPlaceKernel(const float* x, float* y, int64_t n) {
   SL_FOR_EACH(i, n) y[i] += x[i];
 }
 
-// float16.h's FloatToBFloat16 and BFloat16ToFloat, on the bits.
 __global__ void RoundBf16Kernel(float* x, int64_t n) {
-  SL_FOR_EACH(i, n) {
-    uint32_t u = __float_as_uint(x[i]);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-      u = ((u >> 16) | 0x40u) << 16;  // NaN: quiet, high half kept
-    } else {
-      u += 0x7fffu + ((u >> 16) & 1u);
-      u &= 0xffff0000u;
-    }
-    x[i] = __uint_as_float(u);
-  }
+  SL_FOR_EACH(i, n) x[i] = RoundBf16(x[i]);
 }
 
 __global__ void ScaleKernel(float* x, float alpha, int64_t n) {
@@ -467,16 +472,18 @@ cudaError_t LaunchGeluBackward(cudaStream_t stream, const float* x, const float*
   return cudaGetLastError();
 }
 
-cudaError_t LaunchCausalSoftmax(cudaStream_t stream, float* p, int64_t rows, int64_t seq) {
+cudaError_t LaunchCausalSoftmax(cudaStream_t stream, float* p, int64_t rows, int64_t seq,
+                                bool bf16) {
   if (rows <= 0 || seq <= 0) return cudaSuccess;
-  CausalSoftmaxKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(p, rows, seq);
+  CausalSoftmaxKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(p, rows, seq, bf16);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchCausalSoftmaxBackward(cudaStream_t stream, const float* p, float* ds,
-                                        int64_t rows, int64_t seq) {
+                                        int64_t rows, int64_t seq, bool bf16) {
   if (rows <= 0 || seq <= 0) return cudaSuccess;
-  CausalSoftmaxBackwardKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(p, ds, rows, seq);
+  CausalSoftmaxBackwardKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(p, ds, rows, seq,
+                                                                        bf16);
   return cudaGetLastError();
 }
 

@@ -42,12 +42,14 @@ cudaError_t LaunchGeluBackward(cudaStream_t stream, const float* x, const float*
 
 // p holds rows = batch * heads * seq rows of `seq` scores, row r being query
 // position r % seq: in place, the causal softmax of ops.h's AttentionForward
-// (entries above the diagonal become 0).
-cudaError_t LaunchCausalSoftmax(cudaStream_t stream, float* p, int64_t rows, int64_t seq);
+// (entries above the diagonal become 0); bf16: each probability rounded to
+// bf16 (ops.h's bf16 attention).
+cudaError_t LaunchCausalSoftmax(cudaStream_t stream, float* p, int64_t rows, int64_t seq,
+                                bool bf16);
 // ds holds dP in the same layout: in place, dS = P * (dP - sum_j P dP) for
-// j <= i, 0 above the diagonal.
+// j <= i, 0 above the diagonal; bf16: dS rounded to bf16.
 cudaError_t LaunchCausalSoftmaxBackward(cudaStream_t stream, const float* p, float* ds,
-                                        int64_t rows, int64_t seq);
+                                        int64_t rows, int64_t seq, bool bf16);
 
 cudaError_t LaunchEmbeddingForward(cudaStream_t stream, const int32_t* tokens,
                                    const float* table, float* y, int64_t rows, int64_t width,

@@ -318,52 +318,81 @@ struct AttentionShape {
   int64_t batch, seq, heads, head_dim;
 };
 
+// bf16 (ops.h's bf16 attention): bf16 inputs, probabilities and score
+// gradients rounded to bf16, every product on bf16 operands. A 1-ulp
+// difference in an fp32 probability can round to the neighbouring bf16
+// value, so bf16 compares elements within one bf16 ulp (2^-7 relative) and
+// the products within kBf16RelL2.
 TEST_F(TrainKernelsTest, AttentionForwardAndBackward) {
-  // seq 33: rows longer than a warp; seq 300: longer than the 256-thread block.
-  for (const AttentionShape& s : {AttentionShape{2, 33, 3, 16}, AttentionShape{1, 300, 2, 8},
-                                  AttentionShape{3, 1, 2, 4}}) {
-    const std::string what = " b=" + std::to_string(s.batch) + " s=" + std::to_string(s.seq) +
-                             " h=" + std::to_string(s.heads) + " d=" + std::to_string(s.head_dim);
-    const int64_t qkv_n = s.batch * s.seq * s.heads * 3 * s.head_dim;
-    const int64_t y_n = s.batch * s.seq * s.heads * s.head_dim;
-    const int64_t p_n = s.batch * s.heads * s.seq * s.seq;
-    const auto qkv = Random(qkv_n, 21, -2.0f, 2.0f);
-    std::vector<float> probs(p_n), y(y_n);
-    ops::AttentionForward(qkv.data(), probs.data(), y.data(), s.batch, s.seq, s.heads,
-                          s.head_dim);
-    float* d_qkv = Up(qkv);
-    float* d_probs = UpNaN(p_n);
-    float* d_y = UpNaN(y_n);
-    ASSERT_TRUE(gpu_->AttentionForward(d_qkv, d_probs, d_y, s.batch, s.seq, s.heads, s.head_dim)
-                    .ok());
-    ExpectNear(Down(d_probs, p_n), probs, kElementwise, "probs" + what);
-    ExpectRelL2(Down(d_y, y_n), y, kGemmRelL2, "y" + what);
-
-    const auto g = Random(y_n, 22);
-    std::vector<float> dqkv(qkv_n);
-    ops::AttentionBackward(qkv.data(), probs.data(), g.data(), dqkv.data(), s.batch, s.seq,
-                           s.heads, s.head_dim);
-    float* d_cprobs = Up(probs);  // the CPU's, so only the backward is tested
-    float* d_g = Up(g);
-    float* d_dqkv = UpNaN(qkv_n);
-    ASSERT_TRUE(gpu_->AttentionBackward(d_qkv, d_cprobs, d_g, d_dqkv, s.batch, s.seq, s.heads,
-                                        s.head_dim)
-                    .ok());
-    const auto got = Down(d_dqkv, qkv_n);
-    ExpectRelL2(got, dqkv, kGemmRelL2, "dqkv" + what);
-    // Per slice too, so a wrong q/k/v offset cannot hide in the total.
-    for (int part = 0; part < 3; ++part) {
-      std::vector<float> g_part, c_part;
-      for (int64_t i = 0; i < qkv_n; ++i) {
-        if ((i / s.head_dim) % 3 == part) {
-          g_part.push_back(got[i]);
-          c_part.push_back(dqkv[i]);
+  constexpr double kBf16Ulp = 1.0 / 128;
+  constexpr double kBf16RelL2 = 1e-3;
+  for (const bool bf16 : {false, true}) {
+    // seq 33: rows longer than a warp; seq 300: longer than the 256-thread
+    // block (fp32 only: the emulator takes 15 s for it, and bf16 changes
+    // nothing in how a row is split over the block).
+    for (const AttentionShape& s : {AttentionShape{2, 33, 3, 16}, AttentionShape{1, 300, 2, 8},
+                                    AttentionShape{3, 1, 2, 4}}) {
+      if (bf16 && s.seq > 256) continue;
+      const std::string what = std::string(bf16 ? " bf16" : " fp32") +
+                               " b=" + std::to_string(s.batch) + " s=" + std::to_string(s.seq) +
+                               " h=" + std::to_string(s.heads) + " d=" + std::to_string(s.head_dim);
+      const double elementwise = bf16 ? kBf16Ulp : kElementwise;
+      const double rel_l2 = bf16 ? kBf16RelL2 : kGemmRelL2;
+      const int64_t qkv_n = s.batch * s.seq * s.heads * 3 * s.head_dim;
+      const int64_t y_n = s.batch * s.seq * s.heads * s.head_dim;
+      const int64_t p_n = s.batch * s.heads * s.seq * s.seq;
+      auto qkv = Random(qkv_n, 21, -2.0f, 2.0f);
+      if (bf16) ops::RoundToBFloat16(qkv.data(), qkv_n);
+      std::vector<float> probs(p_n), y(y_n);
+      ops::AttentionForward(qkv.data(), probs.data(), y.data(), s.batch, s.seq, s.heads,
+                            s.head_dim, bf16);
+      float* d_qkv = Up(qkv);
+      float* d_probs = UpNaN(p_n);
+      float* d_y = UpNaN(y_n);
+      ASSERT_TRUE(
+          gpu_->AttentionForward(d_qkv, d_probs, d_y, s.batch, s.seq, s.heads, s.head_dim, bf16)
+              .ok());
+      const auto got_probs = Down(d_probs, p_n);
+      ExpectNear(got_probs, probs, elementwise, "probs" + what);
+      ExpectRelL2(Down(d_y, y_n), y, rel_l2, "y" + what);
+      if (bf16) {
+        // Rounded as written: every probability is a bf16 value.
+        int64_t not_bf16 = 0;
+        for (float v : got_probs) {
+          uint32_t bits;
+          std::memcpy(&bits, &v, 4);
+          not_bf16 += (bits & 0xffffu) != 0;
         }
+        EXPECT_EQ(not_bf16, 0) << "probs" << what;
       }
-      if (s.seq > 1 || part == 2) {  // with seq 1, dq = dk = 0 exactly
-        ExpectRelL2(g_part, c_part, kGemmRelL2, "dqkv part " + std::to_string(part) + what);
-      } else {
-        ExpectNear(g_part, c_part, kElementwise, "dqkv part " + std::to_string(part) + what);
+
+      auto g = Random(y_n, 22);
+      if (bf16) ops::RoundToBFloat16(g.data(), y_n);
+      std::vector<float> dqkv(qkv_n);
+      ops::AttentionBackward(qkv.data(), probs.data(), g.data(), dqkv.data(), s.batch, s.seq,
+                             s.heads, s.head_dim, bf16);
+      float* d_cprobs = Up(probs);  // the CPU's, so only the backward is tested
+      float* d_g = Up(g);
+      float* d_dqkv = UpNaN(qkv_n);
+      ASSERT_TRUE(gpu_->AttentionBackward(d_qkv, d_cprobs, d_g, d_dqkv, s.batch, s.seq, s.heads,
+                                          s.head_dim, bf16)
+                      .ok());
+      const auto got = Down(d_dqkv, qkv_n);
+      ExpectRelL2(got, dqkv, rel_l2, "dqkv" + what);
+      // Per slice too, so a wrong q/k/v offset cannot hide in the total.
+      for (int part = 0; part < 3; ++part) {
+        std::vector<float> g_part, c_part;
+        for (int64_t i = 0; i < qkv_n; ++i) {
+          if ((i / s.head_dim) % 3 == part) {
+            g_part.push_back(got[i]);
+            c_part.push_back(dqkv[i]);
+          }
+        }
+        if (s.seq > 1 || part == 2) {  // with seq 1, dq = dk = 0 exactly
+          ExpectRelL2(g_part, c_part, rel_l2, "dqkv part " + std::to_string(part) + what);
+        } else {
+          ExpectNear(g_part, c_part, elementwise, "dqkv part " + std::to_string(part) + what);
+        }
       }
     }
   }

@@ -97,10 +97,10 @@ int Enter(Ctx* ctx, const char* what, std::initializer_list<int64_t> sizes) {
 
 // C (row-major, row stride ldc) = alpha * op(A) op(B) + beta * C for `batch`
 // matrices at strides stride_a/b/c (elements). See the file comment for the
-// column-major mapping. beta == 0 never reads C. With `bf16` (a single
-// product whose inputs the caller made bf16-exact) the product runs on the
-// bf16 tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS converts A and B
-// to bf16, exactly here, and accumulates in fp32).
+// column-major mapping. beta == 0 never reads C. With `bf16` (products
+// whose inputs the caller made bf16-exact) they run on the bf16 tensor
+// cores (CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS converts A and B to bf16,
+// exactly here, and accumulates in fp32).
 int StridedBatchedGemm(Ctx* ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                        float alpha, const float* a, int64_t lda, int64_t stride_a,
                        const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
@@ -129,6 +129,16 @@ int StridedBatchedGemm(Ctx* ctx, bool trans_a, bool trans_b, int64_t m, int64_t 
                                   static_cast<int>(ldb), a, CUDA_R_32F, static_cast<int>(lda),
                                   &beta, c, CUDA_R_32F, static_cast<int>(ldc),
                                   CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+  }
+  if (bf16) {
+    return CheckBlas(
+        ctx, "cublasGemmStridedBatchedEx (bf16 tensor cores, fp32 accumulation)",
+        cublasGemmStridedBatchedEx(
+            ctx->cublas, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+            &alpha, b, CUDA_R_32F, static_cast<int>(ldb), static_cast<long long>(stride_b), a,
+            CUDA_R_32F, static_cast<int>(lda), static_cast<long long>(stride_a), &beta, c,
+            CUDA_R_32F, static_cast<int>(ldc), static_cast<long long>(stride_c),
+            static_cast<int>(batch), CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
   }
   if (batch == 1) {
     return CheckBlas(ctx, "cublasSgemm",
@@ -316,14 +326,16 @@ int GeluBackward(Ctx* ctx, const float* x, const float* dy, float* dx, int64_t n
                shardline::gpu::LaunchGeluBackward(ctx->stream, x, dy, dx, n));
 }
 
-// Attention: per batch element b, one strided-batched product over the heads.
+// Attention: per batch element b, one strided-batched product over the heads
+// (on the bf16 tensor cores for ops.h's bf16 attention).
 // Head h of token s of batch b starts at qkv + (b * seq + s) * tok + h * 3 * hd
 // (q; k at + hd, v at + 2 * hd), so within one b the heads are 3 * hd apart
 // and the tokens tok apart: row stride tok, batch stride 3 * hd. probs and dS
 // are dense [batch, heads, seq, seq]: row stride seq, batch stride seq * seq.
 // y / dy rows are heads * hd apart, heads hd apart.
-int AttentionForward(Ctx* ctx, const float* qkv, float* probs, float* y, int64_t batch,
-                     int64_t seq, int64_t heads, int64_t head_dim) {
+int AttentionForward(Ctx* ctx, const float* qkv, float* probs, float* y, int64_t batch, int64_t seq,
+                     int64_t heads, int64_t head_dim, int32_t bf16_flag) {
+  const bool bf16 = bf16_flag != 0;
   SL_RETURN_IF_ERROR(Enter(ctx, "attention_forward", {batch, seq, heads, head_dim}));
   const int64_t tok = heads * 3 * head_dim;  // qkv row stride
   const int64_t ys = heads * head_dim;       // y row stride
@@ -336,24 +348,26 @@ int AttentionForward(Ctx* ctx, const float* qkv, float* probs, float* y, int64_t
     // S = scale * Q K^T into p.
     SL_RETURN_IF_ERROR(StridedBatchedGemm(ctx, false, true, seq, seq, head_dim, scale, q, tok,
                                           3 * head_dim, k, tok, 3 * head_dim, 0.0f, p, seq, ss,
-                                          heads));
+                                          heads, bf16));
   }
-  SL_RETURN_IF_ERROR(Check(ctx, "causal softmax kernel",
-                           shardline::gpu::LaunchCausalSoftmax(ctx->stream, probs,
-                                                               batch * heads * seq, seq)));
+  SL_RETURN_IF_ERROR(Check(
+      ctx, "causal softmax kernel",
+      shardline::gpu::LaunchCausalSoftmax(ctx->stream, probs, batch * heads * seq, seq, bf16)));
   for (int64_t b = 0; b < batch; ++b) {
     const float* v = qkv + b * seq * tok + 2 * head_dim;
     const float* p = probs + b * heads * ss;
     // Y = P V into this head's slot of each token's row.
     SL_RETURN_IF_ERROR(StridedBatchedGemm(ctx, false, false, seq, head_dim, seq, 1.0f, p, seq, ss,
                                           v, tok, 3 * head_dim, 0.0f, y + b * seq * ys, ys,
-                                          head_dim, heads));
+                                          head_dim, heads, bf16));
   }
   return SHARDLINE_GPU_OK;
 }
 
-int AttentionBackward(Ctx* ctx, const float* qkv, const float* probs, const float* dy,
-                      float* dqkv, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim) {
+int AttentionBackward(Ctx* ctx, const float* qkv, const float* probs, const float* dy, float* dqkv,
+                      int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                      int32_t bf16_flag) {
+  const bool bf16 = bf16_flag != 0;
   SL_RETURN_IF_ERROR(Enter(ctx, "attention_backward", {batch, seq, heads, head_dim}));
   const int64_t tok = heads * 3 * head_dim;
   const int64_t ys = heads * head_dim;
@@ -383,15 +397,16 @@ int AttentionBackward(Ctx* ctx, const float* qkv, const float* probs, const floa
     const float* dyh = dy + b * seq * ys;
     // dV = P^T dY.
     SL_RETURN_IF_ERROR(StridedBatchedGemm(ctx, true, false, seq, head_dim, seq, 1.0f, p, seq, ss,
-                                          dyh, ys, head_dim, 0.0f, dv, tok, 3 * head_dim, heads));
+                                          dyh, ys, head_dim, 0.0f, dv, tok, 3 * head_dim, heads,
+                                          bf16));
     // dP = dY V^T.
     SL_RETURN_IF_ERROR(StridedBatchedGemm(ctx, false, true, seq, seq, head_dim, 1.0f, dyh, ys,
-                                          head_dim, v, tok, 3 * head_dim, 0.0f,
-                                          ds + b * heads * ss, seq, ss, heads));
+                                          head_dim, v, tok, 3 * head_dim, 0.0f, ds + b * heads * ss,
+                                          seq, ss, heads, bf16));
   }
   SL_RETURN_IF_ERROR(Check(ctx, "causal softmax backward kernel",
                            shardline::gpu::LaunchCausalSoftmaxBackward(
-                               ctx->stream, probs, ds, batch * heads * seq, seq)));
+                               ctx->stream, probs, ds, batch * heads * seq, seq, bf16)));
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t off = b * seq * tok;
     const float* q = qkv + off;
@@ -402,10 +417,10 @@ int AttentionBackward(Ctx* ctx, const float* qkv, const float* probs, const floa
     // S = scale * Q K^T  =>  dQ = scale * dS K, dK = scale * dS^T Q.
     SL_RETURN_IF_ERROR(StridedBatchedGemm(ctx, false, false, seq, head_dim, seq, scale, dsb, seq,
                                           ss, k, tok, 3 * head_dim, 0.0f, dq, tok, 3 * head_dim,
-                                          heads));
-    SL_RETURN_IF_ERROR(StridedBatchedGemm(ctx, true, false, seq, head_dim, seq, scale, dsb, seq,
-                                          ss, q, tok, 3 * head_dim, 0.0f, dk, tok, 3 * head_dim,
-                                          heads));
+                                          heads, bf16));
+    SL_RETURN_IF_ERROR(StridedBatchedGemm(ctx, true, false, seq, head_dim, seq, scale, dsb, seq, ss,
+                                          q, tok, 3 * head_dim, 0.0f, dk, tok, 3 * head_dim, heads,
+                                          bf16));
   }
   return SHARDLINE_GPU_OK;
 }

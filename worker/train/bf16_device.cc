@@ -86,20 +86,22 @@ absl::Status Bf16Device::GeluBackward(const float* x, const float* dy, float* dx
 
 absl::Status Bf16Device::AttentionForward(const float* qkv, float* probs, float* y,
                                           int64_t batch, int64_t seq, int64_t heads,
-                                          int64_t head_dim) {
+                                          int64_t head_dim, bool /*bf16*/) {
   const int64_t width = heads * head_dim;
   SL_ASSIGN_OR_RETURN(rqkv, Rounded(qkv, batch * seq * 3 * width, &scratch_a_));
-  return Round(inner_.AttentionForward(rqkv, probs, y, batch, seq, heads, head_dim), y,
-               batch * seq * width);
+  return Round(inner_.AttentionForward(rqkv, probs, y, batch, seq, heads, head_dim,
+                                       /*bf16=*/true),
+               y, batch * seq * width);
 }
 
 absl::Status Bf16Device::AttentionBackward(const float* qkv, const float* probs, const float* dy,
                                            float* dqkv, int64_t batch, int64_t seq,
-                                           int64_t heads, int64_t head_dim) {
+                                           int64_t heads, int64_t head_dim, bool /*bf16*/) {
   const int64_t width = heads * head_dim;
   SL_ASSIGN_OR_RETURN(rqkv, Rounded(qkv, batch * seq * 3 * width, &scratch_a_));
   SL_ASSIGN_OR_RETURN(rdy, Rounded(dy, batch * seq * width, &scratch_b_));
-  return Round(inner_.AttentionBackward(rqkv, probs, rdy, dqkv, batch, seq, heads, head_dim),
+  return Round(inner_.AttentionBackward(rqkv, probs, rdy, dqkv, batch, seq, heads, head_dim,
+                                        /*bf16=*/true),
                dqkv, batch * seq * 3 * width);
 }
 

@@ -14,15 +14,19 @@
 //     inputs: the weights' fp32 master values, the biases, activations and
 //     activation gradients are rounded to bf16 before the product; the
 //     product accumulates in fp32 (as cuBLAS does with CUBLAS_COMPUTE_32F).
-//     Attention is one fused kernel: bf16 q, k, v (and dy) in, the softmax
-//     and both products in fp32 inside, bf16 y (and dqkv) out.
+//     Attention is one call: bf16 q, k, v (and dy) in, bf16 y (and dqkv)
+//     out; inside, the wrapped device's bf16 attention (ops.h): scores and
+//     softmax in fp32, the probabilities rounded to bf16 (kept so for
+//     backward, as Megatron-LM keeps its bf16 softmax output), the score
+//     gradients rounded to bf16 before their products, so that every
+//     product reads bf16 operands (on a GPU, the tensor cores).
 //   * Activations and activation gradients are bf16: every output that is
 //     one (LinearForward's y, LayerNorm's y and dx, GELU's y and dx,
 //     attention's y and dqkv, the embedding's y, residual sums of AddInPlace
 //     and bias/position additions, the cross entropy's dlogits) is rounded
 //     to bf16 after the kernel computed it in fp32.
-//   * fp32 stays fp32: LayerNorm's statistics, the softmax and attention
-//     probabilities inside the fused attention kernel, the loss and its
+//   * fp32 stays fp32: LayerNorm's statistics, the attention scores and
+//     the softmax's arithmetic, the loss and its
 //     row statistics (LocalRowMax, LocalSumExpAndTarget, TokenLoss), and
 //     every PARAMETER gradient (dw, db, dgamma, dbeta, the embedding tables'
 //     gradients), which accumulate in fp32 over micro-batches from bf16
@@ -83,11 +87,12 @@ class Bf16Device final : public Device {
                                  float* dbeta, int64_t rows, int64_t width) override;
   absl::Status GeluForward(const float* x, float* y, int64_t n) override;
   absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n) override;
+  // The wrapped device's bf16 attention, whatever `bf16` says.
   absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
-                                int64_t seq, int64_t heads, int64_t head_dim) override;
+                                int64_t seq, int64_t heads, int64_t head_dim, bool bf16) override;
   absl::Status AttentionBackward(const float* qkv, const float* probs, const float* dy,
                                  float* dqkv, int64_t batch, int64_t seq, int64_t heads,
-                                 int64_t head_dim) override;
+                                 int64_t head_dim, bool bf16) override;
   absl::Status EmbeddingForward(const int32_t* tokens, const float* table, float* y,
                                 int64_t rows, int64_t width, int64_t vocab_begin,
                                 int64_t vocab_local) override;

@@ -8,7 +8,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "worker/comm/float16.h"
 #include "worker/train/ops.h"
 
 namespace shardline::worker::train {
@@ -162,15 +161,16 @@ absl::Status CpuDevice::GeluBackward(const float* x, const float* dy, float* dx,
 }
 
 absl::Status CpuDevice::AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
-                                         int64_t seq, int64_t heads, int64_t head_dim) {
-  train::AttentionForward(qkv, probs, y, batch, seq, heads, head_dim);
+                                         int64_t seq, int64_t heads, int64_t head_dim,
+                                         bool bf16) {
+  train::AttentionForward(qkv, probs, y, batch, seq, heads, head_dim, bf16);
   return absl::OkStatus();
 }
 
 absl::Status CpuDevice::AttentionBackward(const float* qkv, const float* probs, const float* dy,
                                           float* dqkv, int64_t batch, int64_t seq,
-                                          int64_t heads, int64_t head_dim) {
-  train::AttentionBackward(qkv, probs, dy, dqkv, batch, seq, heads, head_dim);
+                                          int64_t heads, int64_t head_dim, bool bf16) {
+  train::AttentionBackward(qkv, probs, dy, dqkv, batch, seq, heads, head_dim, bf16);
   return absl::OkStatus();
 }
 
@@ -233,10 +233,6 @@ absl::Status CpuDevice::CrossEntropyBackward(const float* logits, const float* r
 absl::Status CpuDevice::AddInPlace(const float* x, float* y, int64_t n) {
   train::AddInPlace(x, y, n);
   return absl::OkStatus();
-}
-
-void RoundToBFloat16(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = BFloat16ToFloat(FloatToBFloat16(x[i]));
 }
 
 absl::Status CpuDevice::RoundToBFloat16(float* x, int64_t n) {

@@ -95,11 +95,16 @@ class Device {
                                          int64_t width) = 0;
   virtual absl::Status GeluForward(const float* x, float* y, int64_t n) = 0;
   virtual absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n) = 0;
+  // bf16: ops.h's bf16 attention (bf16 probabilities and score gradients,
+  // every product on bf16 operands: a GPU's bf16 tensor cores). Bf16Device
+  // asks the device it wraps for it whatever its caller passed (the model
+  // passes false: fp32 unless the device is the bf16 precision).
   virtual absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
-                                        int64_t seq, int64_t heads, int64_t head_dim) = 0;
+                                        int64_t seq, int64_t heads, int64_t head_dim,
+                                        bool bf16) = 0;
   virtual absl::Status AttentionBackward(const float* qkv, const float* probs, const float* dy,
                                          float* dqkv, int64_t batch, int64_t seq,
-                                         int64_t heads, int64_t head_dim) = 0;
+                                         int64_t heads, int64_t head_dim, bool bf16) = 0;
   virtual absl::Status EmbeddingForward(const int32_t* tokens, const float* table, float* y,
                                         int64_t rows, int64_t width, int64_t vocab_begin,
                                         int64_t vocab_local) = 0;
@@ -125,7 +130,7 @@ class Device {
                                             int64_t vocab_begin, int64_t vocab_local) = 0;
   virtual absl::Status AddInPlace(const float* x, float* y, int64_t n) = 0;
   // x[0, n) (ELEMENTS) rounded to the nearest bfloat16, ties to even, in
-  // place (RoundToBFloat16 below); bf16 mixed precision (bf16_device.h).
+  // place (ops.h RoundToBFloat16); bf16 mixed precision (bf16_device.h).
   virtual absl::Status RoundToBFloat16(float* x, int64_t n) = 0;
   // From now on Gemm, LinearForward and LinearBackward (not attention) may
   // read their inputs as bf16 and run on bf16 hardware with fp32
@@ -165,10 +170,6 @@ class Device {
                                                     int64_t n, double* sum) = 0;
 };
 
-// Rounds host memory x[0, n) to the nearest bf16 (ties to even) in place;
-// NaN stays NaN (worker/comm/float16.h). Values stay stored as fp32 (a bf16
-// value is an fp32 with its low 16 bits zero).
-void RoundToBFloat16(float* x, int64_t n);
 
 // Freed device blocks kept for reuse by an allocation of exactly the same
 // size (a training step asks for the same activation shapes at every
@@ -258,10 +259,10 @@ class CpuDevice final : public Device {
   absl::Status GeluForward(const float* x, float* y, int64_t n) override;
   absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n) override;
   absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
-                                int64_t seq, int64_t heads, int64_t head_dim) override;
+                                int64_t seq, int64_t heads, int64_t head_dim, bool bf16) override;
   absl::Status AttentionBackward(const float* qkv, const float* probs, const float* dy,
                                  float* dqkv, int64_t batch, int64_t seq, int64_t heads,
-                                 int64_t head_dim) override;
+                                 int64_t head_dim, bool bf16) override;
   absl::Status EmbeddingForward(const int32_t* tokens, const float* table, float* y,
                                 int64_t rows, int64_t width, int64_t vocab_begin,
                                 int64_t vocab_local) override;

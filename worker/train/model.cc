@@ -119,8 +119,11 @@ absl::Status LayerForward(Device& d, const LayerShape& shape, const LayerParams&
       d.LinearForward(a->ln1.data(), p.qkv_weight, p.qkv_bias, a->qkv.data(), T, h, 3 * w));
   SL_RETURN_IF_ERROR(a->probs.Resize(d, shape.batch * shape.heads * shape.seq * shape.seq));
   SL_RETURN_IF_ERROR(a->attention.Resize(d, T * w));
+  // fp32 attention unless `d` is the bf16 precision (Bf16Device asks for
+  // bf16 attention itself).
   SL_RETURN_IF_ERROR(d.AttentionForward(a->qkv.data(), a->probs.data(), a->attention.data(),
-                                        shape.batch, shape.seq, shape.heads, shape.head_dim));
+                                        shape.batch, shape.seq, shape.heads, shape.head_dim,
+                                        /*bf16=*/false));
   // Row-parallel output projection: partial sums over this rank's heads.
   DeviceBuffer<float> partial;
   SL_RETURN_IF_ERROR(partial.Resize(d, T * h));
@@ -186,7 +189,7 @@ absl::Status LayerBackward(Device& d, const LayerShape& shape, const LayerParams
   SL_RETURN_IF_ERROR(dqkv.Resize(d, T * 3 * w));
   SL_RETURN_IF_ERROR(d.AttentionBackward(a.qkv.data(), a.probs.data(), dattention.data(),
                                          dqkv.data(), shape.batch, shape.seq, shape.heads,
-                                         shape.head_dim));
+                                         shape.head_dim, /*bf16=*/false));
   SL_RETURN_IF_ERROR(d.LinearBackward(a.ln1.data(), p.qkv_weight, dqkv.data(), dln.data(),
                                       g.qkv_weight, g.qkv_bias, T, h, 3 * w));
   SL_RETURN_IF_ERROR(tp.AllReduce(d, dln.data(), T * h, ReduceOp::kSum));

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "worker/comm/float16.h"
 #include "worker/train/parallel.h"
 #include "worker/train/vector_clones.h"
 
@@ -454,8 +455,8 @@ SL_VECTOR_CLONES void GeluBackwardPart(const float* x, const float* dy, float* d
 
 // Attention of the (batch, head) pairs [begin, end), pair = b * heads + h.
 SL_VECTOR_CLONES void AttentionForwardPairs(const float* qkv, float* probs, float* y, int64_t seq,
-                                            int64_t heads, int64_t head_dim, int64_t begin,
-                                            int64_t end) {
+                                            int64_t heads, int64_t head_dim, bool bf16,
+                                            int64_t begin, int64_t end) {
   const int64_t tok_stride = heads * 3 * head_dim;  // qkv row stride
   const int64_t y_stride = heads * head_dim;        // y row stride
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -474,6 +475,7 @@ SL_VECTOR_CLONES void AttentionForwardPairs(const float* qkv, float* probs, floa
         const float mx = RowMax(row, i + 1);
         const float inv = static_cast<float>(1.0 / ExpShifted(row, mx, 1.0f, row, i + 1));
         for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+        if (bf16) RoundToBFloat16(row, i + 1);
         for (int64_t j = i + 1; j < seq; ++j) row[j] = 0.0f;
       }
       // Y = P V, written into this head's slot of each token's row.
@@ -484,8 +486,8 @@ SL_VECTOR_CLONES void AttentionForwardPairs(const float* qkv, float* probs, floa
 }
 
 void AttentionBackwardPairs(const float* qkv, const float* probs, const float* dy, float* dqkv,
-                            int64_t seq, int64_t heads, int64_t head_dim, int64_t begin,
-                            int64_t end) {
+                            int64_t seq, int64_t heads, int64_t head_dim, bool bf16,
+                            int64_t begin, int64_t end) {
   const int64_t tok_stride = heads * 3 * head_dim;
   const int64_t y_stride = heads * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -516,6 +518,7 @@ void AttentionBackwardPairs(const float* qkv, const float* probs, const float* d
         for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(pr[j]) * row[j];
         const float d = static_cast<float>(dot);
         for (int64_t j = 0; j <= i; ++j) row[j] = pr[j] * (row[j] - d);
+        if (bf16) RoundToBFloat16(row, i + 1);
         for (int64_t j = i + 1; j < seq; ++j) row[j] = 0.0f;
       }
       // S = scale * Q K^T  =>  dQ = scale * dS K, dK = scale * dS^T Q.
@@ -544,17 +547,22 @@ void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
 // Parts of whole (batch, head) pairs: each pair's products and softmax are
 // its own, whatever the parts.
 void AttentionForward(const float* qkv, float* probs, float* y, int64_t batch, int64_t seq,
-                      int64_t heads, int64_t head_dim) {
+                      int64_t heads, int64_t head_dim, bool bf16) {
   ParallelFor(batch * heads, 1, 1, [&](int64_t begin, int64_t end) {
-    ops_parts::AttentionForwardPairs(qkv, probs, y, seq, heads, head_dim, begin, end);
+    ops_parts::AttentionForwardPairs(qkv, probs, y, seq, heads, head_dim, bf16, begin, end);
   });
 }
 
 void AttentionBackward(const float* qkv, const float* probs, const float* dy, float* dqkv,
-                       int64_t batch, int64_t seq, int64_t heads, int64_t head_dim) {
+                       int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, bool bf16) {
   ParallelFor(batch * heads, 1, 1, [&](int64_t begin, int64_t end) {
-    ops_parts::AttentionBackwardPairs(qkv, probs, dy, dqkv, seq, heads, head_dim, begin, end);
+    ops_parts::AttentionBackwardPairs(qkv, probs, dy, dqkv, seq, heads, head_dim, bf16, begin,
+                                      end);
   });
+}
+
+void RoundToBFloat16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = BFloat16ToFloat(FloatToBFloat16(x[i]));
 }
 
 void EmbeddingForward(const int32_t* tokens, const float* table, float* y, int64_t rows,

@@ -87,12 +87,28 @@ void GeluBackward(const float* x, const float* dy, float* dx, int64_t n);
 //     above the diagonal are 0).
 //   y[batch, seq, heads, head_dim]: per token the heads' outputs, head-major,
 //     the input of the attention output projection.
+// bf16 (bf16 mixed precision, worker/train/bf16_device.h; the caller hands
+// in bf16 q, k and v): the probabilities are rounded to bf16 as they are
+// written (so probs holds bf16 values, which backward reads), so that both
+// products read bf16 operands, as they do on a GPU's bf16 tensor cores; the
+// scores and the softmax are computed in fp32 either way.
 void AttentionForward(const float* qkv, float* probs, float* y, int64_t batch, int64_t seq,
-                      int64_t heads, int64_t head_dim);
+                      int64_t heads, int64_t head_dim, bool bf16 = false);
 
-// Given dy (shaped like y), overwrites dqkv (shaped like qkv).
+// Given dy (shaped like y), overwrites dqkv (shaped like qkv). bf16 (the
+// caller hands in bf16 q, k, v, dy and forward's bf16 probabilities): dP
+// and the softmax backward are fp32, and the scores' gradient dS is rounded
+// to bf16 before the two products that read it (dQ = dS K, dK = dS^T Q),
+// so that every product reads bf16 operands, as FlashAttention-2's backward
+// (Dao, 2023, Algorithm 2) feeds its tensor cores.
 void AttentionBackward(const float* qkv, const float* probs, const float* dy, float* dqkv,
-                       int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
+                       int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                       bool bf16 = false);
+
+// Rounds host memory x[0, n) (ELEMENTS) to the nearest bf16 (ties to even)
+// in place; NaN stays NaN (worker/comm/float16.h). Values stay stored as
+// fp32 (a bf16 value is an fp32 with its low 16 bits zero).
+void RoundToBFloat16(float* x, int64_t n);
 
 // Vocab-parallel embedding lookup (Megatron-LM's VocabParallelEmbedding):
 // this rank holds rows [vocab_begin, vocab_begin + vocab_local) of the word

@@ -483,6 +483,101 @@ TEST_F(OpsTest, AttentionBackwardMatchesFiniteDifferences) {
   ExpectGradNear(dqkv, NumericGrad(qkv, objective), "dqkv");
 }
 
+// bf16 attention: the probabilities are the fp32 path's rounded to bf16 (bit
+// for bit), y is the product of those with v, and backward's dV reads them
+// while dQ and dK read the score gradient rounded to bf16: checked against a
+// reference in double that follows those rules, and against the same
+// reference without the rounding of dS, which must be measurably worse.
+TEST_F(OpsTest, Bf16AttentionRoundsProbabilitiesAndScoreGradients) {
+  const int64_t batch = 2, seq = 24, heads = 2, hd = 8;
+  auto qkv = Random(batch * seq * heads * 3 * hd, 82, -2.0f, 2.0f);
+  auto dy = Random(batch * seq * heads * hd, 83);
+  RoundToBFloat16(qkv.data(), static_cast<int64_t>(qkv.size()));
+  RoundToBFloat16(dy.data(), static_cast<int64_t>(dy.size()));
+  const int64_t p_n = batch * heads * seq * seq, y_n = batch * seq * heads * hd;
+  std::vector<float> p32(p_n), y32(y_n), p16(p_n), y16(y_n);
+  AttentionForward(qkv.data(), p32.data(), y32.data(), batch, seq, heads, hd);
+  AttentionForward(qkv.data(), p16.data(), y16.data(), batch, seq, heads, hd, /*bf16=*/true);
+  std::vector<float> rounded = p32;
+  RoundToBFloat16(rounded.data(), p_n);
+  ASSERT_EQ(p16, rounded);
+  ASSERT_NE(p16, p32);  // the rounding changed something
+  std::vector<float> dqkv(qkv.size(), std::numeric_limits<float>::quiet_NaN());
+  AttentionBackward(qkv.data(), p16.data(), dy.data(), dqkv.data(), batch, seq, heads, hd,
+                    /*bf16=*/true);
+
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  double y_err = 0, y_norm = 0;
+  // [0]: dS rounded to bf16 (the rule); [1]: not rounded.
+  double dqk_err[2] = {0, 0}, dqk_norm = 0, dv_err = 0, dv_norm = 0;
+  auto q = [&](int64_t b, int64_t s, int64_t h, int64_t which, int64_t d) {
+    return static_cast<double>(qkv[QkvIndex(b, s, h, which, d, seq, heads, hd)]);
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* p = p16.data() + (b * heads + h) * seq * seq;
+      auto dyv = [&](int64_t s, int64_t d) {
+        return static_cast<double>(dy[((b * seq + s) * heads + h) * hd + d]);
+      };
+      // Forward: y = P16 V.
+      for (int64_t i = 0; i < seq; ++i) {
+        for (int64_t d = 0; d < hd; ++d) {
+          double out = 0;
+          for (int64_t j = 0; j <= i; ++j) out += p[i * seq + j] * q(b, j, h, 2, d);
+          const double got = y16[((b * seq + i) * heads + h) * hd + d];
+          y_err += (got - out) * (got - out);
+          y_norm += out * out;
+        }
+      }
+      // Backward: dP = dY V^T, dS = P16 (dP - sum_j P16 dP), rounded or not.
+      std::vector<double> ds[2];
+      ds[0].assign(seq * seq, 0.0);
+      ds[1].assign(seq * seq, 0.0);
+      for (int64_t i = 0; i < seq; ++i) {
+        std::vector<double> dp(i + 1);
+        double dot = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t d = 0; d < hd; ++d) dp[j] += dyv(i, d) * q(b, j, h, 2, d);
+          dot += p[i * seq + j] * dp[j];
+        }
+        for (int64_t j = 0; j <= i; ++j) {
+          const double v = p[i * seq + j] * (dp[j] - dot);
+          float f = static_cast<float>(v);
+          RoundToBFloat16(&f, 1);
+          ds[0][i * seq + j] = f;
+          ds[1][i * seq + j] = v;
+        }
+      }
+      for (int64_t t = 0; t < seq; ++t) {
+        for (int64_t d = 0; d < hd; ++d) {
+          double dv = 0;
+          for (int64_t i = t; i < seq; ++i) dv += p[i * seq + t] * dyv(i, d);
+          const double got_dv = dqkv[QkvIndex(b, t, h, 2, d, seq, heads, hd)];
+          dv_err += (got_dv - dv) * (got_dv - dv);
+          dv_norm += dv * dv;
+          for (int r = 0; r < 2; ++r) {
+            double dq = 0, dk = 0;
+            for (int64_t j = 0; j <= t; ++j) dq += ds[r][t * seq + j] * q(b, j, h, 1, d);
+            for (int64_t i = t; i < seq; ++i) dk += ds[r][i * seq + t] * q(b, i, h, 0, d);
+            dq *= scale;
+            dk *= scale;
+            const double got_dq = dqkv[QkvIndex(b, t, h, 0, d, seq, heads, hd)];
+            const double got_dk = dqkv[QkvIndex(b, t, h, 1, d, seq, heads, hd)];
+            dqk_err[r] += (got_dq - dq) * (got_dq - dq) + (got_dk - dk) * (got_dk - dk);
+            if (r == 0) dqk_norm += dq * dq + dk * dk;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_LT(std::sqrt(y_err / y_norm), 1e-6);
+  EXPECT_LT(std::sqrt(dv_err / dv_norm), 1e-6);
+  const double rounded_err = std::sqrt(dqk_err[0] / dqk_norm);
+  const double unrounded_err = std::sqrt(dqk_err[1] / dqk_norm);
+  EXPECT_LT(rounded_err, 1e-4);
+  EXPECT_GT(unrounded_err, 10 * rounded_err) << "dS was not rounded to bf16";
+}
+
 TEST_F(OpsTest, AttentionTrainerShapeProbsSumToOne) {
   // The trainer's shape: batch 12, seq 64, 4 heads of 32 (a few ms on one
   // core; no timing assertion, the machine is shared).

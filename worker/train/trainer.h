@@ -85,8 +85,8 @@
 // every layout to follow the single-rank curve (2e-3 relative in bf16,
 // bf16_device_test). On a GPU the rounding runs in the plugin's kernel
 // (Device::RoundToBFloat16) and the dense products on the bf16 tensor cores
-// (Device::SetBf16Products; attention's stay fp32, as on the CPU): the same
-// numbers as the CPU up to summation order.
+// (Device::SetBf16Products), attention's too (ops.h's bf16 attention, the
+// same on the CPU): the same numbers as the CPU up to summation order.
 // Gradient accumulation
 // keeps a full gradient buffer per unit during the step (as Megatron-LM's
 // distributed optimizer); ZeRO-2/3 reduce-scatter it once per step.
