@@ -456,7 +456,7 @@ void WorkerAgent::HeartbeatLoop() {
   absl::Time first_failure;
   while (true) {
     v1::HeartbeatRequest req;
-    absl::Duration interval;
+    absl::Duration interval, deadline;
     ProgressSource source;
     {
       absl::MutexLock lock(&mu_);
@@ -469,6 +469,15 @@ void WorkerAgent::HeartbeatLoop() {
       interval = spec_.elastic().has_heartbeat_interval()
                      ? FromProto(spec_.elastic().heartbeat_interval())
                      : kDefaultHeartbeatInterval;
+      // At least the interval; at most --timeout and half the heartbeat
+      // timeout: a heartbeat held longer than that (on a connection that
+      // went dead, to a coordinator that restarted) can no longer keep this
+      // worker alive, while a fresh one, perhaps on a new connection, can.
+      deadline = options_.connection.timeout;
+      if (spec_.elastic().has_heartbeat_timeout()) {
+        deadline = std::min(deadline, FromProto(spec_.elastic().heartbeat_timeout()) / 2);
+      }
+      deadline = std::max(interval, deadline);
       // Only a rank reports progress: the current generation's assignment,
       // not a spare's.
       if (progress_source_ && !generation_over_ && assignment_.has_value() &&
@@ -477,8 +486,7 @@ void WorkerAgent::HeartbeatLoop() {
       }
     }
     if (source) *req.mutable_progress() = source(req.fence().generation());
-    const absl::StatusOr<v1::HeartbeatResponse> resp =
-        workers_->Heartbeat(req, std::max(interval, options_.connection.timeout));
+    const absl::StatusOr<v1::HeartbeatResponse> resp = workers_->Heartbeat(req, deadline);
     const absl::Status& s = resp.status();
     if (options_.log) {
       if (!resp.ok() && failures++ == 0) {

@@ -83,8 +83,9 @@ namespace v1 = ::shardline::v1;
 
 struct WorkerAgentOptions {
   // Where the coordinator is (named in messages) and the deadline of each
-  // short call (a heartbeat's deadline is at least its interval). The
-  // clients given to the agent are built from the same options.
+  // short call (a heartbeat's deadline is at least its interval and at most
+  // half the job's heartbeat_timeout). The clients given to the agent are
+  // built from the same options.
   client::ConnectionOptions connection;
   std::string job_id;
   // Stable slot name, e.g. "node3:cuda:1"; 1..128 printable ASCII bytes.

@@ -352,6 +352,20 @@ TEST_F(AgentTest, HeartbeatDeadlineIsAtLeastTheInterval) {
   EXPECT_EQ(workers_->calls().back().timeout, absl::Seconds(30));
 }
 
+// ... and at most half the heartbeat timeout: a heartbeat held longer could
+// no longer keep the worker alive (a fresh one can).
+TEST_F(AgentTest, HeartbeatDeadlineIsAtMostHalfTheHeartbeatTimeout) {
+  v1::JobSpec spec;
+  spec.mutable_elastic()->mutable_heartbeat_interval()->set_seconds(2);
+  spec.mutable_elastic()->mutable_heartbeat_timeout()->set_seconds(12);
+  workers_->SetSpec(spec);
+  std::unique_ptr<WorkerAgent> agent = Agent(Options());  // --timeout 10 s
+  ASSERT_TRUE(agent->Connect().ok());
+  ASSERT_TRUE(workers_->AwaitCalls("Heartbeat", 1));
+  ASSERT_TRUE(clock_.AwaitWaiterAt(t0_ + absl::Seconds(2)));
+  EXPECT_EQ(workers_->calls().back().timeout, absl::Seconds(6));
+}
+
 TEST_F(AgentTest, ProgressIsHeartbeatedAtOnceWhenTheStateChanges) {
   std::unique_ptr<WorkerAgent> agent = Connected();
   ASSERT_NE(agent, nullptr);
