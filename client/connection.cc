@@ -341,6 +341,7 @@ std::shared_ptr<grpc::Channel> MakeCoordinatorChannel(
   // loaded 2-core machine (CI), where a handshake can take longer. A
   // refused connect still fails at once, and with replicas an attempt moves
   // on after kConnectWait (grpc_call.h).
+  // (How soon a finished connect is noticed: common/grpc_backup_poll.h.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   if (replicas) {

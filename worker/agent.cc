@@ -454,6 +454,7 @@ void WorkerAgent::HeartbeatLoop() {
   // The current run of failed heartbeats: how many, since when.
   int failures = 0;
   absl::Time first_failure;
+  absl::Status last_failure;
   while (true) {
     v1::HeartbeatRequest req;
     absl::Duration interval, deadline;
@@ -489,6 +490,7 @@ void WorkerAgent::HeartbeatLoop() {
     const absl::StatusOr<v1::HeartbeatResponse> resp = workers_->Heartbeat(req, deadline);
     const absl::Status& s = resp.status();
     if (options_.log) {
+      if (!resp.ok()) last_failure = s;
       if (!resp.ok() && failures++ == 0) {
         first_failure = clock_->Now();
         options_.log(absl::StrCat("heartbeat of generation ", req.fence().generation(),
@@ -496,7 +498,8 @@ void WorkerAgent::HeartbeatLoop() {
                                   "): ", s.ToString()));
       } else if (resp.ok() && failures > 0) {
         options_.log(absl::StrCat("heartbeats accepted again after ", failures, " failed over ",
-                                  absl::FormatDuration(clock_->Now() - first_failure)));
+                                  absl::FormatDuration(clock_->Now() - first_failure),
+                                  " (the last: ", last_failure.ToString(), ")"));
         failures = 0;
       }
     }

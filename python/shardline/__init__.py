@@ -11,7 +11,17 @@ Errors: one ShardlineError subclass per status code (shardline.errors).
 Messages: shardline.v1.<file>_pb2 (generated; see python/README.md).
 """
 
-from shardline._version import __version__
+import os as _os
+
+# gRPC notices a finished connect only when a thread polls the channel: with
+# fail-fast calls and none waiting, that is its backup poller, every 5 s by
+# default, so a client reached a restarted coordinator seconds after it
+# served (common/grpc_backup_poll.h, the same setting for the C++ programs).
+# gRPC reads this when it initialises, on its import: it takes effect when
+# shardline is imported before grpc; an operator's value wins.
+_os.environ.setdefault("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100")
+
+from shardline._version import __version__  # noqa: E402
 from shardline import _stubs  # noqa: F401  (a clear ImportError when the stubs are missing)
 from shardline._connection import Connection, Stream
 from shardline.client import Client
