@@ -415,7 +415,8 @@ TEST_F(AgentTest, LogsTheFirstFailedHeartbeatAndTheRecovery) {
   EXPECT_THAT(lines,
               ElementsAre("heartbeat of generation 1 failed (trying again every 5s): "
                           "UNAVAILABLE: connection refused",
-                          "heartbeats accepted again after 3 failed over 15s"));
+                          "heartbeats accepted again after 3 failed over 15s (the last: "
+                          "UNAVAILABLE: connection refused)"));
 }
 
 TEST_F(AgentTest, NoHeartbeatsWhenDisabled) {
