@@ -71,6 +71,11 @@ class GpuComputeDevice final : public train::Device {
 
   absl::StatusOr<void*> AllocBytes(size_t bytes) override;
   void Free(void* ptr) override;
+  // Page-locked (cudaHostAlloc): the checkpoint copies' memory.
+  absl::StatusOr<void*> AllocHostBytes(size_t bytes) override {
+    return ops_->HostAllocBytes(bytes);
+  }
+  void FreeHost(void* ptr) override { ops_->HostFree(ptr); }
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
     return ops_->CopyToDevice(dst, src, bytes);
   }

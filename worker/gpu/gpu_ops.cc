@@ -40,6 +40,15 @@ absl::StatusOr<void*> GpuOps::AllocBytes(size_t bytes) {
 
 void GpuOps::Free(void* ptr) { api_.train_free(ctx_, ptr); }
 
+absl::StatusOr<void*> GpuOps::HostAllocBytes(size_t bytes) {
+  void* ptr = nullptr;
+  absl::Status s = ToStatus(api_.host_alloc(ctx_, bytes, &ptr), "host alloc");
+  if (!s.ok()) return s;
+  return ptr;
+}
+
+void GpuOps::HostFree(void* ptr) { api_.host_free(ctx_, ptr); }
+
 absl::Status GpuOps::CopyToDevice(void* dst, const void* src, size_t bytes) {
   return ToStatus(api_.train_copy_to_device(ctx_, dst, src, bytes), "copy to device");
 }

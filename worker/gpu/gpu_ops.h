@@ -61,6 +61,10 @@ class GpuOps {
     return static_cast<T*>(*p);
   }
   void Free(void* ptr);
+  // Page-locked host memory (cudaHostAlloc; the plugin's host_alloc).
+  // HostFree(nullptr) is a no-op. Errors: ResourceExhausted, Unavailable.
+  absl::StatusOr<void*> HostAllocBytes(size_t bytes);
+  void HostFree(void* ptr);
   // Copies wait for earlier ops and for the copy itself.
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes);
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes);

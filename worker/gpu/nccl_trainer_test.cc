@@ -312,6 +312,41 @@ TEST_P(NcclResidentTrainerTest, SavesAndRestoresTheDeviceState) {
   for (int s = 2; s < kResidentSteps; ++s) EXPECT_EQ(resumed[s - 2], whole[s].loss) << "step " << s;
 }
 
+// The checkpoint copies are in the host memory the device allocates for
+// copies (pinned on a GPU), made at the first SaveSlices and reused by the
+// next (page-locking is slow), and freed with the trainer.
+TEST(NcclResidentTrainerHostCopiesTest, InTheDevicesHostMemoryAndReused) {
+  TrainingOptions options = Options(Layout{.dp = 2, .zero = 2});
+  train::testing::StagingDevice device;
+  options.device = &device;
+  train::testing::Train(
+      options, 2,
+      [&](int rank, train::Trainer& t) {
+        absl::StatusOr<std::vector<train::Trainer::StateSlice>> first = t.SaveSlices();
+        ASSERT_TRUE(first.ok()) << first.status();
+        ASSERT_FALSE(first->empty());
+        for (const train::Trainer::StateSlice& s : *first) {
+          EXPECT_TRUE(device.InHostMemory(s.data, (s.end - s.begin) * sizeof(float)))
+              << "rank " << rank << " " << s.tensor << " is not in AllocHostBytes memory";
+        }
+        // Every rank's first SaveSlices is done once the step's collectives
+        // returned: from here on no host copy may be allocated.
+        absl::StatusOr<StepStats> step = t.TrainStep();
+        ASSERT_TRUE(step.ok()) << step.status();
+        const int64_t before = device.host_allocations();
+        absl::StatusOr<std::vector<train::Trainer::StateSlice>> second = t.SaveSlices();
+        ASSERT_TRUE(second.ok()) << second.status();
+        EXPECT_EQ(device.host_allocations(), before) << "rank " << rank << " allocated again";
+        ASSERT_EQ(second->size(), first->size());
+        for (size_t i = 0; i < second->size(); ++i) {
+          EXPECT_EQ((*second)[i].data, (*first)[i].data) << "rank " << rank << " slice " << i;
+        }
+      },
+      NcclFactory());
+  EXPECT_GT(device.host_allocations(), 0);
+  EXPECT_EQ(device.live_host_blocks(), 0) << "host copies leaked after the trainers ended";
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, NcclResidentTrainerTest,
     ::testing::Values(

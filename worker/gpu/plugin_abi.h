@@ -323,6 +323,11 @@ typedef struct {
   // the fp32 product's up to summation order whatever cuBLAS's conversion.
   // 0 turns it off (the default: fp32 products, no TF32).
   int (*set_bf16_products)(ShardlineGpuTrainCtx* ctx, int32_t on);
+  // host_alloc: `bytes` of page-locked host memory (cudaHostAlloc), which
+  // copies to and from the device read and write directly; host_free frees
+  // it (cudaFreeHost; synchronous). For the trainer's checkpoint copies.
+  int (*host_alloc)(ShardlineGpuTrainCtx* ctx, size_t bytes, void** ptr);
+  void (*host_free)(ShardlineGpuTrainCtx* ctx, void* ptr);
 } ShardlineGpuTrainApi;
 
 // Returns the plugin's training table (static storage, never null). Optional:

@@ -141,6 +141,23 @@ class TrainKernelsTest : public ::testing::Test {
   std::vector<void*> allocated_;
 };
 
+// host_alloc: page-locked host memory that copies to and from the device
+// read and write (the trainer's checkpoint copies).
+TEST_F(TrainKernelsTest, PinnedHostMemoryTakesCopiesBothWays) {
+  const auto x = Random(1000, 30);
+  absl::StatusOr<void*> host = gpu_->HostAllocBytes(x.size() * sizeof(float));
+  ASSERT_TRUE(host.ok()) << host.status();
+  float* pinned = static_cast<float*>(*host);
+  std::copy(x.begin(), x.end(), pinned);
+  float* d = UpNaN(static_cast<int64_t>(x.size()));
+  ASSERT_TRUE(gpu_->CopyToDevice(d, pinned, x.size() * sizeof(float)).ok());
+  std::fill(pinned, pinned + x.size(), 0.0f);
+  ASSERT_TRUE(gpu_->CopyToHost(pinned, d, x.size() * sizeof(float)).ok());
+  EXPECT_EQ(std::vector<float>(pinned, pinned + x.size()), x);
+  gpu_->HostFree(pinned);
+  gpu_->HostFree(nullptr);
+}
+
 TEST_F(TrainKernelsTest, GemmAllTransposesOverwriteAndAccumulate) {
   const int64_t m = 37, n = 53, k = 29;  // odd sizes: no tile is full
   for (bool ta : {false, true}) {

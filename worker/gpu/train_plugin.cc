@@ -235,6 +235,23 @@ int Alloc(Ctx* ctx, size_t bytes, void** ptr) {
   return Check(ctx, "cudaMalloc", e);
 }
 
+int HostAlloc(Ctx* ctx, size_t bytes, void** ptr) {
+  *ptr = nullptr;
+  SL_RETURN_IF_ERROR(Enter(ctx, "host_alloc", {}));
+  const cudaError_t e = cudaHostAlloc(ptr, bytes == 0 ? 1 : bytes, cudaHostAllocDefault);
+  if (e == cudaErrorMemoryAllocation) {
+    return Fail(ctx, SHARDLINE_GPU_RESOURCE_EXHAUSTED,
+                "cudaHostAlloc(%zu bytes): out of page-locked host memory", bytes);
+  }
+  return Check(ctx, "cudaHostAlloc", e);
+}
+
+void HostFree(Ctx* ctx, void* ptr) {
+  if (ptr == nullptr) return;
+  cudaSetDevice(ctx->device);
+  cudaFreeHost(ptr);
+}
+
 void Free(Ctx* ctx, void* ptr) {
   if (ptr == nullptr) return;
   cudaSetDevice(ctx->device);
@@ -594,6 +611,8 @@ const ShardlineGpuTrainApi kTrainApi = {
     MaskedSumSquares,
     RoundBf16,
     SetBf16Products,
+    HostAlloc,
+    HostFree,
 };
 
 }  // namespace

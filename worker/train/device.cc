@@ -12,6 +12,18 @@
 
 namespace shardline::worker::train {
 
+absl::StatusOr<void*> Device::AllocHostBytes(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = std::malloc(bytes);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of host memory allocating ", bytes, " bytes for copies of ", name()));
+  }
+  return p;
+}
+
+void Device::FreeHost(void* ptr) { std::free(ptr); }
+
 // Idle blocks by size, and the size of every live tracked block (Release
 // gets only the pointer).
 struct BlockPool::State {

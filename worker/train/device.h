@@ -69,6 +69,14 @@ class Device {
   // Frees AllocBytes' memory (waits for the device first where it must).
   // Free(nullptr) is a no-op.
   virtual void Free(void* ptr) = 0;
+  // `bytes` of host memory that CopyToDevice and CopyToHost move fastest:
+  // page-locked (pinned) on a GPU, so that the copy engine reads and
+  // writes it directly; ordinary memory here (the default). bytes == 0 may
+  // return null. Errors: ResourceExhausted (out of host memory, or of
+  // page-locked memory), Unavailable (the device failed).
+  virtual absl::StatusOr<void*> AllocHostBytes(size_t bytes);
+  // Frees AllocHostBytes' memory. FreeHost(nullptr) is a no-op.
+  virtual void FreeHost(void* ptr);
   // Host -> device and device -> host; wait for earlier calls and for the copy.
   virtual absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
@@ -302,16 +310,21 @@ class CpuDevice final : public Device {
   BlockPool pool_;
 };
 
-// `count` elements of T in one Device's memory, freed on destruction (RAII).
-// Move-only. Empty (null data, size 0) by default. Not thread-safe; the
-// Device must outlive the buffer.
-template <typename T>
-class DeviceBuffer {
+// Where a Buffer's memory comes from: the device's own (AllocBytes / Free)
+// or the host memory it copies to and from fastest (AllocHostBytes /
+// FreeHost: pinned on a GPU).
+enum class Memory { kDevice, kHost };
+
+// `count` elements of T in one Device's memory (or its host memory),
+// freed on destruction (RAII). Move-only. Empty (null data, size 0) by
+// default. Not thread-safe; the Device must outlive the buffer.
+template <typename T, Memory kMemory>
+class Buffer {
  public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer() { Reset(); }
-  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+  Buffer() = default;
+  ~Buffer() { Reset(); }
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept {
     if (this != &other) {
       Reset();
       std::swap(device_, other.device_);
@@ -320,21 +333,21 @@ class DeviceBuffer {
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
 
   // Makes the buffer hold `count` (>= 0) elements on `device`, contents
   // unspecified; keeps the allocation when it already holds exactly `count`
   // elements on `device`. Errors: InvalidArgument for a negative count;
-  // device.AllocBytes' (the buffer is then empty).
+  // device.AllocBytes' or AllocHostBytes' (the buffer is then empty).
   absl::Status Resize(Device& device, int64_t count) {
-    if (count < 0) {
-      return absl::InvalidArgumentError("DeviceBuffer::Resize: negative element count");
-    }
+    if (count < 0) return absl::InvalidArgumentError("Buffer::Resize: negative element count");
     if (device_ == &device && size_ == count) return absl::OkStatus();
     Reset();
     if (count == 0) return absl::OkStatus();
-    absl::StatusOr<void*> p = device.AllocBytes(static_cast<size_t>(count) * sizeof(T));
+    const size_t bytes = static_cast<size_t>(count) * sizeof(T);
+    absl::StatusOr<void*> p =
+        kMemory == Memory::kDevice ? device.AllocBytes(bytes) : device.AllocHostBytes(bytes);
     if (!p.ok()) return p.status();
     device_ = &device;
     data_ = static_cast<T*>(*p);
@@ -344,7 +357,13 @@ class DeviceBuffer {
 
   // Frees the memory; the buffer is empty after.
   void Reset() {
-    if (device_ != nullptr && data_ != nullptr) device_->Free(data_);
+    if (device_ != nullptr && data_ != nullptr) {
+      if (kMemory == Memory::kDevice) {
+        device_->Free(data_);
+      } else {
+        device_->FreeHost(data_);
+      }
+    }
     device_ = nullptr;
     data_ = nullptr;
     size_ = 0;
@@ -361,6 +380,13 @@ class DeviceBuffer {
   T* data_ = nullptr;
   int64_t size_ = 0;
 };
+
+// Device memory: what the math reads and writes.
+template <typename T>
+using DeviceBuffer = Buffer<T, Memory::kDevice>;
+// Host memory the device copies to and from fastest (Device::AllocHostBytes).
+template <typename T>
+using HostBuffer = Buffer<T, Memory::kHost>;
 
 }  // namespace shardline::worker::train
 

@@ -46,6 +46,35 @@ TEST(DeviceBufferTest, ResizeReuseMoveAndReset) {
   EXPECT_TRUE(absl::IsInvalidArgument(b.Resize(d, -1)));
 }
 
+// A HostBuffer takes its memory from the device's AllocHostBytes and gives
+// it back to FreeHost (StagingDevice remembers its host blocks); the
+// device's own memory is not touched.
+TEST(HostBufferTest, AllocatesFromTheDevicesHostMemory) {
+  StagingDevice d;
+  {
+    HostBuffer<float> h;
+    ASSERT_TRUE(h.Resize(d, 100).ok());
+    EXPECT_EQ(d.host_allocations(), 1);
+    EXPECT_TRUE(d.InHostMemory(h.data(), h.bytes()));
+    EXPECT_FALSE(d.InHostMemory(h.data(), h.bytes() + 1));
+    EXPECT_EQ(d.allocations(), 0) << "no device memory";
+    float* const p = h.data();
+    ASSERT_TRUE(h.Resize(d, 100).ok());
+    EXPECT_EQ(h.data(), p);
+    EXPECT_EQ(d.host_allocations(), 1) << "same count: the allocation is kept";
+    EXPECT_EQ(d.live_host_blocks(), 1);
+  }
+  EXPECT_EQ(d.live_host_blocks(), 0) << "freed with the buffer";
+  // The default (CpuDevice's): ordinary memory; 0 bytes may be null.
+  Device& cpu = *CpuDevice::Default();
+  absl::StatusOr<void*> m = cpu.AllocHostBytes(64);
+  ASSERT_TRUE(m.ok());
+  ASSERT_NE(*m, nullptr);
+  static_cast<char*>(*m)[63] = 1;
+  cpu.FreeHost(*m);
+  cpu.FreeHost(nullptr);
+}
+
 // A freed block of a cached size comes back for the same size, as its last
 // user left it (not zero-filled again); other sizes and small blocks get
 // fresh memory; idle bytes never exceed the cap.

@@ -7,10 +7,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/train/device.h"
 
 namespace shardline::worker::train::testing {
@@ -47,6 +50,43 @@ class StagingDevice : public Device {
     live_bytes_ -= static_cast<int64_t>(bytes);
     std::free(block);
   }
+  // "Pinned" host memory: plain memory whose blocks are remembered, so a
+  // test can tell that copies went there (InHostMemory).
+  absl::StatusOr<void*> AllocHostBytes(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = std::malloc(bytes);
+    if (p == nullptr) return absl::ResourceExhaustedError("staging: out of host memory");
+    absl::MutexLock lock(&host_mu_);
+    host_blocks_[static_cast<const char*>(p)] = bytes;
+    ++host_allocations_;
+    return p;
+  }
+  void FreeHost(void* ptr) override {
+    if (ptr == nullptr) return;
+    {
+      absl::MutexLock lock(&host_mu_);
+      host_blocks_.erase(static_cast<const char*>(ptr));
+    }
+    std::free(ptr);
+  }
+  // Whether [p, p + bytes) lies in one live AllocHostBytes block.
+  bool InHostMemory(const void* p, size_t bytes) const {
+    const char* c = static_cast<const char*>(p);
+    absl::MutexLock lock(&host_mu_);
+    auto it = host_blocks_.upper_bound(c);
+    if (it == host_blocks_.begin()) return false;
+    --it;
+    return c + bytes <= it->first + it->second;
+  }
+  int64_t host_allocations() const {
+    absl::MutexLock lock(&host_mu_);
+    return host_allocations_;
+  }
+  int64_t live_host_blocks() const {
+    absl::MutexLock lock(&host_mu_);
+    return static_cast<int64_t>(host_blocks_.size());
+  }
+
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
     ++copies_;
     copied_bytes_ += static_cast<int64_t>(bytes);
@@ -169,6 +209,9 @@ class StagingDevice : public Device {
   static constexpr size_t kHeader = 64;  // keeps the data 16-byte aligned
   static CpuDevice& cpu() { return *CpuDevice::Default(); }
   std::atomic<int64_t> live_bytes_{0}, allocations_{0}, copies_{0}, copied_bytes_{0};
+  mutable absl::Mutex host_mu_;
+  std::map<const char*, size_t> host_blocks_ ABSL_GUARDED_BY(host_mu_);  // start -> bytes
+  int64_t host_allocations_ ABSL_GUARDED_BY(host_mu_) = 0;
 };
 
 }  // namespace shardline::worker::train::testing

@@ -49,8 +49,11 @@ struct UnitState {
   std::map<std::string, int64_t> offset;  // parameter name -> first element in the unit
   // A state device whose memory is not host memory: host copies of the
   // checkpointed state (params or shard_params, and the moments), filled by
-  // Slices(save) and read back by FinishRestore.
-  std::vector<float> host_params, host_exp_avg, host_exp_avg_sq;
+  // Slices(save) and read back by FinishRestore, in the host memory the
+  // device copies fastest (Device::AllocHostBytes: pinned on a GPU). Kept
+  // once made: page-locking memory is slow, and the next checkpoint reuses
+  // them.
+  HostBuffer<float> host_params, host_exp_avg, host_exp_avg_sq;
   // Only when the state is on the host and the math on a device without host
   // memory (the ZeRO-Offload path; else the math runs on `params` and
   // `grads` themselves):
@@ -244,7 +247,8 @@ class Trainer::Impl {
   // may have changed since (an optimizer step, a restore), so the device
   // copies are uploaded again before use, no device gradient is live, no
   // prefetch is in flight and no ZeRO-3 unit is held (even after a step
-  // that failed half-way), and SaveSlices' host copies are dropped.
+  // that failed half-way). (SaveSlices' host copies are kept: the next
+  // pass changes the state they copied, not them.)
   void ResetDeviceState() {
     DrainPrefetches();  // a failed pass's
     for (UnitState& s : units) {
@@ -254,10 +258,6 @@ class Trainer::Impl {
       if (zero() == 3 && s.acquired > 0) {
         s.acquired = 0;
         s.params.Reset();
-      }
-      // SaveSlices' host copies are only valid until the next step.
-      if (!restore_pending) {
-        for (const auto& [state_buffer, host] : HostCopies(s)) std::vector<float>().swap(*host);
       }
     }
   }
@@ -759,7 +759,7 @@ class Trainer::Impl {
 
   // The checkpointed state buffers of unit s (its parameters as this
   // zero_stage keeps them, both moments), each with its host copy.
-  std::array<std::pair<DeviceBuffer<float>*, std::vector<float>*>, 3> HostCopies(UnitState& s) {
+  std::array<std::pair<DeviceBuffer<float>*, HostBuffer<float>*>, 3> HostCopies(UnitState& s) {
     return {{{zero() == 3 ? &s.shard_params : &s.params, &s.host_params},
              {&s.exp_avg, &s.host_exp_avg},
              {&s.exp_avg_sq, &s.host_exp_avg_sq}}};
@@ -780,7 +780,7 @@ class Trainer::Impl {
       float* exp_avg_sq_data = s.exp_avg_sq.data();
       if (!direct) {
         for (const auto& [state_buffer, host] : HostCopies(s)) {
-          host->resize(static_cast<size_t>(state_buffer->size()));
+          SL_RETURN_IF_ERROR(host->Resize(sd(), state_buffer->size()));
           if (save) {
             SL_RETURN_IF_ERROR(
                 sd().CopyToHost(host->data(), state_buffer->data(), state_buffer->bytes()));
@@ -831,7 +831,6 @@ class Trainer::Impl {
       for (const auto& [state_buffer, host] : HostCopies(s)) {
         SL_RETURN_IF_ERROR(
             sd().CopyToDevice(state_buffer->data(), host->data(), state_buffer->bytes()));
-        std::vector<float>().swap(*host);
       }
     }
     return absl::OkStatus();

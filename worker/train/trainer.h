@@ -242,8 +242,11 @@ class Trainer {
   // Sample or Restore call.
   // Under ZeRO-3 parameters come from the shard (no gathering). Where the
   // state is not in host memory ("Where the state lives") the slices point
-  // into host copies made by this call (it waits for the device). Errors:
-  // the device's (device.h: Unavailable, the device failed).
+  // into host copies made by this call (it waits for the device) in the
+  // host memory the device copies fastest (Device::AllocHostBytes: pinned
+  // on a GPU), kept for the next call. Errors: the device's (device.h:
+  // Unavailable, the device failed; ResourceExhausted, out of page-locked
+  // host memory).
   absl::StatusOr<std::vector<StateSlice>> SaveSlices();
 
   // What this rank needs to continue from a checkpoint under ITS layout:

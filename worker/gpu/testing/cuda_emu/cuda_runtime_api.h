@@ -21,5 +21,8 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t s) { delete s; return cudaSucc
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaMalloc(void** p, size_t n) { *p = std::malloc(n); for (size_t i = 0; i < n / 4; ++i) ((float*)*p)[i] = __builtin_nanf(""); return cudaSuccess; }
 inline cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
+#define cudaHostAllocDefault 0x00
+inline cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) { *p = std::malloc(n); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
+inline cudaError_t cudaFreeHost(void* p) { std::free(p); return cudaSuccess; }
 inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) { std::memcpy(d, s, n); return cudaSuccess; }
 inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) { std::memset(d, v, n); return cudaSuccess; }
