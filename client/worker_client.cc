@@ -104,6 +104,21 @@ absl::StatusOr<v1::HeartbeatResponse> GrpcWorkerClient::Heartbeat(
       });
 }
 
+WorkerClient::Reconnect GrpcWorkerClient::AwaitConnection(absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
+  grpc::Channel& channel = *stubs_->channels().Leader().channel;
+  grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+  if (state == GRPC_CHANNEL_READY) return {};
+  while (state != GRPC_CHANNEL_READY && absl::Now() < deadline) {
+    // Returns when the state changes (polling the connect meanwhile) or at
+    // the deadline; try_to_connect starts the next attempt after a backoff.
+    if (!channel.WaitForStateChange(state, absl::ToChronoTime(deadline))) break;
+    state = channel.GetState(/*try_to_connect=*/true);
+  }
+  return {state == GRPC_CHANNEL_READY, absl::Now() - start};
+}
+
 absl::StatusOr<v1::Assignment> GrpcWorkerClient::GetAssignment(
     const v1::GetAssignmentRequest& request) {
   const absl::Duration timeout =

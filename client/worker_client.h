@@ -131,6 +131,23 @@ class WorkerClient {
   // job, or FAILED / CANCELLED); ABORTED (this incarnation is LOST, LEFT or
   // replaced).
   virtual absl::StatusOr<v1::Job> CompleteJob(const v1::CompleteJobRequest& request) = 0;
+
+  // After a call failed UNAVAILABLE: waits up to `timeout` for the
+  // connection to the coordinator (the leader guess's, with replicas) to be
+  // ready, making it connect and watching the attempts meanwhile. gRPC
+  // notices a finished connect only while something polls the channel, and
+  // calls on a failed channel fail at once without polling
+  // (common/grpc_backup_poll.h); this wait polls, so a restarted
+  // coordinator is reached as soon as it serves whatever the backup poller
+  // does. Returns whether it reconnected (the connection was not ready and
+  // now is; a connection that was ready returns {false, 0} at once: the
+  // call failed for another reason) and how long it waited. Default
+  // (fakes): {false, 0}, at once.
+  struct Reconnect {
+    bool reconnected = false;
+    absl::Duration waited;
+  };
+  virtual Reconnect AwaitConnection(absl::Duration timeout) { return {}; }
 };
 
 // WorkerClient over gRPC: every call carries its token and deadline
@@ -155,6 +172,7 @@ class GrpcWorkerClient final : public WorkerClient {
       const v1::ReportErrorRequest& request) override;
   absl::StatusOr<v1::LeaveJobResponse> LeaveJob(const v1::LeaveJobRequest& request) override;
   absl::StatusOr<v1::Job> CompleteJob(const v1::CompleteJobRequest& request) override;
+  Reconnect AwaitConnection(absl::Duration timeout) override;
 
  private:
   static ConnectionOptions WithMemberCredential(ConnectionOptions options);

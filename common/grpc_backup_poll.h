@@ -19,7 +19,12 @@
 // kBackupPollIntervalMs during static initialisation, before gRPC can have
 // read it (at its first grpc_init), unless the environment already sets it
 // (an operator's value wins; 0 turns the backup poller off). Its cost is
-// one poll of an empty set per interval per process. A program that
+// one poll of an empty set per interval per process. The worker does not
+// depend on it to reconnect: after an UNAVAILABLE heartbeat it watches the
+// connection itself (client::WorkerClient::AwaitConnection), which polls;
+// with the backup poller off (tests:elastic_training_test
+// CoordinatorRestartWithoutGrpcBackupPoller) it reconnected 0.2 s after
+// the coordinator served, and never without that watch. A program that
 // initialised gRPC before this library's static initialisers ran (another
 // library's static constructor creating a channel) keeps gRPC's default.
 #ifndef SHARDLINE_COMMON_GRPC_BACKUP_POLL_H_

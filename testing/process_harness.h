@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -45,10 +46,12 @@ inline std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// A child process whose stdout and stderr go to `log`.
+// A child process whose stdout and stderr go to `log`, with `env`'s
+// variables set (over the parent's environment).
 class Child {
  public:
-  Child(const std::string& binary, const std::vector<std::string>& args, std::string log)
+  Child(const std::string& binary, const std::vector<std::string>& args, std::string log,
+        const std::vector<std::pair<std::string, std::string>>& env = {})
       : log_(std::move(log)) {
     pid_ = ::fork();
     if (pid_ == 0) {
@@ -57,6 +60,7 @@ class Child {
       ::dup2(fileno(f), 2);
       ::unsetenv("SHARDLINE_TOKEN");
       ::unsetenv("SHARDLINE_COORDINATOR");
+      for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
       std::vector<char*> argv;
       argv.push_back(const_cast<char*>(binary.c_str()));
       for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));

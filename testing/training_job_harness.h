@@ -207,7 +207,7 @@ class TrainingJobTest : public ::testing::Test {
     flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
     workers_.push_back(std::make_unique<Child>(
         Runfile("worker/shardline-worker"), flags,
-        absl::StrCat(dir_, "/worker", i, "-", ++worker_starts_, ".log")));
+        absl::StrCat(dir_, "/worker", i, "-", ++worker_starts_, ".log"), worker_env_));
     return *workers_.back();
   }
 
@@ -306,6 +306,8 @@ class TrainingJobTest : public ::testing::Test {
   std::string address_;
   int coordinator_starts_ = 0;
   int worker_starts_ = 0;
+  // Environment variables of every worker started from now on.
+  std::vector<std::pair<std::string, std::string>> worker_env_;
 };
 
 }  // namespace shardline::worker

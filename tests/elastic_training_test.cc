@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/grpc_backup_poll.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -129,6 +130,26 @@ TEST_F(ElasticTrainingTest, CoordinatorRestartMidTraining) {
   EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs();
   // Training went on in the same generation: nothing re-formed.
   EXPECT_EQ(GetJob().generation(), 1u);
+}
+
+// The same with gRPC's backup poller off in the workers (an operator's
+// GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS=0; common/grpc_backup_poll.h):
+// then only the agent's own watch of the connection after an UNAVAILABLE
+// heartbeat (WorkerClient::AwaitConnection) notices that the restarted
+// coordinator serves; without it the workers never reconnected and the job
+// stayed RECOVERING.
+TEST_F(ElasticTrainingTest, CoordinatorRestartWithoutGrpcBackupPoller) {
+  v1::JobSpec spec = Spec(dir_ + "/ckpt-coord-nopoll", 2, 2);
+  spec.mutable_elastic()->mutable_heartbeat_timeout()->set_seconds(10);
+  const double reference = UninterruptedFinalLoss(spec);
+  worker_env_ = {{kBackupPollIntervalVariable, "0"}};
+  ASSERT_NO_FATAL_FAILURE(StartTraining(spec, /*workers=*/2, /*until_step=*/8));
+  coordinator_->Kill();
+  absl::SleepFor(absl::Milliseconds(1500));
+  StartCoordinator(address_);
+  const double final_loss = WaitForCompletion();
+  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs();
+  EXPECT_EQ(GetJob().generation(), 1u) << Logs();
 }
 
 }  // namespace

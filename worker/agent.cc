@@ -18,6 +18,10 @@ namespace {
 constexpr absl::Duration kAssignmentSlice = absl::Seconds(30);
 // ElasticPolicy.heartbeat_interval when unset.
 constexpr absl::Duration kDefaultHeartbeatInterval = absl::Seconds(5);
+// After an UNAVAILABLE heartbeat, how long at most the heartbeat thread
+// watches the connection before it waits for the rest of the interval (it
+// does not see Stop meanwhile).
+constexpr absl::Duration kReconnectWatch = absl::Seconds(1);
 
 absl::Duration FromProto(const google::protobuf::Duration& d) {
   return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
@@ -518,9 +522,20 @@ void WorkerAgent::HeartbeatLoop() {
       // state).
       StopIfJobForgotten(s, /*not_found_means_unknown_job=*/false);
     }
+    absl::Duration wait = interval;
+    if (absl::IsUnavailable(s)) {
+      // Watch the connection for part of the interval: the next heartbeat
+      // goes as soon as a restarted coordinator can be reached
+      // (WorkerClient::AwaitConnection), at most one interval after this
+      // one otherwise.
+      const client::WorkerClient::Reconnect r =
+          workers_->AwaitConnection(std::min(interval, kReconnectWatch));
+      wait = r.reconnected ? absl::ZeroDuration()
+                           : std::max(absl::ZeroDuration(), interval - r.waited);
+    }
     absl::MutexLock lock(&mu_);
     auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || heartbeat_now_; };
-    clock_->AwaitWithTimeout(mu_, absl::Condition(&wake), interval);
+    clock_->AwaitWithTimeout(mu_, absl::Condition(&wake), wait);
     if (stopping_) return;
   }
 }
