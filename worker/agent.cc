@@ -502,7 +502,8 @@ void WorkerAgent::HeartbeatLoop() {
                                   "): ", s.ToString()));
       } else if (resp.ok() && failures > 0) {
         options_.log(absl::StrCat("heartbeats accepted again after ", failures, " failed over ",
-                                  absl::FormatDuration(clock_->Now() - first_failure),
+                                  absl::FormatDuration(absl::Trunc(clock_->Now() - first_failure,
+                                                                   absl::Milliseconds(1))),
                                   " (the last: ", last_failure.ToString(), ")"));
         failures = 0;
       }
