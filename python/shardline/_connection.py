@@ -801,6 +801,36 @@ class Connection:
         self._check_open()
         return Stream(self, method, request, self._call_token(token))
 
+    def await_reconnect(self, timeout: float) -> bool:
+        """After a call failed UNAVAILABLE: waits up to `timeout` seconds for the
+        leader guess's channel to become ready, making it connect and watching
+        the attempts meanwhile. gRPC notices a finished connect only while
+        something polls the channel, and calls on a failed channel fail at once
+        without polling; this watch polls, so a restarted coordinator is
+        reached as soon as it serves, whatever gRPC's backup poller does
+        (common/grpc_backup_poll.h). True when the channel was not ready and
+        now is; False at once when it was ready already (the call failed for
+        another reason), and after `timeout` otherwise."""
+        replica = self._leader()
+        channel = replica.channel
+        ready = threading.Event()
+        seen: List[grpc.ChannelConnectivity] = []
+
+        def on_state(state: grpc.ChannelConnectivity) -> None:
+            seen.append(state)
+            if state == grpc.ChannelConnectivity.READY:
+                ready.set()
+
+        channel.subscribe(on_state, try_to_connect=True)
+        try:
+            ready.wait(max(0.0, timeout))
+        finally:
+            channel.unsubscribe(on_state)
+            replica.polling_until = time.monotonic() + 0.5
+        # The first state reported is the current one: READY then means it was
+        # ready before the wait.
+        return ready.is_set() and bool(seen) and seen[0] != grpc.ChannelConnectivity.READY
+
     def close(self) -> None:
         """Closes every channel; open streams and calls in flight end (CANCELLED). Idempotent."""
         with self._lock:

@@ -43,6 +43,9 @@ from google.protobuf import duration_pb2
 # The longest one GetAssignment call waits before the member looks again at
 # its state (seconds): a re-form or a stop is noticed between slices.
 _ASSIGNMENT_SLICE_S = 2.0
+# After an UNAVAILABLE heartbeat, how long at most the heartbeat thread
+# watches the connection (seconds).
+_RECONNECT_WATCH_S = 1.0
 # Session stream reconnect backoff (seconds).
 _RECONNECT_MIN_S = 0.05
 _RECONNECT_MAX_S = 2.0
@@ -416,13 +419,15 @@ class Member:
                 backoff = min(_RECONNECT_MAX_S, backoff * 2)
 
     def _heartbeat_loop(self) -> None:
+        wait = None  # None: one interval
         while True:
             spec = self.spec
             interval = 5.0
             if spec is not None and spec.elastic.HasField("heartbeat_interval"):
                 interval = max(0.01, spec.elastic.heartbeat_interval.ToNanoseconds() / 1e9)
-            if self._stop.wait(interval):
+            if self._stop.wait(interval if wait is None else wait):
                 return
+            wait = None
             with self._lock:
                 if self._left:
                     return
@@ -441,6 +446,16 @@ class Member:
             except errors.FailedPreconditionError as e:
                 self._note_closed(e.message)
                 return
+            except errors.UnavailableError:
+                # Unreachable for now: watch the connection for part of the
+                # interval and beat again as soon as a restarted coordinator
+                # can be reached (Connection.await_reconnect), at most one
+                # interval after this beat otherwise.
+                start = time.monotonic()
+                if self._conn.await_reconnect(min(interval, _RECONNECT_WATCH_S)):
+                    wait = 0.0
+                else:
+                    wait = max(0.0, interval - (time.monotonic() - start))
             except errors.ShardlineError:
-                pass  # unreachable for now; the stream and the next beat tell
+                pass  # the stream and the next beat tell
 

@@ -296,6 +296,52 @@ class FormedJobTest(unittest.TestCase):
             next(iter(self.client.watch("formed", after_sequence=10 ** 9)))
 
 
+class ReconnectTest(unittest.TestCase):
+    """A member (in a child process, gRPC's backup poller off) whose coordinator is
+    SIGKILLed and restarted on its state heartbeats again as soon as it serves:
+    the member watches its connection after a failed heartbeat
+    (Connection.await_reconnect); without that watch it never reconnected."""
+
+    def test_member_heartbeats_reach_a_restarted_coordinator(self):
+        tmp = tempfile.mkdtemp()
+        child = None
+        try:
+            with Coordinator(state_dir=tmp) as c:
+                spec = dict(SPEC)
+                spec["elastic"] = dict(SPEC["elastic"], heartbeat_interval="0.2s",
+                                       heartbeat_timeout="30s")
+                with shardline.Client(c.address) as client:
+                    client.create_job(spec, job_id="reconnect")
+                child = subprocess.Popen(
+                    [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "member_child.py"), c.address, "reconnect", "w0"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                self.assertEqual(child.stdout.readline().strip(), "joined")
+                time.sleep(0.5)  # a few heartbeats on the first connection
+                c.kill()
+                time.sleep(1.0)  # heartbeats fail meanwhile
+                c.start()
+                restarted = time.time()
+                beat = None
+                with shardline.Client(c.address) as client:
+                    deadline = time.monotonic() + 8
+                    while beat is None and time.monotonic() < deadline:
+                        for m in client.members("reconnect").members:
+                            t = m.last_heartbeat_time.ToNanoseconds() / 1e9
+                            if m.worker_id == "w0" and t > restarted:
+                                beat = t - restarted
+                        time.sleep(0.05)
+                self.assertIsNotNone(beat, "no heartbeat within 8 s of the restart\n" + c.logs())
+                # Heartbeats every 0.2 s: the first after the restart within
+                # about one interval plus the reconnect (0.2 s measured).
+                self.assertLess(beat, 3.0)
+        finally:
+            if child is not None:
+                child.stdin.close()
+                child.wait(15)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class AuthTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
