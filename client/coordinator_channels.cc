@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/time/clock.h"
 
 namespace shardline::client {
 
@@ -94,6 +95,18 @@ CoordinatorChannels::Replica CoordinatorChannels::MoveOn(size_t index) {
 void CoordinatorChannels::Succeeded(size_t index) {
   absl::MutexLock lock(&mu_);
   if (index < replicas_.size()) leader_ = index;
+}
+
+grpc_connectivity_state WatchChannel(grpc::Channel& channel, absl::Time deadline,
+                                     absl::FunctionRef<bool(grpc_connectivity_state)> done) {
+  grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+  while (!done(state) && absl::Now() < deadline) {
+    // Returns when the state changes (polling the connect meanwhile) or at
+    // the deadline; try_to_connect starts the next attempt after a backoff.
+    if (!channel.WaitForStateChange(state, absl::ToChronoTime(deadline))) break;
+    state = channel.GetState(/*try_to_connect=*/true);
+  }
+  return state;
 }
 
 }  // namespace shardline::client

@@ -36,9 +36,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "client/connection.h"
 #include "grpcpp/grpcpp.h"
 
@@ -108,6 +110,13 @@ class CoordinatorChannels {
   std::vector<Replica> replicas_ ABSL_GUARDED_BY(mu_);
   size_t leader_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// Watches `channel`, asking it to connect, until `done(state)` holds or
+// `deadline` passes; returns the last state seen. gRPC notices a finished
+// connect only while something polls the channel, and this wait polls
+// (common/grpc_backup_poll.h). Thread-safe.
+grpc_connectivity_state WatchChannel(grpc::Channel& channel, absl::Time deadline,
+                                     absl::FunctionRef<bool(grpc_connectivity_state)> done);
 
 }  // namespace shardline::client
 

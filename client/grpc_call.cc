@@ -79,14 +79,13 @@ CallAttempts::CallAttempts(CoordinatorChannels& channels, Retry retry, Serves se
 
 grpc::Status CallAttempts::AwaitConnectable() const {
   if (channels_.size() <= 1) return grpc::Status::OK;
-  grpc::Channel& channel = *replica_.channel;
-  grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
-  const absl::Time until = std::min(deadline_, absl::Now() + kConnectWait);
-  while (state == GRPC_CHANNEL_IDLE || state == GRPC_CHANNEL_CONNECTING) {
-    if (!channel.WaitForStateChange(state, absl::ToChronoTime(until))) break;
-    state = channel.GetState(/*try_to_connect=*/true);
-  }
-  if (state == GRPC_CHANNEL_IDLE || state == GRPC_CHANNEL_CONNECTING) {
+  auto connecting = [](grpc_connectivity_state s) {
+    return s == GRPC_CHANNEL_IDLE || s == GRPC_CHANNEL_CONNECTING;
+  };
+  const grpc_connectivity_state state =
+      WatchChannel(*replica_.channel, std::min(deadline_, absl::Now() + kConnectWait),
+                   [&](grpc_connectivity_state s) { return !connecting(s); });
+  if (connecting(state)) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         absl::StrCat(kUnconnected, absl::FormatDuration(kConnectWait), ")"));
   }

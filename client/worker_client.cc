@@ -106,16 +106,11 @@ absl::StatusOr<v1::HeartbeatResponse> GrpcWorkerClient::Heartbeat(
 
 WorkerClient::Reconnect GrpcWorkerClient::AwaitConnection(absl::Duration timeout) {
   const absl::Time start = absl::Now();
-  const absl::Time deadline = start + timeout;
   grpc::Channel& channel = *stubs_->channels().Leader().channel;
-  grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
-  if (state == GRPC_CHANNEL_READY) return {};
-  while (state != GRPC_CHANNEL_READY && absl::Now() < deadline) {
-    // Returns when the state changes (polling the connect meanwhile) or at
-    // the deadline; try_to_connect starts the next attempt after a backoff.
-    if (!channel.WaitForStateChange(state, absl::ToChronoTime(deadline))) break;
-    state = channel.GetState(/*try_to_connect=*/true);
-  }
+  if (channel.GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) return {};
+  const grpc_connectivity_state state =
+      WatchChannel(channel, start + timeout,
+                   [](grpc_connectivity_state s) { return s == GRPC_CHANNEL_READY; });
   return {state == GRPC_CHANNEL_READY, absl::Now() - start};
 }
 
