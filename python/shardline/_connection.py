@@ -41,7 +41,7 @@ import ssl
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -216,6 +216,29 @@ class _Replica:
                 self._stubs[service] = stub
         return getattr(stub, method)
 
+    def watch(self, done: Callable[[grpc.ChannelConnectivity], bool],
+              timeout: float) -> Tuple[bool, List[grpc.ChannelConnectivity]]:
+        """Watches the channel, asking it to connect, until done(state) holds or
+        `timeout` seconds pass; returns whether it held and the states reported
+        (the first is the state at the start). gRPC notices a finished connect
+        only while something polls the channel, and this watch polls
+        (common/grpc_backup_poll.h)."""
+        settled = threading.Event()
+        seen: List[grpc.ChannelConnectivity] = []
+
+        def on_state(state: grpc.ChannelConnectivity) -> None:
+            seen.append(state)
+            if done(state):
+                settled.set()
+
+        self.channel.subscribe(on_state, try_to_connect=True)
+        try:
+            settled.wait(max(0.0, timeout))
+        finally:
+            self.channel.unsubscribe(on_state)
+            self.polling_until = time.monotonic() + 0.5
+        return settled.is_set(), seen
+
 
 def _metadata_value(metadata, key: str) -> str:
     for k, v in metadata or ():
@@ -300,21 +323,11 @@ class _Attempts:
         r = self.remaining()
         if r is not None:
             wait = max(0.0, min(wait, r))
-        settled = threading.Event()
-
-        def on_state(state: grpc.ChannelConnectivity) -> None:
-            if state in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-                         grpc.ChannelConnectivity.SHUTDOWN):
-                settled.set()
-
-        channel = self.replica.channel
-        channel.subscribe(on_state, try_to_connect=True)
-        try:
-            settled.wait(wait)
-        finally:
-            channel.unsubscribe(on_state)
-            self.replica.polling_until = time.monotonic() + 0.5
-        if settled.is_set():
+        settled, _ = self.replica.watch(
+            lambda state: state in (grpc.ChannelConnectivity.READY,
+                                    grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                                    grpc.ChannelConnectivity.SHUTDOWN), wait)
+        if settled:
             return None
         return _Status(grpc.StatusCode.UNAVAILABLE, "%s%gs)" % (_UNCONNECTED, _CONNECT_WAIT))
 
@@ -811,25 +824,11 @@ class Connection:
         (common/grpc_backup_poll.h). True when the channel was not ready and
         now is; False at once when it was ready already (the call failed for
         another reason), and after `timeout` otherwise."""
-        replica = self._leader()
-        channel = replica.channel
-        ready = threading.Event()
-        seen: List[grpc.ChannelConnectivity] = []
-
-        def on_state(state: grpc.ChannelConnectivity) -> None:
-            seen.append(state)
-            if state == grpc.ChannelConnectivity.READY:
-                ready.set()
-
-        channel.subscribe(on_state, try_to_connect=True)
-        try:
-            ready.wait(max(0.0, timeout))
-        finally:
-            channel.unsubscribe(on_state)
-            replica.polling_until = time.monotonic() + 0.5
+        ready, seen = self._leader().watch(
+            lambda state: state == grpc.ChannelConnectivity.READY, timeout)
         # The first state reported is the current one: READY then means it was
         # ready before the wait.
-        return ready.is_set() and bool(seen) and seen[0] != grpc.ChannelConnectivity.READY
+        return ready and bool(seen) and seen[0] != grpc.ChannelConnectivity.READY
 
     def close(self) -> None:
         """Closes every channel; open streams and calls in flight end (CANCELLED). Idempotent."""
