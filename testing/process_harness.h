@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -144,6 +145,20 @@ inline std::string ListeningAddress(const Child& coordinator) {
     }
   }
   return address;
+}
+
+// Starts shardline-coordinator on a free loopback port with its state in
+// memory, its output in `log`, into *coordinator, and waits up to 20 s for
+// it to serve. Returns its address; "" when it did not start (its Log()
+// says why).
+inline std::string StartMemoryCoordinator(std::unique_ptr<Child>* coordinator,
+                                          const std::string& log) {
+  *coordinator = std::make_unique<Child>(Runfile("server/shardline-coordinator"),
+                                         std::vector<std::string>{"--listen", "127.0.0.1:0",
+                                                                  "--state", "memory"},
+                                         log);
+  if (!(*coordinator)->WaitFor("listening on ", absl::Seconds(20))) return "";
+  return ListeningAddress(**coordinator);
 }
 
 }  // namespace shardline::worker

@@ -46,6 +46,8 @@ v1::JobSpec Spec(const std::string& checkpoint_dir, int min_workers, int max_wor
 class ElasticTrainingTest : public TrainingJobTest {
  protected:
   ElasticTrainingTest() : TrainingJobTest("elastic") {}
+
+  void CoordinatorRestartKeepsTheGeneration(const std::string& checkpoints);
 };
 
 // Three workers (world 3 at most 3... here max 2: one spare); SIGKILL a
@@ -113,9 +115,10 @@ TEST_F(ElasticTrainingTest, C9SigstopIsDetectedByHeartbeatTimeout) {
 }
 
 // The coordinator is killed (SIGKILL) mid-training and restarted on its
-// SQLite file: the workers reconnect and training goes on to the end.
-TEST_F(ElasticTrainingTest, CoordinatorRestartMidTraining) {
-  v1::JobSpec spec = Spec(dir_ + "/ckpt-coord", 2, 2);
+// SQLite file: the workers reconnect and training goes on to the end, in
+// the same generation. `checkpoints` names the job's checkpoint folder.
+void ElasticTrainingTest::CoordinatorRestartKeepsTheGeneration(const std::string& checkpoints) {
+  v1::JobSpec spec = Spec(dir_ + "/" + checkpoints, 2, 2);
   // Heartbeats resume within a second or two of the restart; a timeout
   // longer than that (the default is 30 s) keeps the generation.
   spec.mutable_elastic()->mutable_heartbeat_timeout()->set_seconds(10);
@@ -129,7 +132,11 @@ TEST_F(ElasticTrainingTest, CoordinatorRestartMidTraining) {
   const double final_loss = WaitForCompletion();
   EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs();
   // Training went on in the same generation: nothing re-formed.
-  EXPECT_EQ(GetJob().generation(), 1u);
+  EXPECT_EQ(GetJob().generation(), 1u) << Logs();
+}
+
+TEST_F(ElasticTrainingTest, CoordinatorRestartMidTraining) {
+  CoordinatorRestartKeepsTheGeneration("ckpt-coord");
 }
 
 // The same with gRPC's backup poller off in the workers (an operator's
@@ -139,17 +146,8 @@ TEST_F(ElasticTrainingTest, CoordinatorRestartMidTraining) {
 // coordinator serves; without it the workers never reconnected and the job
 // stayed RECOVERING.
 TEST_F(ElasticTrainingTest, CoordinatorRestartWithoutGrpcBackupPoller) {
-  v1::JobSpec spec = Spec(dir_ + "/ckpt-coord-nopoll", 2, 2);
-  spec.mutable_elastic()->mutable_heartbeat_timeout()->set_seconds(10);
-  const double reference = UninterruptedFinalLoss(spec);
   worker_env_ = {{kBackupPollIntervalVariable, "0"}};
-  ASSERT_NO_FATAL_FAILURE(StartTraining(spec, /*workers=*/2, /*until_step=*/8));
-  coordinator_->Kill();
-  absl::SleepFor(absl::Milliseconds(1500));
-  StartCoordinator(address_);
-  const double final_loss = WaitForCompletion();
-  EXPECT_NEAR(final_loss, reference, 1e-3 * reference) << Logs();
-  EXPECT_EQ(GetJob().generation(), 1u) << Logs();
+  CoordinatorRestartKeepsTheGeneration("ckpt-coord-nopoll");
 }
 
 }  // namespace

@@ -51,11 +51,10 @@ std::vector<std::string> LossLines(const std::string& log) {
 
 TEST(GpuWorkerEmuTest, NcclOnTheEmulatedGpuLogsTheCpuWorkersLosses) {
   const std::string dir = TempDir();
-  Child coordinator(Runfile("server/shardline-coordinator"),
-                    {"--listen", "127.0.0.1:0", "--state", "memory"}, dir + "/coordinator.log");
-  ASSERT_TRUE(coordinator.WaitFor("listening on ", absl::Seconds(20))) << coordinator.Log();
-  const std::string address = ListeningAddress(coordinator);
-  ASSERT_FALSE(address.empty());
+  std::unique_ptr<Child> coordinator;
+  const std::string address =
+      StartMemoryCoordinator(&coordinator, dir + "/coordinator.log");
+  ASSERT_FALSE(address.empty()) << coordinator->Log();
   auto jobs = v1::JobService::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   for (const char* job : {"cpu", "gpu"}) {

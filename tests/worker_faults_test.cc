@@ -50,11 +50,11 @@ TEST(WorkerFaultsTest, ABadFaultSpecIsExitTwoNamingTheFlag) {
 
 TEST(WorkerFaultsTest, AStalledRankExitsOneSoonAfterStopWhileItsPeerStopsCleanly) {
   const std::string dir = TempDir();
-  Child coordinator(Runfile("server/shardline-coordinator"),
-                    {"--listen", "127.0.0.1:0", "--state", "memory"}, dir + "/coordinator.log");
-  ASSERT_TRUE(coordinator.WaitFor("listening on ", absl::Seconds(20))) << coordinator.Log();
-  const std::string address = ListeningAddress(coordinator);
-  ASSERT_FALSE(address.empty());
+  std::unique_ptr<Child> coordinator_process;
+  const std::string address =
+      StartMemoryCoordinator(&coordinator_process, dir + "/coordinator.log");
+  ASSERT_FALSE(address.empty()) << coordinator_process->Log();
+  Child& coordinator = *coordinator_process;
   auto jobs =
       v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   {

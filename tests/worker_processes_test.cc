@@ -55,16 +55,11 @@ v1::JobSpec Spec() {
 
 TEST(WorkerProcessesTest, SurvivorsRebuildCommunicatorsAfterSigkill) {
   const std::string dir = TempDir();
-  Child coordinator(Runfile("server/shardline-coordinator"),
-                    {"--listen", "127.0.0.1:0", "--state", "memory"}, dir + "/coordinator.log");
-  ASSERT_TRUE(coordinator.WaitFor("listening on ", absl::Seconds(20))) << coordinator.Log();
-  std::string address;
-  for (absl::string_view line : absl::StrSplit(coordinator.Log(), '\n')) {
-    if (absl::ConsumePrefix(&line, "listening on ")) {
-      address = std::string(absl::StripAsciiWhitespace(line));
-    }
-  }
-  ASSERT_FALSE(address.empty());
+  std::unique_ptr<Child> coordinator_process;
+  const std::string address =
+      StartMemoryCoordinator(&coordinator_process, dir + "/coordinator.log");
+  ASSERT_FALSE(address.empty()) << coordinator_process->Log();
+  Child& coordinator = *coordinator_process;
 
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   auto jobs = v1::JobService::NewStub(channel);
