@@ -241,7 +241,8 @@ int HostAlloc(Ctx* ctx, size_t bytes, void** ptr) {
   const cudaError_t e = cudaHostAlloc(ptr, bytes == 0 ? 1 : bytes, cudaHostAllocDefault);
   if (e == cudaErrorMemoryAllocation) {
     return Fail(ctx, SHARDLINE_GPU_RESOURCE_EXHAUSTED,
-                "cudaHostAlloc(%zu bytes): out of page-locked host memory", bytes);
+                "cudaHostAlloc(%zu bytes): out of page-locked host memory; free host memory, "
+                "or run fewer ranks on this host", bytes);
   }
   return Check(ctx, "cudaHostAlloc", e);
 }

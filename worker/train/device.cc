@@ -17,7 +17,8 @@ absl::StatusOr<void*> Device::AllocHostBytes(size_t bytes) {
   void* p = std::malloc(bytes);
   if (p == nullptr) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("out of host memory allocating ", bytes, " bytes for copies of ", name()));
+        absl::StrCat("out of host memory allocating ", bytes, " bytes for copies of ", name(),
+                     "; free host memory, or run fewer ranks on this host"));
   }
   return p;
 }
