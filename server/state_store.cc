@@ -546,10 +546,6 @@ absl::StatusOr<int> OpenStateFile(const std::string& path, const SqliteStoreOpti
   // database path.
   char resolved[PATH_MAX];
   const std::string real = realpath(path.c_str(), resolved) != nullptr ? resolved : path;
-  if (absl::Status s = RestrictMode(fd, path); !s.ok()) return s;
-  for (const char* suffix : {"-wal", "-shm"}) {
-    if (absl::Status s = RestrictMode(-1, real + suffix); !s.ok()) return s;
-  }
   if (!created && st.st_size == 0 && !options.initialize_empty) {
     // SQLite would take it for a new database; a committed -wal beside it
     // (a crash right after creation) is still a database to recover.
@@ -561,6 +557,23 @@ absl::StatusOr<int> OpenStateFile(const std::string& path, const SqliteStoreOpti
           "something else; restore it from a backup, or, to start with empty state (every job "
           "forgotten), delete it or start the coordinator once with --init-state"));
     }
+  }
+  if (!created && st.st_size > 0) {
+    // Refused before RestrictMode: a file that is not an SQLite database
+    // keeps its mode (only a state file is made private).
+    char header[16] = {};
+    const ssize_t n = pread(fd, header, sizeof(header), 0);
+    if (n != static_cast<ssize_t>(sizeof(header)) ||
+        std::memcmp(header, "SQLite format 3", sizeof(header)) != 0) {
+      return absl::DataLossError(absl::StrCat(
+          "state database ", path, " is not an SQLite database (its first bytes are not "
+          "SQLite's header), so not a Shardline state database: restore it from a backup, or "
+          "point --state at another file (a missing one starts with empty state)"));
+    }
+  }
+  if (absl::Status s = RestrictMode(fd, path); !s.ok()) return s;
+  for (const char* suffix : {"-wal", "-shm"}) {
+    if (absl::Status s = RestrictMode(-1, real + suffix); !s.ok()) return s;
   }
   return closer.release();
 }

@@ -292,6 +292,25 @@ TEST(SqliteStoreTest, GarbageFileIsDataLoss) {
   EXPECT_THAT(store.status().message(), HasSubstr(path));
 }
 
+// A refused file that is not an SQLite database (text, or empty) keeps its
+// mode: only a state file is made private (0600).
+TEST(SqliteStoreTest, RefusedNonDatabaseFilesKeepTheirMode) {
+  for (const std::string& content : {std::string(), std::string("hello, not a database\n")}) {
+    const std::string path = NewDbPath();
+    {
+      std::ofstream f(path, std::ios::binary);
+      f << content;
+    }
+    ASSERT_EQ(chmod(path.c_str(), 0644), 0);
+    absl::StatusOr<std::unique_ptr<StateStore>> store = OpenSqliteStore(path);
+    ASSERT_FALSE(store.ok());
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << store.status();
+    struct stat st;
+    ASSERT_EQ(stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0644u) << "content '" << content << "'";
+  }
+}
+
 TEST(SqliteStoreTest, TruncatedDatabaseIsDataLoss) {
   const std::string path = NewDbPath();
   {
