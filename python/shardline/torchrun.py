@@ -14,6 +14,7 @@ installed package, so plain `torchrun --rdzv-backend shardline` works.
 """
 
 import sys
+import time
 
 # Seconds between the agent's checks of its workers and of
 # num_nodes_waiting(), unless --monitor_interval is given.
@@ -38,9 +39,24 @@ def _fix_std_from_str() -> None:
     api.Std.from_str = staticmethod(from_str)
 
 
-# How many times the agent runs again after its round ended under it (see
-# main); each time is a new round, so more means the job keeps re-forming.
-MAX_ROUND_RETRIES = 3
+# The rendezvous's join_timeout when rdzv_conf does not give one
+# (python/shardline/torch/rendezvous.py).
+DEFAULT_JOIN_TIMEOUT_S = 600.0
+
+
+def _join_timeout(rdzv_conf) -> float:
+    """join_timeout of an --rdzv_conf "k=v,k=v" value, in seconds; the default
+    when it is absent or not a positive number (the handler then refuses the
+    value itself, naming it)."""
+    for item in (rdzv_conf or "").split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "join_timeout":
+            try:
+                seconds = float(value)
+            except ValueError:
+                return DEFAULT_JOIN_TIMEOUT_S
+            return seconds if 0 < seconds < float("inf") else DEFAULT_JOIN_TIMEOUT_S
+    return DEFAULT_JOIN_TIMEOUT_S
 
 
 def _given(args, names):
@@ -67,7 +83,7 @@ def main(argv=None) -> None:
               "--monitor_interval %.1f by default; rdzv_conf keys of the backend: %s "
               "(python/shardline/torch/rendezvous.py)\n"
               % (DEFAULT_MONITOR_INTERVAL_S, ", ".join(rendezvous.CONF_KEYS)))
-    given = _given(args, ("rdzv_backend", "monitor_interval"))
+    given = _given(args, ("rdzv_backend", "monitor_interval", "rdzv_conf"))
     if given["rdzv_backend"] is None:
         args = ["--rdzv_backend", rendezvous.BACKEND_NAME] + args
     if given["monitor_interval"] is None:
@@ -76,7 +92,9 @@ def main(argv=None) -> None:
         # current (no RPC), so polling twice a second costs nothing and
         # bounds that part of a recovery to 0.5 s (torch 1.13's default: 5 s).
         args = ["--monitor_interval", str(DEFAULT_MONITOR_INTERVAL_S)] + args
-    for attempt in range(MAX_ROUND_RETRIES + 1):
+    join_timeout = _join_timeout(given["rdzv_conf"])
+    first_end = None
+    while True:
         try:
             run.main(args)
             return
@@ -86,7 +104,13 @@ def main(argv=None) -> None:
             # next_rendezvous: torch lets that error end the agent. No worker
             # of that round has started, so the agent runs again and joins
             # the next round (its handler left the job on the way out).
-            if attempt == MAX_ROUND_RETRIES:
+            # Agents that start or re-join seconds apart can end several
+            # rounds in a row (each late join ends the round the others had
+            # formed), so the bound is the rendezvous's own: join_timeout
+            # from the first such end, not a count (3 ran out under load).
+            now = time.monotonic()
+            first_end = now if first_end is None else first_end
+            if now - first_end > join_timeout:
                 print("shardline.torchrun: error: %s: %s" % (type(e).__name__, e),
                       file=sys.stderr)
                 sys.exit(1)
