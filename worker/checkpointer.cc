@@ -93,18 +93,43 @@ absl::Status Checkpointer::Save(const v1::Fence& fence, uint32_t rank, int64_t s
   last_summary_.set_checkpoint_id(opened.checkpoint_id());
   last_summary_.set_step(static_cast<uint64_t>(step));
   last_summary_.set_state(v1::CHECKPOINT_STATE_PENDING);
-  absl::StatusOr<std::vector<train::Trainer::StateSlice>> slices = trainer.SaveSlices();
-  if (!slices.ok()) return slices.status();
-  const std::vector<checkpoint::LocalRun> runs = FromStateSlices(*slices);
+  absl::StatusOr<train::Trainer::SavedSlices> saved = trainer.SaveSlicesAsync();
+  if (!saved.ok()) return saved.status();
+  const std::vector<checkpoint::LocalRun> runs = FromStateSlices(saved->slices);
   if (!async) {
+    if (absl::Status s = saved->ready->Wait(); !s.ok()) return s;
     absl::StatusOr<v1::ReportShardRequest> written =
         checkpoint::WriteShard(opened.directory(), static_cast<int>(rank), runs);
     if (!written.ok()) return written.status();
     written->set_data_cursor(data_cursor);
     return Report(fence, opened.checkpoint_id(), *std::move(written), &last_summary_);
   }
-  // The state is copied now; the write and the report run in the
-  // background while training goes on.
+  // The write and the report run in the background while training goes on.
+  if (saved->host_copies) {
+    // The slices are the trainer's host copies, which it keeps until the
+    // next save or restore (each of which waits for this thread first): the
+    // device fills them beside the next step, this thread waits for that
+    // and writes them as they are.
+    background_ = std::thread([this, ready = saved->ready, runs, fence,
+                               directory = opened.directory(), id = opened.checkpoint_id(),
+                               data_cursor, rank] {
+      if (absl::Status s = ready->Wait(); !s.ok()) {
+        background_status_ = s;
+        return;
+      }
+      absl::StatusOr<v1::ReportShardRequest> written =
+          checkpoint::WriteShard(directory, static_cast<int>(rank), runs);
+      if (!written.ok()) {
+        background_status_ = written.status();
+        return;
+      }
+      written->set_data_cursor(data_cursor);
+      background_status_ = Report(fence, id, *std::move(written), &background_summary_.emplace());
+    });
+    return absl::OkStatus();
+  }
+  // The slices are the state itself, which the next step changes: the
+  // writer copies them now.
   auto writer = std::make_shared<checkpoint::AsyncShardWriter>();
   if (absl::Status s = writer->Start(opened.directory(), static_cast<int>(rank), runs); !s.ok())
     return s;

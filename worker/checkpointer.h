@@ -10,9 +10,11 @@
 // Save: BeginCheckpoint (every rank gets the same id and directory), write
 // <directory>/rank-<rank>.bin (temp + fsync + rename) with a crc32c per
 // piece, ReportShard. The last rank's report commits. In async mode the
-// state is copied to host memory at once and the write + report run on a
-// background thread while training goes on; the step counts as saved only
-// when the coordinator commits it. One save is in flight at a time: Save
+// write + report run on a background thread while training goes on: a
+// state in host memory is copied at once; a state on a GPU is copied into
+// the trainer's pinned host copies on a copy stream beside the next step
+// (Trainer::SaveSlicesAsync), which the background thread waits for. The
+// step counts as saved only when the coordinator commits it. One save is in flight at a time: Save
 // and Restore first wait for the previous one.
 // Restore: GetManifest, then interval intersection of the manifest's pieces
 // with this rank's RestoreSlices; every piece read is checked against its
@@ -66,7 +68,9 @@ class Checkpointer {
   // (FailedPrecondition: not RUNNING, no checkpoint directory, an older
   // step, ...; Aborted: stale generation), the shard write's (names the
   // path), ReportShard's. In async mode, errors of the background part
-  // come from the next Save, Restore or Finish.
+  // come from the next Save, Restore or Finish, and `trainer` must outlive
+  // the background part (Finish, or destroying the checkpointer, waits for
+  // it): it may write from the trainer's host copies.
   absl::Status Save(const v1::Fence& fence, uint32_t rank, int64_t step, uint64_t data_cursor,
                     train::Trainer& trainer, bool async);
 

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/fake_checkpoint_client.h"
+#include "worker/train/staging_device.h"
 #include "worker/train/test_util.h"
 #include "worker/train/trainer.h"
 
@@ -134,6 +135,39 @@ TEST_F(CheckpointerTest, AsyncSaveReportsInTheBackground) {
   ASSERT_TRUE(ckpt.Finish().ok());
   EXPECT_EQ(ckpt.last_summary().state(), v1::CHECKPOINT_STATE_COMMITTED);
   EXPECT_THAT(checkpoints_->CallNames(), ElementsAre("BeginCheckpoint", "ReportShard"));
+}
+
+// With the state on a device (StagingDevice, whose copies to host run as
+// late as a GPU's copy stream may run them), an async save copies it beside
+// the next step: the shard written holds the saved step's values, not the
+// next step's, and restores onto a fresh trainer as such.
+TEST_F(CheckpointerTest, AsyncSaveOfADeviceStateWritesTheSavedStep) {
+  train::testing::StagingDevice device;
+  train::TrainingOptions options = Options();
+  options.device = &device;
+  std::vector<std::vector<float>> saved, after_step;
+  {
+    Checkpointer ckpt(checkpoints_, &clock_, backoff_);
+    train::testing::Train(options, kSteps, [&](int, Trainer& t) {
+      saved = SavedValues(t);
+      const int64_t before = device.async_copies();
+      ASSERT_TRUE(ckpt.Save(Fence(), 0, kSteps, 16, t, /*async=*/true).ok());
+      EXPECT_GT(device.async_copies(), before) << "the save did not copy beside the math";
+      ASSERT_TRUE(t.TrainStep().ok());
+      ASSERT_TRUE(ckpt.Finish().ok());
+      EXPECT_EQ(ckpt.last_summary().state(), v1::CHECKPOINT_STATE_COMMITTED);
+      after_step = SavedValues(t);
+    });
+  }
+  ASSERT_FALSE(saved.empty());
+  ASSERT_NE(after_step, saved) << "the step after the save changed nothing";
+  v1::CheckpointRef ref;
+  ref.set_checkpoint_id("ckpt-step000000000002-gen1");
+  Checkpointer ckpt(checkpoints_, &clock_, backoff_);
+  WithTrainer(0, [&](Trainer& fresh) {
+    ASSERT_TRUE(ckpt.Restore("job", ref, fresh).ok());
+    EXPECT_EQ(SavedValues(fresh), saved);
+  });
 }
 
 TEST_F(CheckpointerTest, RestoreLoadsTheSavedStateOntoAFreshTrainer) {

@@ -67,6 +67,25 @@ void GpuComputeDevice::ReleaseCachedMemory() {
   for (void* p : pool_.TakeIdle()) ops_->Free(p);
 }
 
+namespace {
+// train::HostCopies over the plugin's event.
+class RecordedHostCopies final : public train::HostCopies {
+ public:
+  explicit RecordedHostCopies(std::shared_ptr<GpuHostCopies> copies)
+      : copies_(std::move(copies)) {}
+  absl::Status Wait() override { return copies_->Wait(); }
+
+ private:
+  const std::shared_ptr<GpuHostCopies> copies_;
+};
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<train::HostCopies>> GpuComputeDevice::RecordHostCopies() {
+  absl::StatusOr<std::shared_ptr<GpuHostCopies>> copies = ops_->RecordHostCopies();
+  if (!copies.ok()) return copies.status();
+  return std::make_shared<RecordedHostCopies>(*std::move(copies));
+}
+
 absl::StatusOr<void*> GpuComputeDevice::AllocBytes(size_t bytes) {
   if (bytes == 0) return nullptr;
   if (void* reused = pool_.Reuse(bytes); reused != nullptr) return reused;

@@ -84,6 +84,12 @@ class GpuComputeDevice final : public train::Device {
   }
   absl::Status Zero(void* ptr, size_t bytes) override { return ops_->Zero(ptr, bytes); }
   absl::Status Synchronize() override { return ops_->Synchronize(); }
+  // On the context's copy stream, beside the math (gpu_ops.h).
+  absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes) override {
+    return ops_->CopyToHostAsync(dst, src, bytes);
+  }
+  absl::StatusOr<std::shared_ptr<train::HostCopies>> RecordHostCopies() override;
+  absl::Status OrderAfterHostCopies() override { return ops_->OrderAfterHostCopies(); }
 
   absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, const float* b, float beta, float* c) override {

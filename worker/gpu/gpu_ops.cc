@@ -57,6 +57,33 @@ absl::Status GpuOps::CopyToHost(void* dst, const void* src, size_t bytes) {
   return ToStatus(api_.train_copy_to_host(ctx_, dst, src, bytes), "copy to host");
 }
 
+absl::Status GpuHostCopies::Wait() {
+  absl::MutexLock lock(&mu_);
+  if (!result_.has_value()) {
+    char error[512] = {0};
+    const int code = api_.host_copies_wait(copies_, error, sizeof(error));
+    result_ = code == SHARDLINE_GPU_OK
+                  ? absl::OkStatus()
+                  : absl::Status(static_cast<absl::StatusCode>(code), error);
+  }
+  return *result_;
+}
+
+absl::Status GpuOps::CopyToHostAsync(void* dst, const void* src, size_t bytes) {
+  return ToStatus(api_.copy_to_host_async(ctx_, dst, src, bytes), "copy to host (copy stream)");
+}
+
+absl::StatusOr<std::shared_ptr<GpuHostCopies>> GpuOps::RecordHostCopies() {
+  ShardlineGpuHostCopies* copies = nullptr;
+  absl::Status s = ToStatus(api_.host_copies_record(ctx_, &copies), "record of copies to host");
+  if (!s.ok()) return s;
+  return std::make_shared<GpuHostCopies>(api_, copies);
+}
+
+absl::Status GpuOps::OrderAfterHostCopies() {
+  return ToStatus(api_.order_after_host_copies(ctx_), "order after copies to host");
+}
+
 absl::Status GpuOps::Zero(void* ptr, size_t bytes) {
   return ToStatus(api_.train_zero(ctx_, ptr, bytes), "zero");
 }

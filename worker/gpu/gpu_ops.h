@@ -30,13 +30,37 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/gpu/gpu_plugin.h"
 #include "worker/gpu/plugin_abi.h"
 
 namespace shardline::worker {
+
+// GpuOps::RecordHostCopies' handle (plugin_abi.h host_copies_record).
+// Thread-safe; may outlive the GpuOps that made it.
+class GpuHostCopies {
+ public:
+  GpuHostCopies(const ShardlineGpuTrainApi& api, ShardlineGpuHostCopies* copies)
+      : api_(api), copies_(copies) {}
+  ~GpuHostCopies() { api_.host_copies_destroy(copies_); }
+  GpuHostCopies(const GpuHostCopies&) = delete;
+  GpuHostCopies& operator=(const GpuHostCopies&) = delete;
+  // Blocks until the recorded copies are done (cudaEventSynchronize); the
+  // first result is kept and returned by every later call. Errors:
+  // Unavailable (the device failed; the CUDA error is named).
+  absl::Status Wait() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const ShardlineGpuTrainApi& api_;
+  ShardlineGpuHostCopies* const copies_;
+  absl::Mutex mu_;
+  std::optional<absl::Status> result_ ABSL_GUARDED_BY(mu_);
+};
 
 class GpuOps {
  public:
@@ -70,6 +94,12 @@ class GpuOps {
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes);
   absl::Status Zero(void* ptr, size_t bytes);  // enqueued
   absl::Status Synchronize();
+  // Device -> host copies on a copy stream beside the math
+  // (worker/train/device.h CopyToHostAsync, RecordHostCopies,
+  // OrderAfterHostCopies; plugin_abi.h copy_to_host_async ...).
+  absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes);
+  absl::StatusOr<std::shared_ptr<GpuHostCopies>> RecordHostCopies();
+  absl::Status OrderAfterHostCopies();
 
   // worker/train/ops.h, on device pointers.
   absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

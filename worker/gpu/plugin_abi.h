@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define SHARDLINE_GPU_ABI_VERSION 5
+#define SHARDLINE_GPU_ABI_VERSION 6
 #define SHARDLINE_GPU_MAX_DEVICES 64
 
 typedef struct {
@@ -210,6 +210,8 @@ typedef const ShardlineGpuApi* (*ShardlineGpuApiFn)(void);
 // ---------------------------------------------------------------------------
 
 typedef struct ShardlineGpuTrainCtx ShardlineGpuTrainCtx;  // opaque: stream + cuBLAS handle
+// A point on a context's copy stream (host_copies_record).
+typedef struct ShardlineGpuHostCopies ShardlineGpuHostCopies;  // opaque: cudaEvent_t + device
 
 // AdamW's per-step constants (worker/train/adamw.h AdamWScalars, same
 // fields, same meaning), computed by the caller.
@@ -328,6 +330,29 @@ typedef struct {
   // it (cudaFreeHost; synchronous). For the trainer's checkpoint copies.
   int (*host_alloc)(ShardlineGpuTrainCtx* ctx, size_t bytes, void** ptr);
   void (*host_free)(ShardlineGpuTrainCtx* ctx, void* ptr);
+
+  // Device -> host copies beside the math (the trainer's checkpoint copies,
+  // worker/train/device.h CopyToHostAsync):
+  //   copy_to_host_async: enqueues dst (host, host_alloc memory) = src
+  //   (device), `bytes`, on the context's copy stream (a second stream, made
+  //   at first use), after everything enqueued on the context's stream so
+  //   far (cudaEventRecord + cudaStreamWaitEvent); returns once enqueued.
+  int (*copy_to_host_async)(ShardlineGpuTrainCtx* ctx, void* dst, const void* src,
+                            size_t bytes);
+  //   host_copies_record: *copies = an event recorded on the copy stream
+  //   after every copy_to_host_async so far (done at once if there was
+  //   none); free it with host_copies_destroy.
+  int (*host_copies_record)(ShardlineGpuTrainCtx* ctx, ShardlineGpuHostCopies** copies);
+  //   host_copies_wait: blocks until those copies are done
+  //   (cudaEventSynchronize); the error text goes to `error`. Unlike every
+  //   other function of this table it may run on any thread while another
+  //   uses the context: it touches only the event.
+  int (*host_copies_wait)(ShardlineGpuHostCopies* copies, char* error, size_t error_len);
+  void (*host_copies_destroy)(ShardlineGpuHostCopies* copies);
+  //   order_after_host_copies: what is enqueued on the context's stream from
+  //   now on runs after every copy_to_host_async so far has finished
+  //   (cudaStreamWaitEvent); the host does not wait.
+  int (*order_after_host_copies)(ShardlineGpuTrainCtx* ctx);
 } ShardlineGpuTrainApi;
 
 // Returns the plugin's training table (static storage, never null). Optional:

@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -156,6 +157,45 @@ TEST_F(TrainKernelsTest, PinnedHostMemoryTakesCopiesBothWays) {
   EXPECT_EQ(std::vector<float>(pinned, pinned + x.size()), x);
   gpu_->HostFree(pinned);
   gpu_->HostFree(nullptr);
+}
+
+// copy_to_host_async: a copy on the copy stream takes the values of the
+// work enqueued before it; work enqueued after order_after_host_copies (a
+// write of the copied buffer) does not reach it; the recorded copies can be
+// waited for from another thread, more than once. (Under the emulator
+// streams are synchronous: this checks the calls and their arguments; on a
+// GPU it checks the ordering too.)
+TEST_F(TrainKernelsTest, CopiesToHostBesideTheStreamTakeTheValuesBeforeLaterWrites) {
+  const auto x = Random(1 << 20, 31);
+  const int64_t n = static_cast<int64_t>(x.size());
+  absl::StatusOr<void*> host = gpu_->HostAllocBytes(x.size() * sizeof(float));
+  ASSERT_TRUE(host.ok()) << host.status();
+  float* pinned = static_cast<float*>(*host);
+  // A copy recorded before any copy stream exists is done at once.
+  absl::StatusOr<std::shared_ptr<GpuHostCopies>> none = gpu_->RecordHostCopies();
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE((*none)->Wait().ok());
+  float* d = Up(x);
+  ASSERT_TRUE(gpu_->Scale(d, 2.0f, n).ok());  // enqueued before the copy: in it
+  ASSERT_TRUE(gpu_->CopyToHostAsync(pinned, d, x.size() * sizeof(float)).ok());
+  absl::StatusOr<std::shared_ptr<GpuHostCopies>> copies = gpu_->RecordHostCopies();
+  ASSERT_TRUE(copies.ok()) << copies.status();
+  ASSERT_TRUE(gpu_->OrderAfterHostCopies().ok());
+  ASSERT_TRUE(gpu_->Scale(d, 3.0f, n).ok());  // after: not in it
+  absl::Status waited;
+  std::thread writer([&] { waited = (*copies)->Wait(); });
+  writer.join();
+  ASSERT_TRUE(waited.ok()) << waited;
+  EXPECT_TRUE((*copies)->Wait().ok());
+  std::vector<float> twice(x.size()), six_times(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    twice[i] = x[i] * 2.0f;
+    six_times[i] = x[i] * 2.0f * 3.0f;
+  }
+  EXPECT_EQ(std::vector<float>(pinned, pinned + x.size()), twice);
+  EXPECT_EQ(Down(d, n), six_times);
+  EXPECT_TRUE(gpu_->CopyToHostAsync(pinned, d, 0).ok());
+  gpu_->HostFree(pinned);
 }
 
 TEST_F(TrainKernelsTest, GemmAllTransposesOverwriteAndAccumulate) {

@@ -31,7 +31,18 @@ struct ShardlineGpuTrainCtx {
   size_t scratch_floats = 0;
   double* partials = nullptr;  // masked_sum_squares' per-block sums (made at first use)
   bool bf16_products = false;  // set_bf16_products
+  // copy_to_host_async's stream and events (made at its first call):
+  // compute_mark is recorded on `stream` before each copy, copies_done on
+  // copy_stream after it.
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t compute_mark = nullptr;
+  cudaEvent_t copies_done = nullptr;
   std::string error;  // message of the last failed call
+};
+
+struct ShardlineGpuHostCopies {
+  cudaEvent_t event = nullptr;
+  int device = 0;
 };
 
 namespace {
@@ -215,6 +226,12 @@ void CtxDestroy(Ctx* ctx) {
   if (ctx == nullptr) return;
   cudaSetDevice(ctx->device);
   if (ctx->stream != nullptr) cudaStreamSynchronize(ctx->stream);
+  if (ctx->copy_stream != nullptr) {
+    cudaStreamSynchronize(ctx->copy_stream);
+    cudaStreamDestroy(ctx->copy_stream);
+  }
+  if (ctx->compute_mark != nullptr) cudaEventDestroy(ctx->compute_mark);
+  if (ctx->copies_done != nullptr) cudaEventDestroy(ctx->copies_done);
   if (ctx->scratch != nullptr) cudaFree(ctx->scratch);
   if (ctx->partials != nullptr) cudaFree(ctx->partials);
   if (ctx->cublas != nullptr) cublasDestroy(ctx->cublas);
@@ -272,6 +289,74 @@ int CopyToDevice(Ctx* ctx, void* dst, const void* src, size_t bytes) {
 }
 int CopyToHost(Ctx* ctx, void* dst, const void* src, size_t bytes) {
   return Copy(ctx, dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+// --- Copies beside the stream ------------------------------------------------
+
+int EnsureCopyStream(Ctx* ctx) {
+  if (ctx->copy_stream != nullptr) return SHARDLINE_GPU_OK;
+  SL_RETURN_IF_ERROR(Check(ctx, "cudaEventCreateWithFlags (copy stream)",
+                           cudaEventCreateWithFlags(&ctx->compute_mark, cudaEventDisableTiming)));
+  SL_RETURN_IF_ERROR(Check(ctx, "cudaEventCreateWithFlags (copy stream)",
+                           cudaEventCreateWithFlags(&ctx->copies_done, cudaEventDisableTiming)));
+  return Check(ctx, "cudaStreamCreateWithFlags (copy stream)",
+               cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking));
+}
+
+int CopyToHostAsync(Ctx* ctx, void* dst, const void* src, size_t bytes) {
+  SL_RETURN_IF_ERROR(Enter(ctx, "copy_to_host_async", {}));
+  if (bytes == 0) return SHARDLINE_GPU_OK;
+  SL_RETURN_IF_ERROR(EnsureCopyStream(ctx));
+  SL_RETURN_IF_ERROR(Check(ctx, "cudaEventRecord (before a copy to host)",
+                           cudaEventRecord(ctx->compute_mark, ctx->stream)));
+  SL_RETURN_IF_ERROR(Check(ctx, "cudaStreamWaitEvent (copy stream)",
+                           cudaStreamWaitEvent(ctx->copy_stream, ctx->compute_mark, 0)));
+  SL_RETURN_IF_ERROR(Check(ctx, "cudaMemcpyAsync (copy stream)",
+                           cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
+                                           ctx->copy_stream)));
+  return Check(ctx, "cudaEventRecord (after a copy to host)",
+               cudaEventRecord(ctx->copies_done, ctx->copy_stream));
+}
+
+int HostCopiesRecord(Ctx* ctx, ShardlineGpuHostCopies** copies) {
+  *copies = nullptr;
+  SL_RETURN_IF_ERROR(Enter(ctx, "host_copies_record", {}));
+  auto* c = new ShardlineGpuHostCopies;
+  c->device = ctx->device;
+  int code = Check(ctx, "cudaEventCreateWithFlags (host copies)",
+                   cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
+  // Never recorded (no copy yet): cudaEventSynchronize returns at once.
+  if (code == SHARDLINE_GPU_OK && ctx->copy_stream != nullptr) {
+    code = Check(ctx, "cudaEventRecord (host copies)", cudaEventRecord(c->event, ctx->copy_stream));
+  }
+  if (code != SHARDLINE_GPU_OK) {
+    if (c->event != nullptr) cudaEventDestroy(c->event);
+    delete c;
+    return code;
+  }
+  *copies = c;
+  return SHARDLINE_GPU_OK;
+}
+
+int HostCopiesWait(ShardlineGpuHostCopies* copies, char* error, size_t error_len) {
+  const cudaError_t e = cudaEventSynchronize(copies->event);
+  if (e == cudaSuccess) return SHARDLINE_GPU_OK;
+  std::snprintf(error, error_len, "cudaEventSynchronize (copies to host) on device %d: %s (%s)",
+                copies->device, cudaGetErrorString(e), cudaGetErrorName(e));
+  return CodeOf(e);
+}
+
+void HostCopiesDestroy(ShardlineGpuHostCopies* copies) {
+  if (copies == nullptr) return;
+  cudaEventDestroy(copies->event);
+  delete copies;
+}
+
+int OrderAfterHostCopies(Ctx* ctx) {
+  SL_RETURN_IF_ERROR(Enter(ctx, "order_after_host_copies", {}));
+  if (ctx->copy_stream == nullptr) return SHARDLINE_GPU_OK;
+  return Check(ctx, "cudaStreamWaitEvent (after copies to host)",
+               cudaStreamWaitEvent(ctx->stream, ctx->copies_done, 0));
 }
 
 int Zero(Ctx* ctx, void* ptr, size_t bytes) {
@@ -614,6 +699,11 @@ const ShardlineGpuTrainApi kTrainApi = {
     SetBf16Products,
     HostAlloc,
     HostFree,
+    CopyToHostAsync,
+    HostCopiesRecord,
+    HostCopiesWait,
+    HostCopiesDestroy,
+    OrderAfterHostCopies,
 };
 
 }  // namespace

@@ -48,6 +48,7 @@
 #define SHARDLINE_WORKER_TRAIN_BF16_DEVICE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -72,6 +73,20 @@ class Bf16Device final : public Device {
   }
   absl::Status Zero(void* ptr, size_t bytes) override { return inner_.Zero(ptr, bytes); }
   absl::Status Synchronize() override { return inner_.Synchronize(); }
+  // Host memory for copies (pinned on a GPU) and the copies beside the math
+  // are the inner device's.
+  absl::StatusOr<void*> AllocHostBytes(size_t bytes) override {
+    return inner_.AllocHostBytes(bytes);
+  }
+  void FreeHost(void* ptr) override { inner_.FreeHost(ptr); }
+  absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes) override {
+    return inner_.CopyToHostAsync(dst, src, bytes);
+  }
+  absl::StatusOr<std::shared_ptr<HostCopies>> RecordHostCopies() override {
+    return inner_.RecordHostCopies();
+  }
+  absl::Status OrderAfterHostCopies() override { return inner_.OrderAfterHostCopies(); }
+  void ReleaseCachedMemory() override { inner_.ReleaseCachedMemory(); }
 
   absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, const float* b, float beta, float* c) override;

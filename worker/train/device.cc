@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -24,6 +25,22 @@ absl::StatusOr<void*> Device::AllocHostBytes(size_t bytes) {
 }
 
 void Device::FreeHost(void* ptr) { std::free(ptr); }
+
+absl::Status Device::CopyToHostAsync(void* dst, const void* src, size_t bytes) {
+  return CopyToHost(dst, src, bytes);
+}
+
+namespace {
+// Copies that were done when they returned (Device's synchronous default).
+class DoneHostCopies final : public HostCopies {
+ public:
+  absl::Status Wait() override { return absl::OkStatus(); }
+};
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<HostCopies>> Device::RecordHostCopies() {
+  return std::make_shared<DoneHostCopies>();
+}
 
 // Idle blocks by size, and the size of every live tracked block (Release
 // gets only the pointer).

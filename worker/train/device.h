@@ -42,6 +42,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,17 @@
 #include "worker/train/adamw.h"
 
 namespace shardline::worker::train {
+
+// Device::RecordHostCopies' handle: the copies recorded in it are in host
+// memory once Wait returns OK.
+class HostCopies {
+ public:
+  virtual ~HostCopies() = default;
+  // Blocks until the recorded copies are done; returns the device's error if
+  // one failed (Unavailable). Thread-safe, from any thread, any number of
+  // times (the same result each time); the device may be in use meanwhile.
+  virtual absl::Status Wait() = 0;
+};
 
 class Device {
  public:
@@ -84,6 +96,27 @@ class Device {
   virtual absl::Status Zero(void* ptr, size_t bytes) = 0;
   // Waits for every earlier call; returns the first error of any.
   virtual absl::Status Synchronize() = 0;
+
+  // --- Device -> host copies that run beside later calls (checkpoints) -----
+  // Enqueues a copy of `bytes` from device memory `src` to host memory `dst`
+  // (AllocHostBytes memory), ordered after every earlier call, and returns
+  // at once: on a GPU it runs on a copy stream of its own while later calls
+  // compute. Until the copies are waited for (HostCopies::Wait on a handle
+  // recorded after them), `dst` must not be read; until OrderAfterHostCopies
+  // has been called, no later call may write `src`. Default (CpuDevice,
+  // and any device without a copy stream): CopyToHost, the copy is done on
+  // return. Errors: as CopyToHost.
+  virtual absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes);
+  // A handle on every CopyToHostAsync enqueued on this device so far, to wait
+  // for them from any thread (the checkpoint writer's), while this device
+  // goes on with later calls. Default: a handle that is done already.
+  // Errors: Unavailable (the device failed).
+  virtual absl::StatusOr<std::shared_ptr<HostCopies>> RecordHostCopies();
+  // Every call after this one runs after every CopyToHostAsync enqueued so
+  // far has read its source (on a GPU the compute stream waits for the copy
+  // stream; the host does not wait). The trainer calls it before it writes
+  // the state a checkpoint copies. Default: nothing to order.
+  virtual absl::Status OrderAfterHostCopies() { return absl::OkStatus(); }
 
   // --- ops.h on device pointers (sizes in ELEMENTS) --------------------------
   virtual absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

@@ -8,7 +8,10 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/base/thread_annotations.h"
@@ -99,6 +102,39 @@ class StagingDevice : public Device {
   }
   absl::Status Zero(void* ptr, size_t bytes) override { return cpu().Zero(ptr, bytes); }
   absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  // Copies beside the math, as late as a GPU's copy stream may run them:
+  // a CopyToHostAsync copies nothing until the same thread's (rank's)
+  // OrderAfterHostCopies, or a Wait on a HostCopies that thread recorded
+  // (from any thread), runs that thread's pending copies. A caller that
+  // writes a source before OrderAfterHostCopies, or reads a destination
+  // before Wait, sees the wrong bytes. Synchronize does not run them (a
+  // GPU's stream synchronisation does not wait for the copy stream).
+  absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes) override {
+    absl::MutexLock lock(&copy_mu_);
+    pending_copies_[std::this_thread::get_id()].push_back(PendingCopy{dst, src, bytes});
+    ++async_copies_;
+    copied_bytes_ += static_cast<int64_t>(bytes);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::shared_ptr<HostCopies>> RecordHostCopies() override {
+    return std::make_shared<PendingHostCopies>(this, std::this_thread::get_id());
+  }
+  absl::Status OrderAfterHostCopies() override {
+    RunPendingCopies(std::this_thread::get_id());
+    return absl::OkStatus();
+  }
+  // CopyToHostAsync calls so far, and those not yet run.
+  int64_t async_copies() const {
+    absl::MutexLock lock(&copy_mu_);
+    return async_copies_;
+  }
+  int64_t pending_copies() const {
+    absl::MutexLock lock(&copy_mu_);
+    int64_t n = 0;
+    for (const auto& [thread, copies] : pending_copies_) n += static_cast<int64_t>(copies.size());
+    return n;
+  }
 
   absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, const float* b, float beta, float* c) override {
@@ -212,6 +248,36 @@ class StagingDevice : public Device {
   mutable absl::Mutex host_mu_;
   std::map<const char*, size_t> host_blocks_ ABSL_GUARDED_BY(host_mu_);  // start -> bytes
   int64_t host_allocations_ ABSL_GUARDED_BY(host_mu_) = 0;
+
+  struct PendingCopy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  class PendingHostCopies final : public HostCopies {
+   public:
+    PendingHostCopies(StagingDevice* device, std::thread::id thread)
+        : device_(device), thread_(thread) {}
+    absl::Status Wait() override {
+      device_->RunPendingCopies(thread_);
+      return absl::OkStatus();
+    }
+
+   private:
+    StagingDevice* const device_;
+    const std::thread::id thread_;
+  };
+  void RunPendingCopies(std::thread::id thread) {
+    absl::MutexLock lock(&copy_mu_);
+    auto it = pending_copies_.find(thread);
+    if (it == pending_copies_.end()) return;
+    for (const PendingCopy& c : it->second) std::memcpy(c.dst, c.src, c.bytes);
+    pending_copies_.erase(it);
+  }
+  mutable absl::Mutex copy_mu_;
+  // By the thread (rank) that enqueued them.
+  std::map<std::thread::id, std::vector<PendingCopy>> pending_copies_ ABSL_GUARDED_BY(copy_mu_);
+  int64_t async_copies_ ABSL_GUARDED_BY(copy_mu_) = 0;
 };
 
 }  // namespace shardline::worker::train::testing

@@ -123,10 +123,25 @@ class Trainer::Impl {
   std::map<int, int> backwards_done;
   // RestoreSlices handed out host copies that FinishRestore must upload.
   bool restore_pending = false;
+  // The last SaveSlicesAsync's device -> host copies (null before the
+  // first), and whether the state may be written before the device is told
+  // to order that after them (OrderAfterHostCopies).
+  std::shared_ptr<HostCopies> host_copies;
+  bool host_copies_unordered = false;
 
   ~Impl() {
     DrainGradReduces();
     DrainPrefetches();
+    // The copies write into host buffers freed below.
+    if (host_copies != nullptr) host_copies->Wait().IgnoreError();
+  }
+
+  // Before the first write to the checkpointed state after SaveSlicesAsync:
+  // the device runs it after the copies have read their sources.
+  absl::Status OrderStateWrites() {
+    if (!host_copies_unordered) return absl::OkStatus();
+    host_copies_unordered = false;
+    return sd().OrderAfterHostCopies();
   }
 
   int tp_rank() const { return groups.coordinates.tp_rank; }
@@ -722,7 +737,9 @@ class Trainer::Impl {
             ? static_cast<float>(options.grad_clip / (stats.grad_norm + 1e-6))
             : 1.0f;
 
-    // AdamW on what this rank owns, then share the updated parameters.
+    // AdamW on what this rank owns, then share the updated parameters. A
+    // checkpoint's copies of the state (SaveSlicesAsync) have read it first.
+    SL_RETURN_IF_ERROR(OrderStateWrites());
     const float lr = static_cast<float>(stats.learning_rate);
     for (UnitState& s : units) {
       const int64_t begin = zero() == 0 ? 0 : my_begin * s.shard;
@@ -759,7 +776,8 @@ class Trainer::Impl {
 
   // The checkpointed state buffers of unit s (its parameters as this
   // zero_stage keeps them, both moments), each with its host copy.
-  std::array<std::pair<DeviceBuffer<float>*, HostBuffer<float>*>, 3> HostCopies(UnitState& s) {
+  std::array<std::pair<DeviceBuffer<float>*, HostBuffer<float>*>, 3> CheckpointCopies(
+      UnitState& s) {
     return {{{zero() == 3 ? &s.shard_params : &s.params, &s.host_params},
              {&s.exp_avg, &s.host_exp_avg},
              {&s.exp_avg_sq, &s.host_exp_avg_sq}}};
@@ -774,16 +792,26 @@ class Trainer::Impl {
     std::vector<StateSlice> out;
     const int tp_size = options.parallel.tp;
     const bool direct = sd().host_memory();
+    // The host copies are reused: the last save's copies into them are done
+    // first (the caller is done with its slices; see SaveSlicesAsync).
+    if (!direct && host_copies != nullptr) {
+      const absl::Status copied = host_copies->Wait();
+      host_copies = nullptr;
+      // A restore overwrites the copies anyway; a failed device fails its
+      // upload (FinishRestore).
+      if (save && !copied.ok()) return copied;
+    }
     for (UnitState& s : units) {
       float* params_data = (zero() == 3 ? s.shard_params : s.params).data();
       float* exp_avg_data = s.exp_avg.data();
       float* exp_avg_sq_data = s.exp_avg_sq.data();
       if (!direct) {
-        for (const auto& [state_buffer, host] : HostCopies(s)) {
+        for (const auto& [state_buffer, host] : CheckpointCopies(s)) {
           SL_RETURN_IF_ERROR(host->Resize(sd(), state_buffer->size()));
           if (save) {
-            SL_RETURN_IF_ERROR(
-                sd().CopyToHost(host->data(), state_buffer->data(), state_buffer->bytes()));
+            SL_RETURN_IF_ERROR(sd().CopyToHostAsync(host->data(), state_buffer->data(),
+                                                    state_buffer->bytes()));
+            host_copies_unordered = true;
           }
         }
         if (!save) restore_pending = true;
@@ -819,6 +847,11 @@ class Trainer::Impl {
         add(piece.parameter + "/exp_avg_sq", moments, exp_avg_sq_data, moments_base);
       }
     }
+    if (save && !direct) {
+      absl::StatusOr<std::shared_ptr<HostCopies>> recorded = sd().RecordHostCopies();
+      if (!recorded.ok()) return recorded.status();
+      host_copies = *std::move(recorded);
+    }
     return out;
   }
 
@@ -827,8 +860,9 @@ class Trainer::Impl {
   absl::Status UploadRestoredState() {
     if (!restore_pending) return absl::OkStatus();
     restore_pending = false;
+    SL_RETURN_IF_ERROR(OrderStateWrites());
     for (UnitState& s : units) {
-      for (const auto& [state_buffer, host] : HostCopies(s)) {
+      for (const auto& [state_buffer, host] : CheckpointCopies(s)) {
         SL_RETURN_IF_ERROR(
             sd().CopyToDevice(state_buffer->data(), host->data(), state_buffer->bytes()));
       }
@@ -1008,13 +1042,32 @@ absl::StatusOr<std::vector<float>> Trainer::ParameterUnguarded(const std::string
                                           t.pp_rank()));
 }
 
-absl::StatusOr<std::vector<Trainer::StateSlice>> Trainer::SaveSlices() {
+absl::StatusOr<Trainer::SavedSlices> Trainer::SaveSlicesAsync() {
+  SavedSlices saved;
   try {
-    return impl_->Slices(/*save=*/true);
+    absl::StatusOr<std::vector<StateSlice>> slices = impl_->Slices(/*save=*/true);
+    if (!slices.ok()) return slices.status();
+    saved.slices = *std::move(slices);
   } catch (const std::bad_alloc&) {
     return HostOutOfMemoryError("copying the state for a checkpoint", impl_->options.model,
                                 impl_->options.parallel);
   }
+  saved.host_copies = !impl_->sd().host_memory();
+  if (impl_->host_copies != nullptr) {
+    saved.ready = impl_->host_copies;
+  } else {
+    absl::StatusOr<std::shared_ptr<HostCopies>> done = CpuDevice::Default()->RecordHostCopies();
+    if (!done.ok()) return done.status();
+    saved.ready = *std::move(done);
+  }
+  return saved;
+}
+
+absl::StatusOr<std::vector<Trainer::StateSlice>> Trainer::SaveSlices() {
+  absl::StatusOr<SavedSlices> saved = SaveSlicesAsync();
+  if (!saved.ok()) return saved.status();
+  if (absl::Status s = saved->ready->Wait(); !s.ok()) return s;
+  return std::move(saved->slices);
 }
 
 std::vector<Trainer::StateSlice> Trainer::RestoreSlices() {

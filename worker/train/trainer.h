@@ -249,6 +249,27 @@ class Trainer {
   // host memory).
   absl::StatusOr<std::vector<StateSlice>> SaveSlices();
 
+  // SaveSlices without waiting for the device: the copies of a state that
+  // is not in host memory are enqueued (Device::CopyToHostAsync: on a GPU a
+  // copy stream of their own, beside the next step's forward and backward,
+  // which go on at once; the next step's optimizer runs after the copies
+  // have read the state) and `ready` is done when they are in host memory.
+  struct SavedSlices {
+    std::vector<StateSlice> slices;
+    // Wait() before reading any slice's data; thread-safe, so the checkpoint
+    // writer's thread may wait while this trainer trains (device.h
+    // HostCopies). Done already when the state is in host memory.
+    std::shared_ptr<HostCopies> ready;
+    // True: the slices point into the trainer's host copies, which keep the
+    // saved values whatever TrainStep, EvaluateValidation or Sample do, until
+    // the next SaveSlices, SaveSlicesAsync or RestoreSlices call (which
+    // reuse them: be done reading them first). False: they point into the
+    // state itself, valid as SaveSlices' (until the next TrainStep ...).
+    bool host_copies = false;
+  };
+  // Errors: SaveSlices'.
+  absl::StatusOr<SavedSlices> SaveSlicesAsync();
+
   // What this rank needs to continue from a checkpoint under ITS layout:
   // every element it keeps (stage 0: whole units; 1/2: whole parameters,
   // shard moments; 3: shard parameters and moments), including the tied
