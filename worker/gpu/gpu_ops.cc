@@ -134,6 +134,18 @@ absl::Status GpuOps::GeluBackward(const float* x, const float* dy, float* dx, in
   return ToStatus(api_.gelu_backward(ctx_, x, dy, dx, n), "gelu_backward");
 }
 
+absl::Status GpuOps::BiasGeluForward(const float* x, const float* b, float* y, int64_t rows,
+                                     int64_t width, bool bf16) {
+  return ToStatus(api_.bias_gelu_forward(ctx_, x, b, y, rows, width, bf16 ? 1 : 0),
+                  "bias_gelu_forward");
+}
+
+absl::Status GpuOps::BiasGeluBackward(const float* x, const float* b, const float* dy, float* dx,
+                                      int64_t rows, int64_t width, bool bf16) {
+  return ToStatus(api_.bias_gelu_backward(ctx_, x, b, dy, dx, rows, width, bf16 ? 1 : 0),
+                  "bias_gelu_backward");
+}
+
 absl::Status GpuOps::AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
                                       int64_t seq, int64_t heads, int64_t head_dim, bool bf16) {
   return ToStatus(

@@ -115,6 +115,10 @@ class GpuOps {
                                  float* dbeta, int64_t rows, int64_t width);
   absl::Status GeluForward(const float* x, float* y, int64_t n);
   absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n);
+  absl::Status BiasGeluForward(const float* x, const float* b, float* y, int64_t rows,
+                               int64_t width, bool bf16);
+  absl::Status BiasGeluBackward(const float* x, const float* b, const float* dy, float* dx,
+                                int64_t rows, int64_t width, bool bf16);
   absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
                                 int64_t seq, int64_t heads, int64_t head_dim, bool bf16);
   // Uses a scratch buffer of batch*heads*seq*seq floats owned by this object

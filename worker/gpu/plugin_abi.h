@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define SHARDLINE_GPU_ABI_VERSION 6
+#define SHARDLINE_GPU_ABI_VERSION 7
 #define SHARDLINE_GPU_MAX_DEVICES 64
 
 typedef struct {
@@ -353,6 +353,14 @@ typedef struct {
   //   now on runs after every copy_to_host_async so far has finished
   //   (cudaStreamWaitEvent); the host does not wait.
   int (*order_after_host_copies)(ShardlineGpuTrainCtx* ctx);
+
+  // ops.h's BiasGeluForward / BiasGeluBackward (one kernel each: the bias
+  // add, and with bf16 != 0 the bf16 rounding of pre, y and dx, inside).
+  int (*bias_gelu_forward)(ShardlineGpuTrainCtx* ctx, const float* x, const float* b, float* y,
+                           int64_t rows, int64_t width, int32_t bf16);
+  int (*bias_gelu_backward)(ShardlineGpuTrainCtx* ctx, const float* x, const float* b,
+                            const float* dy, float* dx, int64_t rows, int64_t width,
+                            int32_t bf16);
 } ShardlineGpuTrainApi;
 
 // Returns the plugin's training table (static storage, never null). Optional:

@@ -199,24 +199,47 @@ __global__ void LayerNormBackwardParamsKernel(const float* x, const float* mean,
   }
 }
 
+__device__ float Gelu(float v) {
+  const float u = static_cast<float>(kSqrt2OverPi) * (v + static_cast<float>(kGeluCubic) * v * v * v);
+  return 0.5f * v * (1.0f + tanhf(u));
+}
+
+__device__ float GeluGrad(float v) {
+  const float c = static_cast<float>(kSqrt2OverPi);
+  const float a = static_cast<float>(kGeluCubic);
+  const float u = c * (v + a * v * v * v);
+  const float th = tanhf(u);
+  const float du = c * (1.0f + 3.0f * a * v * v);
+  return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
+}
+
 __global__ void GeluForwardKernel(const float* x, float* y, int64_t n) {
-  SL_FOR_EACH(i, n) {
-    const float v = x[i];
-    const float u = static_cast<float>(kSqrt2OverPi) * (v + static_cast<float>(kGeluCubic) * v * v * v);
-    y[i] = 0.5f * v * (1.0f + tanhf(u));
-  }
+  SL_FOR_EACH(i, n) y[i] = Gelu(x[i]);
 }
 
 __global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, int64_t n) {
-  SL_FOR_EACH(i, n) {
-    const float v = x[i];
-    const float c = static_cast<float>(kSqrt2OverPi);
-    const float a = static_cast<float>(kGeluCubic);
-    const float u = c * (v + a * v * v * v);
-    const float th = tanhf(u);
-    const float du = c * (1.0f + 3.0f * a * v * v);
-    const float grad = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
-    dx[i] = dy[i] * grad;
+  SL_FOR_EACH(i, n) dx[i] = dy[i] * GeluGrad(x[i]);
+}
+
+// pre = x + b (b broadcast over rows), rounded to bf16 when bf16: formed
+// again in the backward, never stored.
+__global__ void BiasGeluForwardKernel(const float* x, const float* b, float* y, int64_t rows,
+                                      int64_t width, bool bf16) {
+  SL_FOR_EACH(i, rows * width) {
+    float pre = x[i] + b[i % width];
+    if (bf16) pre = RoundBf16(pre);
+    const float v = Gelu(pre);
+    y[i] = bf16 ? RoundBf16(v) : v;
+  }
+}
+
+__global__ void BiasGeluBackwardKernel(const float* x, const float* b, const float* dy, float* dx,
+                                       int64_t rows, int64_t width, bool bf16) {
+  SL_FOR_EACH(i, rows * width) {
+    float pre = x[i] + b[i % width];
+    if (bf16) pre = RoundBf16(pre);
+    const float g = dy[i] * GeluGrad(pre);
+    dx[i] = bf16 ? RoundBf16(g) : g;
   }
 }
 
@@ -469,6 +492,23 @@ cudaError_t LaunchGeluBackward(cudaStream_t stream, const float* x, const float*
                                int64_t n) {
   if (n <= 0) return cudaSuccess;
   GeluBackwardKernel<<<BlocksFor(n), kThreads, 0, stream>>>(x, dy, dx, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBiasGeluForward(cudaStream_t stream, const float* x, const float* b, float* y,
+                                  int64_t rows, int64_t width, bool bf16) {
+  if (rows <= 0 || width <= 0) return cudaSuccess;
+  BiasGeluForwardKernel<<<BlocksFor(rows * width), kThreads, 0, stream>>>(x, b, y, rows, width,
+                                                                          bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBiasGeluBackward(cudaStream_t stream, const float* x, const float* b,
+                                   const float* dy, float* dx, int64_t rows, int64_t width,
+                                   bool bf16) {
+  if (rows <= 0 || width <= 0) return cudaSuccess;
+  BiasGeluBackwardKernel<<<BlocksFor(rows * width), kThreads, 0, stream>>>(x, b, dy, dx, rows,
+                                                                           width, bf16);
   return cudaGetLastError();
 }
 

@@ -39,6 +39,12 @@ cudaError_t LaunchLayerNormBackward(cudaStream_t stream, const float* x, const f
 cudaError_t LaunchGeluForward(cudaStream_t stream, const float* x, float* y, int64_t n);
 cudaError_t LaunchGeluBackward(cudaStream_t stream, const float* x, const float* dy, float* dx,
                                int64_t n);
+// ops.h's BiasGeluForward / BiasGeluBackward over [rows, width].
+cudaError_t LaunchBiasGeluForward(cudaStream_t stream, const float* x, const float* b, float* y,
+                                  int64_t rows, int64_t width, bool bf16);
+cudaError_t LaunchBiasGeluBackward(cudaStream_t stream, const float* x, const float* b,
+                                   const float* dy, float* dx, int64_t rows, int64_t width,
+                                   bool bf16);
 
 // p holds rows = batch * heads * seq rows of `seq` scores, row r being query
 // position r % seq: in place, the causal softmax of ops.h's AttentionForward

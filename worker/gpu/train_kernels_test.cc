@@ -371,6 +371,46 @@ TEST_F(TrainKernelsTest, GeluForwardAndBackwardAlsoInPlace) {
   ExpectNear(Down(d_x, n), y, kElementwise, "gelu y in place");
 }
 
+// The fused bias + GELU against the CPU's, both ways, fp32 and bf16 (then
+// every output is bf16-exact and within one bf16 step, 2^-7 relative, of the
+// CPU's: a 1-ulp fp32 difference of tanh may round the other way), also in
+// place.
+TEST_F(TrainKernelsTest, BiasGeluForwardAndBackwardAlsoInPlace) {
+  const int64_t rows = 97, width = 103, n = rows * width;
+  const auto x = Random(n, 21, -6.0f, 6.0f), b = Random(width, 22, -1.0f, 1.0f),
+             g = Random(n, 23);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    std::vector<float> y(n), dx(n);
+    ops::BiasGeluForward(x.data(), b.data(), y.data(), rows, width, bf16);
+    ops::BiasGeluBackward(x.data(), b.data(), g.data(), dx.data(), rows, width, bf16);
+    float* d_x = Up(x);
+    float* d_b = Up(b);
+    float* d_y = UpNaN(n);
+    ASSERT_TRUE(gpu_->BiasGeluForward(d_x, d_b, d_y, rows, width, bf16).ok());
+    const double rtol = bf16 ? 1.0 / 128 : kElementwise;
+    const std::vector<float> gy = Down(d_y, n);
+    ExpectNear(gy, y, rtol, "bias+gelu y");
+    float* d_g = Up(g);
+    float* d_dx = UpNaN(n);
+    ASSERT_TRUE(gpu_->BiasGeluBackward(d_x, d_b, d_g, d_dx, rows, width, bf16).ok());
+    const std::vector<float> gdx = Down(d_dx, n);
+    ExpectNear(gdx, dx, rtol, "bias+gelu dx", /*floor=*/0.1);
+    if (bf16) {
+      std::vector<float> ry = gy, rdx = gdx;
+      ops::RoundToBFloat16(ry.data(), n);
+      ops::RoundToBFloat16(rdx.data(), n);
+      EXPECT_EQ(ry, gy) << "y not bf16";
+      EXPECT_EQ(rdx, gdx) << "dx not bf16";
+    }
+    // dx may alias dy; y may alias x (last: it overwrites d_x).
+    ASSERT_TRUE(gpu_->BiasGeluBackward(d_x, d_b, d_g, d_g, rows, width, bf16).ok());
+    EXPECT_EQ(Down(d_g, n), gdx);
+    ASSERT_TRUE(gpu_->BiasGeluForward(d_x, d_b, d_x, rows, width, bf16).ok());
+    EXPECT_EQ(Down(d_x, n), gy);
+  }
+}
+
 struct AttentionShape {
   int64_t batch, seq, heads, head_dim;
 };

@@ -429,6 +429,22 @@ int GeluBackward(Ctx* ctx, const float* x, const float* dy, float* dx, int64_t n
                shardline::gpu::LaunchGeluBackward(ctx->stream, x, dy, dx, n));
 }
 
+int BiasGeluForward(Ctx* ctx, const float* x, const float* b, float* y, int64_t rows,
+                    int64_t width, int32_t bf16) {
+  SL_RETURN_IF_ERROR(Enter(ctx, "bias_gelu_forward", {rows, width}));
+  return Check(ctx, "bias+gelu forward kernel",
+               shardline::gpu::LaunchBiasGeluForward(ctx->stream, x, b, y, rows, width,
+                                                     bf16 != 0));
+}
+
+int BiasGeluBackward(Ctx* ctx, const float* x, const float* b, const float* dy, float* dx,
+                     int64_t rows, int64_t width, int32_t bf16) {
+  SL_RETURN_IF_ERROR(Enter(ctx, "bias_gelu_backward", {rows, width}));
+  return Check(ctx, "bias+gelu backward kernel",
+               shardline::gpu::LaunchBiasGeluBackward(ctx->stream, x, b, dy, dx, rows, width,
+                                                      bf16 != 0));
+}
+
 // Attention: per batch element b, one strided-batched product over the heads
 // (on the bf16 tensor cores for ops.h's bf16 attention).
 // Head h of token s of batch b starts at qkv + (b * seq + s) * tok + h * 3 * hd
@@ -704,6 +720,8 @@ const ShardlineGpuTrainApi kTrainApi = {
     HostCopiesWait,
     HostCopiesDestroy,
     OrderAfterHostCopies,
+    BiasGeluForward,
+    BiasGeluBackward,
 };
 
 }  // namespace

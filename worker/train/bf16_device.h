@@ -102,6 +102,16 @@ class Bf16Device final : public Device {
                                  float* dbeta, int64_t rows, int64_t width) override;
   absl::Status GeluForward(const float* x, float* y, int64_t n) override;
   absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n) override;
+  // The wrapped device's, rounding inside (pre, y and dx), whatever `bf16`
+  // says; b (a parameter, fp32) is added unrounded.
+  absl::Status BiasGeluForward(const float* x, const float* b, float* y, int64_t rows,
+                               int64_t width, bool bf16) override {
+    return inner_.BiasGeluForward(x, b, y, rows, width, /*bf16=*/true);
+  }
+  absl::Status BiasGeluBackward(const float* x, const float* b, const float* dy, float* dx,
+                                int64_t rows, int64_t width, bool bf16) override {
+    return inner_.BiasGeluBackward(x, b, dy, dx, rows, width, /*bf16=*/true);
+  }
   // The wrapped device's bf16 attention, whatever `bf16` says.
   absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
                                 int64_t seq, int64_t heads, int64_t head_dim, bool bf16) override;

@@ -190,6 +190,18 @@ absl::Status CpuDevice::GeluBackward(const float* x, const float* dy, float* dx,
   return absl::OkStatus();
 }
 
+absl::Status CpuDevice::BiasGeluForward(const float* x, const float* b, float* y, int64_t rows,
+                                        int64_t width, bool bf16) {
+  train::BiasGeluForward(x, b, y, rows, width, bf16);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::BiasGeluBackward(const float* x, const float* b, const float* dy,
+                                         float* dx, int64_t rows, int64_t width, bool bf16) {
+  train::BiasGeluBackward(x, b, dy, dx, rows, width, bf16);
+  return absl::OkStatus();
+}
+
 absl::Status CpuDevice::AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
                                          int64_t seq, int64_t heads, int64_t head_dim,
                                          bool bf16) {

@@ -136,6 +136,13 @@ class Device {
                                          int64_t width) = 0;
   virtual absl::Status GeluForward(const float* x, float* y, int64_t n) = 0;
   virtual absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n) = 0;
+  // ops.h's BiasGeluForward / BiasGeluBackward: gelu of x + b with the bias
+  // add fused in (the MLP's first layer), bf16 rounding inside when bf16.
+  // Bf16Device passes bf16 = true whatever the caller says.
+  virtual absl::Status BiasGeluForward(const float* x, const float* b, float* y, int64_t rows,
+                                       int64_t width, bool bf16) = 0;
+  virtual absl::Status BiasGeluBackward(const float* x, const float* b, const float* dy,
+                                        float* dx, int64_t rows, int64_t width, bool bf16) = 0;
   // bf16: ops.h's bf16 attention (bf16 probabilities and score gradients,
   // every product on bf16 operands: a GPU's bf16 tensor cores). Bf16Device
   // asks the device it wraps for it whatever its caller passed (the model
@@ -299,6 +306,10 @@ class CpuDevice final : public Device {
                                  float* dbeta, int64_t rows, int64_t width) override;
   absl::Status GeluForward(const float* x, float* y, int64_t n) override;
   absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n) override;
+  absl::Status BiasGeluForward(const float* x, const float* b, float* y, int64_t rows,
+                               int64_t width, bool bf16) override;
+  absl::Status BiasGeluBackward(const float* x, const float* b, const float* dy, float* dx,
+                                int64_t rows, int64_t width, bool bf16) override;
   absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
                                 int64_t seq, int64_t heads, int64_t head_dim, bool bf16) override;
   absl::Status AttentionBackward(const float* qkv, const float* probs, const float* dy,

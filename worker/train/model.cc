@@ -142,10 +142,13 @@ absl::Status LayerForward(Device& d, const LayerShape& shape, const LayerParams&
   SL_RETURN_IF_ERROR(d.LayerNormForward(a->mid.data(), p.ln2_weight, p.ln2_bias, a->ln2.data(),
                                         a->ln2_mean.data(), a->ln2_rstd.data(), T, h));
   SL_RETURN_IF_ERROR(a->fc1.Resize(d, T * f));
+  // fc1's product without its bias; the bias is added inside the GELU
+  // (ops.h BiasGeluForward), so a->fc1 keeps the product, not x + b.
   SL_RETURN_IF_ERROR(
-      d.LinearForward(a->ln2.data(), p.fc1_weight, p.fc1_bias, a->fc1.data(), T, h, f));
+      d.LinearForward(a->ln2.data(), p.fc1_weight, nullptr, a->fc1.data(), T, h, f));
   SL_RETURN_IF_ERROR(a->gelu.Resize(d, T * f));
-  SL_RETURN_IF_ERROR(d.GeluForward(a->fc1.data(), a->gelu.data(), T * f));
+  SL_RETURN_IF_ERROR(
+      d.BiasGeluForward(a->fc1.data(), p.fc1_bias, a->gelu.data(), T, f, /*bf16=*/false));
   DeviceBuffer<float> out;
   SL_RETURN_IF_ERROR(out.Resize(d, T * h));
   SL_RETURN_IF_ERROR(d.LinearForward(a->gelu.data(), p.fc2_weight, nullptr, out.data(), T, f, h));
@@ -166,7 +169,8 @@ absl::Status LayerBackward(Device& d, const LayerShape& shape, const LayerParams
   SL_RETURN_IF_ERROR(dact.Resize(d, T * f));
   SL_RETURN_IF_ERROR(d.LinearBackward(a.gelu.data(), p.fc2_weight, dy, dact.data(), g.fc2_weight,
                                       g.fc2_bias, T, f, h));
-  SL_RETURN_IF_ERROR(d.GeluBackward(a.fc1.data(), dact.data(), dact.data(), T * f));
+  SL_RETURN_IF_ERROR(d.BiasGeluBackward(a.fc1.data(), p.fc1_bias, dact.data(), dact.data(), T, f,
+                                        /*bf16=*/false));
   // fc1 is column-parallel: sum the input gradient over tp.
   DeviceBuffer<float> dln;
   SL_RETURN_IF_ERROR(dln.Resize(d, T * h));

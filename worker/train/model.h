@@ -183,7 +183,7 @@ struct LayerActivations {
   DeviceBuffer<float> attention;                  // [T, h/tp]
   DeviceBuffer<float> mid;                        // [T, h] after the attention residual
   DeviceBuffer<float> ln2, ln2_mean, ln2_rstd;    // [T, h], [T], [T]
-  DeviceBuffer<float> fc1;                        // [T, f/tp] before GELU
+  DeviceBuffer<float> fc1;                        // [T, f/tp] fc1 product, before bias and GELU
   DeviceBuffer<float> gelu;                       // [T, f/tp]
 };
 

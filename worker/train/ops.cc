@@ -544,6 +544,43 @@ void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
   });
 }
 
+namespace {
+// pre[0, width) = x + b, rounded to bf16 when asked.
+void BiasRow(const float* x, const float* b, float* pre, int64_t width, bool bf16) {
+  for (int64_t j = 0; j < width; ++j) pre[j] = x[j] + b[j];
+  if (bf16) {
+    for (int64_t j = 0; j < width; ++j) pre[j] = BFloat16ToFloat(FloatToBFloat16(pre[j]));
+  }
+}
+void RoundRow(float* y, int64_t width) {
+  for (int64_t j = 0; j < width; ++j) y[j] = BFloat16ToFloat(FloatToBFloat16(y[j]));
+}
+}  // namespace
+
+void BiasGeluForward(const float* x, const float* b, float* y, int64_t rows, int64_t width,
+                     bool bf16) {
+  ParallelFor(rows, MinRows(width), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> pre(static_cast<size_t>(width));
+    for (int64_t t = begin; t < end; ++t) {
+      BiasRow(x + t * width, b, pre.data(), width, bf16);
+      ops_parts::GeluForwardPart(pre.data(), y + t * width, width);
+      if (bf16) RoundRow(y + t * width, width);
+    }
+  });
+}
+
+void BiasGeluBackward(const float* x, const float* b, const float* dy, float* dx, int64_t rows,
+                      int64_t width, bool bf16) {
+  ParallelFor(rows, MinRows(width), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> pre(static_cast<size_t>(width));
+    for (int64_t t = begin; t < end; ++t) {
+      BiasRow(x + t * width, b, pre.data(), width, bf16);
+      ops_parts::GeluBackwardPart(pre.data(), dy + t * width, dx + t * width, width);
+      if (bf16) RoundRow(dx + t * width, width);
+    }
+  });
+}
+
 // Parts of whole (batch, head) pairs: each pair's products and softmax are
 // its own, whatever the parts.
 void AttentionForward(const float* qkv, float* probs, float* y, int64_t batch, int64_t seq,

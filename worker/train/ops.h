@@ -78,6 +78,21 @@ void GeluForward(const float* x, float* y, int64_t n);
 // dx = dy * gelu'(x); dx may alias dy.
 void GeluBackward(const float* x, const float* dy, float* dx, int64_t n);
 
+// The MLP's first activation with its bias fused in (as Megatron-LM's
+// bias_gelu fusion): x [rows, width] is the product without its bias, b
+// [width] the bias. Forward: y = gelu(pre), pre = x + b (b broadcast over
+// rows); pre is not stored: the backward forms it again from x and b, so the
+// pair reads and writes the [rows, width] tensor once each way instead of
+// adding the bias in a pass of its own. Backward: dx = dy * gelu'(pre) (the
+// gradient of pre, which is also the bias's and the product's). bf16: pre is
+// rounded to bfloat16 before gelu (the value a bf16 model keeps), y and dx
+// after. Bit-identical to adding b, RoundToBFloat16 (bf16), then GeluForward /
+// GeluBackward and RoundToBFloat16 (bf16). y may alias x; dx may alias dy.
+void BiasGeluForward(const float* x, const float* b, float* y, int64_t rows, int64_t width,
+                     bool bf16);
+void BiasGeluBackward(const float* x, const float* b, const float* dy, float* dx, int64_t rows,
+                      int64_t width, bool bf16);
+
 // Causal multi-head self-attention over `heads` heads of width head_dim
 // (Vaswani et al., 2017, Section 3.2.1: softmax(q k^T / sqrt(head_dim)) v,
 // position j attends to positions <= j).

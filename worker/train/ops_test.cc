@@ -332,6 +332,40 @@ TEST_F(OpsTest, VectorisedGeluMatchesTheDoubleFormula) {
               worst_g);
 }
 
+// The fused bias + GELU is the bias added, then (bf16) rounded, then GELU
+// (then rounded), bit for bit, both ways; also in place.
+TEST_F(OpsTest, BiasGeluIsTheBiasThenGeluBitForBit) {
+  const int64_t rows = 37, width = 50, n = rows * width;
+  const std::vector<float> x = Random(n, 41, -5.0f, 5.0f), b = Random(width, 42),
+                           dy = Random(n, 43);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    std::vector<float> pre(n);
+    for (int64_t t = 0; t < rows; ++t) {
+      for (int64_t j = 0; j < width; ++j) pre[t * width + j] = x[t * width + j] + b[j];
+    }
+    if (bf16) RoundToBFloat16(pre.data(), n);
+    std::vector<float> want_y(n), want_dx(n);
+    GeluForward(pre.data(), want_y.data(), n);
+    GeluBackward(pre.data(), dy.data(), want_dx.data(), n);
+    if (bf16) {
+      RoundToBFloat16(want_y.data(), n);
+      RoundToBFloat16(want_dx.data(), n);
+    }
+    std::vector<float> y(n), dx(n);
+    BiasGeluForward(x.data(), b.data(), y.data(), rows, width, bf16);
+    BiasGeluBackward(x.data(), b.data(), dy.data(), dx.data(), rows, width, bf16);
+    EXPECT_EQ(y, want_y);
+    EXPECT_EQ(dx, want_dx);
+    EXPECT_NE(y, std::vector<float>(n, 0.0f));
+    std::vector<float> in_place = x, grad = dy;
+    BiasGeluBackward(in_place.data(), b.data(), grad.data(), grad.data(), rows, width, bf16);
+    BiasGeluForward(in_place.data(), b.data(), in_place.data(), rows, width, bf16);
+    EXPECT_EQ(in_place, want_y);
+    EXPECT_EQ(grad, want_dx);
+  }
+}
+
 // Far outside [-12, 12] GELU is x (above) or 0 (below); exp's clamping keeps
 // every result finite; NaN stays NaN; every length gives the same values
 // (the vector blocks and the padded tail agree).

@@ -164,6 +164,14 @@ class StagingDevice : public Device {
   absl::Status GeluBackward(const float* x, const float* dy, float* dx, int64_t n) override {
     return cpu().GeluBackward(x, dy, dx, n);
   }
+  absl::Status BiasGeluForward(const float* x, const float* b, float* y, int64_t rows,
+                               int64_t width, bool bf16) override {
+    return cpu().BiasGeluForward(x, b, y, rows, width, bf16);
+  }
+  absl::Status BiasGeluBackward(const float* x, const float* b, const float* dy, float* dx,
+                                int64_t rows, int64_t width, bool bf16) override {
+    return cpu().BiasGeluBackward(x, b, dy, dx, rows, width, bf16);
+  }
   absl::Status AttentionForward(const float* qkv, float* probs, float* y, int64_t batch,
                                 int64_t seq, int64_t heads, int64_t head_dim, bool bf16) override {
     return cpu().AttentionForward(qkv, probs, y, batch, seq, heads, head_dim, bf16);
