@@ -83,13 +83,14 @@ def gloo_direct(bin_dir, ranks, op, sizes, iters, warmup):
                       "--warmup", str(warmup)]))
 
 
-def torch_dist(ranks, groups):
+def torch_dist(python, ranks, groups):
+    """({(op, size): busbw}, how reduce_scatter ran) for the torch under `python`."""
     sizes = [s for g in groups for s in g[0]]
     iters = [g[1] for g in groups for _ in g[0]]
     warmup = [g[2] for g in groups for _ in g[0]]
     port = free_port()
     here = os.path.dirname(os.path.abspath(__file__))
-    cmd = [sys.executable, os.path.join(here, "torch_collectives.py"), "--ranks", str(ranks),
+    cmd = [python, os.path.join(here, "torch_collectives.py"), "--ranks", str(ranks),
            "--port", str(port), "--sizes", ",".join(map(str, sizes)),
            "--iters", ",".join(map(str, iters)), "--warmup", ",".join(map(str, warmup))]
     benchlib.log("+ %s (x%d ranks)" % (" ".join(cmd), ranks))
@@ -99,7 +100,9 @@ def torch_dist(ranks, groups):
     for p in procs:
         if p.returncode != 0:
             raise RuntimeError("torch_collectives.py failed (exit %d)" % p.returncode)
-    return parse(outs[0])
+    lines = outs[0].splitlines()
+    how = lines[0].split(":", 1)[1].strip() if lines and lines[0].startswith("#") else ""
+    return parse("\n".join(l for l in lines if not l.startswith("#"))), how
 
 
 def retry(fn, failures, what):
@@ -123,12 +126,15 @@ def main():
     groups = sweeps(quick)
     memcpy = {}
     failures = []
+    torch_peers = benchlib.torch_peers()
     for ranks in (2, 4):
-        try:
-            peer_torch = torch_dist(ranks, groups)
-        except Exception as e:  # a peer failing is a "not measured" row, not a crash
-            benchlib.log("torch.distributed failed: %s" % e)
-            peer_torch = {}
+        peer_torch = {}  # label -> ({(op, size): busbw}, how reduce_scatter ran)
+        for label, python in torch_peers:
+            try:
+                peer_torch[label] = torch_dist(python, ranks, groups)
+            except Exception as e:  # a peer failing is a "not measured" row, not a crash
+                benchlib.log("torch.distributed (%s) failed: %s" % (label, e))
+                peer_torch[label] = ({}, "")
         for op in OPS:
             ours, direct = {}, {}
             for sizes, iters, warmup in groups:
@@ -144,11 +150,14 @@ def main():
                 rows.add("%s %d ranks" % (op, ranks), param, v, "gloo direct",
                          direct.get((o, size)), "GB/s",
                          note="" if (o, size) in direct else "peer not measured")
-                tnote = "torch emulates: all_reduce + copy" if op == "reduce_scatter" else ""
-                if (o, size) not in peer_torch:
-                    tnote = "peer not measured"
-                rows.add("%s %d ranks" % (op, ranks), param, v, "torch.distributed gloo",
-                         peer_torch.get((o, size)), "GB/s", note=tnote)
+                for label, _ in torch_peers:
+                    values, how = peer_torch[label]
+                    tnote = ("torch emulates: all_reduce + copy"
+                             if op == "reduce_scatter" and how != "native" else "")
+                    if (o, size) not in values:
+                        tnote = "peer not measured"
+                    rows.add("%s %d ranks" % (op, ranks), param, v, "%s gloo" % label,
+                             values.get((o, size)), "GB/s", note=tnote)
                 if (o, size) in memcpy or ("memcpy", size) in ours:
                     m = ours.get(("memcpy", size), memcpy.get(size))
                     rows.add("%s %d ranks" % (op, ranks), param, v, "memcpy (ceiling)", m,
@@ -169,9 +178,11 @@ between processes of one host. Per size: warmup calls, a barrier, timed calls; t
 slowest rank's mean. Shardline's timed calls are issued back to back and then waited on
 (its API is asynchronous: each returns a Work; a waiting thread runs queued shared memory
 calls itself); Gloo direct and torch call synchronously, one after another. Small sizes are
-latency-bound (the ratio then compares per-call overhead). torch 1.13's gloo has no
-reduce_scatter, so its row times all_reduce + copying out the own piece (what torch users
-do). This host has 2 cores shared with other work: with 4 ranks the ranks share cores and a
+latency-bound (the ratio then compares per-call overhead). torch peers: Debian's torch
+1.13 and, where `deploy/install_deps.sh --bench` made its virtualenv, current torch from
+PyPI (each column names its version). torch 1.13's gloo has no reduce_scatter, so its row
+times all_reduce + copying out the own piece (what torch users do; the row's note says
+so); a torch whose gloo has `reduce_scatter_tensor` runs that. This host has 2 cores shared with other work: with 4 ranks the ranks share cores and a
 rank descheduled mid-collective stalls the others, so the figures measure CPU contention as
 much as the transport and vary between runs. The memcpy ceiling is one thread copying the
 same bytes.

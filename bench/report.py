@@ -24,6 +24,7 @@ from collections import OrderedDict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
+import goals  # noqa: E402
 
 ORDER = ["collectives", "coordinator_kv", "rendezvous", "heartbeats", "node_loss", "failover",
          "state_backends", "checkpoint", "trainer"]
@@ -364,6 +365,8 @@ def main():
         md += [CARRIED + "%s. %s" % (
             ", ".join("`%s`" % n for n in names if n in carried_names),
             "That report said: \"%s\"" % old_header if old_header else ""), ""]
+    if a.mode != "quick":
+        md += goals.section(rows)
     if a.mode == "quick":
         md += ["> **Quick mode**: small sizes and few iterations; the figures show that the "
                "harness works, not how fast anything is.", ""]

@@ -5,9 +5,12 @@ loopback. Same sizes and timing as shardline-bench-collectives: per size,
 `warmup` untimed calls, a barrier, `iters` timed calls; time = the slowest
 rank's elapsed / iters. Rank 0 prints CSV rows in that binary's --csv layout.
 
-torch 1.13's gloo backend has no reduce_scatter (ProcessGroupGloo raises
-"does not support reduce_scatter"); the row for it times what a torch user
-does instead: all_reduce of the whole input, then copying out the own piece.
+reduce_scatter is dist.reduce_scatter_tensor where this torch's gloo backend
+has it; torch 1.13's has none (ProcessGroupGloo raises "does not support
+reduce_scatter"), and there the row times what a torch user does instead:
+all_reduce of the whole input, then copying out the own piece. Rank 0's first
+output line says which: "# reduce_scatter: native" or "# reduce_scatter:
+all_reduce + copy".
 """
 import argparse
 import sys
@@ -15,6 +18,25 @@ import time
 
 import torch
 import torch.distributed as dist
+
+
+def has_native_reduce_scatter(n):
+    """Whether dist.reduce_scatter_tensor runs on this gloo backend (every rank
+    tries it once and they agree: a rank where it raised says so in an
+    all_reduce)."""
+    ok = 1.0
+    if not hasattr(dist, "reduce_scatter_tensor"):
+        ok = 0.0
+    else:
+        try:
+            out = torch.empty(1)
+            dist.reduce_scatter_tensor(out, torch.ones(n))
+            ok = 1.0 if out.item() == float(n) else 0.0
+        except RuntimeError:
+            ok = 0.0
+    flag = torch.tensor([ok])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return flag.item() == 1.0
 
 
 def main():
@@ -39,6 +61,7 @@ def main():
     if len(warmups) == 1:
         warmups = warmups * len(sizes)
     out = []
+    native_reduce_scatter = has_native_reduce_scatter(n)
     for op in a.ops.split(","):
         for size, it, warmup in zip(sizes, iters, warmups):
             count = size // 4
@@ -54,6 +77,10 @@ def main():
                 x = torch.full((piece,), 1.0 + a.rank)
                 outs = list(torch.empty(count).split(piece))
                 fn = lambda: dist.all_gather(outs, x)
+            elif native_reduce_scatter:
+                x = torch.full((count,), 1.0 + a.rank)
+                mine = torch.empty(piece)
+                fn = lambda: dist.reduce_scatter_tensor(mine, x)
             else:
                 x = torch.full((count,), 1.0 + a.rank)
                 mine = torch.empty(piece)
@@ -77,6 +104,8 @@ def main():
                 n, nbytes, count, op, secs * 1e6, algbw, algbw * factor))
     dist.destroy_process_group()
     if a.rank == 0:
+        print("# reduce_scatter: %s" % ("native" if native_reduce_scatter
+                                         else "all_reduce + copy"))
         print("ranks,size_bytes,count,type,op,time_us,algbw_gbps,busbw_gbps,wrong")
         print("\n".join(out))
     return 0

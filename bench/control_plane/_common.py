@@ -171,9 +171,10 @@ class Etcd(Server):
 
 
 class TorchStore(Server):
-    """A torch.distributed.TCPStore server (is_master=True) in its own process."""
+    """A torch.distributed.TCPStore server (is_master=True) in its own process,
+    under `python` (Debian's torch by default; benchlib.torch_peers for others)."""
 
-    def __init__(self, name="tcpstore"):
+    def __init__(self, name="tcpstore", python=PYTHON):
         self.port = free_port()
         code = ("import time, datetime\n"
                 "from torch.distributed import TCPStore\n"
@@ -181,7 +182,7 @@ class TorchStore(Server):
                 " wait_for_workers=False)\n"
                 "print('ready', flush=True)\n"
                 "time.sleep(1e9)\n" % self.port)
-        super().__init__([PYTHON, "-c", code], os.path.join(tmpdir("logs"), name + ".log"))
+        super().__init__([python, "-c", code], os.path.join(tmpdir("logs"), name + ".log"))
         if not wait_port(self.port, 60):
             self.stop()
             raise RuntimeError("TCPStore server did not start: " + self.tail())
