@@ -84,7 +84,7 @@ WHY = {
     "trainer-1": (
         "Run-to-run variance on this machine, not a slower trainer: the full run an hour "
         "earlier (before the fused bias+GELU) measured 1.29x against torch 2.15 at 1 thread, "
-        "this rerun 1.16x (Shardline 14.1k -> 13.4k tokens/s, torch 2.15 11.2k -> 11.6k). "
+        "this rerun 1.16x (Shardline 13.4k tokens/s, torch 2.15 11.6k). "
         "The two trainer binaries alternating right after this run, 3 runs each of 40 steps "
         "at 1 thread: before the change 12.2k, 13.7k, 11.6k tokens/s, after 13.6k, 13.3k, "
         "13.0k. The goal is met in one run and missed in the next; the margin is too thin "
