@@ -94,8 +94,8 @@ WHY = {
         "share this machine's 2 cores. perf on the coordinator while 4096 workers form: "
         "libgrpc 37 %, the kernel 29 %, malloc/free 15 %, Shardline's own code 7.6 %; "
         "tcmalloc and jemalloc made no difference beyond noise. Five runs on their own "
-        "measured 1.69-2.59 s, full runs 3.2-3.5 s: "
-        "machine): the goal is met only on a good run, and nothing of Shardline's own is "
+        "measured 1.69-2.59 s, the last two full runs 3.21 and 3.46 s: the goal is met "
+        "only on a good run, and nothing of Shardline's own is "
         "left to cut. From 2048 to 4096 workers the time grows faster than N: each event of "
         "Debian's gRPC costs O(open calls) (see the 100,000 row)."),
     "rdv-100k": (
@@ -109,10 +109,10 @@ WHY = {
         "with NDEBUG removes both scans; the product uses Debian's packages."),
     "barrier": (
         "Each Barrier is one gRPC call held until the last member arrives, and one gRPC "
-        "call here costs more than a TCPStore round: Shardline's KV set+get runs about 87 us "
-        "per call at 1 client in this run, TCPStore's about 26 us, and its 2-member add+wait "
-        "barrier measured 2.1k rounds/s in one full run and 15k in the next on this machine "
-        "(Shardline 3.5-3.9k both times). perf on the coordinator under that load: the kernel "
+        "call here costs more than a TCPStore round: at 1 client Shardline's KV set+get took "
+        "87-117 us per call in today's runs, torch 1.13's TCPStore 26-29 us; TCPStore's "
+        "2-member add+wait barrier measured 2.1k, 15.2k and 12.5k rounds/s in three runs on "
+        "this machine, Shardline's 3.5k-4.2k. perf on the coordinator under that load: the kernel "
         "36 %, libgrpc 32 %, Shardline's own code 5.7 % (coordinator_kv's notes). The "
         "barrier logic is not where the time goes; a TCPStore-class figure needs a leaner "
         "transport for the store and barriers beside gRPC (a plain framed protocol, "

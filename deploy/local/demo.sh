@@ -250,7 +250,7 @@ wait "${WORKER_PIDS[$VICTIM]}" 2>/dev/null || true
 echo "-- $KILLED_AT kill -9 node$VICTIM (rank 1 of generation 1) after step $KILL_AT"
 
 wait_job RUNNING 2 300 || die "the job did not re-form at generation 2"
-echo "-- generation 2 formed (the spare took the lost rank)"
+echo "-- generation 2 formed (world 4 again with the spare; ranks are assigned afresh)"
 
 wait_job COMPLETED "" $((STEPS * 10 + 600)) || die "the job did not complete"
 END_EPOCH=$(date +%s.%N)
