@@ -142,7 +142,11 @@ int Main(int argc, char** argv) {
   absl::StatusOr<v1::JobSpec> raw = spec::ReadJobSpecFile((*positional)[0]);
   if (!raw.ok()) return Fail(std::string(raw.status().message()));
   if (!data_override.empty()) raw->mutable_data()->set_dataset_path(data_override);
-  if (steps != kSpecSteps && steps < 0) return Fail(absl::StrCat("--steps=", steps, " must be >= 0"));
+  if (steps != kSpecSteps && steps < 1) {
+    return Fail(absl::StrCat("--steps=", steps,
+                             " must be >= 1 (optimizer steps; leave it out for the spec's "
+                             "training.train_steps)"));
+  }
   if (steps != kSpecSteps) raw->mutable_training()->set_train_steps(static_cast<uint64_t>(steps));
   absl::StatusOr<v1::JobSpec> spec = spec::ResolveJobSpec(*raw);
   if (!spec.ok()) return Fail(std::string(spec.status().message()));

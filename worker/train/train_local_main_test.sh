@@ -55,6 +55,7 @@ check "no validation split" 2 "" \
 
 # Backend and optimizer placement flags are checked before training.
 check "bad --backend" 2 "" "--backend=mpi is not one of gloo, nccl" -- "$SPEC" --backend mpi --steps 1
+check "zero --steps" 2 "" "--steps=0 must be >= 1" -- "$SPEC" --steps 0
 check "--backend nccl on the CPU" 2 "" "--backend nccl needs --device cuda[:N]" \
   -- "$SPEC" --backend nccl --steps 1
 check "--host-optimizer on the CPU" 2 "" "--host-optimizer needs --device cuda[:N]" \

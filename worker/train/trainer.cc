@@ -132,7 +132,12 @@ class Trainer::Impl {
   ~Impl() {
     DrainGradReduces();
     DrainPrefetches();
-    // The copies write into host buffers freed below.
+    // The copies write into host buffers freed below (also those of a save
+    // that failed before it recorded them).
+    if (host_copies == nullptr && host_copies_unordered) {
+      absl::StatusOr<std::shared_ptr<HostCopies>> pending = sd().RecordHostCopies();
+      if (pending.ok()) host_copies = *std::move(pending);
+    }
     if (host_copies != nullptr) host_copies->Wait().IgnoreError();
   }
 
