@@ -76,6 +76,19 @@ def machine():
     ])
 
 
+def measured_line(out_dir, name):
+    """Where a freshly run section's rows come from: when its CSV was written and
+    at which commit (with "+ local changes" when the tree differs from it). Kept
+    word for word when a later report carries the section over, so every
+    section says when it was measured."""
+    path = os.path.join(out_dir, "%s.csv" % name)
+    when = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
+    commit = sh(["git", "rev-parse", "--short", "HEAD"]) or "?"
+    if sh(["git", "status", "--porcelain", "--untracked-files=no"]):
+        commit += " + local changes"
+    return "*Measured %s, commit %s.*" % (when.strftime("%Y-%m-%d %H:%M UTC"), commit)
+
+
 def read_rows(out_dir):
     rows = []
     for path in sorted(glob.glob(os.path.join(out_dir, "*.csv"))):
@@ -327,6 +340,11 @@ def main():
     ap.add_argument("--only", default="", help="bench/run.sh's --only, named in the header")
     a = ap.parse_args()
     rows = read_rows(a.out_dir)
+    # With --only, what bench/out/ holds from earlier runs is not this run's:
+    # those sections are carried over from the previous report like any other.
+    if a.only:
+        only = set(a.only.split(","))
+        rows = [r for r in rows if r["benchmark"] in only]
     ran = set(r["benchmark"] for r in rows)
     # Benchmarks not run this time keep the previous report's rows and section.
     md_path = os.path.join(a.docs, "benchmarks.md")
@@ -381,7 +399,7 @@ def main():
             md += ["## %s" % n] + old_sections[n] + [""]
             continue
         sub = [r for r in rows if r["benchmark"] == n]
-        md += ["## %s" % n, "", table(sub), ""]
+        md += ["## %s" % n, "", measured_line(a.out_dir, n), "", table(sub), ""]
         png = os.path.join(a.docs, "plots", "%s.png" % n)
         try:
             if plot(n, sub, png):
