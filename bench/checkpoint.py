@@ -103,38 +103,45 @@ def main():
     ours_proc = Stepped([os.path.join(benchlib.bench_bin(), "bench/shardline-bench-checkpoint-io"),
                          "--dir", d, "--bytes", str(nbytes), "--stepped"])
     ours_proc.step()
-    torch_proc = None
-    try:
-        torch_proc = Stepped([sys.executable, os.path.join(here, "torch_checkpoint.py"),
-                              "--dir", d, "--bytes", str(nbytes), "--stepped"])
-        torch_proc.step()
-    except Exception as e:  # the peer is optional
-        benchlib.log("torch peer failed: %s" % e)
-        torch_proc = None
-    ours, dd, torch = [], [], []
-    torch_error = None if torch_proc else "did not start"
+    # Each torch the machine has (Debian's 1.13, PyPI's current one): a
+    # contender of its own.
+    torch_procs, torch_rows, torch_errors = {}, {}, {}
+    for label, python in benchlib.torch_peers():
+        try:
+            proc = Stepped([python, os.path.join(here, "torch_checkpoint.py"),
+                            "--dir", d, "--bytes", str(nbytes), "--stepped"])
+            proc.step()
+            torch_procs[label] = proc
+            torch_rows[label] = []
+        except Exception as e:  # the peer is optional
+            benchlib.log("%s peer failed: %s" % (label, e))
+            torch_errors[label] = e
+    ours, dd = [], []
     for rep in range(repeats):
-        order = ["ours", "dd", "torch"]
-        order = order[rep % 3:] + order[:rep % 3]
+        order = ["ours", "dd"] + sorted(torch_procs)
+        order = order[rep % len(order):] + order[:rep % len(order)]
         for who in order:
             if who == "ours":
                 ours.append(ours_proc.step())
             elif who == "dd":
                 dd.append(dd_once(d, nbytes, rep))
-            elif torch_error is None:
+            elif who not in torch_errors:
                 try:
-                    torch.append(torch_proc.step())
+                    torch_rows[who].append(torch_procs[who].step())
                 except Exception as e:
-                    benchlib.log("torch peer failed: %s" % e)
-                    torch_error = e
+                    benchlib.log("%s peer failed: %s" % (who, e))
+                    torch_errors[who] = e
     ours_proc.close()
-    if torch_proc is not None:
+    for label, proc in torch_procs.items():
         try:
-            torch_proc.close()
+            proc.close()
         except Exception as e:
-            benchlib.log("torch peer failed: %s" % e)
-            torch_error = e
-    peers = {"dd": dd, "torch.save/torch.load": None if torch_error else torch}
+            benchlib.log("%s peer failed: %s" % (label, e))
+            torch_errors.setdefault(label, e)
+    peers = {"dd": dd}
+    for label in sorted(set(torch_rows) | set(torch_errors)):
+        peers["%s torch.save/torch.load" % label] = (
+            None if label in torch_errors else torch_rows[label])
     param = "bytes=%d" % nbytes
     for what, key in (("save", "save_s"), ("restore", "restore_s")):
         for name, prow in peers.items():
@@ -143,7 +150,8 @@ def main():
     benchlib.write_notes(out, """
 State: a GPT-shaped set of fp32 tensors (width 1024: qkv, proj, fc1, fc2 of each layer,
 each as parameter + AdamW's two moments, as `Trainer::SaveSlices` hands them over) of %d MiB,
-median of %d repeats; in each repeat Shardline, dd and torch run one after another, the
+median of %d repeats; in each repeat Shardline, dd and each torch (Debian's 1.13, and current torch from
+PyPI where its virtualenv exists) run one after another, the
 order rotated every repeat (the machine is shared, so a slow spell should hit all alike);
 Shardline and torch each stay in one process, after one uncounted warm-up repeat (a fresh
 process's first save, right after allocating the state, was 2-4x slower than later ones).

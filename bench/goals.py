@@ -94,7 +94,8 @@ WHY = {
         "share this machine's 2 cores. perf on the coordinator while 4096 workers form: "
         "libgrpc 37 %, the kernel 29 %, malloc/free 15 %, Shardline's own code 7.6 %; "
         "tcmalloc and jemalloc made no difference beyond noise. Five runs on their own "
-        "measured 1.69-2.59 s, the last two full runs 3.21 and 3.46 s: the goal is met "
+        "measured 1.69-2.59 s, the last two full runs 3.21 and 3.46 s, a rendezvous-only "
+        "run 2.59 s: the goal is met "
         "only on a good run, and nothing of Shardline's own is "
         "left to cut. From 2048 to 4096 workers the time grows faster than N: each event of "
         "Debian's gRPC costs O(open calls) (see the 100,000 row)."),
@@ -117,6 +118,14 @@ WHY = {
         "barrier logic is not where the time goes; a TCPStore-class figure needs a leaner "
         "transport for the store and barriers beside gRPC (a plain framed protocol, "
         "authenticated like the RPCs), which is not built."),
+    "ckpt-restore": (
+        "Restore reads the shard with pread in 4 MiB chunks on up to 4 threads and verifies "
+        "the CRC-32C of every byte as it arrives, into the state's own memory; dd reads "
+        "sequentially into one 4 MiB buffer and throws it away. Today's three runs measured "
+        "0.96x, 0.96x and 0.92x (the median of the per-repeat ratios 0.90-0.94; single "
+        "repeats 0.69-1.62, on a virtual disk the host may cache): the goal lies inside "
+        "this machine's run-to-run spread. Larger or direct reads were not tried this "
+        "session."),
     "hb-closed": (
         "Both servers answer what one load generator on the same 2 cores can send: 0.99x "
         "here, 1.02x in the previous full run, 1.05x at 1024 workers and 1.27x at 256 in "

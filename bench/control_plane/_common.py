@@ -412,16 +412,16 @@ def tiny_gpt_spec(name, data, ckpt, min_workers, max_workers, heartbeat_interval
                                  collective_timeout=collective_timeout)
 
 
-def start_torchrun_agents(d, workers, rdzv_id, env):
+def start_torchrun_agents(d, workers, rdzv_id, env, python=PYTHON):
     """Starts `workers` torchrun agents (c10d rendezvous on a free port, up
     to 3 restarts, last_call_timeout 5 s) running _torch_ddp_train.py with
-    `env`; each logs to d/agentI.log. Returns the Servers (the caller stops
-    them)."""
+    `env` under `python` (whose torch they use); each logs to d/agentI.log.
+    Returns the Servers (the caller stops them)."""
     port = free_port()
     agents = []
     for i in range(workers):
         agents.append(Server(
-            [PYTHON, os.path.join(HERE, "_torchrun.py"),
+            [python, os.path.join(HERE, "_torchrun.py"),
              "--nnodes=1:%d" % workers,
              "--nproc_per_node=1", "--max_restarts=3", "--rdzv_backend=c10d",
              "--rdzv_endpoint=127.0.0.1:%d" % port, "--rdzv_id=%s" % rdzv_id,

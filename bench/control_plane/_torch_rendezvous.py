@@ -39,7 +39,13 @@ def run_nodes(args, ids, start_at, q):
         while time.time() < start_at:
             time.sleep(0.001)
         try:
-            _, rank, world = handler.next_rendezvous()
+            got = handler.next_rendezvous()
+            # torch 1.13 returns (store, rank, world_size); torch >= 2.4 a
+            # RendezvousInfo with rank and world_size attributes.
+            if isinstance(got, tuple):
+                _, rank, world = got
+            else:
+                rank, world = got.rank, got.world_size
             results[i] = (time.time(), rank, world)
         except Exception as e:  # a timeout: reported as not done
             results[i] = (None, str(e)[:200], 0)

@@ -118,15 +118,15 @@ def shardline_once(rep, data):
         coord.stop()
 
 
-def torch_once(rep, data):
-    d = _common.tmpdir("node_loss/torch-%d" % rep)
+def torch_once(rep, data, python, label):
+    d = _common.tmpdir("node_loss/torch-%s-%d" % (label.replace(" ", ""), rep))
     subprocess.run(["rm", "-rf", d])
     os.makedirs(d)
     env = dict(os.environ, BENCH_CKPT=os.path.join(d, "ckpt.pt"), BENCH_DATA=data,
                OMP_NUM_THREADS="1")
     agents = []
     try:
-        agents = _common.start_torchrun_agents(d, WORKERS, "nl", env)
+        agents = _common.start_torchrun_agents(d, WORKERS, "nl", env, python)
         logs = [a.log_path for a in agents]
         step_re = r"^step (\d+) t="
         if not wait_until(lambda: max_step((read(p) for p in logs), r"(?m)" + step_re)
@@ -162,26 +162,34 @@ def main():
     rows = benchlib.Rows(out, NAME)
     reps = 1 if quick else 2
     data = os.path.join(_common.REPO, "data", "tinyshakespeare.txt")
-    sl, pt, notes = [], [], []
+    # Each torch the machine has (Debian's 1.13, PyPI's current one).
+    torch_peers = benchlib.torch_peers()
+    sl, pt, notes = [], {label: [] for label, _ in torch_peers}, []
     for rep in range(reps):
         benchlib.log("%s: repetition %d" % (NAME, rep + 1))
-        for fn, acc, what in ((shardline_once, sl, "shardline"), (torch_once, pt, "torchrun")):
+        runs = [(lambda: shardline_once(rep, data), sl, "shardline")]
+        for label, python in torch_peers:
+            runs.append((lambda python=python, label=label: torch_once(rep, data, python, label),
+                         pt[label], "%s torchrun" % label))
+        for fn, acc, what in runs:
             try:
-                acc.append(fn(rep, data))
+                acc.append(fn())
             except (RuntimeError, subprocess.SubprocessError, OSError) as e:
                 benchlib.log("  %s failed: %s" % (what, e))
                 notes.append("%s: %s" % (what, str(e).splitlines()[0][:120]))
     note = "median of %d%s" % (reps, ("; " + "; ".join(notes)) if notes else "")
-    rows.add("SIGKILL a worker -> first resumed step", "workers=%d" % WORKERS,
-             statistics.median(sl) if sl else None, "torchrun c10d + gloo DDP",
-             statistics.median(pt) if pt else None, "s", False, note)
+    for label, _ in torch_peers:
+        rows.add("SIGKILL a worker -> first resumed step", "workers=%d" % WORKERS,
+                 statistics.median(sl) if sl else None, "%s torchrun c10d + gloo DDP" % label,
+                 statistics.median(pt[label]) if pt[label] else None, "s", False, note)
     benchlib.write_notes(out, """
 **How measured.** Shardline: `shardline-coordinator` (SQLite state) and 4 `shardline-worker` processes train a
 tiny GPT (2 layers, width 16, 2 heads, byte vocabulary, context 16, global batch 24, fp32 on CPU, dp = 4) with a
 checkpoint every 5 steps. After step %d the script SIGKILLs a worker that holds a rank and takes the time to the
 first survivor's `recovery (...): ... first resumed step N` line (its own timestamp): the coordinator sees the
 Session stream break, the survivors re-form at dp = 3 (gradient accumulation keeps the global batch), restore
-the last checkpoint and finish a step. Peer: 4 torchrun agents (`--nnodes=1:4 --nproc_per_node=1
+the last checkpoint and finish a step. Peer (Debian's torch 1.13, and current torch from PyPI where its
+virtualenv exists; each column names its version): 4 torchrun agents (`--nnodes=1:4 --nproc_per_node=1
 --max_restarts=3 --rdzv_backend=c10d --monitor_interval=0.1`, last_call_timeout 5 s; launched through
 `_torchrun.py`, which fixes Debian torch 1.13's `Std.from_str` under Python 3.11) running the same model
 as a gloo DDP script with a `torch.save` checkpoint every 5 steps; the script SIGKILLs the rank-1 worker process

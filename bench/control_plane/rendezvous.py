@@ -33,6 +33,7 @@ def main():
     torch_timeout = 30 if quick else 60
     # Past this the answer is already "does not form on this machine".
     shardline_timeout = 60
+    torch_peers = benchlib.torch_peers()
     for n in sizes:
         timeout_s = shardline_timeout if n <= own_max else 4 * shardline_timeout
         extra = {} if n <= own_max else {"processes": shared_processes,
@@ -58,30 +59,34 @@ def main():
             note = "shardline failed: %s" % str(e).splitlines()[0][:150]
         finally:
             coord.stop()
-        peer = None
-        if n <= torch_max:
-            store = _common.TorchStore("rendezvous-tcpstore-%d" % n)
-            try:
-                pr = _common.run_json(
-                    [_common.PYTHON, os.path.join(_common.HERE, "_torch_rendezvous.py"),
-                     "--port", str(store.port), "--nodes", str(n),
-                     "--timeout-s", str(torch_timeout)], timeout=torch_timeout + 120)
-                if pr["done"] == n:
-                    peer = pr["seconds"]
-                else:
-                    note += " torch: %d of %d nodes done in %d s (%s)" % (
-                        pr["done"], n, torch_timeout, pr["first_error"][:80])
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
-                benchlib.log("  torch failed: %s" % e)
-                note += " torch failed: %s" % str(e).splitlines()[0][:150]
-            finally:
-                store.stop()
-        else:
-            note += (" torch c10d not run above %d nodes (here 128 nodes took 8 s and 256 did not finish in 60 s:"
-                     " every join rewrites its whole pickled state)" % torch_max)
-        rows.add("all workers hold assignments", "workers=%d" % n,
-                 sl["seconds"] if sl else None, "torch c10d rendezvous", peer, "s", False,
-                 note.strip())
+        # Each torch the machine has (Debian's 1.13, PyPI's current one).
+        for label, python in torch_peers:
+            peer, extra = None, ""
+            if n <= torch_max:
+                store = _common.TorchStore("rendezvous-tcpstore-%s-%d" % (label.replace(" ", ""), n),
+                                           python)
+                try:
+                    pr = _common.run_json(
+                        [python, os.path.join(_common.HERE, "_torch_rendezvous.py"),
+                         "--port", str(store.port), "--nodes", str(n),
+                         "--timeout-s", str(torch_timeout)], timeout=torch_timeout + 120)
+                    if pr["done"] == n:
+                        peer = pr["seconds"]
+                    else:
+                        extra = " %s: %d of %d nodes done in %d s (%s)" % (
+                            label, pr["done"], n, torch_timeout, pr["first_error"][:80])
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    benchlib.log("  %s failed: %s" % (label, e))
+                    extra = " %s failed: %s" % (label, str(e).splitlines()[0][:150])
+                finally:
+                    store.stop()
+            else:
+                extra = (" torch c10d not run above %d nodes (here 128 nodes took 8 s and 256 did"
+                         " not finish in 60 s: every join rewrites its whole pickled state)"
+                         % torch_max)
+            rows.add("all workers hold assignments", "workers=%d" % n,
+                     sl["seconds"] if sl else None, "%s c10d rendezvous" % label, peer, "s",
+                     False, (note + extra).strip())
     benchlib.write_notes(out, """
 **How measured.** A fresh `shardline-coordinator --state memory` per size; one job with
 `min_workers = max_workers = N` (tp = pp = 1, dp = N). The load generator (`cp_load rendezvous`) starts N
@@ -100,7 +105,8 @@ Every simulated worker heartbeats from its `JoinJob` on, every `heartbeat_interv
 what one coordinator answers here; at 100000 workers and 5 s the fleet offered 20000/s while forming, the
 coordinator fell behind and declared workers LOST by heartbeat timeout). Sizes up to 4096 must form within %d s, larger ones within four times that; a size that does not is
 reported as not measured, with how many workers got their assignment and the first error. Peer: torchrun's c10d rendezvous
-(`DynamicRendezvousHandler` + `C10dRendezvousBackend`, min = max nodes = N) over a TCPStore, N nodes as threads of
+(`DynamicRendezvousHandler` + `C10dRendezvousBackend`, min = max nodes = N) over a TCPStore, of Debian's torch 1.13
+and of current torch from PyPI where its virtualenv exists (each column names its version), N nodes as threads of
 one process, each with its own TCPStore connection; it polls its shared state once a second, and each join rewrites the whole pickled state, so
 it is run up to %d nodes only. torchrun has one node per *machine* (agent), Shardline one worker per *rank*: at
 8 GPUs a node, N Shardline workers correspond to N/8 torch nodes.
