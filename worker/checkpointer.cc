@@ -1,6 +1,7 @@
 #include "worker/checkpointer.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -96,51 +97,38 @@ absl::Status Checkpointer::Save(const v1::Fence& fence, uint32_t rank, int64_t s
   absl::StatusOr<train::Trainer::SavedSlices> saved = trainer.SaveSlicesAsync();
   if (!saved.ok()) return saved.status();
   const std::vector<checkpoint::LocalRun> runs = FromStateSlices(saved->slices);
-  if (!async) {
-    if (absl::Status s = saved->ready->Wait(); !s.ok()) return s;
-    absl::StatusOr<v1::ReportShardRequest> written =
-        checkpoint::WriteShard(opened.directory(), static_cast<int>(rank), runs);
+  // What writes the shard. Synchronously, or from the trainer's host copies
+  // (kept until the next save or restore, each of which waits for the
+  // background save first): wait for the device's copies, write them as they
+  // are. Asynchronously from the state itself, which the next step changes:
+  // the writer copies it now.
+  std::function<absl::StatusOr<v1::ReportShardRequest>()> write;
+  if (!async || saved->host_copies) {
+    write = [ready = saved->ready, runs, directory = opened.directory(),
+             rank]() -> absl::StatusOr<v1::ReportShardRequest> {
+      if (absl::Status s = ready->Wait(); !s.ok()) return s;
+      return checkpoint::WriteShard(directory, static_cast<int>(rank), runs);
+    };
+  } else {
+    auto writer = std::make_shared<checkpoint::AsyncShardWriter>();
+    if (absl::Status s = writer->Start(opened.directory(), static_cast<int>(rank), runs);
+        !s.ok())
+      return s;
+    write = [writer] { return writer->Wait(); };
+  }
+  // Writes, then reports into the summary `slot` gives (asked for only once
+  // the shard is written).
+  auto write_and_report = [this, write = std::move(write), fence, id = opened.checkpoint_id(),
+                           data_cursor](absl::FunctionRef<v1::CheckpointSummary*()> slot) {
+    absl::StatusOr<v1::ReportShardRequest> written = write();
     if (!written.ok()) return written.status();
     written->set_data_cursor(data_cursor);
-    return Report(fence, opened.checkpoint_id(), *std::move(written), &last_summary_);
-  }
+    return Report(fence, id, *std::move(written), slot());
+  };
+  if (!async) return write_and_report([this] { return &last_summary_; });
   // The write and the report run in the background while training goes on.
-  if (saved->host_copies) {
-    // The slices are the trainer's host copies, which it keeps until the
-    // next save or restore (each of which waits for this thread first): the
-    // device fills them beside the next step, this thread waits for that
-    // and writes them as they are.
-    background_ = std::thread([this, ready = saved->ready, runs, fence,
-                               directory = opened.directory(), id = opened.checkpoint_id(),
-                               data_cursor, rank] {
-      if (absl::Status s = ready->Wait(); !s.ok()) {
-        background_status_ = s;
-        return;
-      }
-      absl::StatusOr<v1::ReportShardRequest> written =
-          checkpoint::WriteShard(directory, static_cast<int>(rank), runs);
-      if (!written.ok()) {
-        background_status_ = written.status();
-        return;
-      }
-      written->set_data_cursor(data_cursor);
-      background_status_ = Report(fence, id, *std::move(written), &background_summary_.emplace());
-    });
-    return absl::OkStatus();
-  }
-  // The slices are the state itself, which the next step changes: the
-  // writer copies them now.
-  auto writer = std::make_shared<checkpoint::AsyncShardWriter>();
-  if (absl::Status s = writer->Start(opened.directory(), static_cast<int>(rank), runs); !s.ok())
-    return s;
-  background_ = std::thread([this, writer, fence, id = opened.checkpoint_id(), data_cursor] {
-    absl::StatusOr<v1::ReportShardRequest> written = writer->Wait();
-    if (!written.ok()) {
-      background_status_ = written.status();
-      return;
-    }
-    written->set_data_cursor(data_cursor);
-    background_status_ = Report(fence, id, *std::move(written), &background_summary_.emplace());
+  background_ = std::thread([this, write_and_report = std::move(write_and_report)] {
+    background_status_ = write_and_report([this] { return &background_summary_.emplace(); });
   });
   return absl::OkStatus();
 }
