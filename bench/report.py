@@ -76,16 +76,20 @@ def machine():
     ])
 
 
-def measured_line(out_dir, name):
-    """Where a freshly run section's rows come from: when its CSV was written and
-    at which commit (with "+ local changes" when the tree differs from it). Kept
-    word for word when a later report carries the section over, so every
-    section says when it was measured."""
-    path = os.path.join(out_dir, "%s.csv" % name)
-    when = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
+def tree_commit():
+    """HEAD's short hash, with " + local changes" when the tracked files differ."""
     commit = sh(["git", "rev-parse", "--short", "HEAD"]) or "?"
     if sh(["git", "status", "--porcelain", "--untracked-files=no"]):
         commit += " + local changes"
+    return commit
+
+
+def measured_line(out_dir, name, commit):
+    """Where a freshly run section's rows come from: when its CSV was written and
+    at which commit (tree_commit). Kept word for word when a later report
+    carries the section over, so every section says when it was measured."""
+    path = os.path.join(out_dir, "%s.csv" % name)
+    when = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
     return "*Measured %s, commit %s.*" % (when.strftime("%Y-%m-%d %H:%M UTC"), commit)
 
 
@@ -394,12 +398,13 @@ def main():
     md.append("")
     if carried_names and old_machine:
         md += [CARRIED_MACHINE] + old_machine + [""]
+    commit = tree_commit()
     for n in names:
         if n in carried_names:
             md += ["## %s" % n] + old_sections[n] + [""]
             continue
         sub = [r for r in rows if r["benchmark"] == n]
-        md += ["## %s" % n, "", measured_line(a.out_dir, n), "", table(sub), ""]
+        md += ["## %s" % n, "", measured_line(a.out_dir, n, commit), "", table(sub), ""]
         png = os.path.join(a.docs, "plots", "%s.png" % n)
         try:
             if plot(n, sub, png):

@@ -548,12 +548,7 @@ namespace {
 // pre[0, width) = x + b, rounded to bf16 when asked.
 void BiasRow(const float* x, const float* b, float* pre, int64_t width, bool bf16) {
   for (int64_t j = 0; j < width; ++j) pre[j] = x[j] + b[j];
-  if (bf16) {
-    for (int64_t j = 0; j < width; ++j) pre[j] = BFloat16ToFloat(FloatToBFloat16(pre[j]));
-  }
-}
-void RoundRow(float* y, int64_t width) {
-  for (int64_t j = 0; j < width; ++j) y[j] = BFloat16ToFloat(FloatToBFloat16(y[j]));
+  if (bf16) RoundToBFloat16(pre, width);
 }
 }  // namespace
 
@@ -564,7 +559,7 @@ void BiasGeluForward(const float* x, const float* b, float* y, int64_t rows, int
     for (int64_t t = begin; t < end; ++t) {
       BiasRow(x + t * width, b, pre.data(), width, bf16);
       ops_parts::GeluForwardPart(pre.data(), y + t * width, width);
-      if (bf16) RoundRow(y + t * width, width);
+      if (bf16) RoundToBFloat16(y + t * width, width);
     }
   });
 }
@@ -576,7 +571,7 @@ void BiasGeluBackward(const float* x, const float* b, const float* dy, float* dx
     for (int64_t t = begin; t < end; ++t) {
       BiasRow(x + t * width, b, pre.data(), width, bf16);
       ops_parts::GeluBackwardPart(pre.data(), dy + t * width, dx + t * width, width);
-      if (bf16) RoundRow(dx + t * width, width);
+      if (bf16) RoundToBFloat16(dx + t * width, width);
     }
   });
 }

@@ -126,26 +126,26 @@ class Trainer::Impl {
   // The last SaveSlicesAsync's device -> host copies (null before the
   // first), and whether the state may be written before the device is told
   // to order that after them (OrderAfterHostCopies).
-  std::shared_ptr<HostCopies> host_copies;
-  bool host_copies_unordered = false;
+  std::shared_ptr<HostCopies> saved_copies;
+  bool copies_unordered = false;
 
   ~Impl() {
     DrainGradReduces();
     DrainPrefetches();
     // The copies write into host buffers freed below (also those of a save
     // that failed before it recorded them).
-    if (host_copies == nullptr && host_copies_unordered) {
+    if (saved_copies == nullptr && copies_unordered) {
       absl::StatusOr<std::shared_ptr<HostCopies>> pending = sd().RecordHostCopies();
-      if (pending.ok()) host_copies = *std::move(pending);
+      if (pending.ok()) saved_copies = *std::move(pending);
     }
-    if (host_copies != nullptr) host_copies->Wait().IgnoreError();
+    if (saved_copies != nullptr) saved_copies->Wait().IgnoreError();
   }
 
   // Before the first write to the checkpointed state after SaveSlicesAsync:
   // the device runs it after the copies have read their sources.
   absl::Status OrderStateWrites() {
-    if (!host_copies_unordered) return absl::OkStatus();
-    host_copies_unordered = false;
+    if (!copies_unordered) return absl::OkStatus();
+    copies_unordered = false;
     return sd().OrderAfterHostCopies();
   }
 
@@ -799,9 +799,9 @@ class Trainer::Impl {
     const bool direct = sd().host_memory();
     // The host copies are reused: the last save's copies into them are done
     // first (the caller is done with its slices; see SaveSlicesAsync).
-    if (!direct && host_copies != nullptr) {
-      const absl::Status copied = host_copies->Wait();
-      host_copies = nullptr;
+    if (!direct && saved_copies != nullptr) {
+      const absl::Status copied = saved_copies->Wait();
+      saved_copies = nullptr;
       // A restore overwrites the copies anyway; a failed device fails its
       // upload (FinishRestore).
       if (save && !copied.ok()) return copied;
@@ -816,7 +816,7 @@ class Trainer::Impl {
           if (save) {
             SL_RETURN_IF_ERROR(sd().CopyToHostAsync(host->data(), state_buffer->data(),
                                                     state_buffer->bytes()));
-            host_copies_unordered = true;
+            copies_unordered = true;
           }
         }
         if (!save) restore_pending = true;
@@ -852,10 +852,10 @@ class Trainer::Impl {
         add(piece.parameter + "/exp_avg_sq", moments, exp_avg_sq_data, moments_base);
       }
     }
-    if (save && !direct) {
+    if (save) {  // done at once where the state is host memory
       absl::StatusOr<std::shared_ptr<HostCopies>> recorded = sd().RecordHostCopies();
       if (!recorded.ok()) return recorded.status();
-      host_copies = *std::move(recorded);
+      saved_copies = *std::move(recorded);
     }
     return out;
   }
@@ -1058,13 +1058,7 @@ absl::StatusOr<Trainer::SavedSlices> Trainer::SaveSlicesAsync() {
                                 impl_->options.parallel);
   }
   saved.host_copies = !impl_->sd().host_memory();
-  if (impl_->host_copies != nullptr) {
-    saved.ready = impl_->host_copies;
-  } else {
-    absl::StatusOr<std::shared_ptr<HostCopies>> done = CpuDevice::Default()->RecordHostCopies();
-    if (!done.ok()) return done.status();
-    saved.ready = *std::move(done);
-  }
+  saved.ready = impl_->saved_copies;
   return saved;
 }
 
