@@ -139,9 +139,31 @@ struct TransportInfo {
 };
 
 // The handle of one enqueued operation. Thread-safe.
+// A CUDA stream of this process (a cudaStream_t), opaque here: the trainer's
+// compute stream (worker/gpu/gpu_compute_device.h) handed to a backend whose
+// operations run on streams of their own (NCCL), so the two are ordered on
+// the device with events and neither host thread waits. Never null.
+struct DeviceStream {
+  void* handle = nullptr;
+};
+
 class Work {
  public:
   virtual ~Work() = default;
+
+  // Stream ordering (backends with stream_ordered(); the others return
+  // Unimplemented): work enqueued on `stream` from now on starts on the
+  // device only after this operation has finished; returns at once. The
+  // operation's errors still come from IsCompleted / Wait, which the caller
+  // must call before trusting anything `stream` computed from its result:
+  // an operation that fails or passes its deadline is aborted (by the
+  // backend itself even when nobody polls it), and `stream` then goes on
+  // with whatever the buffer holds. Errors: Unimplemented; Unavailable (a
+  // CUDA error, named); the operation's own error where it already has one.
+  virtual absl::Status OrderBefore(DeviceStream stream) {
+    (void)stream;
+    return absl::UnimplementedError("this backend does not order its operations on device streams");
+  }
 
   // True once the operation has finished (successfully or not). Never blocks.
   virtual bool IsCompleted() = 0;
@@ -172,6 +194,20 @@ class Backend {
   // rank's GPU, nccl_backend.h) rather than host memory (Gloo). The trainer
   // keeps its state where its backends can read it (worker/train/trainer.h).
   virtual bool device_memory() const { return false; }
+
+  // Whether OrderAfter and Work::OrderBefore order this backend's operations
+  // against a DeviceStream (NCCL: yes; Gloo: no).
+  virtual bool stream_ordered() const { return false; }
+  // Operations issued from now on start on the device only after everything
+  // already enqueued on `stream` (every stream of the group, p2p channels
+  // included); the host does not wait. Not thread-safe against this
+  // backend's other calls from another thread: issue from one thread.
+  // Errors: Unimplemented (not stream_ordered()); the group's error once it
+  // has failed or was aborted; Unavailable (a CUDA error, named).
+  virtual absl::Status OrderAfter(DeviceStream stream) {
+    (void)stream;
+    return absl::UnimplementedError("this backend does not order its operations on device streams");
+  }
 
   // Where this group's operations are now (see OpProgress). Cheap (a lock
   // and a copy; NCCL also polls the events of the operations it has not

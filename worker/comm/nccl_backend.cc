@@ -18,6 +18,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -107,6 +108,13 @@ class Comm {
     return it == channels_.end() ? nullptr : it->second;
   }
 
+  // Every communicator of the group: the main one, then the p2p channels.
+  std::vector<ShardlineNcclComm*> All() const {
+    std::vector<ShardlineNcclComm*> all = {comm_};
+    for (const auto& [ends, channel] : channels_) all.push_back(channel);
+    return all;
+  }
+
   const ShardlineGpuApi& api() const { return api_; }
   ShardlineNcclComm* handle() const { return comm_; }
   int rank() const { return rank_; }
@@ -173,9 +181,47 @@ class Comm {
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+class NcclWork;
+
+// Polls the operations that a device stream waits for (Work::OrderBefore)
+// until each has a status, so that one which passes its deadline or whose
+// communicator reports an asynchronous error is aborted even when no host
+// thread waits for it: the abort stops its kernels, and the stream that
+// waits for it goes on (as torch's ProcessGroupNCCL watchdog does). One
+// thread per backend, started at the first Watch. Thread-safe.
+class Watchdog {
+ public:
+  // How often the watched operations are polled: an operation is aborted at
+  // most this long after its deadline or its communicator's error.
+  static constexpr absl::Duration kPeriod = absl::Milliseconds(10);
+
+  ~Watchdog() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Watch(std::weak_ptr<NcclWork> work) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    watched_.push_back(std::move(work));
+    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+  }
+
+ private:
+  void Run();
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::weak_ptr<NcclWork>> watched_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
 // One enqueued operation: its CUDA event, and the deadline from
-// NcclOptions::timeout. Completed by polling (IsCompleted / Wait).
-class NcclWork : public Work {
+// NcclOptions::timeout. Completed by polling (IsCompleted / Wait, and the
+// watchdog once a stream waits for it).
+class NcclWork : public Work, public std::enable_shared_from_this<NcclWork> {
  public:
   // An operation already finished with `status` (argument errors, failures to
   // enqueue, operations on a failed group).
@@ -193,18 +239,38 @@ class NcclWork : public Work {
   // `on`: the communicator the operation runs on (the group's main one, or
   // a p2p channel), whose asynchronous error is polled.
   NcclWork(std::shared_ptr<Comm> comm, ShardlineNcclComm* on, ShardlineGpuEvent* event,
-           std::string what, absl::Time deadline)
+           std::string what, absl::Time deadline, std::weak_ptr<Watchdog> watchdog = {})
       : comm_(std::move(comm)),
         on_(on),
         event_(event),
         what_(std::move(what)),
-        deadline_(deadline) {}
+        deadline_(deadline),
+        watchdog_(std::move(watchdog)) {}
 
   ~NcclWork() override {
     if (event_ != nullptr) comm_->api().event_destroy(event_);
   }
 
   bool IsCompleted() override { return Poll(); }
+
+  absl::Status OrderBefore(DeviceStream stream) override {
+    if (stream.handle == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(what_, ": OrderBefore: null stream"));
+    if (event_ == nullptr) {  // finished at issue (Done): nothing to wait for
+      absl::MutexLock lock(&mu_);
+      return status_;
+    }
+    // Watched first: the fake plugin's stream_wait_event blocks until the
+    // event fires, which for a stuck operation takes the watchdog's abort.
+    if (std::shared_ptr<Watchdog> w = watchdog_.lock()) w->Watch(weak_from_this());
+    char error[kErrorLen] = {0};
+    const int code = comm_->api().stream_wait_event(stream.handle, event_, error, sizeof(error));
+    if (code != SHARDLINE_GPU_OK) {
+      absl::Status s = comm_->Fail(FromPlugin(code, error, absl::StrCat("rank ", comm_->rank())));
+      return absl::Status(s.code(), absl::StrCat(what_, ": ordering a stream after it: ", s.message()));
+    }
+    return absl::OkStatus();
+  }
 
   // When the operation was seen to finish (successfully or not), or nullopt
   // while it runs. Polls like IsCompleted.
@@ -281,12 +347,41 @@ class NcclWork : public Work {
   ShardlineGpuEvent* const event_;    // owned; null only for Done()
   const std::string what_;            // e.g. "all_reduce of 1024 elements on rank 1"
   const absl::Time deadline_;
+  const std::weak_ptr<Watchdog> watchdog_;  // the issuing backend's
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time finished_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
+
+void Watchdog::Run() {
+  for (;;) {
+    std::vector<std::weak_ptr<NcclWork>> watched;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), kPeriod)) return;
+      watched = watched_;
+    }
+    // Polling sets each operation's status, and aborts the communicator on
+    // a deadline or an asynchronous error (NcclWork::Poll).
+    std::vector<const NcclWork*> finished;
+    for (const std::weak_ptr<NcclWork>& weak : watched) {
+      std::shared_ptr<NcclWork> w = weak.lock();
+      if (w == nullptr || w->IsCompleted()) finished.push_back(w.get());
+    }
+    if (finished.empty()) continue;
+    absl::MutexLock lock(&mu_);
+    watched_.erase(std::remove_if(watched_.begin(), watched_.end(),
+                                  [&](const std::weak_ptr<NcclWork>& weak) {
+                                    std::shared_ptr<NcclWork> w = weak.lock();
+                                    return w == nullptr ||
+                                           std::find(finished.begin(), finished.end(), w.get()) !=
+                                               finished.end();
+                                  }),
+                   watched_.end());
+  }
+}
 
 // The bookkeeping behind NcclBackend::Progress (backend.h OpProgress).
 // Operations are recorded when enqueued; they are seen to finish by polling
@@ -384,6 +479,21 @@ class NcclBackend : public Backend {
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   bool device_memory() const override { return true; }
+  bool stream_ordered() const override { return true; }
+
+  absl::Status OrderAfter(DeviceStream stream) override {
+    if (stream.handle == nullptr) return absl::InvalidArgumentError("OrderAfter: null stream");
+    if (absl::Status s = comm_->GroupError(); !s.ok()) return s;
+    for (ShardlineNcclComm* c : comm_->All()) {
+      char error[kErrorLen] = {0};
+      const int code = api().comm_order_after_stream(c, stream.handle, error, sizeof(error));
+      if (code != SHARDLINE_GPU_OK) {
+        return comm_->Fail(FromPlugin(
+            code, error, absl::StrCat("rank ", rank(), ": ordering the group after a stream")));
+      }
+    }
+    return absl::OkStatus();
+  }
 
   BackendProgress Progress() const override { return progress_->Progress(); }
 
@@ -516,7 +626,7 @@ class NcclBackend : public Backend {
       s = comm_->Fail(FromPlugin(code, error, absl::StrCat("rank ", rank())));
       return NcclWork::Done(absl::Status(s.code(), absl::StrCat(what, ": ", s.message())));
     }
-    auto work = std::make_shared<NcclWork>(comm_, on, event, what, deadline);
+    auto work = std::make_shared<NcclWork>(comm_, on, event, what, deadline, watchdog_);
     OpProgress p;
     p.operation = op;
     p.count = count;
@@ -528,6 +638,8 @@ class NcclBackend : public Backend {
 
   const std::shared_ptr<Comm> comm_;
   const std::shared_ptr<ProgressBook> progress_ = std::make_shared<ProgressBook>();
+  // Destroyed (its thread joined) before comm_'s last reference here.
+  const std::shared_ptr<Watchdog> watchdog_ = std::make_shared<Watchdog>();
 };
 
 // Makes rank `rank` of an `nranks`-rank communicator on `device`: rank 0

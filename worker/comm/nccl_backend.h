@@ -15,8 +15,19 @@
 //   * Operations are enqueued on the communicator's own CUDA stream and run
 //     there in issue order; the issuing thread returns at once. Work::Wait
 //     polls the operation's CUDA event and ncclCommGetAsyncError; it does not
-//     synchronise any other stream (the caller orders its compute stream
-//     against ours, e.g. by waiting on the Work before touching the buffer).
+//     synchronise any other stream. The caller orders its compute stream
+//     against ours either on the host (synchronise the device before
+//     issuing, wait on the Work before touching the buffer) or on the device
+//     with stream_ordered(): OrderAfter(stream) makes the group's streams
+//     (p2p channels included) wait for the compute stream's work so far, and
+//     Work::OrderBefore(stream) makes the compute stream wait for the
+//     operation (cudaEventRecord / cudaStreamWaitEvent; no host waits).
+//   * Watchdog: an operation some stream waits for (OrderBefore) is polled
+//     by a thread of the backend every 10 ms until it has a status, so that
+//     one past options.timeout, or whose communicator reports an
+//     asynchronous error, is aborted (which stops its kernels and frees the
+//     waiting stream) even when no host thread waits for it, as torch's
+//     ProcessGroupNCCL watchdog does.
 //   * 16-bit types are reduced by NCCL in its own precision (fp16 adds in
 //     fp16, bf16 as NCCL does), not by fp32 accumulation; results may differ
 //     from Gloo's in the last bit. kAvg is ncclAvg.
@@ -31,8 +42,8 @@
 //     (options.timeout) or an NCCL error.
 //   * options.timeout counts from when the operation is issued (NCCL does not
 //     say when it starts on the GPU); it is checked whenever the Work is
-//     polled (IsCompleted / Wait), and when it passes the communicator is
-//     aborted.
+//     polled (IsCompleted / Wait, the watchdog), and when it passes the
+//     communicator is aborted.
 //
 // Errors (through Work::Wait): as in backend.h, plus
 //   Unavailable: NCCL reported an asynchronous error (ncclCommGetAsyncError;

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -222,7 +223,16 @@ class FakePlugin {
     aborts_ = reinterpret_cast<int (*)()>(dlsym(handle_, "shardline_fake_aborts"));
     inits_with_id_ =
         reinterpret_cast<int (*)(const uint8_t*)>(dlsym(handle_, "shardline_fake_inits_with_id"));
+    stream_calls_ = reinterpret_cast<void (*)(int64_t*, int64_t*)>(
+        dlsym(handle_, "shardline_fake_stream_calls"));
     reinterpret_cast<void (*)()>(dlsym(handle_, "shardline_fake_reset"))();
+  }
+
+  // comm_order_after_stream and stream_wait_event calls since the reset.
+  std::pair<int64_t, int64_t> StreamCalls() {
+    int64_t orders = 0, waits = 0;
+    stream_calls_(&orders, &waits);
+    return {orders, waits};
   }
 
   void SetMode(int m) { set_mode_(m); }
@@ -244,6 +254,7 @@ class FakePlugin {
   void (*set_mode_)(int) = nullptr;
   int (*aborts_)() = nullptr;
   int (*inits_with_id_)(const uint8_t*) = nullptr;
+  void (*stream_calls_)(int64_t*, int64_t*) = nullptr;
 };
 
 std::unique_ptr<Backend> MakeFakeBackend(NcclOptions o = FakePlugin::Options()) {
@@ -364,6 +375,79 @@ TEST(NcclBackendFakeTest, AsyncErrorIsUnavailableWithNcclsText) {
   EXPECT_TRUE(absl::IsUnavailable(unseen->Wait(absl::Seconds(5))));
   const absl::Status p = pending->Wait(absl::Seconds(5));
   EXPECT_TRUE(absl::IsUnavailable(p)) << p;
+}
+
+// A stand-in for the compute stream: the fake never dereferences it.
+int fake_compute_stream = 0;
+const DeviceStream kStream{&fake_compute_stream};
+
+TEST(NcclBackendFakeTest, OperationsOrderOnAnotherStreamBothWays) {
+  FakePlugin fake;
+  auto b = MakeFakeBackend();
+  ASSERT_NE(b, nullptr);
+  EXPECT_TRUE(b->stream_ordered());
+  ASSERT_TRUE(b->OrderAfter(kStream).ok());
+  float data[2] = {1, 2};
+  auto w = b->AllReduce(data, 2, DType::kFloat32, ReduceOp::kSum);
+  ASSERT_TRUE(w->OrderBefore(kStream).ok());
+  EXPECT_TRUE(w->Wait(absl::Seconds(5)).ok());
+  EXPECT_EQ(fake.StreamCalls(), std::make_pair(int64_t{1}, int64_t{1}));
+
+  // Null streams name the call; an operation rejected at issue passes its
+  // error on instead of ordering anything.
+  const absl::Status null_after = b->OrderAfter(DeviceStream{});
+  EXPECT_TRUE(absl::IsInvalidArgument(null_after)) << null_after;
+  EXPECT_THAT(std::string(null_after.message()), HasSubstr("OrderAfter: null stream"));
+  const absl::Status null_before = w->OrderBefore(DeviceStream{});
+  EXPECT_TRUE(absl::IsInvalidArgument(null_before)) << null_before;
+  const absl::Status rejected = b->Broadcast(data, 2, DType::kFloat32, 3)->OrderBefore(kStream);
+  EXPECT_TRUE(absl::IsInvalidArgument(rejected)) << rejected;
+  EXPECT_THAT(std::string(rejected.message()), HasSubstr("root=3"));
+  EXPECT_EQ(fake.StreamCalls(), std::make_pair(int64_t{1}, int64_t{1}));
+
+  b->Abort();
+  const absl::Status aborted = b->OrderAfter(kStream);
+  EXPECT_TRUE(absl::IsAborted(aborted)) << aborted;
+}
+
+// Nobody polls the operation on the host: the stream waits for it (the
+// fake's stream_wait_event blocks, as an emulated stream would), and only
+// the backend's watchdog can abort it at its deadline, which frees the
+// stream. Without the watchdog this test never returns.
+TEST(NcclBackendFakeTest, TheWatchdogAbortsAStuckOperationThatAStreamWaitsFor) {
+  FakePlugin fake;
+  auto b = MakeFakeBackend(FakePlugin::Options(absl::Milliseconds(300)));
+  ASSERT_NE(b, nullptr);
+  fake.SetMode(FakePlugin::kHang);
+  float data[1] = {0};
+  auto w = b->AllReduce(data, 1, DType::kFloat32, ReduceOp::kSum);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(w->OrderBefore(kStream).ok());
+  const absl::Duration held = absl::Now() - start;
+  EXPECT_GE(held, absl::Milliseconds(250));
+  EXPECT_LT(held, absl::Seconds(10));
+  EXPECT_EQ(fake.Aborts(), 1);
+  const absl::Status s = w->Wait(absl::Seconds(5));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("all_reduce of 1 elements on rank 0"));
+  // The group stays failed: the next ordering says so.
+  const absl::Status later = b->OrderAfter(kStream);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(later)) << later;
+}
+
+TEST(NcclBackendFakeTest, TheWatchdogAbortsOnAnAsynchronousErrorBeforeTheDeadline) {
+  FakePlugin fake;
+  auto b = MakeFakeBackend(FakePlugin::Options(absl::Minutes(5)));
+  ASSERT_NE(b, nullptr);
+  fake.SetMode(FakePlugin::kAsyncError);
+  auto w = b->Barrier();
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(w->OrderBefore(kStream).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(fake.Aborts(), 1);
+  const absl::Status s = w->Wait(absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("remote process exited"));
 }
 
 TEST(NcclBackendFakeTest, AbortFromAnotherThreadEndsAWaitPromptly) {

@@ -31,7 +31,16 @@
 //     reductions round at every step of its ring; our tests use values that
 //     are exact either way). Each operation's start is logged
 //     (shardline_fake_stream_log) so tests can check the order of a rank's
-//     stream.
+//     stream. shardline_fake_set_op_delay (or SHARDLINE_FAKE_OP_DELAY_US)
+//     makes every operation wait that long on its stream before it runs, as
+//     a slow network would, so that a caller that uses a result before it
+//     is ordered after the operation reads stale data.
+//     Stream ordering (comm_order_after_stream, stream_wait_event): the
+//     other stream is taken to be an emulated CUDA stream that has run its
+//     work by the time it was enqueued (worker/gpu/testing/cuda_emu), so
+//     comm_order_after_stream has nothing to wait for, and stream_wait_event
+//     blocks the calling thread until the event fires (or its communicator
+//     is aborted). Both are counted (shardline_fake_stream_calls).
 //     Failures: when a communicator is aborted or destroyed (what a dead
 //     process's peers see) or fails, a peer waiting for it in a collective
 //     or a send/recv fails with an asynchronous error naming that rank
@@ -200,6 +209,18 @@ int next_group_label ABSL_GUARDED_BY(mu) = 0;
 size_t rendezvous_bytes ABSL_GUARDED_BY(mu) = size_t{4} << 20;
 std::vector<std::string> stream_log ABSL_GUARDED_BY(mu);
 constexpr size_t kMaxStreamLog = 1 << 20;  // lines kept; older ones are dropped
+int64_t op_delay_us ABSL_GUARDED_BY(mu) = -1;  // -1: environment not read yet
+std::atomic<int64_t> stream_orders{0};  // comm_order_after_stream calls
+std::atomic<int64_t> stream_waits{0};   // stream_wait_event calls
+
+absl::Duration OpDelay() {
+  absl::MutexLock lock(&mu);
+  if (op_delay_us < 0) {
+    const char* env = std::getenv("SHARDLINE_FAKE_OP_DELAY_US");
+    op_delay_us = std::clamp<int64_t>(env != nullptr ? std::atoll(env) : 0, 0, 10'000'000);
+  }
+  return absl::Microseconds(op_delay_us);
+}
 
 int Mode() {
   absl::MutexLock lock(&mu);
@@ -566,6 +587,8 @@ void RunStream(ShardlineNcclComm* c) {
       c->queue.pop_front();
     }
     if (c->aborted || c->failed) continue;
+    if (const absl::Duration delay = OpDelay(); delay > absl::ZeroDuration()) absl::SleepFor(delay);
+    if (c->aborted || c->failed) continue;
     Log(c, op);
     std::string error;
     bool ok = false;
@@ -790,6 +813,29 @@ int EventQuery(ShardlineGpuEvent* ev, int32_t* done, char*, size_t) {
 }
 void EventDestroy(ShardlineGpuEvent* ev) { delete ev; }
 
+int CommOrderAfterStream(ShardlineNcclComm* c, void* stream, char* error, size_t error_len) {
+  if (c == nullptr || stream == nullptr)
+    return Fail(SHARDLINE_GPU_INVALID_ARGUMENT, error, error_len,
+                "comm_order_after_stream: null comm or stream (fake)");
+  if (c->aborted) return Fail(SHARDLINE_GPU_ABORTED, error, error_len, "communicator was aborted");
+  ++stream_orders;  // the emulated stream's work is done already (see the top)
+  return SHARDLINE_GPU_OK;
+}
+
+int StreamWaitEvent(void* stream, ShardlineGpuEvent* ev, char* error, size_t error_len) {
+  if (stream == nullptr || ev == nullptr)
+    return Fail(SHARDLINE_GPU_INVALID_ARGUMENT, error, error_len,
+                "stream_wait_event: null stream or event (fake)");
+  ++stream_waits;
+  // The emulated stream would run its next work now: it waits here.
+  int32_t done = 0;
+  for (absl::Duration sleep = absl::Microseconds(1);; sleep = std::min(sleep * 2, absl::Microseconds(200))) {
+    EventQuery(ev, &done, nullptr, 0);
+    if (done) return SHARDLINE_GPU_OK;
+    absl::SleepFor(sleep);
+  }
+}
+
 int DeviceAlloc(int32_t, size_t bytes, void** ptr, char*, size_t) {
   *ptr = std::malloc(bytes == 0 ? 1 : bytes);
   return SHARDLINE_GPU_OK;
@@ -822,6 +868,8 @@ const ShardlineGpuApi kApi = {
     DeviceFree,
     CopyBytes,
     CopyBytes,
+    CommOrderAfterStream,
+    StreamWaitEvent,
 };
 
 }  // namespace
@@ -887,11 +935,27 @@ EXPORT size_t shardline_fake_stream_log(char* buf, size_t len) {
   return text.size();
 }
 
+// Loopback: every operation waits `us` microseconds on its stream before it
+// runs (0: none; overrides SHARDLINE_FAKE_OP_DELAY_US).
+EXPORT void shardline_fake_set_op_delay(int64_t us) {
+  absl::MutexLock lock(&mu);
+  op_delay_us = std::clamp<int64_t>(us, 0, 10'000'000);
+}
+
+// comm_order_after_stream and stream_wait_event calls since the last reset.
+EXPORT void shardline_fake_stream_calls(int64_t* orders, int64_t* waits) {
+  *orders = stream_orders.load();
+  *waits = stream_waits.load();
+}
+
 EXPORT void shardline_fake_reset(void) {
+  stream_orders = 0;
+  stream_waits = 0;
   absl::MutexLock lock(&mu);
   mode = SHARDLINE_FAKE_COMPLETE;
   aborts = 0;
   init_ids.clear();
   stream_log.clear();
   rendezvous_bytes = size_t{4} << 20;
+  op_delay_us = -1;
 }

@@ -84,6 +84,7 @@ class GpuComputeDevice final : public train::Device {
   }
   absl::Status Zero(void* ptr, size_t bytes) override { return ops_->Zero(ptr, bytes); }
   absl::Status Synchronize() override { return ops_->Synchronize(); }
+  void* cuda_stream() override { return ops_->stream(); }
   // On the context's copy stream, beside the math (gpu_ops.h).
   absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes) override {
     return ops_->CopyToHostAsync(dst, src, bytes);

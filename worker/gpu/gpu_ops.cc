@@ -19,7 +19,14 @@ absl::StatusOr<std::unique_ptr<GpuOps>> GpuOps::Create(const GpuPlugin& plugin, 
     return absl::Status(static_cast<absl::StatusCode>(code),
                         absl::StrCat("GPU ops on device ", device, ": ", error));
   }
-  return std::unique_ptr<GpuOps>(new GpuOps(api, ctx, device));
+  void* stream = nullptr;
+  if (api->train_stream(ctx, &stream) != SHARDLINE_GPU_OK || stream == nullptr) {
+    const std::string why = api->train_last_error(ctx);
+    api->train_ctx_destroy(ctx);
+    return absl::UnavailableError(
+        absl::StrCat("GPU ops on device ", device, ": no stream (train_stream): ", why));
+  }
+  return std::unique_ptr<GpuOps>(new GpuOps(api, ctx, device, stream));
 }
 
 GpuOps::~GpuOps() { api_.train_ctx_destroy(ctx_); }
@@ -89,6 +96,7 @@ absl::Status GpuOps::Zero(void* ptr, size_t bytes) {
 }
 
 absl::Status GpuOps::Synchronize() {
+  ++synchronizations_;
   return ToStatus(api_.train_synchronize(ctx_), "synchronize");
 }
 

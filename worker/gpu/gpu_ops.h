@@ -94,6 +94,11 @@ class GpuOps {
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes);
   absl::Status Zero(void* ptr, size_t bytes);  // enqueued
   absl::Status Synchronize();
+  // Synchronize calls so far (tests count the host's waits per step).
+  int64_t synchronizations() const { return synchronizations_; }
+  // The context's CUDA stream (cudaStream_t; plugin_abi.h train_stream),
+  // every op's, for ordering a communicator's stream against it. Never null.
+  void* stream() const { return stream_; }
   // Device -> host copies on a copy stream beside the math
   // (worker/train/device.h CopyToHostAsync, RecordHostCopies,
   // OrderAfterHostCopies; plugin_abi.h copy_to_host_async ...).
@@ -165,14 +170,16 @@ class GpuOps {
                                             double* sum);
 
  private:
-  GpuOps(const ShardlineGpuTrainApi* api, ShardlineGpuTrainCtx* ctx, int device)
-      : api_(*api), ctx_(ctx), device_(device) {}
+  GpuOps(const ShardlineGpuTrainApi* api, ShardlineGpuTrainCtx* ctx, int device, void* stream)
+      : api_(*api), ctx_(ctx), device_(device), stream_(stream) {}
   // Plugin code -> absl::Status, with `op` and the context's message.
   absl::Status ToStatus(int code, const char* op) const;
 
   const ShardlineGpuTrainApi& api_;  // static storage in the plugin
   ShardlineGpuTrainCtx* const ctx_;  // owned; train_ctx_destroy in ~GpuOps
   const int device_;
+  void* const stream_;  // ctx_'s
+  int64_t synchronizations_ = 0;
 };
 
 }  // namespace shardline::worker

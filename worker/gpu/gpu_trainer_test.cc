@@ -12,12 +12,15 @@
 // and train_plugin.cc over host memory), which checks the trainer's device
 // plumbing (uploads, gradient downloads, staged tensor-parallel all-reduces,
 // pipeline boundaries) with the real kernels, but not CUDA itself.
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,7 +30,10 @@
 #include "worker/gpu/nccl_test_util.h"
 #include "worker/gpu/gpu_compute_device.h"
 #include "worker/gpu/gpu_plugin.h"
+#include "worker/comm/nccl_backend.h"
+#include "worker/comm/store.h"
 #include "worker/train/local_cluster.h"
+#include "worker/train/model.h"
 #include "worker/train/test_util.h"
 #include "worker/train/trainer.h"
 
@@ -90,13 +96,17 @@ class GpuTrainerTest : public ::testing::TestWithParam<Layout> {
     train::SetIntraOpThreads(1);
   }
 
-  // Trains kSteps at options.parallel, every rank a thread; on the GPU (one
-  // GpuComputeDevice per rank on device 0) when `gpu`, else on the CPU.
-  // Backends: Gloo over loopback, or `factory`'s. Returns rank 0's stats;
-  // every rank must agree on each step's loss.
+  // Trains `steps` steps at options.parallel, every rank a thread; on the
+  // GPU (one GpuComputeDevice per rank on device 0) when `gpu`, else on the
+  // CPU. Backends: Gloo over loopback, or `factory`'s. Returns rank 0's
+  // stats; every rank must agree on each step's loss. `synchronizations`
+  // (GPU only; may be null) receives each rank's count of host waits for
+  // its device's stream (GpuOps::synchronizations) over the steps.
   std::vector<StepStats> Train(const TrainingOptions& options, bool gpu,
-                               train::BackendFactory factory = nullptr) {
+                               train::BackendFactory factory = nullptr, int steps = kSteps,
+                               std::vector<int64_t>* synchronizations = nullptr) {
     const int world = options.parallel.world_size();
+    if (synchronizations != nullptr) synchronizations->assign(world, -1);
     std::vector<std::vector<StepStats>> stats(world);
     GlooOptions gloo;
     gloo.timeout = absl::Seconds(300);  // the emulator is slow
@@ -117,11 +127,14 @@ class GpuTrainerTest : public ::testing::TestWithParam<Layout> {
           absl::StatusOr<std::unique_ptr<train::Trainer>> trainer =
               train::Trainer::Create(mine, groups, &train::testing::ShakespeareCorpus());
           if (!trainer.ok()) return trainer.status();
-          for (int s = 0; s < kSteps; ++s) {
+          const int64_t before = device != nullptr ? device->ops().synchronizations() : 0;
+          for (int s = 0; s < steps; ++s) {
             absl::StatusOr<StepStats> st = (*trainer)->TrainStep();
             if (!st.ok()) return st.status();
             stats[rank].push_back(*st);
           }
+          if (synchronizations != nullptr && device != nullptr)
+            (*synchronizations)[rank] = device->ops().synchronizations() - before;
           return absl::OkStatus();  // the trainer goes before its device
         },
         factory);
@@ -206,23 +219,148 @@ TEST_F(GpuTrainerTest, Bf16MatchesCpuBf16) {
 }
 
 #ifdef SHARDLINE_GPU_TRAINER_EMU
+// The emulated plugin's fake controls (fake_plugin.cc is part of it).
+class EmuFake {
+ public:
+  EmuFake() {
+    handle_ = dlopen(kPlugin, RTLD_NOW | RTLD_LOCAL);
+    EXPECT_NE(handle_, nullptr) << dlerror();
+    if (handle_ == nullptr) return;
+    reinterpret_cast<void (*)()>(dlsym(handle_, "shardline_fake_reset"))();
+    reinterpret_cast<void (*)(int64_t)>(dlsym(handle_, "shardline_fake_set_op_delay"))(2000);
+    stream_calls_ = reinterpret_cast<void (*)(int64_t*, int64_t*)>(
+        dlsym(handle_, "shardline_fake_stream_calls"));
+  }
+  ~EmuFake() {
+    if (handle_ != nullptr)
+      reinterpret_cast<void (*)(int64_t)>(dlsym(handle_, "shardline_fake_set_op_delay"))(0);
+  }
+  // comm_order_after_stream and stream_wait_event calls so far.
+  std::pair<int64_t, int64_t> StreamCalls() const {
+    int64_t orders = 0, waits = 0;
+    if (stream_calls_ != nullptr) stream_calls_(&orders, &waits);
+    return {orders, waits};
+  }
+
+ private:
+  void* handle_ = nullptr;
+  void (*stream_calls_)(int64_t*, int64_t*) = nullptr;
+};
+
+#endif
+
+// The compute stream and an NCCL communicator ordered both ways with CUDA
+// events, as the trainer's collectives are (model.h Collectives::OnDevice),
+// at world 1, which one GPU can run: ten kernels double `in` one after
+// another, the all_gather copies it to `out` on NCCL's stream, and a kernel
+// halves `out`; the host, reading `out` after Settle, must see 512 times
+// what it uploaded. On a GPU, without the communicator's wait for the
+// compute stream the gather may copy `in` half-doubled, and without the
+// compute stream's wait for the gather the halving may run before `out` is
+// written. Under the emulator, whose kernels run as they are enqueued, the
+// loopback gather waits 2 ms on its stream first, which catches the second.
+TEST_F(GpuTrainerTest, ComputeStreamAndNcclOrderedBothWaysWithoutHostWaits) {
+#ifdef SHARDLINE_GPU_TRAINER_EMU
+  EmuFake fake;
+  constexpr int64_t kCount = 512;  // the emulator runs a host thread per CUDA thread
+#else
+  constexpr int64_t kCount = int64_t{16} << 20;  // 64 MiB: long enough to overtake
+#endif
+  absl::StatusOr<std::unique_ptr<GpuComputeDevice>> device = GpuComputeDevice::Create(*plugin_, 0);
+  ASSERT_TRUE(device.ok()) << device.status();
+  NcclOptions o;
+  o.plugin_path = kPlugin;
+  o.device = 0;
+  o.timeout = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<Backend>> nccl = CreateNcclBackend(NewInMemoryStore(), 0, 1, o);
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  train::Collectives group(nccl->get(), nullptr);
+  ASSERT_TRUE(group.StreamOrdered(**device));
+
+  std::vector<float> host(kCount);
+  for (int64_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(i % 7 + 1);
+  train::DeviceBuffer<float> in, out;
+  ASSERT_TRUE(in.Resize(**device, kCount).ok());
+  ASSERT_TRUE(out.Resize(**device, kCount).ok());
+  ASSERT_TRUE((*device)->CopyToDevice(in.data(), host.data(), in.bytes()).ok());
+  ASSERT_TRUE((*device)->Zero(out.data(), out.bytes()).ok());
+  const int64_t syncs = (*device)->ops().synchronizations();
+  for (int k = 0; k < 10; ++k) ASSERT_TRUE((*device)->Scale(in.data(), 2.0f, kCount).ok());
+  ASSERT_TRUE(group
+                  .OnDevice(**device,
+                            [&] {
+                              return (*nccl)->AllGather(in.data(), static_cast<size_t>(kCount),
+                                                        out.data(), DType::kFloat32);
+                            })
+                  .ok());
+  EXPECT_EQ(group.unsettled(), 1u);
+  ASSERT_TRUE((*device)->Scale(out.data(), 0.5f, kCount).ok());
+  EXPECT_EQ((*device)->ops().synchronizations(), syncs) << "the host waited for the device";
+  ASSERT_TRUE(group.Settle().ok());
+  EXPECT_EQ(group.unsettled(), 0u);
+  std::vector<float> got(kCount);
+  ASSERT_TRUE((*device)->CopyToHost(got.data(), out.data(), out.bytes()).ok());
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < kCount; ++i) wrong += got[i] != 512.0f * host[i];
+  EXPECT_EQ(wrong, 0) << "e.g. out[1] = " << got[1] << ", want " << 512.0f * host[1];
+}
+
+#ifdef SHARDLINE_GPU_TRAINER_EMU
 // The state on the device at world > 1: NCCL backends over the emulated
 // plugin's loopback communicators (fake_plugin.cc; "device" memory is host
 // memory there, as in the emulator), so every collective, pipeline message,
 // ZeRO shard and the optimizer step run on the emulated GPU's buffers. Not
 // on a real GPU: NCCL refuses two ranks on one device.
+//
+// The device's stream and the communicators' are ordered with events
+// (Collectives::Finish / Order; the fake's stream_wait_event blocks, as the
+// emulator's streams run their work at once), and every loopback operation
+// waits 2 ms on its stream before it runs: a result used before the device
+// is ordered after its operation is read stale, and the run leaves the CPU
+// curve (checked: without Work::OrderBefore in Collectives::Finish, both
+// tests below fail at step 0).
 train::BackendFactory EmuNcclFactory() {
   return testing::NcclLoopbackFactory(kPlugin, absl::Seconds(300));  // the emulator is slow
 }
 
 TEST_F(GpuTrainerTest, ResidentOverNcclTp2Pp2MatchesCpu) {
+  EmuFake fake;
   ExpectGpuMatchesCpu(*this, TinyOptions(Layout{.tp = 2, .pp = 2}), "nccl tp2_pp2",
                       EmuNcclFactory());
+  const auto [orders, waits] = fake.StreamCalls();
+  EXPECT_GT(orders, 0);
+  EXPECT_GT(waits, 0);
 }
 
 TEST_F(GpuTrainerTest, ResidentOverNcclDp2Zero3MatchesCpu) {
+  EmuFake fake;
   ExpectGpuMatchesCpu(*this, TinyOptions(Layout{.dp = 2, .zero = 3}), "nccl dp2_zero3",
                       EmuNcclFactory());
+  const auto [orders, waits] = fake.StreamCalls();
+  EXPECT_GT(orders, 0);
+  EXPECT_GT(waits, 0);
+}
+
+// The host waits for the device a fixed number of times per step, however
+// many layers (and so tp all-reduces) there are: the collectives inside
+// the forward and backward are ordered on the streams, not by the host.
+// (Before stream ordering, every tp all-reduce synchronised the device: 3
+// layers made 16 more waits per step than 1 at tp 2.)
+TEST_F(GpuTrainerTest, HostWaitsPerStepDoNotGrowWithTheLayersOverNccl) {
+  std::vector<int64_t> waits_by_layers[2];
+  const int layers[2] = {1, 3};
+  for (int i = 0; i < 2; ++i) {
+    TrainingOptions options = TinyOptions(Layout{.tp = 2});
+    options.model.num_layers = layers[i];
+    Train(options, /*gpu=*/true, EmuNcclFactory(), /*steps=*/2, &waits_by_layers[i]);
+    ASSERT_EQ(waits_by_layers[i].size(), 2u);
+    for (int64_t n : waits_by_layers[i]) EXPECT_GE(n, 0) << "layers " << layers[i];
+  }
+  EXPECT_EQ(waits_by_layers[0], waits_by_layers[1]);
+  std::printf("host synchronisations over 2 steps at tp 2, rank 0: %lld with 1 layer, %lld "
+              "with 3\n",
+              static_cast<long long>(waits_by_layers[0][0]),
+              static_cast<long long>(waits_by_layers[1][0]));
 }
 #endif
 

@@ -29,6 +29,7 @@ struct ShardlineNcclComm {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   float* scratch = nullptr;  // one float on the device, for barrier
+  cudaEvent_t mark = nullptr;  // comm_order_after_stream's point on the other stream
   int device = 0;
   int nranks = 0;
   int rank = 0;
@@ -274,11 +275,14 @@ int CommInit(const uint8_t id[SHARDLINE_NCCL_UNIQUE_ID_BYTES], int32_t nranks, i
   e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
   if (e == cudaSuccess) e = cudaMalloc(&c->scratch, sizeof(float));
   if (e == cudaSuccess) e = cudaMemset(c->scratch, 0, sizeof(float));
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->mark, cudaEventDisableTiming);
   if (e != cudaSuccess) {
-    const int code = FailCuda(error, error_len, "creating the communicator's stream/scratch", e);
+    const int code =
+        FailCuda(error, error_len, "creating the communicator's stream/scratch/event", e);
     ncclCommAbort(comm);
     if (c->stream != nullptr) cudaStreamDestroy(c->stream);
     if (c->scratch != nullptr) cudaFree(c->scratch);
+    if (c->mark != nullptr) cudaEventDestroy(c->mark);
     delete c;
     return code;
   }
@@ -319,8 +323,38 @@ void CommDestroy(ShardlineNcclComm* c) {
   // Neither call waits for the stream: resources are released once it drains,
   // which it does promptly now that the NCCL kernels are aborted.
   if (c->scratch != nullptr) cudaFree(c->scratch);
+  if (c->mark != nullptr) cudaEventDestroy(c->mark);
   if (c->stream != nullptr) cudaStreamDestroy(c->stream);
   delete c;
+}
+
+int CommOrderAfterStream(ShardlineNcclComm* c, void* stream, char* error, size_t error_len) {
+  if (c == nullptr || stream == nullptr)
+    return Fail(SHARDLINE_GPU_INVALID_ARGUMENT, error, error_len,
+                "comm_order_after_stream: null comm or stream");
+  absl::MutexLock lock(&c->mu);
+  if (c->aborted || c->abort_requested.load())
+    return Fail(SHARDLINE_GPU_ABORTED, error, error_len, "communicator was aborted");
+  cudaError_t e = cudaSetDevice(c->device);
+  if (e != cudaSuccess) return FailCuda(error, error_len, "cudaSetDevice", e);
+  // One event serves every call: cudaStreamWaitEvent waits for the work the
+  // event's latest record captured, whatever is recorded on it later.
+  e = cudaEventRecord(c->mark, static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) return FailCuda(error, error_len, "cudaEventRecord (on the compute stream)", e);
+  e = cudaStreamWaitEvent(c->stream, c->mark, 0);
+  if (e != cudaSuccess) return FailCuda(error, error_len, "cudaStreamWaitEvent (communicator)", e);
+  return SHARDLINE_GPU_OK;
+}
+
+int StreamWaitEvent(void* stream, ShardlineGpuEvent* ev, char* error, size_t error_len) {
+  if (stream == nullptr || ev == nullptr)
+    return Fail(SHARDLINE_GPU_INVALID_ARGUMENT, error, error_len,
+                "stream_wait_event: null stream or event");
+  cudaError_t e = cudaSetDevice(ev->device);
+  if (e != cudaSuccess) return FailCuda(error, error_len, "cudaSetDevice", e);
+  e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev->event, 0);
+  if (e != cudaSuccess) return FailCuda(error, error_len, "cudaStreamWaitEvent", e);
+  return SHARDLINE_GPU_OK;
 }
 
 int AllReduce(ShardlineNcclComm* c, void* data, size_t count, int32_t dtype, int32_t op,
@@ -515,6 +549,8 @@ const ShardlineGpuApi kApi = {
     DeviceFree,
     CopyToDevice,
     CopyToHost,
+    CommOrderAfterStream,
+    StreamWaitEvent,
 };
 
 }  // namespace

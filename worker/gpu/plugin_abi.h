@@ -13,7 +13,9 @@
 // shardline_gpu_train_api (the trainer's fp32 math on device buffers: cuBLAS
 // and the plugin's own CUDA kernels; the fake plugin has none).
 //
-// ABI history: 2 = probe + NCCL table; 3 = adds shardline_gpu_train_api.
+// ABI history: 2 = probe + NCCL table; 3 = adds shardline_gpu_train_api;
+// 8 = stream ordering between a training context and the communicators
+// (train_stream, comm_order_after_stream, stream_wait_event).
 #ifndef SHARDLINE_WORKER_GPU_PLUGIN_ABI_H_
 #define SHARDLINE_WORKER_GPU_PLUGIN_ABI_H_
 
@@ -24,7 +26,7 @@
 extern "C" {
 #endif
 
-#define SHARDLINE_GPU_ABI_VERSION 7
+#define SHARDLINE_GPU_ABI_VERSION 8
 #define SHARDLINE_GPU_MAX_DEVICES 64
 
 typedef struct {
@@ -178,6 +180,25 @@ typedef struct {
                         size_t error_len);
   int (*copy_to_host)(int32_t device, void* dst, const void* src, size_t bytes, char* error,
                       size_t error_len);
+
+  // Stream ordering against another CUDA stream of this process (`stream`
+  // is a cudaStream_t, e.g. a training context's: train_stream), so that
+  // neither side's host waits for the other:
+  //   comm_order_after_stream: operations enqueued on `comm` from now on
+  //   start after everything enqueued on `stream` so far (cudaEventRecord on
+  //   `stream`, cudaStreamWaitEvent on the communicator's stream). Serialised
+  //   with the communicator's other calls; ABORTED after comm_abort.
+  int (*comm_order_after_stream)(ShardlineNcclComm* comm, void* stream, char* error,
+                                 size_t error_len);
+  //   stream_wait_event: work enqueued on `stream` from now on starts after
+  //   `event`'s operation (cudaStreamWaitEvent); returns at once. An operation
+  //   that never finishes holds `stream` until its communicator is aborted
+  //   (comm_abort stops the kernels, and the event then fires), so the
+  //   caller must watch such operations (the worker's NcclBackend does). The
+  //   fake plugin, whose "streams" run on the host as they are enqueued,
+  //   blocks here instead until the event fires.
+  int (*stream_wait_event)(void* stream, ShardlineGpuEvent* event, char* error,
+                           size_t error_len);
 } ShardlineGpuApi;
 
 // Returns the plugin's function table (static storage, never null).
@@ -361,6 +382,11 @@ typedef struct {
   int (*bias_gelu_backward)(ShardlineGpuTrainCtx* ctx, const float* x, const float* b,
                             const float* dy, float* dx, int64_t rows, int64_t width,
                             int32_t bf16);
+
+  // The context's stream (a cudaStream_t), for the NCCL table's stream
+  // ordering (comm_order_after_stream, stream_wait_event). Valid until
+  // train_ctx_destroy; never null on OK.
+  int (*train_stream)(ShardlineGpuTrainCtx* ctx, void** stream);
 } ShardlineGpuTrainApi;
 
 // Returns the plugin's training table (static storage, never null). Optional:

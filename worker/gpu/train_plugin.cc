@@ -365,6 +365,13 @@ int Zero(Ctx* ctx, void* ptr, size_t bytes) {
   return Check(ctx, "cudaMemsetAsync", cudaMemsetAsync(ptr, 0, bytes, ctx->stream));
 }
 
+int Stream(Ctx* ctx, void** stream) {
+  *stream = nullptr;
+  SL_RETURN_IF_ERROR(Enter(ctx, "train_stream", {}));
+  *stream = static_cast<void*>(ctx->stream);
+  return SHARDLINE_GPU_OK;
+}
+
 int Synchronize(Ctx* ctx) {
   SL_RETURN_IF_ERROR(Enter(ctx, "synchronize", {}));
   return Check(ctx, "cudaStreamSynchronize", cudaStreamSynchronize(ctx->stream));
@@ -722,6 +729,7 @@ const ShardlineGpuTrainApi kTrainApi = {
     OrderAfterHostCopies,
     BiasGeluForward,
     BiasGeluBackward,
+    Stream,
 };
 
 }  // namespace

@@ -73,6 +73,7 @@ class Bf16Device final : public Device {
   }
   absl::Status Zero(void* ptr, size_t bytes) override { return inner_.Zero(ptr, bytes); }
   absl::Status Synchronize() override { return inner_.Synchronize(); }
+  void* cuda_stream() override { return inner_.cuda_stream(); }
   // Host memory for copies (pinned on a GPU) and the copies beside the math
   // are the inner device's.
   absl::StatusOr<void*> AllocHostBytes(size_t bytes) override {

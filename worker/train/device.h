@@ -96,6 +96,12 @@ class Device {
   virtual absl::Status Zero(void* ptr, size_t bytes) = 0;
   // Waits for every earlier call; returns the first error of any.
   virtual absl::Status Synchronize() = 0;
+  // The CUDA stream (a cudaStream_t) every call of this device is enqueued
+  // on, so that a backend with streams of its own (NCCL) orders its
+  // operations against this device's work on the GPU instead of the host
+  // waiting for both (worker/train/parallel.h Collectives::OnDevice). Null
+  // (the default) where calls do not run on a CUDA stream.
+  virtual void* cuda_stream() { return nullptr; }
 
   // --- Device -> host copies that run beside later calls (checkpoints) -----
   // Enqueues a copy of `bytes` from device memory `src` to host memory `dst`

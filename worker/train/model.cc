@@ -72,12 +72,55 @@ absl::Status Collectives::Broadcast(float* data, int64_t count, int root) {
   });
 }
 
+absl::Status Collectives::Order(Device& device) {
+  if (StreamOrdered(device)) return backend_->OrderAfter(DeviceStream{device.cuda_stream()});
+  return device.host_memory() ? absl::OkStatus() : device.Synchronize();
+}
+
+absl::Status Collectives::Finish(Device& device, std::shared_ptr<Work> work) {
+  if (!StreamOrdered(device)) return Wait(work);
+  SL_RETURN_IF_ERROR(work->OrderBefore(DeviceStream{device.cuda_stream()}));
+  // Those already seen to finish leave (each one's status is kept in its
+  // Work; Settle still returns it).
+  while (!unsettled_.empty() && unsettled_.front()->IsCompleted()) {
+    absl::Status s = unsettled_.front()->Wait();
+    unsettled_.pop_front();
+    if (!s.ok()) {
+      // Reported now; what is still kept is waited for by the next Settle.
+      return s;
+    }
+  }
+  unsettled_.push_back(std::move(work));
+  return absl::OkStatus();
+}
+
+absl::Status Collectives::OnDevice(Device& device,
+                                   const std::function<std::shared_ptr<Work>()>& issue) {
+  SL_RETURN_IF_ERROR(Order(device));
+  return Finish(device, issue());
+}
+
+absl::Status Collectives::Settle() {
+  if (unsettled_.empty()) return absl::OkStatus();
+  const ObservedCommWait observed;
+  const absl::Time start = absl::Now();
+  absl::Status first;
+  for (const std::shared_ptr<Work>& w : unsettled_) {
+    absl::Status s = w->Wait();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  unsettled_.clear();
+  if (comm_time_ != nullptr) *comm_time_ += absl::Now() - start;
+  return first;
+}
+
 absl::Status Collectives::AllReduce(Device& device, float* data, int64_t count, ReduceOp op) {
   if (size() == 1) return absl::OkStatus();
   if (device.host_memory() || backend_->device_memory()) {
-    // The backend runs on its own stream: the device's results must be done.
-    SL_RETURN_IF_ERROR(device.Synchronize());
-    return Wait(backend_->AllReduce(data, static_cast<size_t>(count), DType::kFloat32, op));
+    // The backend runs on its own stream: ordered after the device's work.
+    return OnDevice(device, [&] {
+      return backend_->AllReduce(data, static_cast<size_t>(count), DType::kFloat32, op);
+    });
   }
   // Staged through host memory; the copies count as communication.
   const ObservedCommWait observed;
@@ -251,6 +294,10 @@ absl::Status HeadForward(Device& d, const LayerShape& shape, DeviceBuffer<float>
   SL_RETURN_IF_ERROR(d.TokenLoss(a->row_max.data(), a->sums.data(), a->sums.data() + T,
                                  token_loss.data(), T));
   std::vector<float> host(static_cast<size_t>(T));
+  // The loss is read on the host (a documented synchronisation): the tp
+  // all-reduces it depends on are waited for first, so their errors (and
+  // the time in them) are theirs.
+  SL_RETURN_IF_ERROR(tp.Settle());
   SL_RETURN_IF_ERROR(d.CopyToHost(host.data(), token_loss.data(), token_loss.bytes()));
   double total = 0;
   for (float l : host) total += l;

@@ -40,6 +40,7 @@
 #define SHARDLINE_WORKER_TRAIN_MODEL_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -99,6 +100,19 @@ class ObservedCommWait {
 // memory for a backend with device_memory() (NCCL); the functions below move
 // data between the two where the caller's memory is the other kind. Not
 // thread-safe.
+//
+// Ordering against a device's calls (Order, Finish, OnDevice): where the
+// device has a CUDA stream (Device::cuda_stream) and the backend orders on
+// streams (Backend::stream_ordered: NCCL), the backend's streams wait for
+// the device's stream and the device's stream for the operation, with CUDA
+// events: the host waits for neither. The operations are then kept until
+// Settle, which waits for them on the host and returns their errors; a
+// result the host reads back (a loss, a norm) is trustworthy only after
+// Settle (the backend aborts a stuck or failed operation by itself, and the
+// device then goes on with whatever the buffer holds). Elsewhere (a device
+// without a stream, Gloo) Order synchronises the device and Finish waits
+// on the host, as before stream ordering. The time counted as
+// communication is the host's waiting: Settle's, with stream ordering.
 class Collectives {
  public:
   // `backend` and `comm_time` are not owned and may be shared by several
@@ -120,13 +134,39 @@ class Collectives {
   absl::Status Broadcast(float* data, int64_t count, int root);
   // All-reduces `count` floats of `device`'s memory in place: directly when
   // the device's memory is host memory or the backend takes device memory
-  // (after device.Synchronize(), so the backend's stream reads finished
-  // results), else through a host buffer (copy to host, all-reduce, copy
-  // back), the copies counted as communication time. Errors: the device's
-  // and the Backend's.
+  // (OnDevice: ordered on the device's stream, or after a host
+  // synchronisation), else through a host buffer (copy to host, all-reduce,
+  // copy back), the copies counted as communication time. Errors: the
+  // device's and the Backend's (with stream ordering, an operation's own
+  // error may come only from Settle).
   absl::Status AllReduce(Device& device, float* data, int64_t count, ReduceOp op);
   // Waits for `work`, counting the time.
   absl::Status Wait(const std::shared_ptr<Work>& work);
+
+  // Whether operations on `device`'s memory are ordered on its stream (see
+  // the class comment) rather than by the host.
+  bool StreamOrdered(Device& device) const {
+    return backend_ != nullptr && backend_->stream_ordered() && device.cuda_stream() != nullptr;
+  }
+  // Operations issued on backend() from now on read what `device`'s calls so
+  // far wrote: on the device (Backend::OrderAfter) with stream ordering,
+  // else by device.Synchronize() (free on host memory). Errors: the
+  // device's; the backend's (its group failed; a CUDA error).
+  absl::Status Order(Device& device);
+  // `device`'s calls from now on see what `work` (issued on backend())
+  // wrote: on the device (Work::OrderBefore) with stream ordering, `work`
+  // then kept until Settle; else waited for here. Errors: `work`'s (with
+  // stream ordering, only those it already has), a CUDA error.
+  absl::Status Finish(Device& device, std::shared_ptr<Work> work);
+  // Order(device), `issue()` (an operation on backend() over `device`'s
+  // memory), Finish(device, that operation).
+  absl::Status OnDevice(Device& device, const std::function<std::shared_ptr<Work>()>& issue);
+  // Waits for every operation Finish kept, oldest first (all of them, also
+  // after an error), counting the time, and returns the first error. OK
+  // when none is kept.
+  absl::Status Settle();
+  // Operations Finish kept that Settle has not yet waited for.
+  size_t unsettled() const { return unsettled_.size(); }
   Backend* backend() const { return backend_; }
   // Whether the backend takes device memory of a device whose memory is not
   // host memory (so host buffers must be staged through `device`).
@@ -144,6 +184,7 @@ class Collectives {
   Backend* backend_;
   absl::Duration* comm_time_;
   Device* staging_ = nullptr;
+  std::deque<std::shared_ptr<Work>> unsettled_;  // Finish's, in issue order
 };
 
 struct LayerShape {

@@ -132,6 +132,7 @@ class Trainer::Impl {
   ~Impl() {
     DrainGradReduces();
     DrainPrefetches();
+    DrainSettles();
     // The copies write into host buffers freed below (also those of a save
     // that failed before it recorded them).
     if (saved_copies == nullptr && copies_unordered) {
@@ -175,12 +176,27 @@ class Trainer::Impl {
   bool resident() const { return state == device; }
   Device& sd() { return *state; }
 
-  // The state device has finished every call issued so far: a backend with
-  // its own stream (NCCL) may read what the device wrote, and an error of a
-  // kernel surfaces here. Free on host memory.
+  // The state device has finished every call issued so far, and an error of
+  // a kernel surfaces here. Free on host memory.
   absl::Status StateSettled() {
     return state->host_memory() ? absl::OkStatus() : state->Synchronize();
   }
+
+  // Every group's operations that the state device's stream was ordered
+  // after (Collectives::Finish) are waited for on the host, and their errors
+  // returned: before the host trusts anything read back from the device.
+  absl::Status SettleAll() {
+    absl::Status first;
+    for (Collectives* c : {&tp, &dp, &pp, &embedding}) {
+      absl::Status s = c->Settle();
+      if (first.ok() && !s.ok()) first = s;
+    }
+    return first;
+  }
+  // After a failed pass (or at destruction): the same, errors ignored (the
+  // pass has returned its own), so no operation still writes into buffers
+  // being reused or freed.
+  void DrainSettles() { SettleAll().IgnoreError(); }
 
   // Unit s's whole-unit gradients, allocated and zeroed at first use in a step.
   absl::Status EnsureGrads(UnitState& s) {
@@ -207,15 +223,16 @@ class Trainer::Impl {
       // Prefetch started the gather and holds the unit: the hold is ours.
       std::shared_ptr<Work> work = std::move(it->second);
       prefetches.erase(it);
-      SL_RETURN_IF_ERROR(dp.Wait(work));
+      SL_RETURN_IF_ERROR(dp.Finish(sd(), std::move(work)));
     } else if (zero() == 3 && s.acquired++ == 0) {
       SL_RETURN_IF_ERROR(HostAlloc(s.params.Resize(sd(), s.unit.padded)));
       if (dp.size() == 1) {
         SL_RETURN_IF_ERROR(sd().Copy(s.params.data(), s.shard_params.data(), s.shard_params.bytes()));
       } else {
-        SL_RETURN_IF_ERROR(StateSettled());
-        SL_RETURN_IF_ERROR(dp.Wait(dp.backend()->AllGather(
-            s.shard_params.data(), s.shard, s.params.data(), DType::kFloat32)));
+        SL_RETURN_IF_ERROR(dp.OnDevice(sd(), [&] {
+          return dp.backend()->AllGather(s.shard_params.data(), s.shard, s.params.data(),
+                                         DType::kFloat32);
+        }));
       }
     }
     if (!to_device || resident() || s.device_params_fresh) return absl::OkStatus();
@@ -236,7 +253,9 @@ class Trainer::Impl {
     UnitState& s = units[u];
     if (s.acquired > 0 || prefetches.count(u) > 0) return absl::OkStatus();
     SL_RETURN_IF_ERROR(HostAlloc(s.params.Resize(sd(), s.unit.padded)));
-    SL_RETURN_IF_ERROR(StateSettled());
+    // After the device's work so far (the block may be one it just freed);
+    // the device is ordered after the gather where the unit is acquired.
+    SL_RETURN_IF_ERROR(dp.Order(sd()));
     prefetches[u] = dp.backend()->AllGather(s.shard_params.data(), s.shard, s.params.data(),
                                             DType::kFloat32);
     s.acquired = 1;  // held for the Acquire that takes it over
@@ -271,6 +290,7 @@ class Trainer::Impl {
   // pass changes the state they copied, not them.)
   void ResetDeviceState() {
     DrainPrefetches();  // a failed pass's
+    DrainSettles();
     for (UnitState& s : units) {
       s.device_params_fresh = false;
       s.device_grads_live = false;
@@ -324,9 +344,13 @@ class Trainer::Impl {
     return absl::OkStatus();
   }
 
-  // Host -> a new device buffer of `count` elements.
+  // Host -> a new device buffer of `count` elements. The copy waits for the
+  // device's stream, and so for every operation the stream was ordered
+  // after: those are waited for first (SettleAll), so a stuck one is seen
+  // as a collective and its error is its own.
   template <typename T>
   absl::Status Upload(const T* host, int64_t count, DeviceBuffer<T>* out) {
+    SL_RETURN_IF_ERROR(SettleAll());
     SL_RETURN_IF_ERROR(out->Resize(*device, count));
     return device->CopyToDevice(out->data(), host, out->bytes());
   }
@@ -380,7 +404,10 @@ class Trainer::Impl {
       local_handoff[tag] = std::move(data);
       return absl::OkStatus();
     }
-    SL_RETURN_IF_ERROR(StateSettled());
+    // After the device has written the message. The device does not wait
+    // for the send (a neighbour's matching receive may come later in its
+    // schedule); the buffer is kept until the send is seen to finish.
+    SL_RETURN_IF_ERROR(pp.Order(sd()));
     auto buffer = std::make_shared<DeviceBuffer<float>>(std::move(data));
     std::shared_ptr<Work> w = pp.backend()->Send(buffer->data(), static_cast<size_t>(buffer->size()),
                                                  DType::kFloat32, peer, tag);
@@ -405,10 +432,12 @@ class Trainer::Impl {
     }
     SL_RETURN_IF_ERROR(HostAlloc(data->Resize(sd(), count)));
     // The block may have just been freed by a kernel still queued on the
-    // device; the backend writes it from its own stream.
-    SL_RETURN_IF_ERROR(StateSettled());
-    return pp.Wait(pp.backend()->Recv(data->data(), static_cast<size_t>(count), DType::kFloat32,
-                                      peer, tag));
+    // device; the backend writes it from its own stream (OnDevice orders it
+    // after the device's work, and the device after it).
+    return pp.OnDevice(sd(), [&] {
+      return pp.backend()->Recv(data->data(), static_cast<size_t>(count), DType::kFloat32, peer,
+                                tag);
+    });
   }
 
   // Sends device activations x (chunk c's output or input gradient) on:
@@ -429,12 +458,14 @@ class Trainer::Impl {
     return device->CopyToDevice(x->data(), host.data(), x->bytes());
   }
 
+  // At the end of a pass: every send done, and every operation the device
+  // was ordered after waited for (SettleAll).
   absl::Status FinishSends() {
     for (PendingSend& p : pending_sends) {
       if (absl::Status s = pp.Wait(p.work); !s.ok()) return s;
     }
     pending_sends.clear();
-    return absl::OkStatus();
+    return SettleAll();
   }
 
   // --- Overlapping the data-parallel gradient reduction with the backward --
@@ -462,13 +493,15 @@ class Trainer::Impl {
                                               DType::kFloat32, ReduceOp::kAvg);
     return absl::OkStatus();
   }
-  // Waits for every operation of `works` on the dp group (all of them, also
-  // after a failure, so none still writes into buffers the caller frees)
-  // and returns the first error.
-  absl::Status WaitAll(std::vector<std::shared_ptr<Work>>* works) {
+  // The state device's later calls see what every operation of `works` (on
+  // the dp group) wrote (Collectives::Finish: waited for on the host, or the
+  // device's stream ordered after it and the host's wait left to Settle).
+  // After a failure the rest are waited for, so none still writes into
+  // buffers the caller frees; returns the first error.
+  absl::Status FinishAll(std::vector<std::shared_ptr<Work>>* works) {
     absl::Status first;
-    for (const std::shared_ptr<Work>& w : *works) {
-      absl::Status s = dp.Wait(w);
+    for (std::shared_ptr<Work>& w : *works) {
+      absl::Status s = first.ok() ? dp.Finish(sd(), std::move(w)) : w->Wait();
       if (first.ok() && !s.ok()) first = s;
     }
     works->clear();
@@ -530,6 +563,8 @@ class Trainer::Impl {
     if (layout.head_unit < 0) return SendActivations(c + 1, Tag(mb, c, 0), std::move(x));
 
     const int u = layout.head_unit;
+    // The targets' upload settles what came before (Upload); HeadForward
+    // settles its own all-reduces before it reads the loss back.
     DeviceBuffer<int32_t> device_targets;
     SL_RETURN_IF_ERROR(Upload(targets, shape.tokens(), &device_targets));
     SL_RETURN_IF_ERROR(AcquireHead(u));
@@ -676,14 +711,14 @@ class Trainer::Impl {
         return s;
     }
 
-    // Data parallelism: every unit's reduction is issued at once, after one
-    // synchronisation of the device (the backend runs them in issue order),
-    // then all are waited for.
+    // Data parallelism: every unit's reduction is issued at once, ordered
+    // once after the device's work (the backend runs them in issue order),
+    // then the device is ordered after each (Finish).
     for (UnitState& s : units) {
       SL_RETURN_IF_ERROR(EnsureGrads(s));
       if (zero() >= 2) SL_RETURN_IF_ERROR(HostAlloc(s.shard_grads.Resize(sd(), s.shard)));
     }
-    SL_RETURN_IF_ERROR(StateSettled());
+    if (dp.size() > 1) SL_RETURN_IF_ERROR(dp.Order(sd()));
     std::vector<std::shared_ptr<Work>> reductions;
     for (size_t u = 0; u < units.size(); ++u) {
       UnitState& s = units[u];
@@ -704,10 +739,13 @@ class Trainer::Impl {
             s.grads.data(), s.shard_grads.data(), counts, DType::kFloat32, ReduceOp::kAvg));
       }
     }
-    SL_RETURN_IF_ERROR(WaitAll(&reductions));
+    SL_RETURN_IF_ERROR(FinishAll(&reductions));
     if (zero() >= 2) {
       for (UnitState& s : units) s.grads.Reset();
     }
+    // The norm below is read on the host (a documented synchronisation):
+    // every operation it depends on is waited for first.
+    SL_RETURN_IF_ERROR(SettleAll());
 
     // Global norm and the loss, in one buffer summed over tp, dp and pp.
     const int64_t my_begin = static_cast<int64_t>(dp_rank());
@@ -759,19 +797,20 @@ class Trainer::Impl {
     // ZeRO-1/2: every dp rank updated its shard; all units' gathers are
     // issued at once after one synchronisation, then waited for.
     if ((zero() == 1 || zero() == 2) && dp.size() > 1) {
-      SL_RETURN_IF_ERROR(StateSettled());
+      SL_RETURN_IF_ERROR(dp.Order(sd()));
       std::vector<std::shared_ptr<Work>> gathers;
       for (UnitState& s : units) {
         gathers.push_back(dp.backend()->AllGather(s.params.data() + my_begin * s.shard, s.shard,
                                                   s.params.data(), DType::kFloat32));
       }
-      SL_RETURN_IF_ERROR(WaitAll(&gathers));
+      SL_RETURN_IF_ERROR(FinishAll(&gathers));
     }
     if (zero() >= 2) {
       for (UnitState& s : units) s.shard_grads.Reset();
     }
-    // The step's last kernels are done (and their errors returned) before it
-    // counts as finished.
+    // The step's last kernels and collectives are done (and their errors
+    // returned) before it counts as finished.
+    SL_RETURN_IF_ERROR(SettleAll());
     SL_RETURN_IF_ERROR(StateSettled());
     ++step;
     stats.time = absl::Now() - start;

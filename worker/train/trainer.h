@@ -51,10 +51,24 @@
 //     there is none (world 1), unless TrainingOptions::host_optimizer. The
 //     host then only feeds token ids and reads back the loss and the
 //     gradient norm (and the checkpoint state, SaveSlices). Collectives run
-//     on the device buffers; before each one the device is synchronised (the
-//     backend runs on its own stream), so a step has a host synchronisation
-//     at every collective and pipeline message, not yet stream-event
-//     ordering.
+//     on the device buffers. On a device with a CUDA stream and NCCL
+//     (model.h Collectives: Order / Finish) they are ordered against the
+//     compute stream with CUDA events: each operation's streams wait for
+//     the compute stream's work so far, and the compute stream for the
+//     operation (pipeline sends excepted: the compute stream does not wait
+//     for a send, whose buffer is kept until it is seen to finish). The
+//     host waits only at these points of a step: each micro-batch's token
+//     (and, on the last stage, target) upload; the loss read-back after the
+//     head's tp all-reduces; after the dp and embedding reductions, for the
+//     gradient norm (then clipping and AdamW); the all-reduce of the norm
+//     and loss over the groups (host memory, staged through the device);
+//     the end of the step. At each, the operations the compute stream was
+//     ordered after are waited for first (Collectives::Settle), so their
+//     errors are their own and a stuck one is seen as a collective
+//     (worker/rank_progress.h); one the host is not waiting for is still
+//     aborted at its deadline by the backend's watchdog (nccl_backend.h).
+//     Elsewhere (a device without a stream; Gloo) the device is
+//     synchronised before each collective and the collective waited for.
 //   * On the host (ZeRO-Offload, Ren et al., 2021): a GPU whose groups use
 //     Gloo, or host_optimizer. Then
 //       - each unit's parameters are uploaded when first used in a step
