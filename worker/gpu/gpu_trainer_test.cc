@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/gpu/nccl_test_util.h"
 #include "worker/gpu/gpu_compute_device.h"
@@ -40,6 +41,7 @@
 namespace shardline::worker {
 namespace {
 
+using ::testing::HasSubstr;
 using train::testing::Layout;
 using train::testing::SmallGptOptions;
 using train::StepStats;
@@ -338,6 +340,47 @@ TEST_F(GpuTrainerTest, ResidentOverNcclDp2Zero3MatchesCpu) {
                       EmuNcclFactory());
   const auto [orders, waits] = fake.StreamCalls();
   EXPECT_GT(orders, 0);
+  EXPECT_GT(waits, 0);
+}
+
+// A rank lost in the middle of a step while the others' compute streams
+// wait for its collectives on the device: its communicators are aborted
+// (what its peers see when its process dies); on every other rank the
+// backend's watchdog sees the asynchronous error of an operation the stream
+// waits for, aborts it, and the step fails with Unavailable naming the lost
+// rank, in far less than the 120 s op timeout.
+TEST_F(GpuTrainerTest, ARankLostMidStepOverStreamOrderedNcclIsUnavailableNamingIt) {
+  EmuFake fake;
+  TrainingOptions options = TinyOptions(Layout{.tp = 2, .dp = 2, .zero = 1});
+  std::vector<absl::Status> failed(4);
+  const absl::Status status = train::RunLocalCluster(
+      options.parallel,
+      [&](int rank, const train::RankGroups& groups) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<GpuComputeDevice>> device =
+            GpuComputeDevice::Create(*plugin_, 0);
+        if (!device.ok()) return device.status();
+        TrainingOptions mine = options;
+        mine.device = device->get();
+        auto trainer = train::Trainer::Create(mine, groups, &train::testing::ShakespeareCorpus());
+        if (!trainer.ok()) return trainer.status();
+        absl::StatusOr<StepStats> first = (*trainer)->TrainStep();
+        if (!first.ok()) return first.status();
+        // World rank 3 (tp rank 1 of dp rank 1) dies before step 1: the
+        // cluster aborts its groups when it returns an error.
+        if (rank == 3) return absl::InternalError("killed");
+        const absl::Time start = absl::Now();
+        absl::StatusOr<StepStats> st = (*trainer)->TrainStep();
+        failed[rank] = st.status();
+        EXPECT_LT(absl::Now() - start, absl::Seconds(60)) << "rank " << rank;
+        return st.status();
+      },
+      testing::NcclLoopbackFactory(kPlugin, absl::Seconds(120)));
+  EXPECT_FALSE(status.ok());
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(absl::IsUnavailable(failed[rank])) << "rank " << rank << ": " << failed[rank];
+    EXPECT_THAT(std::string(failed[rank].message()), HasSubstr("is gone")) << "rank " << rank;
+  }
+  const auto [orders, waits] = fake.StreamCalls();
   EXPECT_GT(waits, 0);
 }
 
