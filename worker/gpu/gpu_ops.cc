@@ -57,10 +57,12 @@ absl::StatusOr<void*> GpuOps::HostAllocBytes(size_t bytes) {
 void GpuOps::HostFree(void* ptr) { api_.host_free(ctx_, ptr); }
 
 absl::Status GpuOps::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  ++host_waits_;
   return ToStatus(api_.train_copy_to_device(ctx_, dst, src, bytes), "copy to device");
 }
 
 absl::Status GpuOps::CopyToHost(void* dst, const void* src, size_t bytes) {
+  ++host_waits_;
   return ToStatus(api_.train_copy_to_host(ctx_, dst, src, bytes), "copy to host");
 }
 
@@ -97,6 +99,7 @@ absl::Status GpuOps::Zero(void* ptr, size_t bytes) {
 
 absl::Status GpuOps::Synchronize() {
   ++synchronizations_;
+  ++host_waits_;
   return ToStatus(api_.train_synchronize(ctx_), "synchronize");
 }
 
@@ -256,6 +259,7 @@ absl::Status GpuOps::AdamWStep(const ShardlineAdamWScalars& scalars, float* para
 
 absl::Status GpuOps::AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask, int64_t n,
                                                   double* sum) {
+  ++host_waits_;
   return ToStatus(api_.masked_sum_squares(ctx_, x, mask, n, sum), "masked_sum_squares");
 }
 

@@ -94,8 +94,11 @@ class GpuOps {
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes);
   absl::Status Zero(void* ptr, size_t bytes);  // enqueued
   absl::Status Synchronize();
-  // Synchronize calls so far (tests count the host's waits per step).
+  // Calls so far that made the host wait for the stream (tests count them
+  // per step): Synchronize alone, and every waiting call (Synchronize,
+  // CopyToDevice, CopyToHost, AccumulateMaskedSumOfSquares).
   int64_t synchronizations() const { return synchronizations_; }
+  int64_t host_waits() const { return host_waits_; }
   // The context's CUDA stream (cudaStream_t; plugin_abi.h train_stream),
   // every op's, for ordering a communicator's stream against it. Never null.
   void* stream() const { return stream_; }
@@ -180,6 +183,7 @@ class GpuOps {
   const int device_;
   void* const stream_;  // ctx_'s
   int64_t synchronizations_ = 0;
+  int64_t host_waits_ = 0;
 };
 
 }  // namespace shardline::worker

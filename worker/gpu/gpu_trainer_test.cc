@@ -101,14 +101,14 @@ class GpuTrainerTest : public ::testing::TestWithParam<Layout> {
   // Trains `steps` steps at options.parallel, every rank a thread; on the
   // GPU (one GpuComputeDevice per rank on device 0) when `gpu`, else on the
   // CPU. Backends: Gloo over loopback, or `factory`'s. Returns rank 0's
-  // stats; every rank must agree on each step's loss. `synchronizations`
-  // (GPU only; may be null) receives each rank's count of host waits for
-  // its device's stream (GpuOps::synchronizations) over the steps.
+  // stats; every rank must agree on each step's loss. `waits` (GPU only;
+  // may be null) receives each rank's counts over the steps of
+  // GpuOps::synchronizations and GpuOps::host_waits.
   std::vector<StepStats> Train(const TrainingOptions& options, bool gpu,
                                train::BackendFactory factory = nullptr, int steps = kSteps,
-                               std::vector<int64_t>* synchronizations = nullptr) {
+                               std::vector<std::pair<int64_t, int64_t>>* waits = nullptr) {
     const int world = options.parallel.world_size();
-    if (synchronizations != nullptr) synchronizations->assign(world, -1);
+    if (waits != nullptr) waits->assign(world, {-1, -1});
     std::vector<std::vector<StepStats>> stats(world);
     GlooOptions gloo;
     gloo.timeout = absl::Seconds(300);  // the emulator is slow
@@ -129,14 +129,19 @@ class GpuTrainerTest : public ::testing::TestWithParam<Layout> {
           absl::StatusOr<std::unique_ptr<train::Trainer>> trainer =
               train::Trainer::Create(mine, groups, &train::testing::ShakespeareCorpus());
           if (!trainer.ok()) return trainer.status();
-          const int64_t before = device != nullptr ? device->ops().synchronizations() : 0;
+          const std::pair<int64_t, int64_t> before =
+              device != nullptr ? std::make_pair(device->ops().synchronizations(),
+                                                 device->ops().host_waits())
+                                : std::make_pair(int64_t{0}, int64_t{0});
           for (int s = 0; s < steps; ++s) {
             absl::StatusOr<StepStats> st = (*trainer)->TrainStep();
             if (!st.ok()) return st.status();
             stats[rank].push_back(*st);
           }
-          if (synchronizations != nullptr && device != nullptr)
-            (*synchronizations)[rank] = device->ops().synchronizations() - before;
+          if (waits != nullptr && device != nullptr) {
+            (*waits)[rank] = {device->ops().synchronizations() - before.first,
+                              device->ops().host_waits() - before.second};
+          }
           return absl::OkStatus();  // the trainer goes before its device
         },
         factory);
@@ -384,26 +389,41 @@ TEST_F(GpuTrainerTest, ARankLostMidStepOverStreamOrderedNcclIsUnavailableNamingI
   EXPECT_GT(waits, 0);
 }
 
-// The host waits for the device a fixed number of times per step, however
-// many layers (and so tp all-reduces) there are: the collectives inside
-// the forward and backward are ordered on the streams, not by the host.
-// (Before stream ordering, every tp all-reduce synchronised the device: 3
-// layers made 16 more waits per step than 1 at tp 2.)
-TEST_F(GpuTrainerTest, HostWaitsPerStepDoNotGrowWithTheLayersOverNccl) {
-  std::vector<int64_t> waits_by_layers[2];
-  const int layers[2] = {1, 3};
-  for (int i = 0; i < 2; ++i) {
+// The host synchronises with the device (Device::Synchronize) a fixed
+// number of times per step, however many layers (and so tp all-reduces)
+// there are: the collectives inside the forward and backward are ordered on
+// the streams, not by the host. (Before stream ordering every tp all-reduce
+// synchronised the device: 17 times per step at tp 2 with 1 layer, 33 with
+// 3.) And no host wait of any kind (a synchronisation, a blocking copy, the
+// norm's reductions) comes per micro-batch: the same global batch in 1 or 2
+// micro-batches makes as many. (Before, each micro-batch uploaded its
+// tokens and targets and read its loss back: 3 waits more each.)
+TEST_F(GpuTrainerTest, HostWaitsPerStepGrowWithNeitherLayersNorMicroBatchesOverNccl) {
+  struct Run {
+    int layers, micro_batches;
+    std::vector<std::pair<int64_t, int64_t>> waits;
+  };
+  Run runs[3] = {{1, 1, {}}, {3, 1, {}}, {1, 2, {}}};
+  for (Run& r : runs) {
     TrainingOptions options = TinyOptions(Layout{.tp = 2});
-    options.model.num_layers = layers[i];
-    Train(options, /*gpu=*/true, EmuNcclFactory(), /*steps=*/2, &waits_by_layers[i]);
-    ASSERT_EQ(waits_by_layers[i].size(), 2u);
-    for (int64_t n : waits_by_layers[i]) EXPECT_GE(n, 0) << "layers " << layers[i];
+    options.model.num_layers = r.layers;
+    options.parallel.micro_batch_size = 2 / r.micro_batches;
+    options.parallel.micro_batches = r.micro_batches;
+    Train(options, /*gpu=*/true, EmuNcclFactory(), /*steps=*/2, &r.waits);
+    ASSERT_EQ(r.waits.size(), 2u);
+    for (const auto& [syncs, waits] : r.waits) {
+      EXPECT_GE(syncs, 0) << "layers " << r.layers;
+      EXPECT_GE(waits, syncs) << "layers " << r.layers;
+    }
+    std::printf("tp 2, %d layer(s), %d micro-batch(es), 2 steps, rank 0: %lld synchronisations, "
+                "%lld host waits in all\n",
+                r.layers, r.micro_batches, static_cast<long long>(r.waits[0].first),
+                static_cast<long long>(r.waits[0].second));
   }
-  EXPECT_EQ(waits_by_layers[0], waits_by_layers[1]);
-  std::printf("host synchronisations over 2 steps at tp 2, rank 0: %lld with 1 layer, %lld "
-              "with 3\n",
-              static_cast<long long>(waits_by_layers[0][0]),
-              static_cast<long long>(waits_by_layers[1][0]));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(runs[0].waits[rank].first, runs[1].waits[rank].first) << "rank " << rank;
+    EXPECT_EQ(runs[0].waits[rank].second, runs[2].waits[rank].second) << "rank " << rank;
+  }
 }
 #endif
 

@@ -264,13 +264,12 @@ absl::Status EmbeddingBackward(Device& d, const LayerShape& shape, const int32_t
 }
 
 absl::Status HeadForward(Device& d, const LayerShape& shape, DeviceBuffer<float> x,
-                         DeviceBuffer<int32_t> targets, const float* ln_weight,
-                         const float* ln_bias, const float* word, int64_t vocab_begin,
-                         int64_t vocab_local, Collectives& tp, HeadActivations* a,
-                         double* loss) {
+                         const int32_t* targets, const float* ln_weight, const float* ln_bias,
+                         const float* word, int64_t vocab_begin, int64_t vocab_local,
+                         Collectives& tp, HeadActivations* a, float* token_loss) {
   const int64_t T = shape.tokens(), h = shape.hidden;
   a->x = std::move(x);
-  a->targets = std::move(targets);
+  a->targets = targets;
   SL_RETURN_IF_ERROR(a->ln.Resize(d, T * h));
   SL_RETURN_IF_ERROR(a->ln_mean.Resize(d, T));
   SL_RETURN_IF_ERROR(a->ln_rstd.Resize(d, T));
@@ -286,23 +285,16 @@ absl::Status HeadForward(Device& d, const LayerShape& shape, DeviceBuffer<float>
   // sum_exp and the target's logit travel in one all-reduce.
   SL_RETURN_IF_ERROR(a->sums.Resize(d, 2 * T));
   SL_RETURN_IF_ERROR(d.LocalSumExpAndTarget(a->logits.data(), a->row_max.data(),
-                                            a->targets.data(), a->sums.data(),
+                                            a->targets, a->sums.data(),
                                             a->sums.data() + T, T, vocab_begin, vocab_local));
   SL_RETURN_IF_ERROR(tp.AllReduce(d, a->sums.data(), 2 * T, ReduceOp::kSum));
-  DeviceBuffer<float> token_loss;
-  SL_RETURN_IF_ERROR(token_loss.Resize(d, T));
-  SL_RETURN_IF_ERROR(d.TokenLoss(a->row_max.data(), a->sums.data(), a->sums.data() + T,
-                                 token_loss.data(), T));
-  std::vector<float> host(static_cast<size_t>(T));
-  // The loss is read on the host (a documented synchronisation): the tp
-  // all-reduces it depends on are waited for first, so their errors (and
-  // the time in them) are theirs.
-  SL_RETURN_IF_ERROR(tp.Settle());
-  SL_RETURN_IF_ERROR(d.CopyToHost(host.data(), token_loss.data(), token_loss.bytes()));
+  return d.TokenLoss(a->row_max.data(), a->sums.data(), a->sums.data() + T, token_loss, T);
+}
+
+double MeanLoss(const float* token_loss, int64_t T) {
   double total = 0;
-  for (float l : host) total += l;
-  *loss = total / static_cast<double>(T);
-  return absl::OkStatus();
+  for (int64_t t = 0; t < T; ++t) total += token_loss[t];
+  return total / static_cast<double>(T);
 }
 
 absl::Status HeadBackward(Device& d, const LayerShape& shape, const float* ln_weight,
@@ -313,7 +305,7 @@ absl::Status HeadBackward(Device& d, const LayerShape& shape, const float* ln_we
   DeviceBuffer<float> dlogits;
   SL_RETURN_IF_ERROR(dlogits.Resize(d, T * vocab_local));
   SL_RETURN_IF_ERROR(d.CrossEntropyBackward(a.logits.data(), a.row_max.data(), a.sum_exp(),
-                                            a.targets.data(), loss_scale / static_cast<float>(T),
+                                            a.targets, loss_scale / static_cast<float>(T),
                                             dlogits.data(), T, vocab_begin, vocab_local));
   DeviceBuffer<float> dln;
   SL_RETURN_IF_ERROR(dln.Resize(d, T * h));

@@ -261,19 +261,24 @@ struct HeadActivations {
   DeviceBuffer<float> row_max;               // [T], over the whole vocabulary
   DeviceBuffer<float> sums;                  // [2T]: sum_exp[T] (whole vocabulary), then
                                              // the target's logit[T]
-  DeviceBuffer<int32_t> targets;             // [T]
+  const int32_t* targets = nullptr;          // [T], the caller's (outlives this)
   const float* sum_exp() const { return sums.data(); }
 };
 
 // Final LayerNorm, logits against the (tied) word embedding word[V/tp, h],
-// and the mean cross entropy over the T tokens, returned in *loss (host; the
-// same on every tp rank; summed in double on the host). Takes x[T, h] and
-// targets[T] (kept in *saved, no copy).
+// and each token's cross entropy, written to token_loss[T] (device; the
+// same on every tp rank). The host reads it when it needs the loss (the
+// trainer once per step, summing each micro-batch's in double: MeanLoss),
+// so the head adds no host wait. Takes x[T, h] (kept in *saved) and
+// targets[T] (device; the pointer is kept in *saved and must outlive it).
 absl::Status HeadForward(Device& device, const LayerShape& shape, DeviceBuffer<float> x,
-                         DeviceBuffer<int32_t> targets, const float* ln_weight,
-                         const float* ln_bias, const float* word, int64_t vocab_begin,
-                         int64_t vocab_local, Collectives& tp, HeadActivations* saved,
-                         double* loss);
+                         const int32_t* targets, const float* ln_weight, const float* ln_bias,
+                         const float* word, int64_t vocab_begin, int64_t vocab_local,
+                         Collectives& tp, HeadActivations* saved, float* token_loss);
+
+// The mean of token_loss[T] (HOST), summed in double in token order: one
+// micro-batch's loss from HeadForward's output.
+double MeanLoss(const float* token_loss, int64_t T);
 
 // Backward of loss_scale * (mean cross entropy): dx[T, h] (overwritten);
 // gradients of the final LayerNorm and of the word embedding accumulate.

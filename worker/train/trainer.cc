@@ -74,9 +74,22 @@ struct ChunkLayout {
 
 // A forward's saved state until its backward.
 struct Stash {
-  DeviceBuffer<int32_t> tokens;  // chunk 0, [batch * seq] on the device
+  const int32_t* tokens = nullptr;  // chunk 0, [batch * seq] on the device (PassInputs')
   std::vector<LayerActivations> layers;
   HeadActivations head;
+};
+
+// One pass's token ids and targets for all its micro-batches, uploaded to
+// the compute device at once (one host wait, at the start of the pass, not
+// one per micro-batch), and the per-token losses its heads write, read back
+// once.
+struct PassInputs {
+  DeviceBuffer<int32_t> tokens, targets;  // [micro_batches, T]
+  DeviceBuffer<float> token_loss;         // [micro_batches, T]
+  int64_t T = 0;                          // tokens per micro-batch
+  const int32_t* tokens_of(int mb) const { return tokens.data() + mb * T; }
+  const int32_t* targets_of(int mb) const { return targets.data() + mb * T; }
+  float* loss_of(int mb) { return token_loss.data() + mb * T; }
 };
 
 // A posted send and the buffer it reads.
@@ -517,14 +530,15 @@ class Trainer::Impl {
 
   // --- Forward and backward of one chunk ----------------------------------
 
-  // Runs chunk c forward for one micro-batch. tokens/targets are HOST
-  // [batch * seq] (tokens used by chunk 0, targets by the last chunk). With
-  // `stash` null nothing is kept for a backward. The last chunk adds its
-  // loss to *loss and, when `head` is given, leaves its activations there.
-  // Activations live on the device; pipeline messages travel in host
-  // buffers (copied at the chunk boundaries).
+  // Runs chunk c forward for one micro-batch. tokens/targets are DEVICE
+  // [batch * seq] (tokens used by chunk 0, targets by the last chunk; they
+  // must outlive the stash and `head`). With `stash` null nothing is kept
+  // for a backward. The last chunk writes each token's loss to
+  // token_loss[batch * seq] (device) and, when `head` is given, leaves its
+  // activations there. Activations live on the device; pipeline messages
+  // travel in state-device buffers (host copies on the offload path).
   absl::Status Forward(int mb, int c, int64_t batch, const int32_t* tokens, const int32_t* targets,
-                       Stash* stash, double* loss, HeadActivations* head) {
+                       Stash* stash, float* token_loss, HeadActivations* head) {
     const ChunkLayout& layout = chunks.at(c);
     const LayerShape shape = Shape(batch);
     const int64_t n = shape.tokens() * shape.hidden;
@@ -532,15 +546,13 @@ class Trainer::Impl {
     if (layout.embedding_unit >= 0) {
       SL_RETURN_IF_ERROR(x.Resize(*device, n));
       const int u = layout.embedding_unit;
-      DeviceBuffer<int32_t> device_tokens;
-      SL_RETURN_IF_ERROR(Upload(tokens, shape.tokens(), &device_tokens));
       SL_RETURN_IF_ERROR(Acquire(u));
-      absl::Status s = EmbeddingForward(*device, shape, device_tokens.data(), Param(u, kWord),
+      absl::Status s = EmbeddingForward(*device, shape, tokens, Param(u, kWord),
                                         Param(u, kPosition), vocab_begin(), vocab_local(), tp,
                                         x.data());
       Release(u);
       SL_RETURN_IF_ERROR(s);
-      if (stash != nullptr) stash->tokens = std::move(device_tokens);
+      if (stash != nullptr) stash->tokens = tokens;
     } else {
       SL_RETURN_IF_ERROR(RecvActivations(c - 1, Tag(mb, c - 1, 0), n, &x));
     }
@@ -563,22 +575,15 @@ class Trainer::Impl {
     if (layout.head_unit < 0) return SendActivations(c + 1, Tag(mb, c, 0), std::move(x));
 
     const int u = layout.head_unit;
-    // The targets' upload settles what came before (Upload); HeadForward
-    // settles its own all-reduces before it reads the loss back.
-    DeviceBuffer<int32_t> device_targets;
-    SL_RETURN_IF_ERROR(Upload(targets, shape.tokens(), &device_targets));
     SL_RETURN_IF_ERROR(AcquireHead(u));
     HeadActivations local;
     HeadActivations* saved = stash != nullptr ? &stash->head : head != nullptr ? head : &local;
-    double mb_loss = 0;
-    absl::Status s = HeadForward(*device, shape, std::move(x), std::move(device_targets),
+    absl::Status s = HeadForward(*device, shape, std::move(x), targets,
                                  Param(u, "final_layernorm.weight"),
                                  Param(u, "final_layernorm.bias"), Param(word_unit, kWord),
-                                 vocab_begin(), vocab_local(), tp, saved, &mb_loss);
+                                 vocab_begin(), vocab_local(), tp, saved, token_loss);
     ReleaseHead(u);
-    SL_RETURN_IF_ERROR(s);
-    *loss += mb_loss;
-    return absl::OkStatus();
+    return s;
   }
 
   absl::Status AcquireHead(int u) {
@@ -639,7 +644,7 @@ class Trainer::Impl {
       if (!dword.ok()) return dword.status();
       absl::StatusOr<float*> dposition = Grad(u, kPosition);
       if (!dposition.ok()) return dposition.status();
-      return EmbeddingBackward(*device, shape, stash.tokens.data(), dy.data(), *dword,
+      return EmbeddingBackward(*device, shape, stash.tokens, dy.data(), *dword,
                                *dposition, vocab_begin(), vocab_local());
     }
     return SendActivations(c - 1, Tag(mb, c - 1, 1), std::move(dy));
@@ -665,6 +670,33 @@ class Trainer::Impl {
     }
   }
 
+  // Every micro-batch's tokens and targets of the pass at global sample
+  // `first` (Batch), uploaded at once, and room for their token losses.
+  absl::Status UploadInputs(bool validation, int64_t first, PassInputs* in) {
+    const int m = options.parallel.micro_batches;
+    in->T = options.parallel.micro_batch_size * options.model.seq_length;
+    std::vector<int32_t> tokens, targets, all_tokens, all_targets;
+    for (int mb = 0; mb < m; ++mb) {
+      Batch(validation, first, mb, &tokens, &targets);
+      all_tokens.insert(all_tokens.end(), tokens.begin(), tokens.end());
+      all_targets.insert(all_targets.end(), targets.begin(), targets.end());
+    }
+    SL_RETURN_IF_ERROR(Upload(all_tokens.data(), m * in->T, &in->tokens));
+    SL_RETURN_IF_ERROR(Upload(all_targets.data(), m * in->T, &in->targets));
+    return in->token_loss.Resize(*device, m * in->T);
+  }
+  // The pass's loss on this rank: each micro-batch's mean token loss (in
+  // double, MeanLoss), summed in micro-batch order. Reads the token losses
+  // back (a host wait for the device): call where the host waits anyway.
+  absl::StatusOr<double> PassLoss(const PassInputs& in) {
+    const int m = options.parallel.micro_batches;
+    std::vector<float> host(static_cast<size_t>(m * in.T));
+    SL_RETURN_IF_ERROR(device->CopyToHost(host.data(), in.token_loss.data(), in.token_loss.bytes()));
+    double sum = 0;
+    for (int mb = 0; mb < m; ++mb) sum += MeanLoss(host.data() + mb * in.T, in.T);
+    return sum;
+  }
+
   // --- The step ---------------------------------------------------------------
 
   absl::StatusOr<StepStats> TrainStep(bool request_checkpoint) {
@@ -676,16 +708,17 @@ class Trainer::Impl {
     const int m = options.parallel.micro_batches;
     const int64_t global_batch = options.parallel.global_batch();
     const int64_t first = step * global_batch;
+    PassInputs inputs;  // before the stashes, which point into it
+    if (absl::Status s = UploadInputs(false, first, &inputs); !s.ok()) return s;
     std::map<std::pair<int, int>, Stash> stashes;
-    double loss_sum = 0;
     const float loss_scale = 1.0f / static_cast<float>(m);
-    std::vector<int32_t> tokens, targets;
     for (const plan::Action& a : schedule.ranks[pp_rank()].actions) {
       const std::pair<int, int> key{a.micro_batch, a.chunk};
       if (a.kind == plan::Action::Kind::kForward) {
-        Batch(false, first, a.micro_batch, &tokens, &targets);
-        absl::Status s = Forward(a.micro_batch, a.chunk, options.parallel.micro_batch_size,
-                                 tokens.data(), targets.data(), &stashes[key], &loss_sum, nullptr);
+        const int mb = a.micro_batch;
+        absl::Status s = Forward(mb, a.chunk, options.parallel.micro_batch_size,
+                                 inputs.tokens_of(mb), inputs.targets_of(mb), &stashes[key],
+                                 inputs.loss_of(mb), nullptr);
         if (!s.ok()) return s;
       } else {
         absl::Status s = Backward(a.micro_batch, a.chunk, stashes.at(key), loss_scale);
@@ -743,9 +776,16 @@ class Trainer::Impl {
     if (zero() >= 2) {
       for (UnitState& s : units) s.grads.Reset();
     }
-    // The norm below is read on the host (a documented synchronisation):
-    // every operation it depends on is waited for first.
+    // The norm and the loss below are read on the host (a documented
+    // synchronisation): every operation they depend on is waited for first.
     SL_RETURN_IF_ERROR(SettleAll());
+    const bool last_stage = chunks.count(num_chunks() - 1) > 0;
+    double loss_sum = 0;
+    if (last_stage && tp_rank() == 0) {
+      absl::StatusOr<double> l = PassLoss(inputs);
+      if (!l.ok()) return l.status();
+      loss_sum = *l;
+    }
 
     // Global norm and the loss, in one buffer summed over tp, dp and pp.
     const int64_t my_begin = static_cast<int64_t>(dp_rank());
@@ -757,7 +797,6 @@ class Trainer::Impl {
       SL_RETURN_IF_ERROR(
           sd().AccumulateMaskedSumOfSquares(g, s.norm.data() + begin, end - begin, &sumsq));
     }
-    const bool last_stage = chunks.count(num_chunks() - 1) > 0;
     // One all-reduce carries the global norm, the loss and whether any rank
     // asked for a checkpoint after this step (so every rank decides alike).
     float totals[3] = {static_cast<float>(sumsq),
@@ -919,18 +958,23 @@ class Trainer::Impl {
   absl::StatusOr<double> ForwardOnly(bool validation, int64_t first) {
     ResetDeviceState();
     const int m = options.parallel.micro_batches;
-    double loss_sum = 0;
-    std::vector<int32_t> tokens, targets;
+    PassInputs inputs;
+    if (absl::Status s = UploadInputs(validation, first, &inputs); !s.ok()) return s;
     for (int mb = 0; mb < m; ++mb) {
-      Batch(validation, first, mb, &tokens, &targets);
       for (const auto& [c, layout] : chunks) {
-        absl::Status s = Forward(mb, c, options.parallel.micro_batch_size, tokens.data(),
-                                 targets.data(), nullptr, &loss_sum, nullptr);
+        absl::Status s = Forward(mb, c, options.parallel.micro_batch_size, inputs.tokens_of(mb),
+                                 inputs.targets_of(mb), nullptr, inputs.loss_of(mb), nullptr);
         if (!s.ok()) return s;
       }
     }
     if (absl::Status s = FinishSends(); !s.ok()) return s;
     const bool last_stage = chunks.count(num_chunks() - 1) > 0;
+    double loss_sum = 0;
+    if (last_stage && tp_rank() == 0) {
+      absl::StatusOr<double> l = PassLoss(inputs);
+      if (!l.ok()) return l.status();
+      loss_sum = *l;
+    }
     float total = last_stage && tp_rank() == 0
                       ? static_cast<float>(loss_sum / (static_cast<double>(m) * dp.size()))
                       : 0.0f;
@@ -1026,10 +1070,15 @@ absl::StatusOr<std::string> Trainer::SampleUnguarded(const std::string& prompt, 
     std::vector<int32_t> window(seq, '\n'), targets(seq, 0);
     const int64_t have = std::min<int64_t>(seq, text.size());
     std::copy(text.end() - have, text.end(), window.end() - have);
-    double unused = 0;
+    DeviceBuffer<int32_t> device_window, device_targets;
+    DeviceBuffer<float> unused_loss;
+    if (absl::Status s = t.Upload(window.data(), seq, &device_window); !s.ok()) return s;
+    if (absl::Status s = t.Upload(targets.data(), seq, &device_targets); !s.ok()) return s;
+    if (absl::Status s = unused_loss.Resize(*t.device, seq); !s.ok()) return s;
     HeadActivations head;
     for (const auto& [c, layout] : t.chunks) {
-      absl::Status s = t.Forward(0, c, 1, window.data(), targets.data(), nullptr, &unused, &head);
+      absl::Status s = t.Forward(0, c, 1, device_window.data(), device_targets.data(), nullptr,
+                                 unused_loss.data(), &head);
       if (!s.ok()) return s;
     }
     if (absl::Status s = t.FinishSends(); !s.ok()) return s;

@@ -57,12 +57,14 @@
 //     the compute stream's work so far, and the compute stream for the
 //     operation (pipeline sends excepted: the compute stream does not wait
 //     for a send, whose buffer is kept until it is seen to finish). The
-//     host waits only at these points of a step: each micro-batch's token
-//     (and, on the last stage, target) upload; the loss read-back after the
-//     head's tp all-reduces; after the dp and embedding reductions, for the
-//     gradient norm (then clipping and AdamW); the all-reduce of the norm
-//     and loss over the groups (host memory, staged through the device);
-//     the end of the step. At each, the operations the compute stream was
+//     host waits only at these points of a step: the upload of every
+//     micro-batch's tokens and targets at once, at its start; after the dp
+//     and embedding reductions, for the gradient norm (then clipping and
+//     AdamW) and the per-token losses the heads left on the device (read
+//     back once); the all-reduce of the norm and loss over the groups (host
+//     memory, staged through the device); the end of the step. None comes
+//     per layer or per micro-batch (worker/gpu:gpu_trainer_emu_test counts
+//     them). At each, the operations the compute stream was
 //     ordered after are waited for first (Collectives::Settle), so their
 //     errors are their own and a stuck one is seen as a collective
 //     (worker/rank_progress.h); one the host is not waiting for is still
