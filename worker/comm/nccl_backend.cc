@@ -253,6 +253,9 @@ class NcclWork : public Work, public std::enable_shared_from_this<NcclWork> {
 
   bool IsCompleted() override { return Poll(); }
 
+  // The communicator it runs on (null for Done()).
+  const ShardlineNcclComm* on() const { return on_; }
+
   absl::Status OrderBefore(DeviceStream stream) override {
     if (stream.handle == nullptr)
       return absl::InvalidArgumentError(absl::StrCat(what_, ": OrderBefore: null stream"));
@@ -364,11 +367,21 @@ void Watchdog::Run() {
       watched = watched_;
     }
     // Polling sets each operation's status, and aborts the communicator on
-    // a deadline or an asynchronous error (NcclWork::Poll).
+    // a deadline or an asynchronous error (NcclWork::Poll). A communicator's
+    // operations finish in issue order and their deadlines come in that
+    // order too, so past the first one still running on a communicator
+    // (which also polls its asynchronous error) the rest need no poll: a
+    // step's worth queued on the device costs one poll per communicator.
     std::vector<const NcclWork*> finished;
+    std::set<const ShardlineNcclComm*> running;
     for (const std::weak_ptr<NcclWork>& weak : watched) {
       std::shared_ptr<NcclWork> w = weak.lock();
-      if (w == nullptr || w->IsCompleted()) finished.push_back(w.get());
+      if (w != nullptr && running.count(w->on()) > 0) continue;
+      if (w == nullptr || w->IsCompleted()) {
+        finished.push_back(w.get());
+      } else {
+        running.insert(w->on());
+      }
     }
     if (finished.empty()) continue;
     absl::MutexLock lock(&mu_);
