@@ -70,6 +70,44 @@ TEST_P(NcclTrainerTest, MatchesSingleRankLossCurve) {
       1e-3);
 }
 
+// The trainer's GPU shape on the loopback: the state on a StagingDevice
+// whose "stream" the NCCL backends are ordered against (Collectives::Order /
+// Finish, as on a GPU: the host waits only at Settle), every loopback
+// operation held 300 us on its stream, so a result the trainer uses before
+// the device is ordered after its operation is read stale and leaves the
+// curve. (Checked: without Work::OrderBefore in Collectives::Finish, every
+// layout with tp, pp or ZeRO-3 fails here, most of them crashing on memory
+// the trainer had freed while the loopback still wrote it; the dp-only
+// ZeRO 0-2 layouts read their collectives' results only after Settle.)
+class SlowLoopback {
+ public:
+  SlowLoopback() {
+    void* fake = dlopen(kPlugin, RTLD_NOW | RTLD_LOCAL);
+    EXPECT_NE(fake, nullptr) << dlerror();
+    if (fake != nullptr) {
+      set_ = reinterpret_cast<void (*)(int64_t)>(dlsym(fake, "shardline_fake_set_op_delay"));
+    }
+    EXPECT_NE(set_, nullptr);
+    if (set_ != nullptr) set_(300);
+  }
+  ~SlowLoopback() {
+    if (set_ != nullptr) set_(0);
+  }
+
+ private:
+  void (*set_)(int64_t) = nullptr;
+};
+
+TEST_P(NcclTrainerTest, StreamOrderedOnTheDeviceMatchesSingleRankLossCurve) {
+  SlowLoopback slow;
+  train::testing::StagingDevice device(/*stream_ordered=*/true);
+  TrainingOptions options = Options(GetParam());
+  options.device = &device;
+  train::testing::ExpectOnCurve(train::testing::Train(options, kSteps, nullptr, NcclFactory()),
+                                Reference(), 1e-4, 1e-3);
+  EXPECT_EQ(device.live_bytes(), 0) << "device memory leaked after the trainers ended";
+}
+
 using plan::ScheduleKind;
 constexpr ScheduleKind k1F1B = ScheduleKind::kOneFOneB;
 constexpr ScheduleKind kGpipe = ScheduleKind::kGpipe;
@@ -162,6 +200,22 @@ TEST_P(NcclTrainerRendezvousTest, SendsThatWaitForTheirReceiveDoNotDeadlock) {
   train::testing::ExpectOnCurve(
       train::testing::Train(Options(GetParam()), kRendezvousSteps, nullptr,
                             NcclFactory(absl::Seconds(20))),
+      ref, 1e-4, 1e-3);
+}
+
+// The same with the state on a device whose "stream" the communicators are
+// ordered against: its receives are waited for on the stream, its sends are
+// not (their buffers are kept until they are seen to finish), so no
+// schedule deadlocks here either.
+TEST_P(NcclTrainerRendezvousTest, SendsThatWaitForTheirReceiveDoNotDeadlockStreamOrdered) {
+  EverySendWaits rendezvous;
+  constexpr int kRendezvousSteps = 3;
+  const std::vector<StepStats> ref(Reference().begin(), Reference().begin() + kRendezvousSteps);
+  train::testing::StagingDevice device(/*stream_ordered=*/true);
+  TrainingOptions options = Options(GetParam());
+  options.device = &device;
+  train::testing::ExpectOnCurve(
+      train::testing::Train(options, kRendezvousSteps, nullptr, NcclFactory(absl::Seconds(20))),
       ref, 1e-4, 1e-3);
 }
 
@@ -468,14 +522,17 @@ TEST(NcclResidentTrainerRefusalTest, HostOptimizerWithNcclIsRefused) {
 // re-forms without it, as the coordinator's next generation would: new
 // communicators at dp 1 (tp 2) from the state every rank saved after step 2
 // (the last committed checkpoint), continuing the single-rank curve.
-class NcclTrainerFailureTest : public ::testing::TestWithParam<bool> {};
+enum class StateAt { kHost, kDevice, kDeviceStreamOrdered };
+class NcclTrainerFailureTest : public ::testing::TestWithParam<StateAt> {};
 
-// GetParam(): the state on the device (a StagingDevice per run, the trainer
-// resident) or on the host (the CPU).
+// GetParam(): the state on the host (the CPU), or on the device (a
+// StagingDevice per run, the trainer resident), its collectives ordered by
+// the host or on its "stream" (then the lost rank's peers are waiting for
+// it on the device, and the backend's watchdog must notice the error).
 TEST_P(NcclTrainerFailureTest, ARankLostMidStepIsUnavailableNamingItAndTheJobReForms) {
-  train::testing::StagingDevice device;
+  train::testing::StagingDevice device(GetParam() == StateAt::kDeviceStreamOrdered);
   TrainingOptions options = Options(Layout{.tp = 2, .dp = 2, .zero = 1});
-  if (GetParam()) options.device = &device;
+  if (GetParam() != StateAt::kHost) options.device = &device;
   train::SetIntraOpThreads(1);
   train::testing::GlobalState checkpoint;
   std::vector<absl::Status> failed(4);
@@ -521,9 +578,16 @@ TEST_P(NcclTrainerFailureTest, ARankLostMidStepIsUnavailableNamingItAndTheJobReF
     EXPECT_NEAR(resumed[s - 2], ref[s].loss, 1e-4 * ref[s].loss) << "step " << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(StateOnDeviceOrHost, NcclTrainerFailureTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return std::string(info.param ? "StateOnDevice" : "StateOnHost");
+INSTANTIATE_TEST_SUITE_P(StateOnDeviceOrHost, NcclTrainerFailureTest,
+                         ::testing::Values(StateAt::kHost, StateAt::kDevice,
+                                           StateAt::kDeviceStreamOrdered),
+                         [](const ::testing::TestParamInfo<StateAt>& info) {
+                           switch (info.param) {
+                             case StateAt::kHost: return std::string("StateOnHost");
+                             case StateAt::kDevice: return std::string("StateOnDevice");
+                             case StateAt::kDeviceStreamOrdered: break;
+                           }
+                           return std::string("StateOnDeviceStreamOrdered");
                          });
 
 }  // namespace

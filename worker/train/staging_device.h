@@ -28,10 +28,20 @@ namespace shardline::worker::train::testing {
 // test). Its memory IS host memory underneath, so the fake GPU plugin's
 // loopback NCCL communicators (worker/gpu/fake_plugin.cc) can use it as
 // device memory.
+//
+// With `stream_ordered`, cuda_stream() hands out a stand-in stream (this
+// object's address), so the trainer orders the NCCL backend against it on
+// "the device" (model.h Collectives::Order / Finish) as on a GPU. Only the
+// fake plugin may be given it (which never reads it: its stream_wait_event
+// blocks the calling thread until the operation is done, as a stream whose
+// work runs as it is enqueued would wait); a real plugin would take it for
+// a cudaStream_t.
 class StagingDevice : public Device {
  public:
+  explicit StagingDevice(bool stream_ordered = false) : stream_ordered_(stream_ordered) {}
   std::string name() const override { return "staging"; }
   bool host_memory() const override { return false; }
+  void* cuda_stream() override { return stream_ordered_ ? this : nullptr; }
   absl::StatusOr<void*> AllocBytes(size_t bytes) override {
     if (bytes == 0) return nullptr;
     // A header before the block remembers its size.
@@ -252,6 +262,7 @@ class StagingDevice : public Device {
  private:
   static constexpr size_t kHeader = 64;  // keeps the data 16-byte aligned
   static CpuDevice& cpu() { return *CpuDevice::Default(); }
+  const bool stream_ordered_;
   std::atomic<int64_t> live_bytes_{0}, allocations_{0}, copies_{0}, copied_bytes_{0};
   mutable absl::Mutex host_mu_;
   std::map<const char*, size_t> host_blocks_ ABSL_GUARDED_BY(host_mu_);  // start -> bytes
