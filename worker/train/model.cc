@@ -79,18 +79,16 @@ absl::Status Collectives::Order(Device& device) {
 
 absl::Status Collectives::Finish(Device& device, std::shared_ptr<Work> work) {
   if (!StreamOrdered(device)) return Wait(work);
-  SL_RETURN_IF_ERROR(work->OrderBefore(DeviceStream{device.cuda_stream()}));
-  // Those already seen to finish leave (each one's status is kept in its
-  // Work; Settle still returns it).
-  while (!unsettled_.empty() && unsettled_.front()->IsCompleted()) {
+  const absl::Status ordered = work->OrderBefore(DeviceStream{device.cuda_stream()});
+  unsettled_.push_back(std::move(work));  // waited for by Settle even if that failed
+  SL_RETURN_IF_ERROR(ordered);
+  // Those already seen to finish leave; a failed one's error is returned
+  // now (what is still kept is waited for by the next Settle).
+  while (unsettled_.size() > 1 && unsettled_.front()->IsCompleted()) {
     absl::Status s = unsettled_.front()->Wait();
     unsettled_.pop_front();
-    if (!s.ok()) {
-      // Reported now; what is still kept is waited for by the next Settle.
-      return s;
-    }
+    SL_RETURN_IF_ERROR(s);
   }
-  unsettled_.push_back(std::move(work));
   return absl::OkStatus();
 }
 
