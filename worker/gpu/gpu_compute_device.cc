@@ -113,4 +113,18 @@ absl::Status GpuComputeDevice::AdamWStep(const train::AdamWConfig& config, float
   return ops_->AdamWStep(scalars, param, grad, exp_avg, exp_avg_sq, decay_mask, n);
 }
 
+absl::Status GpuComputeDevice::AccumulateMaskedSumsOfSquares(
+    const std::vector<MaskedPiece>& pieces, double* sum) {
+  std::vector<const float*> x;
+  std::vector<const uint8_t*> mask;
+  std::vector<int64_t> n;
+  for (const MaskedPiece& p : pieces) {
+    x.push_back(p.x);
+    mask.push_back(p.mask);
+    n.push_back(p.n);
+  }
+  return ops_->AccumulateMaskedSumsOfSquares(static_cast<int64_t>(pieces.size()), x.data(),
+                                             mask.data(), n.data(), sum);
+}
+
 }  // namespace shardline::worker

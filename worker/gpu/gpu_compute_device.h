@@ -204,6 +204,9 @@ class GpuComputeDevice final : public train::Device {
                                             double* sum) override {
     return ops_->AccumulateMaskedSumOfSquares(x, mask, n, sum);
   }
+  // One read-back for all pieces (plugin_abi.h masked_sum_squares_many).
+  absl::Status AccumulateMaskedSumsOfSquares(const std::vector<MaskedPiece>& pieces,
+                                             double* sum) override;
 
  private:
   explicit GpuComputeDevice(std::unique_ptr<GpuOps> ops)

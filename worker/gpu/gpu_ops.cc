@@ -263,4 +263,12 @@ absl::Status GpuOps::AccumulateMaskedSumOfSquares(const float* x, const uint8_t*
   return ToStatus(api_.masked_sum_squares(ctx_, x, mask, n, sum), "masked_sum_squares");
 }
 
+absl::Status GpuOps::AccumulateMaskedSumsOfSquares(int64_t pieces, const float* const* x,
+                                                   const uint8_t* const* mask, const int64_t* n,
+                                                   double* sum) {
+  ++host_waits_;
+  return ToStatus(api_.masked_sum_squares_many(ctx_, pieces, x, mask, n, sum),
+                  "masked_sum_squares_many");
+}
+
 }  // namespace shardline::worker

@@ -171,6 +171,11 @@ class GpuOps {
                          float* exp_avg, float* exp_avg_sq, const uint8_t* decay_mask, int64_t n);
   absl::Status AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask, int64_t n,
                                             double* sum);
+  // The same over `pieces` pieces (arrays of HOST memory, buffers on the
+  // device), one wait for the stream (plugin_abi.h masked_sum_squares_many).
+  absl::Status AccumulateMaskedSumsOfSquares(int64_t pieces, const float* const* x,
+                                             const uint8_t* const* mask, const int64_t* n,
+                                             double* sum);
 
  private:
   GpuOps(const ShardlineGpuTrainApi* api, ShardlineGpuTrainCtx* ctx, int device, void* stream)

@@ -395,9 +395,10 @@ TEST_F(GpuTrainerTest, ARankLostMidStepOverStreamOrderedNcclIsUnavailableNamingI
 // the streams, not by the host. (Before stream ordering every tp all-reduce
 // synchronised the device: 17 times per step at tp 2 with 1 layer, 33 with
 // 3.) And no host wait of any kind (a synchronisation, a blocking copy, the
-// norm's reductions) comes per micro-batch: the same global batch in 1 or 2
-// micro-batches makes as many. (Before, each micro-batch uploaded its
-// tokens and targets and read its loss back: 3 waits more each.)
+// norm's read-back) comes per layer or per micro-batch: 3 layers make as
+// many as 1, and the same global batch in 2 micro-batches as in 1.
+// (Before, each micro-batch uploaded its tokens and targets and read its
+// loss back, 3 waits more each, and the norm read back each unit's sum.)
 TEST_F(GpuTrainerTest, HostWaitsPerStepGrowWithNeitherLayersNorMicroBatchesOverNccl) {
   struct Run {
     int layers, micro_batches;
@@ -422,6 +423,7 @@ TEST_F(GpuTrainerTest, HostWaitsPerStepGrowWithNeitherLayersNorMicroBatchesOverN
   }
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(runs[0].waits[rank].first, runs[1].waits[rank].first) << "rank " << rank;
+    EXPECT_EQ(runs[0].waits[rank].second, runs[1].waits[rank].second) << "rank " << rank;
     EXPECT_EQ(runs[0].waits[rank].second, runs[2].waits[rank].second) << "rank " << rank;
   }
 }

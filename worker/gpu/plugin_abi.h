@@ -15,7 +15,8 @@
 //
 // ABI history: 2 = probe + NCCL table; 3 = adds shardline_gpu_train_api;
 // 8 = stream ordering between a training context and the communicators
-// (train_stream, comm_order_after_stream, stream_wait_event).
+// (train_stream, comm_order_after_stream, stream_wait_event) and the
+// gradient norm in one read-back (masked_sum_squares_many).
 #ifndef SHARDLINE_WORKER_GPU_PLUGIN_ABI_H_
 #define SHARDLINE_WORKER_GPU_PLUGIN_ABI_H_
 
@@ -387,6 +388,13 @@ typedef struct {
   // ordering (comm_order_after_stream, stream_wait_event). Valid until
   // train_ctx_destroy; never null on OK.
   int (*train_stream)(ShardlineGpuTrainCtx* ctx, void** stream);
+  // masked_sum_squares over `pieces` pieces in order (x[i], mask[i]: n[i]
+  // elements and bytes on the device; the three arrays are HOST memory):
+  // *sum (HOST) gets exactly what one masked_sum_squares call per piece
+  // would add, with one wait for the stream instead of one per piece.
+  int (*masked_sum_squares_many)(ShardlineGpuTrainCtx* ctx, int64_t pieces,
+                                 const float* const* x, const uint8_t* const* mask,
+                                 const int64_t* n, double* sum);
 } ShardlineGpuTrainApi;
 
 // Returns the plugin's training table (static storage, never null). Optional:

@@ -682,6 +682,37 @@ TEST_F(TrainKernelsTest, ScaleCopyAndMaskedSumOfSquares) {
   EXPECT_EQ(empty, 2.0);
 }
 
+// The gradient norm over several units with one read-back: bit for bit
+// what one call per piece gives (the same blocks added in the same order),
+// an empty piece included, and one host wait instead of one per piece.
+TEST_F(TrainKernelsTest, MaskedSumsOfSquaresOfManyPiecesEqualOneCallEachWithOneWait) {
+  const std::vector<int64_t> sizes = {300000, 0, 1000, 5};
+  std::vector<const float*> xs;
+  std::vector<const uint8_t*> masks;
+  for (size_t p = 0; p < sizes.size(); ++p) {
+    auto x = Random(std::max<int64_t>(sizes[p], 1), 70 + static_cast<int>(p));
+    std::vector<uint8_t> mask(x.size());
+    for (size_t i = 0; i < mask.size(); ++i) mask[i] = (i % 5) != 1;
+    xs.push_back(Up(x));
+    masks.push_back(Up(mask));
+  }
+  double one_each = 0.5;
+  for (size_t p = 0; p < sizes.size(); ++p) {
+    ASSERT_TRUE(gpu_->AccumulateMaskedSumOfSquares(xs[p], masks[p], sizes[p], &one_each).ok());
+  }
+  double many = 0.5;
+  const int64_t waits = gpu_->host_waits();
+  ASSERT_TRUE(gpu_->AccumulateMaskedSumsOfSquares(static_cast<int64_t>(sizes.size()), xs.data(),
+                                                  masks.data(), sizes.data(), &many)
+                  .ok());
+  EXPECT_EQ(gpu_->host_waits() - waits, 1);
+  EXPECT_GT(many, 1.0);
+  EXPECT_EQ(many, one_each);
+  double none = 3.0;
+  ASSERT_TRUE(gpu_->AccumulateMaskedSumsOfSquares(0, nullptr, nullptr, nullptr, &none).ok());
+  EXPECT_EQ(none, 3.0);
+}
+
 // Bit for bit the CPU's rounding (float16.h), ties, NaN and infinities too.
 TEST_F(TrainKernelsTest, RoundToBFloat16MatchesTheCpuBitForBit) {
   std::vector<float> x = Random(5000, 60, -100.0f, 100.0f);

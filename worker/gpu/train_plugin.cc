@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "worker/gpu/plugin_abi.h"
 #include "worker/gpu/train_kernels.h"
@@ -30,6 +31,9 @@ struct ShardlineGpuTrainCtx {
   float* scratch = nullptr;  // attention_backward's dS, grown on demand
   size_t scratch_floats = 0;
   double* partials = nullptr;  // masked_sum_squares' per-block sums (made at first use)
+  // masked_sum_squares_many's: kMaxSumSquaresBlocks per piece, grown on demand.
+  double* partials_many = nullptr;
+  int64_t partials_many_pieces = 0;
   bool bf16_products = false;  // set_bf16_products
   // copy_to_host_async's stream and events (made at its first call):
   // compute_mark is recorded on `stream` before each copy, copies_done on
@@ -234,6 +238,7 @@ void CtxDestroy(Ctx* ctx) {
   if (ctx->copies_done != nullptr) cudaEventDestroy(ctx->copies_done);
   if (ctx->scratch != nullptr) cudaFree(ctx->scratch);
   if (ctx->partials != nullptr) cudaFree(ctx->partials);
+  if (ctx->partials_many != nullptr) cudaFree(ctx->partials_many);
   if (ctx->cublas != nullptr) cublasDestroy(ctx->cublas);
   if (ctx->stream != nullptr) cudaStreamDestroy(ctx->stream);
   delete ctx;
@@ -685,6 +690,46 @@ int MaskedSumSquares(Ctx* ctx, const float* x, const uint8_t* mask, int64_t n, d
   return SHARDLINE_GPU_OK;
 }
 
+int MaskedSumSquaresMany(Ctx* ctx, int64_t pieces, const float* const* x,
+                         const uint8_t* const* mask, const int64_t* n, double* sum) {
+  SL_RETURN_IF_ERROR(Enter(ctx, "masked_sum_squares_many", {pieces}));
+  for (int64_t p = 0; p < pieces; ++p) SL_RETURN_IF_ERROR(Enter(ctx, "masked_sum_squares_many", {n[p]}));
+  if (pieces == 0) return SHARDLINE_GPU_OK;
+  constexpr int64_t kBlocks = shardline::gpu::kMaxSumSquaresBlocks;
+  if (pieces > ctx->partials_many_pieces) {
+    // Growing waits for the stream once (cudaFree); the step's pieces repeat.
+    if (ctx->partials_many != nullptr) cudaFree(ctx->partials_many);
+    ctx->partials_many = nullptr;
+    ctx->partials_many_pieces = 0;
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, sizeof(double) * kBlocks * pieces);
+    if (e != cudaSuccess) {
+      return Fail(ctx, CodeOf(e), "cudaMalloc for masked_sum_squares_many's partial sums: %s",
+                  cudaGetErrorString(e));
+    }
+    ctx->partials_many = static_cast<double*>(p);
+    ctx->partials_many_pieces = pieces;
+  }
+  std::vector<int> blocks(static_cast<size_t>(pieces), 0);
+  for (int64_t p = 0; p < pieces; ++p) {
+    if (n[p] == 0) continue;
+    SL_RETURN_IF_ERROR(Check(ctx, "sum of squares kernel",
+                             shardline::gpu::LaunchMaskedSumSquares(
+                                 ctx->stream, x[p], mask[p], n[p],
+                                 ctx->partials_many + p * kBlocks, &blocks[p])));
+  }
+  std::vector<double> host(static_cast<size_t>(kBlocks * pieces));
+  SL_RETURN_IF_ERROR(Copy(ctx, host.data(), ctx->partials_many,
+                          sizeof(double) * kBlocks * pieces, cudaMemcpyDeviceToHost));
+  // In masked_sum_squares' order: piece by piece, block by block.
+  double total = *sum;
+  for (int64_t p = 0; p < pieces; ++p) {
+    for (int b = 0; b < blocks[p]; ++b) total += host[p * kBlocks + b];
+  }
+  *sum = total;
+  return SHARDLINE_GPU_OK;
+}
+
 const ShardlineGpuTrainApi kTrainApi = {
     SHARDLINE_GPU_ABI_VERSION,
     CtxCreate,
@@ -730,6 +775,7 @@ const ShardlineGpuTrainApi kTrainApi = {
     BiasGeluForward,
     BiasGeluBackward,
     Stream,
+    MaskedSumSquaresMany,
 };
 
 }  // namespace

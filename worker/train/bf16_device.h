@@ -159,6 +159,10 @@ class Bf16Device final : public Device {
                                             double* sum) override {
     return inner_.AccumulateMaskedSumOfSquares(x, mask, n, sum);
   }
+  absl::Status AccumulateMaskedSumsOfSquares(const std::vector<MaskedPiece>& pieces,
+                                             double* sum) override {
+    return inner_.AccumulateMaskedSumsOfSquares(pieces, sum);
+  }
 
   absl::Status SetBf16Products(bool on) override { return inner_.SetBf16Products(on); }
   bool bf16_products() const override { return inner_.bf16_products(); }

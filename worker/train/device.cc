@@ -299,6 +299,15 @@ absl::Status CpuDevice::AdamWStep(const AdamWConfig& config, float lr, int64_t t
   return absl::OkStatus();
 }
 
+absl::Status Device::AccumulateMaskedSumsOfSquares(const std::vector<MaskedPiece>& pieces,
+                                                   double* sum) {
+  for (const MaskedPiece& p : pieces) {
+    absl::Status s = AccumulateMaskedSumOfSquares(p.x, p.mask, p.n, sum);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuDevice::AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask,
                                                      int64_t n, double* sum) {
   double s = *sum;

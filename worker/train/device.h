@@ -222,6 +222,18 @@ class Device {
   // order; a GPU sums blocks of terms first (the last bits may differ).
   virtual absl::Status AccumulateMaskedSumOfSquares(const float* x, const uint8_t* mask,
                                                     int64_t n, double* sum) = 0;
+  // One piece of AccumulateMaskedSumsOfSquares: n ELEMENTS of x with their
+  // n mask bytes (this device's memory).
+  struct MaskedPiece {
+    const float* x = nullptr;
+    const uint8_t* mask = nullptr;
+    int64_t n = 0;
+  };
+  // AccumulateMaskedSumOfSquares over each piece in order, with the same
+  // result bit for bit, but one wait for the device in all (the gradient
+  // norm over every unit of a step). Default: one call per piece.
+  virtual absl::Status AccumulateMaskedSumsOfSquares(const std::vector<MaskedPiece>& pieces,
+                                                     double* sum);
 };
 
 

@@ -790,13 +790,15 @@ class Trainer::Impl {
     // Global norm and the loss, in one buffer summed over tp, dp and pp.
     const int64_t my_begin = static_cast<int64_t>(dp_rank());
     double sumsq = 0;
+    std::vector<Device::MaskedPiece> norm_pieces;
     for (UnitState& s : units) {
       const int64_t begin = my_begin * s.shard, end = std::min(begin + s.shard, s.unit.numel);
       if (end <= begin) continue;
       const float* g = zero() <= 1 ? s.grads.data() + begin : s.shard_grads.data();
-      SL_RETURN_IF_ERROR(
-          sd().AccumulateMaskedSumOfSquares(g, s.norm.data() + begin, end - begin, &sumsq));
+      norm_pieces.push_back({g, s.norm.data() + begin, end - begin});
     }
+    // One read-back for every unit (a wait for the device).
+    SL_RETURN_IF_ERROR(sd().AccumulateMaskedSumsOfSquares(norm_pieces, &sumsq));
     // One all-reduce carries the global norm, the loss and whether any rank
     // asked for a checkpoint after this step (so every rank decides alike).
     float totals[3] = {static_cast<float>(sumsq),

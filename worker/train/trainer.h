@@ -59,9 +59,9 @@
 //     for a send, whose buffer is kept until it is seen to finish). The
 //     host waits only at these points of a step: the upload of every
 //     micro-batch's tokens and targets at once, at its start; after the dp
-//     and embedding reductions, for the gradient norm (then clipping and
-//     AdamW) and the per-token losses the heads left on the device (read
-//     back once); the all-reduce of the norm and loss over the groups (host
+//     and embedding reductions, for the gradient norm (every unit's sum
+//     read back at once; then clipping and AdamW) and the per-token losses
+//     the heads left on the device (read back once); the all-reduce of the norm and loss over the groups (host
 //     memory, staged through the device); the end of the step. None comes
 //     per layer or per micro-batch (worker/gpu:gpu_trainer_emu_test counts
 //     them). At each, the operations the compute stream was
