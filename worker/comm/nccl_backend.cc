@@ -372,24 +372,30 @@ void Watchdog::Run() {
     // order too, so past the first one still running on a communicator
     // (which also polls its asynchronous error) the rest need no poll: a
     // step's worth queued on the device costs one poll per communicator.
-    std::vector<const NcclWork*> finished;
+    // Finished ones are held until they leave the list, so that no new
+    // operation can take a finished one's address meanwhile.
+    std::vector<std::shared_ptr<NcclWork>> finished;
+    bool expired = false;
     std::set<const ShardlineNcclComm*> running;
     for (const std::weak_ptr<NcclWork>& weak : watched) {
       std::shared_ptr<NcclWork> w = weak.lock();
-      if (w != nullptr && running.count(w->on()) > 0) continue;
-      if (w == nullptr || w->IsCompleted()) {
-        finished.push_back(w.get());
+      if (w == nullptr) {
+        expired = true;
+      } else if (running.count(w->on()) > 0) {
+        continue;
+      } else if (w->IsCompleted()) {
+        finished.push_back(std::move(w));
       } else {
         running.insert(w->on());
       }
     }
-    if (finished.empty()) continue;
+    if (finished.empty() && !expired) continue;
     absl::MutexLock lock(&mu_);
     watched_.erase(std::remove_if(watched_.begin(), watched_.end(),
                                   [&](const std::weak_ptr<NcclWork>& weak) {
                                     std::shared_ptr<NcclWork> w = weak.lock();
                                     return w == nullptr ||
-                                           std::find(finished.begin(), finished.end(), w.get()) !=
+                                           std::find(finished.begin(), finished.end(), w) !=
                                                finished.end();
                                   }),
                    watched_.end());

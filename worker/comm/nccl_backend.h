@@ -22,12 +22,16 @@
 //     (p2p channels included) wait for the compute stream's work so far, and
 //     Work::OrderBefore(stream) makes the compute stream wait for the
 //     operation (cudaEventRecord / cudaStreamWaitEvent; no host waits).
-//   * Watchdog: an operation some stream waits for (OrderBefore) is polled
-//     by a thread of the backend every 10 ms until it has a status, so that
+//   * Watchdog: the operations some stream waits for (OrderBefore) are
+//     watched by a thread of the backend until each has a status, so that
 //     one past options.timeout, or whose communicator reports an
 //     asynchronous error, is aborted (which stops its kernels and frees the
 //     waiting stream) even when no host thread waits for it, as torch's
-//     ProcessGroupNCCL watchdog does.
+//     ProcessGroupNCCL watchdog does. Every 10 ms it polls, per
+//     communicator, the oldest watched operation still running (with its
+//     communicator's asynchronous error): a communicator's operations finish
+//     and reach their deadlines in issue order, which is the order the
+//     trainer watches them in.
 //   * 16-bit types are reduced by NCCL in its own precision (fp16 adds in
 //     fp16, bf16 as NCCL does), not by fp32 accumulation; results may differ
 //     from Gloo's in the last bit. kAvg is ncclAvg.

@@ -435,6 +435,26 @@ TEST(NcclBackendFakeTest, TheWatchdogAbortsAStuckOperationThatAStreamWaitsFor) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(later)) << later;
 }
 
+// The watchdog polls one running operation per communicator, the oldest:
+// once that one has finished, the next is polled and aborted at its own
+// deadline, and the finished one keeps its status.
+TEST(NcclBackendFakeTest, TheWatchdogMovesOnToTheNextOperationOfACommunicator) {
+  FakePlugin fake;
+  auto b = MakeFakeBackend(FakePlugin::Options(absl::Milliseconds(300)));
+  ASSERT_NE(b, nullptr);
+  auto done = b->Barrier();
+  fake.SetMode(FakePlugin::kHang);
+  auto stuck = b->Barrier();
+  ASSERT_TRUE(done->OrderBefore(kStream).ok());
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(stuck->OrderBefore(kStream).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(fake.Aborts(), 1);
+  EXPECT_TRUE(done->Wait(absl::Seconds(5)).ok());
+  const absl::Status s = stuck->Wait(absl::Seconds(5));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+}
+
 TEST(NcclBackendFakeTest, TheWatchdogAbortsOnAnAsynchronousErrorBeforeTheDeadline) {
   FakePlugin fake;
   auto b = MakeFakeBackend(FakePlugin::Options(absl::Minutes(5)));
