@@ -319,12 +319,13 @@ int Run(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<GpuComputeDevice>> d =
         GpuComputeDevice::FromName(device, gpu_plugin);
     if (!d.ok()) {
-      std::cerr << "shardline-worker: --device=" << device << ": " << d.status().message()
-                << (absl::IsUnavailable(d.status())
-                        ? "; no usable NVIDIA GPU, driver or plugin here: use --device cpu (or "
-                          "--gpu-plugin PATH)"
-                        : "")
-                << "\n";
+      // The cause first: CUDA's own text for "no GPU" can mislead
+      // ("driver version is insufficient").
+      const bool unusable = absl::IsUnavailable(d.status());
+      std::cerr << "shardline-worker: --device=" << device << ": "
+                << (unusable ? "no usable NVIDIA GPU, driver or plugin here (" : "")
+                << d.status().message()
+                << (unusable ? "): use --device cpu (or --gpu-plugin PATH)" : "") << "\n";
       return d.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
     }
     gpu = *std::move(d);

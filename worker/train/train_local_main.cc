@@ -196,15 +196,17 @@ int Main(int argc, char** argv) {
       absl::StatusOr<std::unique_ptr<GpuComputeDevice>> probe =
           GpuComputeDevice::FromName(name, gpu_plugin);
       if (probe.ok()) continue;
+      // The cause first: CUDA's own text for "no GPU" can mislead
+      // ("driver version is insufficient").
+      const bool unusable = absl::IsUnavailable(probe.status());
       return Fail(absl::StrCat("--device ", device_name,
                                gpus > 1 ? absl::StrCat(" (rank ", r, " on ", name, ")") : "",
-                               ": ", probe.status().message(),
-                               absl::IsUnavailable(probe.status())
-                                   ? "; no usable NVIDIA GPU, driver or plugin here: use --device "
-                                     "cpu (or --gpu-plugin PATH)"
-                                   : gpus > 1 ? "; --backend nccl needs a GPU per rank (world = "
-                                                "tp * pp * dp)"
-                                              : ""),
+                               unusable ? ": no usable NVIDIA GPU, driver or plugin here (" : ": ",
+                               probe.status().message(),
+                               unusable ? "): use --device cpu (or --gpu-plugin PATH)"
+                               : gpus > 1 ? "; --backend nccl needs a GPU per rank (world = "
+                                            "tp * pp * dp)"
+                                          : ""),
                   absl::IsInvalidArgument(probe.status()) ? 2 : 1);
     }
   }

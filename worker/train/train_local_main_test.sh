@@ -63,6 +63,11 @@ check "--host-optimizer on the CPU" 2 "" "--host-optimizer needs --device cuda[:
 check "--host-optimizer with NCCL" 2 "" "--host-optimizer keeps the state in host memory, which NCCL cannot read" \
   -- "$SPEC" --device cuda:0 --backend nccl --host-optimizer --steps 1
 
+# A GPU that cannot be used says so first, CUDA's or the loader's text after.
+check "no usable GPU" 1 "" \
+  "--device cuda:0: no usable NVIDIA GPU, driver or plugin here (" \
+  -- "$SPEC" --data "$TMP/corpus.txt" --device cuda:0 --gpu-plugin "$TMP/no-such-plugin.so" --steps 1
+
 # --backend nccl puts rank r on GPU N + r: every rank's GPU is checked before
 # training (the emulated plugin has as many devices as the fake's loopback).
 export SHARDLINE_FAKE_LOOPBACK_DEVICES=2
