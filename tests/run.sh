@@ -2,7 +2,6 @@
 # The test command (README): on a fresh Debian 12 machine it installs what it
 # needs, builds and runs every test with Bazel in batch mode (no Bazel server
 # is left behind), then builds the same targets with clang and its
-# thread-safety analysis as an error (--config=clang, .bazelrc), and ends
 # thread-safety analysis as an error (--config=clang, .bazelrc), runs each
 # libFuzzer target of fuzz/ for a bounded time from its corpus (whole runs
 # only), and ends with the line "N passed, N failed, N skipped" (one gtest

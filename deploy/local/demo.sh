@@ -318,7 +318,9 @@ FORMED=$(iso_time '/generation 2 formed/p')
 REFORMED=$(grep -a -h "generation 2 rank .* communicators ready" "$OUT"/worker*.log | cut -c12-23 | sort | tail -1)
 RESTORED=$(grep -a -h "generation 2 rank .*: restored" "$OUT"/worker*.log | cut -c12-23 | sort | tail -1)
 RESUMED=$(grep -a -h "recovery (" "$OUT"/worker*.log | cut -c12-23 | sort | tail -1)
-RESTORE_LINE=$(grep -a -h "generation 2 rank 0: restored" "$OUT"/worker*.log | head -1 | sed 's/.*: generation 2 rank 0: //')
+# "restored <checkpoint> (step S) in T s": T is the read itself, not the time since the kill.
+RESTORE_LINE=$(grep -a -h "generation 2 rank 0: restored" "$OUT"/worker*.log | head -1 |
+  sed -e 's/.*: generation 2 rank 0: //' -e 's/ in \([0-9.]*\) s$/, read in \1 s/')
 RESUMED_STEP=$(grep -a -h "recovery (" "$OUT"/worker*.log | head -1 | sed 's/.*first resumed step \([0-9]*\).*/\1/')
 [ -n "$DETECTED" ] && [ -n "$FORMED" ] && [ -n "$REFORMED" ] && [ -n "$RESTORED" ] && [ -n "$RESUMED" ] ||
   die "the recovery did not leave all its log lines"
