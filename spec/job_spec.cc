@@ -98,6 +98,41 @@ absl::Status CheckShape(const google::protobuf::Message& m, const std::string& p
   return absl::OkStatus();
 }
 
+// -0.0 and 0.0 are one number to a spec, but not to protobuf: a proto3
+// double holding -0.0 counts as set and prints as -0, which parses back as
+// an unset 0, so a spec with `min_learning_rate: -0.0` did not survive its
+// own JSON (found by fuzz/spec_fuzzer; fuzz/regressions/spec). Every -0.0 of
+// `m` becomes 0.0.
+void ZeroNegativeZeros(google::protobuf::Message* m) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m->GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(*m, &fields);
+  for (const FieldDescriptor* f : fields) {
+    const int n = f->is_repeated() ? r->FieldSize(*m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      switch (f->cpp_type()) {
+        case FieldDescriptor::CPPTYPE_DOUBLE:
+          if (f->is_repeated() ? r->GetRepeatedDouble(*m, f, i) == 0 : r->GetDouble(*m, f) == 0) {
+            f->is_repeated() ? r->SetRepeatedDouble(m, f, i, 0.0) : r->SetDouble(m, f, 0.0);
+          }
+          break;
+        case FieldDescriptor::CPPTYPE_FLOAT:
+          if (f->is_repeated() ? r->GetRepeatedFloat(*m, f, i) == 0 : r->GetFloat(*m, f) == 0) {
+            f->is_repeated() ? r->SetRepeatedFloat(m, f, i, 0.0f) : r->SetFloat(m, f, 0.0f);
+          }
+          break;
+        case FieldDescriptor::CPPTYPE_MESSAGE:
+          ZeroNegativeZeros(f->is_repeated() ? r->MutableRepeatedMessage(m, f, i)
+                                             : r->MutableMessage(m, f));
+          break;
+        default:
+          break;
+      }
+    }
+  }
+}
+
 // Every count of the spec against its bound (job_spec.h), before anything
 // multiplies them or narrows them to int.
 absl::Status CheckCounts(const v1::JobSpec& spec) {
@@ -426,7 +461,9 @@ std::optional<int> ChooseWorldSize(const v1::JobSpec& spec, int available) {
   return *dp * static_cast<int>(spec.parallel().tp() * spec.parallel().pp());
 }
 
-absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& in) {
+absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& given) {
+  v1::JobSpec in = given;
+  ZeroNegativeZeros(&in);
   v1::JobSpec spec = in;
   v1::ModelConfig& m = *spec.mutable_model();
   v1::ParallelConfig& p = *spec.mutable_parallel();

@@ -3,6 +3,7 @@
 #include "spec/job_spec.h"
 #include "testing/job_specs.h"
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -36,6 +37,22 @@ TEST(ResolveJobSpecTest, TheBaseSpecIsValid) {
   absl::StatusOr<v1::JobSpec> r = ResolveJobSpec(Valid());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->data().dataset_path(), "data/tinyshakespeare.txt");  // relative is the workers' call
+}
+
+// -0.0 is 0: resolved to an unset 0.0, so the spec's JSON parses back to it
+// (spec_fuzzer found min_learning_rate: -0.0 printed as -0 and read back as
+// another spec).
+TEST(ResolveJobSpecTest, NegativeZeroIsZero) {
+  v1::JobSpec spec = Valid();
+  spec.mutable_training()->set_min_learning_rate(-0.0);
+  absl::StatusOr<v1::JobSpec> r = ResolveJobSpec(spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(std::signbit(r->training().min_learning_rate()));
+  v1::JobSpec plus = Valid();
+  plus.mutable_training()->set_min_learning_rate(0.0);
+  absl::StatusOr<v1::JobSpec> p = ResolveJobSpec(plus);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(r->SerializeAsString(), p->SerializeAsString());
 }
 
 TEST(ResolveJobSpecTest, DatasetPathIsRequired) {
