@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -40,9 +41,13 @@ absl::StatusOr<std::unique_ptr<GpuComputeDevice>> GpuComputeDevice::Create(
 absl::StatusOr<int> GpuComputeDevice::Ordinal(const std::string& device_name) {
   absl::string_view rest = device_name;
   int ordinal = 0;
+  // Digits only after "cuda:" (SimpleAtoi alone would take " 0", "+0").
+  const auto digits = [](absl::string_view v) {
+    return !v.empty() && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
   if (!absl::ConsumePrefix(&rest, "cuda") ||
-      (!rest.empty() &&
-       (!absl::ConsumePrefix(&rest, ":") || !absl::SimpleAtoi(rest, &ordinal) || ordinal < 0))) {
+      (!rest.empty() && (!absl::ConsumePrefix(&rest, ":") || !digits(rest) ||
+                         !absl::SimpleAtoi(rest, &ordinal) || ordinal < 0))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "device '", device_name, "' is not a GPU device name; use cuda or cuda:N (N >= 0), or cpu for no GPU"));
   }

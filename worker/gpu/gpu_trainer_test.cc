@@ -457,7 +457,8 @@ TEST(GpuComputeDeviceTest, FromNameGivesDeviceOrNamesTheCause) {
 #endif
 
 TEST(GpuComputeDeviceTest, FromNameRejectsOtherNames) {
-  for (const char* name : {"cpu", "cuda:", "cuda:-1", "cuda:x", "gpu0"}) {
+  for (const char* name :
+       {"cpu", "cuda:", "cuda:-1", "cuda:x", "gpu0", "cuda:0 ", "cuda: 1", "cuda:+1"}) {
     absl::StatusOr<std::unique_ptr<GpuComputeDevice>> d = GpuComputeDevice::FromName(name, kPlugin);
     EXPECT_TRUE(absl::IsInvalidArgument(d.status())) << name << ": " << d.status();
   }
