@@ -473,7 +473,7 @@ class Trainer::Impl {
 
   // At the end of a pass: every send done, and every operation the device
   // was ordered after waited for (SettleAll).
-  absl::Status FinishSends() {
+  absl::Status FinishPass() {
     for (PendingSend& p : pending_sends) {
       if (absl::Status s = pp.Wait(p.work); !s.ok()) return s;
     }
@@ -685,16 +685,19 @@ class Trainer::Impl {
     SL_RETURN_IF_ERROR(Upload(all_targets.data(), m * in->T, &in->targets));
     return in->token_loss.Resize(*device, m * in->T);
   }
-  // The pass's loss on this rank: each micro-batch's mean token loss (in
-  // double, MeanLoss), summed in micro-batch order. Reads the token losses
-  // back (a host wait for the device): call where the host waits anyway.
-  absl::StatusOr<double> PassLoss(const PassInputs& in) {
+  // This rank's share of the pass's mean loss, to be summed over tp, dp and
+  // pp: on tp rank 0 of the last stage, each micro-batch's mean token loss
+  // (in double, MeanLoss) summed in micro-batch order, over micro-batches
+  // times dp ranks; 0 elsewhere. There it reads the token losses back (a
+  // host wait for the device): call where the host waits anyway.
+  absl::StatusOr<float> PassLossShare(const PassInputs& in) {
+    if (chunks.count(num_chunks() - 1) == 0 || tp_rank() != 0) return 0.0f;
     const int m = options.parallel.micro_batches;
     std::vector<float> host(static_cast<size_t>(m * in.T));
     SL_RETURN_IF_ERROR(device->CopyToHost(host.data(), in.token_loss.data(), in.token_loss.bytes()));
     double sum = 0;
     for (int mb = 0; mb < m; ++mb) sum += MeanLoss(host.data() + mb * in.T, in.T);
-    return sum;
+    return static_cast<float>(sum / (static_cast<double>(m) * dp.size()));
   }
 
   // --- The step ---------------------------------------------------------------
@@ -726,7 +729,7 @@ class Trainer::Impl {
         if (!s.ok()) return s;
       }
     }
-    if (absl::Status s = FinishSends(); !s.ok()) return s;
+    if (absl::Status s = FinishPass(); !s.ok()) return s;
     // From here on everything runs on the state device: the compute device
     // when resident, else the host (ZeRO-Offload style).
     if (absl::Status s = DownloadGradients(); !s.ok()) return s;
@@ -779,13 +782,8 @@ class Trainer::Impl {
     // The norm and the loss below are read on the host (a documented
     // synchronisation): every operation they depend on is waited for first.
     SL_RETURN_IF_ERROR(SettleAll());
-    const bool last_stage = chunks.count(num_chunks() - 1) > 0;
-    double loss_sum = 0;
-    if (last_stage && tp_rank() == 0) {
-      absl::StatusOr<double> l = PassLoss(inputs);
-      if (!l.ok()) return l.status();
-      loss_sum = *l;
-    }
+    const absl::StatusOr<float> loss_share = PassLossShare(inputs);
+    if (!loss_share.ok()) return loss_share.status();
 
     // Global norm and the loss, in one buffer summed over tp, dp and pp.
     const int64_t my_begin = static_cast<int64_t>(dp_rank());
@@ -801,11 +799,7 @@ class Trainer::Impl {
     SL_RETURN_IF_ERROR(sd().AccumulateMaskedSumsOfSquares(norm_pieces, &sumsq));
     // One all-reduce carries the global norm, the loss and whether any rank
     // asked for a checkpoint after this step (so every rank decides alike).
-    float totals[3] = {static_cast<float>(sumsq),
-                       last_stage && tp_rank() == 0
-                           ? static_cast<float>(loss_sum / (static_cast<double>(m) * dp.size()))
-                           : 0.0f,
-                       request_checkpoint ? 1.0f : 0.0f};
+    float totals[3] = {static_cast<float>(sumsq), *loss_share, request_checkpoint ? 1.0f : 0.0f};
     for (Collectives* c : {&tp, &dp, &pp}) {
       if (absl::Status s = c->AllReduce(totals, 3, ReduceOp::kSum); !s.ok()) return s;
     }
@@ -969,17 +963,10 @@ class Trainer::Impl {
         if (!s.ok()) return s;
       }
     }
-    if (absl::Status s = FinishSends(); !s.ok()) return s;
-    const bool last_stage = chunks.count(num_chunks() - 1) > 0;
-    double loss_sum = 0;
-    if (last_stage && tp_rank() == 0) {
-      absl::StatusOr<double> l = PassLoss(inputs);
-      if (!l.ok()) return l.status();
-      loss_sum = *l;
-    }
-    float total = last_stage && tp_rank() == 0
-                      ? static_cast<float>(loss_sum / (static_cast<double>(m) * dp.size()))
-                      : 0.0f;
+    if (absl::Status s = FinishPass(); !s.ok()) return s;
+    absl::StatusOr<float> loss_share = PassLossShare(inputs);
+    if (!loss_share.ok()) return loss_share.status();
+    float total = *loss_share;
     for (Collectives* c : {&tp, &dp, &pp}) {
       if (absl::Status s = c->AllReduce(&total, 1, ReduceOp::kSum); !s.ok()) return s;
     }
@@ -1083,7 +1070,7 @@ absl::StatusOr<std::string> Trainer::SampleUnguarded(const std::string& prompt, 
                                  unused_loss.data(), &head);
       if (!s.ok()) return s;
     }
-    if (absl::Status s = t.FinishSends(); !s.ok()) return s;
+    if (absl::Status s = t.FinishPass(); !s.ok()) return s;
     float next = 0;
     if (last_stage) {
       std::vector<float> logits;
