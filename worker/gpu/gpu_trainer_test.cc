@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -234,13 +235,9 @@ class EmuFake {
     EXPECT_NE(handle_, nullptr) << dlerror();
     if (handle_ == nullptr) return;
     reinterpret_cast<void (*)()>(dlsym(handle_, "shardline_fake_reset"))();
-    reinterpret_cast<void (*)(int64_t)>(dlsym(handle_, "shardline_fake_set_op_delay"))(2000);
+    delay_.emplace(kPlugin, "shardline_fake_set_op_delay", 2000, 0);  // after the reset
     stream_calls_ = reinterpret_cast<void (*)(int64_t*, int64_t*)>(
         dlsym(handle_, "shardline_fake_stream_calls"));
-  }
-  ~EmuFake() {
-    if (handle_ != nullptr)
-      reinterpret_cast<void (*)(int64_t)>(dlsym(handle_, "shardline_fake_set_op_delay"))(0);
   }
   // comm_order_after_stream and stream_wait_event calls so far.
   std::pair<int64_t, int64_t> StreamCalls() const {
@@ -251,6 +248,7 @@ class EmuFake {
 
  private:
   void* handle_ = nullptr;
+  std::optional<testing::ScopedFakeSetting<int64_t>> delay_;
   void (*stream_calls_)(int64_t*, int64_t*) = nullptr;
 };
 

@@ -4,11 +4,14 @@
 #ifndef SHARDLINE_WORKER_GPU_NCCL_TEST_UTIL_H_
 #define SHARDLINE_WORKER_GPU_NCCL_TEST_UTIL_H_
 
+#include <dlfcn.h>
+
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/time/time.h"
+#include "gtest/gtest.h"
 #include "plan/topology.h"
 #include "worker/comm/nccl_backend.h"
 #include "worker/train/local_cluster.h"
@@ -32,6 +35,33 @@ inline train::BackendFactory NcclLoopbackFactory(std::string plugin, absl::Durat
     return CreateNcclBackend(std::move(store), group_rank, group_size, o);
   };
 }
+
+// One control of the fake plugin at `plugin` (runfiles-relative; one of
+// fake_plugin.cc's shardline_fake_set_* functions, taking a T) set to
+// `value` while this lives, then to `restore`. The plugin is the library the
+// backends load, so both see one state. A control that is not found fails
+// the test.
+template <typename T>
+class ScopedFakeSetting {
+ public:
+  ScopedFakeSetting(const char* plugin, const char* setter, T value, T restore)
+      : restore_(restore) {
+    void* fake = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
+    EXPECT_NE(fake, nullptr) << dlerror();
+    if (fake != nullptr) set_ = reinterpret_cast<void (*)(T)>(dlsym(fake, setter));
+    EXPECT_NE(set_, nullptr) << setter;
+    if (set_ != nullptr) set_(value);
+  }
+  ~ScopedFakeSetting() {
+    if (set_ != nullptr) set_(restore_);
+  }
+  ScopedFakeSetting(const ScopedFakeSetting&) = delete;
+  ScopedFakeSetting& operator=(const ScopedFakeSetting&) = delete;
+
+ private:
+  void (*set_)(T) = nullptr;
+  const T restore_;
+};
 
 }  // namespace shardline::worker::testing
 

@@ -12,8 +12,6 @@
 // that are contracts"): every layout reproduces the single-rank loss curve
 // within 1e-4 relative (and the gradient norm within 1e-3) over 20 steps, as
 // worker/train/trainer_equivalence_test.cc checks over Gloo.
-#include <dlfcn.h>
-
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -79,23 +77,8 @@ TEST_P(NcclTrainerTest, MatchesSingleRankLossCurve) {
 // layout with tp, pp or ZeRO-3 fails here, most of them crashing on memory
 // the trainer had freed while the loopback still wrote it; the dp-only
 // ZeRO 0-2 layouts read their collectives' results only after Settle.)
-class SlowLoopback {
- public:
-  SlowLoopback() {
-    void* fake = dlopen(kPlugin, RTLD_NOW | RTLD_LOCAL);
-    EXPECT_NE(fake, nullptr) << dlerror();
-    if (fake != nullptr) {
-      set_ = reinterpret_cast<void (*)(int64_t)>(dlsym(fake, "shardline_fake_set_op_delay"));
-    }
-    EXPECT_NE(set_, nullptr);
-    if (set_ != nullptr) set_(300);
-  }
-  ~SlowLoopback() {
-    if (set_ != nullptr) set_(0);
-  }
-
- private:
-  void (*set_)(int64_t) = nullptr;
+struct SlowLoopback : testing::ScopedFakeSetting<int64_t> {
+  SlowLoopback() : ScopedFakeSetting(kPlugin, "shardline_fake_set_op_delay", 300, 0) {}
 };
 
 TEST_P(NcclTrainerTest, StreamOrderedOnTheDeviceMatchesSingleRankLossCurve) {
@@ -172,24 +155,9 @@ class NcclTrainerRendezvousTest : public ::testing::TestWithParam<Layout> {};
 
 // Every send of the fake waits for its receive while this lives; then back
 // to the fake's default (4 MiB).
-class EverySendWaits {
- public:
-  EverySendWaits() {
-    void* fake = dlopen(kPlugin, RTLD_NOW | RTLD_LOCAL);
-    EXPECT_NE(fake, nullptr) << dlerror();
-    if (fake != nullptr) {
-      set_ = reinterpret_cast<void (*)(size_t)>(
-          dlsym(fake, "shardline_fake_set_rendezvous_bytes"));
-    }
-    EXPECT_NE(set_, nullptr);
-    if (set_ != nullptr) set_(0);
-  }
-  ~EverySendWaits() {
-    if (set_ != nullptr) set_(size_t{4} << 20);
-  }
-
- private:
-  void (*set_)(size_t) = nullptr;
+struct EverySendWaits : testing::ScopedFakeSetting<size_t> {
+  EverySendWaits()
+      : ScopedFakeSetting(kPlugin, "shardline_fake_set_rendezvous_bytes", 0, size_t{4} << 20) {}
 };
 
 TEST_P(NcclTrainerRendezvousTest, SendsThatWaitForTheirReceiveDoNotDeadlock) {
