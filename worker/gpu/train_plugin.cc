@@ -30,10 +30,10 @@ struct ShardlineGpuTrainCtx {
   cublasHandle_t cublas = nullptr;
   float* scratch = nullptr;  // attention_backward's dS, grown on demand
   size_t scratch_floats = 0;
-  double* partials = nullptr;  // masked_sum_squares' per-block sums (made at first use)
-  // masked_sum_squares_many's: kMaxSumSquaresBlocks per piece, grown on demand.
-  double* partials_many = nullptr;
-  int64_t partials_many_pieces = 0;
+  // masked_sum_squares(_many)'s per-block sums: kMaxSumSquaresBlocks per
+  // piece, for partials_pieces pieces (made at first use, grown on demand).
+  double* partials = nullptr;
+  int64_t partials_pieces = 0;
   bool bf16_products = false;  // set_bf16_products
   // copy_to_host_async's stream and events (made at its first call):
   // compute_mark is recorded on `stream` before each copy, copies_done on
@@ -238,7 +238,6 @@ void CtxDestroy(Ctx* ctx) {
   if (ctx->copies_done != nullptr) cudaEventDestroy(ctx->copies_done);
   if (ctx->scratch != nullptr) cudaFree(ctx->scratch);
   if (ctx->partials != nullptr) cudaFree(ctx->partials);
-  if (ctx->partials_many != nullptr) cudaFree(ctx->partials_many);
   if (ctx->cublas != nullptr) cublasDestroy(ctx->cublas);
   if (ctx->stream != nullptr) cudaStreamDestroy(ctx->stream);
   delete ctx;
@@ -665,69 +664,63 @@ int AdamWStep(Ctx* ctx, const ShardlineAdamWScalars* k, float* param, const floa
                                                decay_mask, n));
 }
 
-int MaskedSumSquares(Ctx* ctx, const float* x, const uint8_t* mask, int64_t n, double* sum) {
-  SL_RETURN_IF_ERROR(Enter(ctx, "masked_sum_squares", {n}));
-  if (n == 0) return SHARDLINE_GPU_OK;
-  if (ctx->partials == nullptr) {
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, sizeof(double) * shardline::gpu::kMaxSumSquaresBlocks);
-    if (e != cudaSuccess) {
-      return Fail(ctx, CodeOf(e), "cudaMalloc for masked_sum_squares' partial sums: %s",
-                  cudaGetErrorString(e));
+// masked_sum_squares over `pieces` pieces: each piece's block sums go to its
+// own kMaxSumSquaresBlocks slots of ctx->partials, all come back in one copy
+// (one wait for the stream), and are added to *sum piece by piece, block by
+// block. `what` names the call in errors.
+int SumSquares(Ctx* ctx, const char* what, int64_t pieces, const float* const* x,
+               const uint8_t* const* mask, const int64_t* n, double* sum) {
+  SL_RETURN_IF_ERROR(Enter(ctx, what, {pieces}));
+  for (int64_t p = 0; p < pieces; ++p) {
+    if (n[p] < 0) {
+      return Fail(ctx, SHARDLINE_GPU_INVALID_ARGUMENT, "%s: negative size %lld (piece %lld)",
+                  what, static_cast<long long>(n[p]), static_cast<long long>(p));
     }
-    ctx->partials = static_cast<double*>(p);
   }
-  int blocks = 0;
-  SL_RETURN_IF_ERROR(Check(ctx, "sum of squares kernel",
-                           shardline::gpu::LaunchMaskedSumSquares(ctx->stream, x, mask, n,
-                                                                  ctx->partials, &blocks)));
-  double host[shardline::gpu::kMaxSumSquaresBlocks];
-  SL_RETURN_IF_ERROR(Copy(ctx, host, ctx->partials, sizeof(double) * blocks,
-                          cudaMemcpyDeviceToHost));
-  double total = *sum;
-  for (int b = 0; b < blocks; ++b) total += host[b];
-  *sum = total;
-  return SHARDLINE_GPU_OK;
-}
-
-int MaskedSumSquaresMany(Ctx* ctx, int64_t pieces, const float* const* x,
-                         const uint8_t* const* mask, const int64_t* n, double* sum) {
-  SL_RETURN_IF_ERROR(Enter(ctx, "masked_sum_squares_many", {pieces}));
-  for (int64_t p = 0; p < pieces; ++p) SL_RETURN_IF_ERROR(Enter(ctx, "masked_sum_squares_many", {n[p]}));
-  if (pieces == 0) return SHARDLINE_GPU_OK;
   constexpr int64_t kBlocks = shardline::gpu::kMaxSumSquaresBlocks;
-  if (pieces > ctx->partials_many_pieces) {
-    // Growing waits for the stream once (cudaFree); the step's pieces repeat.
-    if (ctx->partials_many != nullptr) cudaFree(ctx->partials_many);
-    ctx->partials_many = nullptr;
-    ctx->partials_many_pieces = 0;
+  if (pieces > ctx->partials_pieces) {
+    // Growing waits for the stream once (cudaFree); a step's pieces repeat.
+    if (ctx->partials != nullptr) cudaFree(ctx->partials);
+    ctx->partials = nullptr;
+    ctx->partials_pieces = 0;
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, sizeof(double) * kBlocks * pieces);
     if (e != cudaSuccess) {
-      return Fail(ctx, CodeOf(e), "cudaMalloc for masked_sum_squares_many's partial sums: %s",
+      return Fail(ctx, CodeOf(e), "cudaMalloc for %s' partial sums: %s", what,
                   cudaGetErrorString(e));
     }
-    ctx->partials_many = static_cast<double*>(p);
-    ctx->partials_many_pieces = pieces;
+    ctx->partials = static_cast<double*>(p);
+    ctx->partials_pieces = pieces;
   }
   std::vector<int> blocks(static_cast<size_t>(pieces), 0);
+  int64_t used = 0;  // doubles to copy back: up to the last piece's last block
   for (int64_t p = 0; p < pieces; ++p) {
     if (n[p] == 0) continue;
     SL_RETURN_IF_ERROR(Check(ctx, "sum of squares kernel",
                              shardline::gpu::LaunchMaskedSumSquares(
-                                 ctx->stream, x[p], mask[p], n[p],
-                                 ctx->partials_many + p * kBlocks, &blocks[p])));
+                                 ctx->stream, x[p], mask[p], n[p], ctx->partials + p * kBlocks,
+                                 &blocks[p])));
+    used = p * kBlocks + blocks[p];
   }
-  std::vector<double> host(static_cast<size_t>(kBlocks * pieces));
-  SL_RETURN_IF_ERROR(Copy(ctx, host.data(), ctx->partials_many,
-                          sizeof(double) * kBlocks * pieces, cudaMemcpyDeviceToHost));
-  // In masked_sum_squares' order: piece by piece, block by block.
+  if (used == 0) return SHARDLINE_GPU_OK;
+  std::vector<double> host(static_cast<size_t>(used));
+  SL_RETURN_IF_ERROR(
+      Copy(ctx, host.data(), ctx->partials, sizeof(double) * used, cudaMemcpyDeviceToHost));
   double total = *sum;
   for (int64_t p = 0; p < pieces; ++p) {
     for (int b = 0; b < blocks[p]; ++b) total += host[p * kBlocks + b];
   }
   *sum = total;
   return SHARDLINE_GPU_OK;
+}
+
+int MaskedSumSquares(Ctx* ctx, const float* x, const uint8_t* mask, int64_t n, double* sum) {
+  return SumSquares(ctx, "masked_sum_squares", 1, &x, &mask, &n, sum);
+}
+
+int MaskedSumSquaresMany(Ctx* ctx, int64_t pieces, const float* const* x,
+                         const uint8_t* const* mask, const int64_t* n, double* sum) {
+  return SumSquares(ctx, "masked_sum_squares_many", pieces, x, mask, n, sum);
 }
 
 const ShardlineGpuTrainApi kTrainApi = {
