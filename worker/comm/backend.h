@@ -160,9 +160,10 @@ class Work {
   // backend itself even when nobody polls it), and `stream` then goes on
   // with whatever the buffer holds. Errors: Unimplemented; Unavailable (a
   // CUDA error, named); the operation's own error where it already has one.
-  virtual absl::Status OrderBefore(DeviceStream stream) {
-    (void)stream;
-    return absl::UnimplementedError("this backend does not order its operations on device streams");
+  virtual absl::Status OrderBefore(DeviceStream /*stream*/) {
+    return absl::UnimplementedError(
+        "this backend does not order its operations on device streams; check "
+        "stream_ordered() and order on the host instead");
   }
 
   // True once the operation has finished (successfully or not). Never blocks.
@@ -204,9 +205,10 @@ class Backend {
   // backend's other calls from another thread: issue from one thread.
   // Errors: Unimplemented (not stream_ordered()); the group's error once it
   // has failed or was aborted; Unavailable (a CUDA error, named).
-  virtual absl::Status OrderAfter(DeviceStream stream) {
-    (void)stream;
-    return absl::UnimplementedError("this backend does not order its operations on device streams");
+  virtual absl::Status OrderAfter(DeviceStream /*stream*/) {
+    return absl::UnimplementedError(
+        "this backend does not order its operations on device streams; check "
+        "stream_ordered() and order on the host instead");
   }
 
   // Where this group's operations are now (see OpProgress). Cheap (a lock
