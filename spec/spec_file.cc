@@ -88,7 +88,7 @@ std::string Describe(const Json& v) {
     case Json::value_t::boolean:
       return v.get<bool>() ? "true" : "false";
     case Json::value_t::string:
-      return absl::StrCat("the text \"", v.get<std::string>(), "\"");
+      return absl::StrCat("the text \"", AbbreviateValue(v.get<std::string>()), "\"");
     case Json::value_t::array:
       return "a list";
     case Json::value_t::object:

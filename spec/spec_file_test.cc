@@ -324,6 +324,12 @@ TEST(SpecFileTest, DocumentShape) {
   EXPECT_THAT(Error(Yaml("")), HasSubstr("spec.yaml: is empty"));
   EXPECT_THAT(Error(Yaml("# only a comment\n")), HasSubstr("is empty"));
   EXPECT_THAT(Error(Yaml("- name: x\n")), HasSubstr("the spec must be a mapping of fields"));
+  // A file that is not a spec at all (e.g. /etc/passwd: one long scalar) is
+  // quoted by its first 64 bytes, not in full.
+  const std::string passwd = "root:x:0:0:root:/root:/bin/bash " + std::string(500, 'x');
+  const std::string not_a_spec = Error(Yaml(passwd + "\n"));
+  EXPECT_THAT(not_a_spec, HasSubstr("not the text \"" + passwd.substr(0, 64) + "... (532 bytes)\""));
+  EXPECT_LT(not_a_spec.size(), 200u) << not_a_spec;
   EXPECT_THAT(Error(Yaml("name: a\n---\nname: b\n")),
               HasSubstr("holds more than one YAML document"));
   // yaml-cpp reads a stray top-level ',' as endless empty documents: the
