@@ -329,7 +329,7 @@ echo "== Summary"
 echo "run:      $STEPS steps (global batch 24 x 64 tokens), loss $FIRST_LOSS at step $LOG_INTERVAL -> $FINAL_LOSS at step $STEPS"
 echo "          wall time ${WALL} s from the workers' start to COMPLETED; tokens/s ${STEADY} while training, ${EFFECTIVE} overall"
 echo "recovery: node$VICTIM (rank 1) killed after step $KILL_AT; $RESTORE_LINE"
-echo "          kill -> coordinator noticed $(elapsed "$KILLED_AT" "$DETECTED") s -> generation 2 formed $(elapsed "$KILLED_AT" "$FORMED") s -> communicators ready $(elapsed "$KILLED_AT" "$REFORMED") s -> checkpoint restored $(elapsed "$KILLED_AT" "$RESTORED") s -> first resumed step ($RESUMED_STEP) $(elapsed "$KILLED_AT" "$RESUMED") s"
+echo "          kill -> coordinator noticed $(elapsed "$KILLED_AT" "$DETECTED") s -> generation 2 formed $(elapsed "$KILLED_AT" "$FORMED") s -> communicators ready $(elapsed "$KILLED_AT" "$REFORMED") s -> restored $(elapsed "$KILLED_AT" "$RESTORED") s -> first resumed step ($RESUMED_STEP) $(elapsed "$KILLED_AT" "$RESUMED") s"
 echo "          per worker (from the moment each learned generation 1 was over):"
 grep -a -h "recovery (" "$OUT"/worker*.log | sed 's/^[0-9TZ:.-]* shardline-worker[^:]*: /            /'
 echo "demo:     $(awk -v a="$SCRIPT_START" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b-a}') s in all (build included); logs, state, checkpoints, plan.json and schedule.svg in $OUT"
